@@ -1,0 +1,5 @@
+//! placeholder
+#[derive(Debug)]
+pub enum RpcError {}
+#[derive(Debug)]
+pub enum HttpError {}

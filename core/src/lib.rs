@@ -1,0 +1,36 @@
+//! The sans-IO core of the MCP gateway.
+//!
+//! Everything the gateway *decides* lives here: the project registry parsed from
+//! `projects.toml`, the MCP session table, which project a `tools/call` goes to, which uplink
+//! request a sled's response belongs to, the merged `tools/list`, and every JSON-RPC error
+//! shape. Nothing here touches a socket, a clock or the operating system's randomness.
+//!
+//! # The run loop
+//!
+//! A driver (the `gateway-server` crate, or a test harness) owns one [`Gateway`] by `&mut` and
+//! runs this loop:
+//!
+//! 1. feed each event in with [`Gateway::handle`]`(now, input)`: an HTTP request to `/mcp`
+//!    ([`Input::Http`]), an uplink opening, a text frame from a sled, an uplink closing;
+//! 2. drain [`Gateway::poll_output`] until it returns `None`, carrying out each [`Output`]:
+//!    answer an HTTP request, send a frame up an uplink, close an uplink;
+//! 3. sleep until [`Gateway::poll_timeout`] (or the next event), then call
+//!    [`Gateway::handle_timeout`] with the *current* time, and go to 2.
+//!
+//! Time is always the caller's `now`; session ids come from a seeded generator
+//! ([`Gateway::new`] takes the seed), so the same inputs give the same outputs.
+
+mod error;
+mod gateway;
+mod jsonrpc;
+mod registry;
+mod session;
+mod tools;
+pub mod uplink;
+
+pub use error::{HttpError, RpcError};
+pub use gateway::{
+    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
+};
+pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError};
+pub use tools::GATEWAY_TOOLS;

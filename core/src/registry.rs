@@ -1,0 +1,440 @@
+//! The project registry: `projects.toml` parsed into typed values, or refused with an error that
+//! names the file, the line and the field.
+//!
+//! ```toml
+//! default = "alpha"              # optional: where a new session starts
+//! call_timeout_ms = 30000        # optional: deadline of a proxied call (default 30 s)
+//!
+//! [[project]]
+//! name = "alpha"                 # [A-Za-z0-9_.-], 1 to 64 characters, unique
+//! url = "http://127.0.0.1:9101"  # the project's own container address
+//! ssh_port = 2201                # optional
+//! host_path = "/srv/alpha"       # optional
+//! kind = "adopted"               # or "built-in"; default "adopted"
+//! sled = "alpha-sled"            # optional: the sled's name in messages; default the project name
+//! call_timeout_ms = 60000        # optional: this project's own deadline
+//! ```
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Deadline of a proxied call when neither the file nor the project sets one.
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+const MAX_NAME_LEN: usize = 64;
+
+/// Whether a project was adopted into the fleet or ships with the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum ProjectKind {
+    #[serde(rename = "adopted")]
+    Adopted,
+    #[serde(rename = "built-in")]
+    BuiltIn,
+}
+
+impl ProjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProjectKind::Adopted => "adopted",
+            ProjectKind::BuiltIn => "built-in",
+        }
+    }
+}
+
+/// One registered project.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectSpec {
+    pub name: String,
+    pub url: String,
+    pub ssh_port: Option<u16>,
+    pub host_path: Option<String>,
+    pub kind: ProjectKind,
+    /// The name of the project's sled, used in messages about its uplink.
+    pub sled: String,
+    /// Deadline of a call proxied to this project.
+    pub call_timeout: Duration,
+}
+
+impl ProjectSpec {
+    /// A project with the defaults for everything but its name and url.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> ProjectSpec {
+        let name = name.into();
+        ProjectSpec {
+            sled: name.clone(),
+            name,
+            url: url.into(),
+            ssh_port: None,
+            host_path: None,
+            kind: ProjectKind::Adopted,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+}
+
+/// The registered projects, in file order, and the default project of new sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registry {
+    projects: Vec<ProjectSpec>,
+    index: HashMap<String, usize>,
+    default: Option<String>,
+}
+
+/// A `projects.toml` that was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}:{column}: {}{message}", field.as_ref().map(|f| format!("`{f}`: ")).unwrap_or_default())]
+pub struct RegistryError {
+    pub file: String,
+    /// 1-based line of the offending text.
+    pub line: usize,
+    /// 1-based column of the offending text.
+    pub column: usize,
+    /// The field at fault, as a path such as `project[1].kind`, when there is one.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    default: Option<Spanned<String>>,
+    call_timeout_ms: Option<Spanned<u64>>,
+    #[serde(default)]
+    project: Vec<RawProject>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProject {
+    name: Spanned<String>,
+    url: Spanned<String>,
+    ssh_port: Option<u16>,
+    host_path: Option<String>,
+    kind: Option<ProjectKind>,
+    sled: Option<Spanned<String>>,
+    call_timeout_ms: Option<Spanned<u64>>,
+}
+
+impl Registry {
+    /// Parses the text of a `projects.toml`; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Registry, RegistryError> {
+        let at = |span: Option<Range<usize>>, field: Option<String>, message: String| {
+            let (line, column) = line_col(text, span.map_or(0, |s| s.start));
+            RegistryError {
+                file: file.to_owned(),
+                line,
+                column,
+                field,
+                message,
+            }
+        };
+        let de = toml::Deserializer::new(text);
+        let raw: RawFile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let field = (path != ".").then_some(path);
+            let inner = e.into_inner();
+            at(inner.span(), field, inner.message().to_owned())
+        })?;
+
+        let file_timeout = match raw.call_timeout_ms {
+            Some(t) => timeout_from(&t).map_err(|m| {
+                at(Some(t.span()), Some("call_timeout_ms".into()), m)
+            })?,
+            None => DEFAULT_CALL_TIMEOUT,
+        };
+        let mut projects = Vec::with_capacity(raw.project.len());
+        let mut index = HashMap::with_capacity(raw.project.len());
+        for (i, p) in raw.project.into_iter().enumerate() {
+            let field = |f: &str| Some(format!("project[{i}].{f}"));
+            let name = p.name.get_ref();
+            check_name(name).map_err(|m| at(Some(p.name.span()), field("name"), m))?;
+            if index.contains_key(name.as_str()) {
+                return Err(at(
+                    Some(p.name.span()),
+                    field("name"),
+                    format!("duplicate project name '{name}': each project is registered once"),
+                ));
+            }
+            check_url(p.url.get_ref()).map_err(|m| at(Some(p.url.span()), field("url"), m))?;
+            let sled = match &p.sled {
+                Some(s) => {
+                    check_name(s.get_ref()).map_err(|m| at(Some(s.span()), field("sled"), m))?;
+                    s.get_ref().clone()
+                }
+                None => name.clone(),
+            };
+            let call_timeout = match &p.call_timeout_ms {
+                Some(t) => {
+                    timeout_from(t).map_err(|m| at(Some(t.span()), field("call_timeout_ms"), m))?
+                }
+                None => file_timeout,
+            };
+            index.insert(name.clone(), i);
+            projects.push(ProjectSpec {
+                name: p.name.into_inner(),
+                url: p.url.into_inner(),
+                ssh_port: p.ssh_port,
+                host_path: p.host_path,
+                kind: p.kind.unwrap_or(ProjectKind::Adopted),
+                sled,
+                call_timeout,
+            });
+        }
+        let default = match raw.default {
+            Some(d) if !index.contains_key(d.get_ref().as_str()) => {
+                return Err(at(
+                    Some(d.span()),
+                    Some("default".into()),
+                    format!(
+                        "default project '{}' is not registered (registered: {})",
+                        d.get_ref(),
+                        list(projects.iter().map(|p| p.name.as_str()))
+                    ),
+                ));
+            }
+            Some(d) => Some(d.into_inner()),
+            None => None,
+        };
+        Ok(Registry {
+            projects,
+            index,
+            default,
+        })
+    }
+
+    /// A registry built in code (the demo's, a test's), checked as a file would be.
+    pub fn from_projects(
+        projects: Vec<ProjectSpec>,
+        default: Option<&str>,
+    ) -> Result<Registry, RegistryError> {
+        let err = |i: usize, f: &str, message: String| RegistryError {
+            file: "<built-in>".into(),
+            line: 1,
+            column: 1,
+            field: Some(format!("project[{i}].{f}")),
+            message,
+        };
+        let mut index = HashMap::with_capacity(projects.len());
+        for (i, p) in projects.iter().enumerate() {
+            check_name(&p.name).map_err(|m| err(i, "name", m))?;
+            check_name(&p.sled).map_err(|m| err(i, "sled", m))?;
+            check_url(&p.url).map_err(|m| err(i, "url", m))?;
+            if index.insert(p.name.clone(), i).is_some() {
+                return Err(err(i, "name", format!("duplicate project name '{}'", p.name)));
+            }
+        }
+        if let Some(d) = default {
+            if !index.contains_key(d) {
+                return Err(RegistryError {
+                    file: "<built-in>".into(),
+                    line: 1,
+                    column: 1,
+                    field: Some("default".into()),
+                    message: format!("default project '{d}' is not registered"),
+                });
+            }
+        }
+        Ok(Registry {
+            projects,
+            index,
+            default: default.map(str::to_owned),
+        })
+    }
+
+    /// The project named `name`, and its position in the file.
+    pub fn get(&self, name: &str) -> Option<(usize, &ProjectSpec)> {
+        self.index.get(name).map(|&i| (i, &self.projects[i]))
+    }
+
+    /// The project at a position returned by [`Registry::get`].
+    pub fn at(&self, i: usize) -> &ProjectSpec {
+        &self.projects[i]
+    }
+
+    pub fn projects(&self) -> &[ProjectSpec] {
+        &self.projects
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.projects.iter().map(|p| p.name.as_str())
+    }
+
+    /// Where a new session starts, if the file says.
+    pub fn default_project(&self) -> Option<&str> {
+        self.default.as_deref()
+    }
+
+    pub fn len(&self) -> usize {
+        self.projects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.projects.is_empty()
+    }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!("'{name}' is longer than {MAX_NAME_LEN} characters"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(format!(
+            "'{name}' has the character {c:?}: use letters, digits, '_', '.' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("'{url}' is not an http:// or https:// URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!("'{url}' has no host"));
+    }
+    Ok(())
+}
+
+fn timeout_from(t: &Spanned<u64>) -> Result<Duration, String> {
+    match *t.get_ref() {
+        0 => Err("must be at least 1 millisecond".into()),
+        ms => Ok(Duration::from_millis(ms)),
+    }
+}
+
+fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let v: Vec<&str> = names.collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..text.floor_char_boundary_compat(offset)];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+trait FloorCharBoundary {
+    fn floor_char_boundary_compat(&self, i: usize) -> usize;
+}
+
+impl FloorCharBoundary for str {
+    fn floor_char_boundary_compat(&self, mut i: usize) -> usize {
+        while !self.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Registry::parse("projects.toml", text).unwrap_err().to_string()
+    }
+
+    const GOOD: &str = r#"
+default = "alpha"
+
+[[project]]
+name = "alpha"
+url = "http://127.0.0.1:9101"
+ssh_port = 2201
+host_path = "/srv/alpha"
+kind = "adopted"
+
+[[project]]
+name = "beta"
+url = "https://beta.internal:8443/"
+kind = "built-in"
+sled = "beta-sled"
+call_timeout_ms = 5000
+"#;
+
+    #[test]
+    fn parses_the_documented_shape() {
+        let r = Registry::parse("projects.toml", GOOD).unwrap();
+        assert_eq!(r.default_project(), Some("alpha"));
+        assert_eq!(r.names().collect::<Vec<_>>(), ["alpha", "beta"]);
+        let (i, alpha) = r.get("alpha").unwrap();
+        assert_eq!(i, 0);
+        assert_eq!(alpha.ssh_port, Some(2201));
+        assert_eq!(alpha.host_path.as_deref(), Some("/srv/alpha"));
+        assert_eq!(alpha.sled, "alpha");
+        assert_eq!(alpha.call_timeout, DEFAULT_CALL_TIMEOUT);
+        let (_, beta) = r.get("beta").unwrap();
+        assert_eq!(beta.kind, ProjectKind::BuiltIn);
+        assert_eq!(beta.sled, "beta-sled");
+        assert_eq!(beta.call_timeout, Duration::from_millis(5000));
+        assert!(r.get("gamma").is_none());
+    }
+
+    #[test]
+    fn errors_name_file_line_and_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "[[project]]\nname = \"a\"\nurl = \"http://x\"\nkind = \"borrowed\"\n",
+                "projects.toml:4:8: `project[0].kind`: unknown variant `borrowed`, expected `adopted` or `built-in`",
+            ),
+            (
+                "[[project]]\nname = \"a\"\nurl = \"http://x\"\nssh_port = \"22\"\n",
+                "projects.toml:4:12: `project[0].ssh_port`: invalid type: string \"22\", expected u16",
+            ),
+            (
+                "[[project]]\nname = \"a\"\nurl = \"http://x\"\nsssh_port = 22\n",
+                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`",
+            ),
+            (
+                "[[project]]\nname = \"a\"\nurl = \"http://x\"\n[[project]]\nname = \"a\"\nurl = \"http://y\"\n",
+                "projects.toml:5:8: `project[1].name`: duplicate project name 'a': each project is registered once",
+            ),
+            (
+                "default = \"zeta\"\n[[project]]\nname = \"a\"\nurl = \"http://x\"\n",
+                "projects.toml:1:11: `default`: default project 'zeta' is not registered (registered: a)",
+            ),
+            (
+                "[[project]]\nname = \"a b\"\nurl = \"http://x\"\n",
+                "projects.toml:2:8: `project[0].name`: 'a b' has the character ' ': use letters, digits, '_', '.' and '-'",
+            ),
+            (
+                "[[project]]\nname = \"a\"\nurl = \"ftp://x\"\n",
+                "projects.toml:3:7: `project[0].url`: 'ftp://x' is not an http:// or https:// URL",
+            ),
+            (
+                "[[project]]\nname = \"a\"\nurl = \"http://x\"\ncall_timeout_ms = 0\n",
+                "projects.toml:4:19: `project[0].call_timeout_ms`: must be at least 1 millisecond",
+            ),
+            ("[[project]]\nname = \"a\"\n", "projects.toml:1:1: `project[0]`: missing field `url`"),
+            ("default = \n", "projects.toml:1:11: invalid string\nexpected `\"`, `'`"),
+        ];
+        for (text, want) in cases {
+            assert_eq!(&err(text), want, "for {text:?}");
+        }
+    }
+
+    #[test]
+    fn empty_file_is_an_empty_registry() {
+        let r = Registry::parse("p.toml", "").unwrap();
+        assert!(r.is_empty());
+        assert_eq!(r.default_project(), None);
+    }
+}

@@ -1,0 +1,1 @@
+pub const GATEWAY_TOOLS: &[&str] = &["switch_project", "list_projects"];

@@ -1,0 +1,79 @@
+//! The uplink protocol: what a sled and the gateway say to each other over the WebSocket.
+//!
+//! A sled dials out to the gateway at [`UPLINK_PATH`]. Every message is one WebSocket *text*
+//! frame holding one JSON object. An object with an `"uplink"` key is a [`Control`] frame;
+//! anything else is a JSON-RPC 2.0 message (the gateway sends requests and notifications, the
+//! sled sends responses and notifications). The sequence:
+//!
+//! 1. sled → gateway: `{"uplink":"hello","protocol":1,"project":"alpha","sled":"alpha-sled"}`,
+//!    within [`crate::Config::hello_timeout`] of the connection opening.
+//! 2. gateway → sled: `{"uplink":"welcome","protocol":1,"heartbeat_ms":5000}`, or a
+//!    `closing` frame and a WebSocket close with one of the [`CloseCode`]s.
+//! 3. gateway → sled: a `tools/list` request (repeated with `cursor` while the sled returns a
+//!    `nextCursor`), then `tools/call` requests as clients make them. Each request carries an id
+//!    the gateway chose (a number unique on this connection), never the client's.
+//! 4. sled → gateway: a response for each request, with the id it was sent; and
+//!    `notifications/tools/list_changed` whenever its tool list changes.
+//! 5. gateway → sled: `{"uplink":"ping","seq":N}` every `heartbeat_ms`; the sled answers
+//!    `{"uplink":"pong","seq":N}`. Any frame from the sled counts as a sign of life; silence for
+//!    [`crate::Config::heartbeat_timeout`] closes the uplink. A sled that hears nothing from the
+//!    gateway for three heartbeats reconnects.
+
+use serde::{Deserialize, Serialize};
+
+/// The path of the uplink WebSocket endpoint on the gateway.
+pub const UPLINK_PATH: &str = "/uplink";
+
+/// The version of this protocol, carried in `hello` and `welcome`.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A control frame: everything on the uplink that is not JSON-RPC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "uplink", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Control {
+    /// sled → gateway, first frame: which project this connection serves.
+    Hello {
+        protocol: u32,
+        project: String,
+        sled: String,
+    },
+    /// gateway → sled: the hello was accepted.
+    Welcome { protocol: u32, heartbeat_ms: u64 },
+    /// gateway → sled: are you there?
+    Ping { seq: u64 },
+    /// sled → gateway: the answer to a ping with the same `seq`.
+    Pong { seq: u64 },
+    /// gateway → sled, just before a WebSocket close: why.
+    Closing { code: u16, reason: String },
+}
+
+impl Control {
+    /// The frame as the text of one WebSocket message.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string(self).expect("a Control frame always serialises")
+    }
+}
+
+/// Why the gateway closes an uplink: the WebSocket close code it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum CloseCode {
+    /// The gateway is shutting down.
+    GoingAway = 1001,
+    /// Another connection for the same project took this one's place.
+    Replaced = 4001,
+    /// No frame arrived from the sled within the heartbeat timeout.
+    HeartbeatTimeout = 4002,
+    /// The hello named a project that is not registered.
+    UnknownProject = 4003,
+    /// A frame broke the protocol (bad hello, unsupported version, control frame out of place).
+    ProtocolError = 4004,
+    /// No hello arrived within the hello timeout.
+    HelloTimeout = 4005,
+}
+
+impl CloseCode {
+    pub fn code(self) -> u16 {
+        self as u16
+    }
+}
