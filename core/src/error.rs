@@ -1,5 +1,493 @@
-//! placeholder
-#[derive(Debug)]
-pub enum RpcError {}
-#[derive(Debug)]
-pub enum HttpError {}
+//! Every error shape the gateway answers with, in one place.
+//!
+//! [`RpcError`] is a JSON-RPC error object (code, message, `data`); [`HttpError`] is a refusal at
+//! the HTTP level (status, headers, and a JSON-RPC error body with a `null` id). Each shape is
+//! built from a typed variant in one `match` with no catch-all arm, so a new variant forces a
+//! decision here, and the snapshots in `core/src/snapshots` pin every shape.
+//!
+//! Every gateway-made error carries `data.kind`, a stable machine-readable name, so clients and
+//! the simulation oracle never have to parse messages.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// JSON-RPC 2.0 codes, and the MCP SDKs' code for a request that timed out.
+pub(crate) mod code {
+    pub(crate) const PARSE_ERROR: i64 = -32700;
+    pub(crate) const INVALID_REQUEST: i64 = -32600;
+    pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
+    pub(crate) const INVALID_PARAMS: i64 = -32602;
+    pub(crate) const INTERNAL_ERROR: i64 = -32603;
+    /// What MCP SDK clients use for a request that timed out.
+    pub(crate) const REQUEST_TIMEOUT: i64 = -32001;
+    /// Refusals at the HTTP level (unknown session, wrong content type, ...).
+    pub(crate) const SERVER_ERROR: i64 = -32000;
+}
+
+/// Why a call's uplink went away while the call was pending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UplinkLoss {
+    /// The sled closed the connection, or it failed.
+    Closed,
+    /// A newer connection for the same project replaced this one.
+    Replaced,
+    /// The sled fell silent past the heartbeat timeout.
+    HeartbeatTimeout,
+    /// The gateway is shutting down.
+    Shutdown,
+}
+
+impl UplinkLoss {
+    fn describe(self) -> &'static str {
+        match self {
+            UplinkLoss::Closed => "its uplink closed",
+            UplinkLoss::Replaced => "its uplink was replaced by a newer connection",
+            UplinkLoss::HeartbeatTimeout => "its uplink missed its heartbeats",
+            UplinkLoss::Shutdown => "the gateway is shutting down",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            UplinkLoss::Closed => "closed",
+            UplinkLoss::Replaced => "replaced",
+            UplinkLoss::HeartbeatTimeout => "heartbeat_timeout",
+            UplinkLoss::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A JSON-RPC error the gateway answers a request with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RpcError {
+    /// The body is not JSON.
+    Parse {
+        detail: String,
+    },
+    /// The body is JSON but not a JSON-RPC 2.0 message.
+    InvalidRequest {
+        detail: String,
+    },
+    /// A JSON array: batches were removed from MCP in 2025-06-18.
+    Batch,
+    MethodNotFound {
+        method: String,
+    },
+    /// The params of a method are malformed.
+    InvalidParams {
+        method: String,
+        detail: String,
+    },
+    /// `arguments.project` is present but not a string.
+    ProjectNotString {
+        tool: String,
+    },
+    /// `arguments.project` is the empty string.
+    ProjectEmpty {
+        tool: String,
+    },
+    /// The named project is not in the registry.
+    UnknownProject {
+        project: String,
+        registered: Vec<String>,
+    },
+    /// No `project` argument, and the session (or a sessionless request) has no default.
+    NoProjectSelected {
+        tool: String,
+        registered: Vec<String>,
+    },
+    /// `switch_project` on a request that carries no `Mcp-Session-Id`.
+    SwitchWithoutSession,
+    /// The project is registered but its sled has no live uplink.
+    SledNotConnected {
+        project: String,
+        sled: String,
+    },
+    /// The call was forwarded, then its uplink went away; it may or may not have been applied.
+    UplinkLost {
+        project: String,
+        sled: String,
+        loss: UplinkLoss,
+    },
+    /// The call was forwarded and no answer came within the project's deadline; it may or may
+    /// not have been applied.
+    Timeout {
+        project: String,
+        sled: String,
+        waited: Duration,
+    },
+    /// The sled answered with something that is not a JSON-RPC response.
+    BadSledResponse {
+        project: String,
+        sled: String,
+    },
+    /// The gateway is shutting down and takes no new calls.
+    ShuttingDown,
+}
+
+impl RpcError {
+    pub fn code(&self) -> i64 {
+        match self {
+            RpcError::Parse { .. } => code::PARSE_ERROR,
+            RpcError::InvalidRequest { .. } | RpcError::Batch => code::INVALID_REQUEST,
+            RpcError::MethodNotFound { .. } => code::METHOD_NOT_FOUND,
+            RpcError::InvalidParams { .. }
+            | RpcError::ProjectNotString { .. }
+            | RpcError::ProjectEmpty { .. }
+            | RpcError::UnknownProject { .. }
+            | RpcError::NoProjectSelected { .. }
+            | RpcError::SwitchWithoutSession => code::INVALID_PARAMS,
+            RpcError::SledNotConnected { .. }
+            | RpcError::UplinkLost { .. }
+            | RpcError::BadSledResponse { .. }
+            | RpcError::ShuttingDown => code::INTERNAL_ERROR,
+            RpcError::Timeout { .. } => code::REQUEST_TIMEOUT,
+        }
+    }
+
+    /// The stable name carried in `data.kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RpcError::Parse { .. } => "parse_error",
+            RpcError::InvalidRequest { .. } => "invalid_request",
+            RpcError::Batch => "batch_not_supported",
+            RpcError::MethodNotFound { .. } => "method_not_found",
+            RpcError::InvalidParams { .. } => "invalid_params",
+            RpcError::ProjectNotString { .. } => "project_not_string",
+            RpcError::ProjectEmpty { .. } => "project_empty",
+            RpcError::UnknownProject { .. } => "unknown_project",
+            RpcError::NoProjectSelected { .. } => "no_project_selected",
+            RpcError::SwitchWithoutSession => "switch_without_session",
+            RpcError::SledNotConnected { .. } => "sled_not_connected",
+            RpcError::UplinkLost { .. } => "uplink_lost",
+            RpcError::Timeout { .. } => "timeout",
+            RpcError::BadSledResponse { .. } => "bad_sled_response",
+            RpcError::ShuttingDown => "shutting_down",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            RpcError::Parse { detail } => format!("Parse error: the body is not valid JSON ({detail})"),
+            RpcError::InvalidRequest { detail } => format!("Invalid request: {detail}"),
+            RpcError::Batch => "Invalid request: JSON-RPC batches are not supported (removed from MCP in 2025-06-18); send one message per request".into(),
+            RpcError::MethodNotFound { method } => format!("Method not found: {method}"),
+            RpcError::InvalidParams { method, detail } => format!("Invalid params for {method}: {detail}"),
+            RpcError::ProjectNotString { tool } => format!(
+                "Invalid params for {tool}: the `project` argument must be a string naming a registered project"
+            ),
+            RpcError::ProjectEmpty { tool } => format!(
+                "Invalid params for {tool}: the `project` argument is empty; name a registered project, or omit it to use this session's default"
+            ),
+            RpcError::UnknownProject { project, registered } => format!(
+                "Unknown project '{project}'; registered projects: {}",
+                names(registered)
+            ),
+            RpcError::NoProjectSelected { tool, .. } => format!(
+                "No project selected for {tool}: pass \"project\": \"<name>\" in the tool's arguments, or call switch_project to set this session's default project (list_projects names them)"
+            ),
+            RpcError::SwitchWithoutSession => "switch_project needs an MCP session: send initialize and repeat the Mcp-Session-Id header it returns on later requests, or pass \"project\": \"<name>\" in each tool call's arguments instead".into(),
+            RpcError::SledNotConnected { project, sled } => format!(
+                "Project '{project}' is registered but its sled '{sled}' has no live uplink to the gateway"
+            ),
+            RpcError::UplinkLost { project, sled, loss } => format!(
+                "Call to project '{project}' failed: {} (sled '{sled}'); the call may or may not have been applied",
+                loss.describe()
+            ),
+            RpcError::Timeout { project, sled, waited } => format!(
+                "Call to project '{project}' timed out after {} ms waiting for sled '{sled}'; the call may or may not have been applied",
+                waited.as_millis()
+            ),
+            RpcError::BadSledResponse { project, sled } => format!(
+                "Sled '{sled}' of project '{project}' answered with a malformed JSON-RPC response"
+            ),
+            RpcError::ShuttingDown => "The gateway is shutting down; retry against another gateway or after it restarts".into(),
+        }
+    }
+
+    pub fn data(&self) -> Value {
+        let kind = self.kind();
+        match self {
+            RpcError::Parse { .. }
+            | RpcError::InvalidRequest { .. }
+            | RpcError::Batch
+            | RpcError::SwitchWithoutSession
+            | RpcError::ShuttingDown => json!({ "kind": kind }),
+            RpcError::MethodNotFound { method } => json!({ "kind": kind, "method": method }),
+            RpcError::InvalidParams { method, .. } => json!({ "kind": kind, "method": method }),
+            RpcError::ProjectNotString { tool } | RpcError::ProjectEmpty { tool } => {
+                json!({ "kind": kind, "tool": tool })
+            }
+            RpcError::UnknownProject {
+                project,
+                registered,
+            } => json!({ "kind": kind, "project": project, "registered": registered }),
+            RpcError::NoProjectSelected { tool, registered } => {
+                json!({ "kind": kind, "tool": tool, "registered": registered })
+            }
+            RpcError::SledNotConnected { project, sled }
+            | RpcError::BadSledResponse { project, sled } => {
+                json!({ "kind": kind, "project": project, "sled": sled })
+            }
+            RpcError::UplinkLost {
+                project,
+                sled,
+                loss,
+            } => json!({
+                "kind": kind, "project": project, "sled": sled,
+                "reason": loss.name(), "outcome": "unknown",
+            }),
+            RpcError::Timeout {
+                project,
+                sled,
+                waited,
+            } => json!({
+                "kind": kind, "project": project, "sled": sled,
+                "waited_ms": u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                "outcome": "unknown",
+            }),
+        }
+    }
+
+    /// The JSON-RPC `error` object.
+    pub fn to_json(&self) -> Value {
+        json!({ "code": self.code(), "message": self.message(), "data": self.data() })
+    }
+
+    /// A whole JSON-RPC response carrying this error; `id` is the request's id as raw JSON text,
+    /// or `None` when it could not be read (the response then has `"id": null`).
+    pub fn response(&self, id: Option<&str>) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+            id.unwrap_or("null"),
+            self.to_json()
+        )
+    }
+}
+
+/// A refusal at the HTTP level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpError {
+    /// The `Mcp-Session-Id` names no live session: it ended, expired, or never existed.
+    UnknownSession,
+    /// DELETE without an `Mcp-Session-Id`.
+    MissingSession,
+    /// A method `/mcp` does not serve.
+    MethodNotAllowed { method: &'static str },
+    /// A POST whose body is not declared as JSON.
+    UnsupportedContentType { got: Option<String> },
+    /// The gateway is shutting down.
+    ShuttingDown,
+}
+
+impl HttpError {
+    pub fn status(&self) -> u16 {
+        match self {
+            HttpError::UnknownSession => 404,
+            HttpError::MissingSession => 400,
+            HttpError::MethodNotAllowed { .. } => 405,
+            HttpError::UnsupportedContentType { .. } => 415,
+            HttpError::ShuttingDown => 503,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HttpError::UnknownSession => "unknown_session",
+            HttpError::MissingSession => "missing_session",
+            HttpError::MethodNotAllowed { .. } => "method_not_allowed",
+            HttpError::UnsupportedContentType { .. } => "unsupported_content_type",
+            HttpError::ShuttingDown => "shutting_down",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            HttpError::UnknownSession => "Session not found: it ended, expired or never existed; send initialize to start a new session".into(),
+            HttpError::MissingSession => "Bad request: DELETE needs the Mcp-Session-Id header of the session to end".into(),
+            HttpError::MethodNotAllowed { method } => format!(
+                "Method not allowed: {method} on /mcp; this gateway takes POST (JSON-RPC messages) and DELETE (end a session)"
+            ),
+            HttpError::UnsupportedContentType { got } => format!(
+                "Unsupported Content-Type {}: POST a JSON-RPC message with Content-Type: application/json",
+                got.as_deref().map_or("(none)".to_owned(), |g| format!("'{g}'"))
+            ),
+            HttpError::ShuttingDown => "Service unavailable: the gateway is shutting down".into(),
+        }
+    }
+
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        match self {
+            HttpError::MethodNotAllowed { .. } => vec![("Allow", "POST, DELETE".into())],
+            HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
+            HttpError::UnknownSession
+            | HttpError::MissingSession
+            | HttpError::UnsupportedContentType { .. } => Vec::new(),
+        }
+    }
+
+    /// The body: a JSON-RPC error response with a `null` id, as the MCP SDK servers send.
+    pub fn body(&self) -> String {
+        let error = json!({
+            "code": code::SERVER_ERROR,
+            "message": self.message(),
+            "data": { "kind": self.kind(), "status": self.status() },
+        });
+        format!(r#"{{"jsonrpc":"2.0","id":null,"error":{error}}}"#)
+    }
+}
+
+fn names(v: &[String]) -> String {
+    if v.is_empty() {
+        "(none)".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_rpc() -> Vec<(&'static str, RpcError)> {
+        let registered = vec!["alpha".to_owned(), "beta".to_owned(), "gamma".to_owned()];
+        vec![
+            (
+                "parse",
+                RpcError::Parse {
+                    detail: "expected value at line 1 column 1".into(),
+                },
+            ),
+            (
+                "invalid_request",
+                RpcError::InvalidRequest {
+                    detail: "`jsonrpc` must be \"2.0\"".into(),
+                },
+            ),
+            ("batch", RpcError::Batch),
+            (
+                "method_not_found",
+                RpcError::MethodNotFound {
+                    method: "resources/list".into(),
+                },
+            ),
+            (
+                "invalid_params",
+                RpcError::InvalidParams {
+                    method: "tools/call".into(),
+                    detail: "`name` must be a string".into(),
+                },
+            ),
+            (
+                "project_not_string",
+                RpcError::ProjectNotString {
+                    tool: "show".into(),
+                },
+            ),
+            (
+                "project_empty",
+                RpcError::ProjectEmpty {
+                    tool: "show".into(),
+                },
+            ),
+            (
+                "unknown_project",
+                RpcError::UnknownProject {
+                    project: "zeta".into(),
+                    registered: registered.clone(),
+                },
+            ),
+            (
+                "no_project_selected",
+                RpcError::NoProjectSelected {
+                    tool: "show".into(),
+                    registered,
+                },
+            ),
+            ("switch_without_session", RpcError::SwitchWithoutSession),
+            (
+                "sled_not_connected",
+                RpcError::SledNotConnected {
+                    project: "gamma".into(),
+                    sled: "gamma-sled".into(),
+                },
+            ),
+            (
+                "uplink_lost_closed",
+                RpcError::UplinkLost {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                    loss: UplinkLoss::Closed,
+                },
+            ),
+            (
+                "uplink_lost_replaced",
+                RpcError::UplinkLost {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                    loss: UplinkLoss::Replaced,
+                },
+            ),
+            (
+                "uplink_lost_heartbeat",
+                RpcError::UplinkLost {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                    loss: UplinkLoss::HeartbeatTimeout,
+                },
+            ),
+            (
+                "uplink_lost_shutdown",
+                RpcError::UplinkLost {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                    loss: UplinkLoss::Shutdown,
+                },
+            ),
+            (
+                "timeout",
+                RpcError::Timeout {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                    waited: Duration::from_millis(30_000),
+                },
+            ),
+            (
+                "bad_sled_response",
+                RpcError::BadSledResponse {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                },
+            ),
+            ("shutting_down", RpcError::ShuttingDown),
+        ]
+    }
+
+    #[test]
+    fn rpc_error_shapes() {
+        for (name, e) in all_rpc() {
+            let body: Value = serde_json::from_str(&e.response(Some("7"))).unwrap();
+            insta::assert_json_snapshot!(format!("rpc_{name}"), body);
+        }
+    }
+
+    #[test]
+    fn http_error_shapes() {
+        let all = [
+            HttpError::UnknownSession,
+            HttpError::MissingSession,
+            HttpError::MethodNotAllowed { method: "GET" },
+            HttpError::UnsupportedContentType {
+                got: Some("text/plain".into()),
+            },
+            HttpError::UnsupportedContentType { got: None },
+            HttpError::ShuttingDown,
+        ];
+        for (i, e) in all.iter().enumerate() {
+            let body: Value = serde_json::from_str(&e.body()).unwrap();
+            let shape = json!({ "status": e.status(), "headers": e.headers(), "body": body });
+            insta::assert_json_snapshot!(format!("http_{i}_{}", e.kind()), shape);
+        }
+    }
+}

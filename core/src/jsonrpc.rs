@@ -1,1 +1,309 @@
-//! jsonrpc
+//! JSON-RPC 2.0 at the edge: bytes from a client or a sled become typed messages or a typed
+//! error, and responses are assembled around raw JSON the gateway does not need to re-read.
+
+use serde::de::Deserializer;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::RpcError;
+
+/// A request id exactly as the client wrote it (a JSON string or number), so the response
+/// carries back the very same text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawId(pub(crate) Box<str>);
+
+impl RawId {
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One message from a client, parsed.
+#[derive(Debug)]
+pub(crate) enum ClientMessage<'a> {
+    Request {
+        id: RawId,
+        method: String,
+        params: Option<&'a RawValue>,
+    },
+    Notification {
+        method: String,
+    },
+    /// A response to a server-to-client request (the gateway sends none yet).
+    Response,
+}
+
+/// A message that could not be read; `id` is set when the request's id could be.
+#[derive(Debug)]
+pub(crate) struct BadMessage {
+    pub(crate) id: Option<RawId>,
+    pub(crate) error: RpcError,
+}
+
+/// The members of a JSON-RPC object, each kept raw. `null` stays `Some("null")`: an explicit
+/// `"id": null` is not the same as no id.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(crate) struct RawMessage<'a> {
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) id: Option<&'a RawValue>,
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) method: Option<&'a RawValue>,
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) params: Option<&'a RawValue>,
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) result: Option<&'a RawValue>,
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) error: Option<&'a RawValue>,
+    /// Present on uplink control frames only.
+    #[serde(borrow, deserialize_with = "raw")]
+    pub(crate) uplink: Option<&'a RawValue>,
+}
+
+fn raw<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Whether the body's first significant byte opens an array.
+fn is_array(body: &[u8]) -> bool {
+    body.iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'[')
+}
+
+/// Reads the object members of one JSON document.
+pub(crate) fn parse_object(body: &[u8]) -> Result<RawMessage<'_>, RpcError> {
+    // First the syntax, so that a syntax error is a parse error whatever the shape.
+    let whole: &RawValue = serde_json::from_slice(body).map_err(|e| RpcError::Parse {
+        detail: e.to_string(),
+    })?;
+    if is_array(whole.get().as_bytes()) {
+        return Err(RpcError::Batch);
+    }
+    serde_json::from_str::<RawMessage>(whole.get()).map_err(|e| {
+        let detail = if e.to_string().starts_with("invalid type") {
+            "a JSON-RPC message must be a JSON object".to_owned()
+        } else {
+            e.to_string()
+        };
+        RpcError::InvalidRequest { detail }
+    })
+}
+
+fn id_of(raw: &RawValue) -> Result<RawId, RpcError> {
+    let text = raw.get();
+    match text.as_bytes().first() {
+        Some(b'"' | b'-' | b'0'..=b'9') => Ok(RawId(text.into())),
+        _ => Err(RpcError::InvalidRequest {
+            detail: format!("`id` must be a string or a number, not {text}"),
+        }),
+    }
+}
+
+fn string_of(raw: &RawValue, what: &str) -> Result<String, RpcError> {
+    serde_json::from_str::<String>(raw.get()).map_err(|_| RpcError::InvalidRequest {
+        detail: format!("`{what}` must be a string"),
+    })
+}
+
+/// Parses one message from an MCP client.
+pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage> {
+    let m = parse_object(body).map_err(|error| BadMessage { id: None, error })?;
+    // The id is read first so that every later error can carry it.
+    let id = match m.id.map(id_of).transpose() {
+        Ok(id) => id,
+        Err(error) => return Err(BadMessage { id: None, error }),
+    };
+    let bad = |error| BadMessage {
+        id: id.clone(),
+        error,
+    };
+    match m.jsonrpc.map(|j| j.get()) {
+        Some(r#""2.0""#) => {}
+        Some(other) => {
+            return Err(bad(RpcError::InvalidRequest {
+                detail: format!("`jsonrpc` must be \"2.0\", not {other}"),
+            }))
+        }
+        None => {
+            return Err(bad(RpcError::InvalidRequest {
+                detail: "`jsonrpc` is missing; it must be \"2.0\"".into(),
+            }))
+        }
+    }
+    if let Some(method) = m.method {
+        let method = string_of(method, "method").map_err(bad)?;
+        if let Some(p) = m.params {
+            if !matches!(p.get().as_bytes().first(), Some(b'{' | b'[')) {
+                return Err(bad(RpcError::InvalidRequest {
+                    detail: "`params` must be an object".into(),
+                }));
+            }
+        }
+        return Ok(match id {
+            Some(id) => ClientMessage::Request {
+                id,
+                method,
+                params: m.params,
+            },
+            None => ClientMessage::Notification { method },
+        });
+    }
+    if id.is_some() && (m.result.is_some() || m.error.is_some()) {
+        return Ok(ClientMessage::Response);
+    }
+    Err(bad(RpcError::InvalidRequest {
+        detail: "a JSON-RPC message needs a `method` (request or notification) or a `result`/`error` (response)".into(),
+    }))
+}
+
+/// A success response around a raw result.
+pub(crate) fn ok_response(id: &str, result: &str) -> String {
+    let mut s = String::with_capacity(id.len() + result.len() + 32);
+    s.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    s.push_str(id);
+    s.push_str(r#","result":"#);
+    s.push_str(result);
+    s.push('}');
+    s
+}
+
+/// An error response around a raw error object (a sled's, passed through).
+pub(crate) fn raw_error_response(id: &str, error: &str) -> String {
+    let mut s = String::with_capacity(id.len() + error.len() + 32);
+    s.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    s.push_str(id);
+    s.push_str(r#","error":"#);
+    s.push_str(error);
+    s.push('}');
+    s
+}
+
+/// A JSON-RPC request for a sled, with the gateway's own numeric id.
+pub(crate) fn request(id: u64, method: &str, params: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#)
+}
+
+/// A JSON-RPC notification for a sled.
+pub(crate) fn notification(method: &str, params: &str) -> String {
+    format!(r#"{{"jsonrpc":"2.0","method":"{method}","params":{params}}}"#)
+}
+
+/// Deserialises a raw value, mapping failure to invalid params of `method`.
+pub(crate) fn params_of<'a, T: Deserialize<'a>>(
+    method: &str,
+    params: Option<&'a RawValue>,
+) -> Result<T, RpcError> {
+    let text = params.map_or("{}", |p| p.get());
+    serde_json::from_str(text).map_err(|e| RpcError::InvalidParams {
+        method: method.to_owned(),
+        detail: clean_serde_message(&e),
+    })
+}
+
+/// serde_json's message without its " at line 1 column 9" tail.
+pub(crate) fn clean_serde_message(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_owned(),
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> (Option<String>, String) {
+        match parse_client(body.as_bytes()) {
+            Err(b) => (b.id.map(|i| i.0.into()), b.error.kind().to_owned()),
+            Ok(m) => panic!("{body} parsed as {m:?}"),
+        }
+    }
+
+    #[test]
+    fn requests_notifications_and_responses() {
+        match parse_client(br#"{"jsonrpc":"2.0","id":"a\"b","method":"ping"}"#).unwrap() {
+            ClientMessage::Request { id, method, params } => {
+                assert_eq!(id.as_str(), r#""a\"b""#);
+                assert_eq!(method, "ping");
+                assert!(params.is_none());
+            }
+            m => panic!("{m:?}"),
+        }
+        match parse_client(br#"{"jsonrpc":"2.0","id":1.50,"method":"x","params":{"a":1}}"#).unwrap()
+        {
+            ClientMessage::Request { id, params, .. } => {
+                assert_eq!(id.as_str(), "1.50");
+                assert_eq!(params.unwrap().get(), r#"{"a":1}"#);
+            }
+            m => panic!("{m:?}"),
+        }
+        assert!(matches!(
+            parse_client(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).unwrap(),
+            ClientMessage::Notification { .. }
+        ));
+        assert!(matches!(
+            parse_client(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#).unwrap(),
+            ClientMessage::Response
+        ));
+    }
+
+    #[test]
+    fn bad_messages() {
+        assert_eq!(err("{"), (None, "parse_error".into()));
+        assert_eq!(err(""), (None, "parse_error".into()));
+        assert_eq!(err("[]"), (None, "batch_not_supported".into()));
+        assert_eq!(
+            err(" [{\"jsonrpc\":\"2.0\"}]"),
+            (None, "batch_not_supported".into())
+        );
+        assert_eq!(err("42"), (None, "invalid_request".into()));
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":null,"method":"x"}"#),
+            (None, "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#),
+            (None, "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"1.0","id":5,"method":"x"}"#),
+            (Some("5".into()), "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"id":5,"method":"x"}"#),
+            (Some("5".into()), "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":5,"method":7}"#),
+            (Some("5".into()), "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":5,"method":"x","params":3}"#),
+            (Some("5".into()), "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":5}"#),
+            (Some("5".into()), "invalid_request".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":5,"id":6,"method":"x"}"#),
+            (None, "invalid_request".into())
+        );
+    }
+
+    #[test]
+    fn responses_keep_raw_text() {
+        assert_eq!(
+            ok_response(r#""x""#, "{}"),
+            r#"{"jsonrpc":"2.0","id":"x","result":{}}"#
+        );
+        assert_eq!(
+            raw_error_response("1", r#"{"code":1,"message":"m"}"#),
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"m"}}"#
+        );
+    }
+}

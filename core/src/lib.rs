@@ -28,7 +28,10 @@ mod session;
 mod tools;
 pub mod uplink;
 
-pub use error::{HttpError, RpcError};
+#[cfg(test)]
+mod tests;
+
+pub use error::{HttpError, RpcError, UplinkLoss};
 pub use gateway::{
     Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
 };

@@ -140,9 +140,8 @@ impl Registry {
         })?;
 
         let file_timeout = match raw.call_timeout_ms {
-            Some(t) => timeout_from(&t).map_err(|m| {
-                at(Some(t.span()), Some("call_timeout_ms".into()), m)
-            })?,
+            Some(t) => timeout_from(&t)
+                .map_err(|m| at(Some(t.span()), Some("call_timeout_ms".into()), m))?,
             None => DEFAULT_CALL_TIMEOUT,
         };
         let mut projects = Vec::with_capacity(raw.project.len());
@@ -223,7 +222,11 @@ impl Registry {
             check_name(&p.sled).map_err(|m| err(i, "sled", m))?;
             check_url(&p.url).map_err(|m| err(i, "url", m))?;
             if index.insert(p.name.clone(), i).is_some() {
-                return Err(err(i, "name", format!("duplicate project name '{}'", p.name)));
+                return Err(err(
+                    i,
+                    "name",
+                    format!("duplicate project name '{}'", p.name),
+                ));
             }
         }
         if let Some(d) = default {
@@ -349,7 +352,9 @@ mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
-        Registry::parse("projects.toml", text).unwrap_err().to_string()
+        Registry::parse("projects.toml", text)
+            .unwrap_err()
+            .to_string()
     }
 
     const GOOD: &str = r#"

@@ -1,1 +1,77 @@
-//! session
+//! The MCP session table: each session's own default project, and nothing shared.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+/// One MCP session, created by `initialize`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Session {
+    /// Where this session's project tool calls go when they name no project.
+    pub(crate) default_project: Option<String>,
+    pub(crate) protocol_version: String,
+    pub(crate) last_seen: Instant,
+}
+
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    map: HashMap<String, Session>,
+    ids: ChaCha20Rng,
+}
+
+impl Sessions {
+    pub(crate) fn new(seed: [u8; 32]) -> Sessions {
+        Sessions {
+            map: HashMap::new(),
+            ids: ChaCha20Rng::from_seed(seed),
+        }
+    }
+
+    /// Starts a session and returns its id: 128 bits from the seeded generator, as hex.
+    pub(crate) fn create(
+        &mut self,
+        default_project: Option<String>,
+        protocol_version: String,
+        now: Instant,
+    ) -> String {
+        let id = loop {
+            let mut bytes = [0u8; 16];
+            self.ids.fill_bytes(&mut bytes);
+            let id = bytes.iter().fold(String::with_capacity(32), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            });
+            if !self.map.contains_key(&id) {
+                break id;
+            }
+        };
+        self.map.insert(
+            id.clone(),
+            Session {
+                default_project,
+                protocol_version,
+                last_seen: now,
+            },
+        );
+        id
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Option<&Session> {
+        self.map.get(id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.map.get_mut(id)
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Session> {
+        self.map.remove(id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}

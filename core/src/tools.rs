@@ -1,1 +1,196 @@
-pub const GATEWAY_TOOLS: &[&str] = &["switch_project", "list_projects"];
+//! The gateway's own tools, and the project tools it merges into `tools/list`.
+//!
+//! Every proxied tool gets a `project` property in `inputSchema.properties` (the object is
+//! created when absent), so clients that validate arguments against the schema let the per-call
+//! `project` through. Nothing else in the schema changes, `required` included. A project tool
+//! that already declares its own `project` property keeps its schema untouched; for that tool
+//! `arguments.project` still routes the call and is also forwarded to the sled unchanged (see
+//! ARCHITECTURE.md, "The `project` argument").
+
+use std::collections::HashSet;
+
+use serde_json::{json, Map, Value};
+
+/// Names of the gateway's own tools. They are answered by the gateway, and a sled tool with
+/// one of these names is not listed.
+pub const GATEWAY_TOOLS: &[&str] = &[SWITCH_PROJECT, LIST_PROJECTS];
+
+pub(crate) const SWITCH_PROJECT: &str = "switch_project";
+pub(crate) const LIST_PROJECTS: &str = "list_projects";
+
+/// The description of the injected `project` property.
+const PROJECT_PROPERTY_DESCRIPTION: &str = "Registered project to run this call on (list_projects names them). Omit it to use this session's default project (set by switch_project).";
+
+/// The gateway's tools as they appear in `tools/list`, each serialised once.
+pub(crate) fn gateway_tool_definitions() -> Vec<String> {
+    let defs = [
+        json!({
+            "name": SWITCH_PROJECT,
+            "title": "Switch this session's default project",
+            "description": "Set the default project of this MCP session only: later project tool calls from this session that carry no `project` argument go there. Other sessions are not affected. Needs an Mcp-Session-Id (send initialize first).",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "project": { "type": "string", "description": "A registered project name (list_projects names them)." }
+                },
+                "required": ["project"],
+                "additionalProperties": false
+            }
+        }),
+        json!({
+            "name": LIST_PROJECTS,
+            "title": "List registered projects",
+            "description": "Every registered project: name, url, ssh_port, host_path, kind (adopted or built-in), its sled, whether its uplink is live now, and `active` for this session's own default project. No probing: what the gateway already knows.",
+            "inputSchema": { "type": "object", "properties": {}, "additionalProperties": false }
+        }),
+    ];
+    defs.iter().map(Value::to_string).collect()
+}
+
+/// A project tool as the gateway lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CachedTool {
+    pub(crate) name: String,
+    /// The sled's own schema declares a `project` property.
+    pub(crate) declares_project: bool,
+    /// The tool definition with `project` injected, serialised.
+    pub(crate) json: String,
+}
+
+/// Whether `name` is a valid MCP tool name: 1 to 128 characters of `[A-Za-z0-9_.-]`.
+pub(crate) fn valid_tool_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Turns a sled's reported tools into the gateway's listing of them: invalid entries, reserved
+/// names and repeated names are left out with a warning; `project` is injected into the rest.
+pub(crate) fn prepare_sled_tools(project: &str, tools: Vec<Value>) -> Vec<CachedTool> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(tools.len());
+    for mut tool in tools {
+        let Some(name) = tool.get("name").and_then(Value::as_str).map(str::to_owned) else {
+            tracing::warn!(
+                project,
+                "sled listed a tool without a string name; not listed"
+            );
+            continue;
+        };
+        if !valid_tool_name(&name) {
+            tracing::warn!(project, tool = %name, "sled listed a tool with an invalid name; not listed");
+            continue;
+        }
+        if GATEWAY_TOOLS.contains(&name.as_str()) {
+            tracing::warn!(project, tool = %name, "sled tool has a gateway tool's reserved name; not listed");
+            continue;
+        }
+        if !seen.insert(name.clone()) {
+            tracing::warn!(project, tool = %name, "sled listed the same tool twice; the first is listed");
+            continue;
+        }
+        let declares_project = inject_project(&mut tool);
+        if declares_project {
+            tracing::warn!(project, tool = %name, "sled tool declares its own `project` property; its values must be registered project names, since the gateway routes on them");
+        }
+        out.push(CachedTool {
+            name,
+            declares_project,
+            json: tool.to_string(),
+        });
+    }
+    out
+}
+
+/// Adds the `project` property to a tool's `inputSchema.properties`, creating the objects when
+/// absent. Returns whether the tool already declared `project` (then nothing changes).
+pub(crate) fn inject_project(tool: &mut Value) -> bool {
+    let Some(tool) = tool.as_object_mut() else {
+        return false;
+    };
+    let schema = tool
+        .entry("inputSchema")
+        .or_insert_with(|| json!({ "type": "object" }));
+    if !schema.is_object() {
+        *schema = json!({ "type": "object" });
+    }
+    let schema = schema.as_object_mut().expect("made an object just above");
+    let props = schema
+        .entry("properties")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !props.is_object() {
+        *props = Value::Object(Map::new());
+    }
+    let props = props.as_object_mut().expect("made an object just above");
+    if props.contains_key("project") {
+        return true;
+    }
+    props.insert(
+        "project".into(),
+        json!({ "type": "string", "description": PROJECT_PROPERTY_DESCRIPTION }),
+    );
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn injection_adds_only_the_property() {
+        let mut t = json!({
+            "name": "show",
+            "inputSchema": {"type":"object","properties":{"story_id":{"type":"string"}},"required":["story_id"],"additionalProperties":false}
+        });
+        assert!(!inject_project(&mut t));
+        insta::assert_json_snapshot!(t);
+    }
+
+    #[test]
+    fn injection_creates_missing_objects() {
+        let mut no_schema = json!({"name": "a"});
+        assert!(!inject_project(&mut no_schema));
+        assert_eq!(no_schema["inputSchema"]["type"], "object");
+        assert!(no_schema["inputSchema"]["properties"]["project"].is_object());
+        let mut no_props = json!({"name": "a", "inputSchema": {"type": "object", "required": []}});
+        assert!(!inject_project(&mut no_props));
+        assert_eq!(no_props["inputSchema"]["required"], json!([]));
+        assert!(no_props["inputSchema"]["properties"]["project"].is_object());
+    }
+
+    #[test]
+    fn a_declared_project_property_is_untouched() {
+        let original = json!({"name":"a","inputSchema":{"type":"object","properties":{"project":{"type":"string","description":"mine"}}}});
+        let mut t = original.clone();
+        assert!(inject_project(&mut t));
+        assert_eq!(t, original);
+    }
+
+    #[test]
+    fn prepare_filters_reserved_invalid_and_repeated() {
+        let tools = vec![
+            json!({"name": "show", "inputSchema": {"type": "object"}}),
+            json!({"name": "switch_project", "inputSchema": {"type": "object"}}),
+            json!({"name": "bad name", "inputSchema": {"type": "object"}}),
+            json!({"name": 5}),
+            json!({"name": "show"}),
+            json!({"name": "x".repeat(129)}),
+            json!({"name": "own", "inputSchema": {"type":"object","properties":{"project":{"type":"integer"}}}}),
+        ];
+        let out = prepare_sled_tools("alpha", tools);
+        let names: Vec<_> = out
+            .iter()
+            .map(|t| (t.name.as_str(), t.declares_project))
+            .collect();
+        assert_eq!(names, [("show", false), ("own", true)]);
+    }
+
+    #[test]
+    fn tool_names() {
+        assert!(valid_tool_name("a.b-c_D9"));
+        assert!(!valid_tool_name(""));
+        assert!(!valid_tool_name("a/b"));
+        assert!(valid_tool_name(&"x".repeat(128)));
+    }
+}

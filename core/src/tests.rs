@@ -1,0 +1,243 @@
+//! The core's test harness: a [`Gateway`] on a fake clock, with emulated clients and sleds
+//! that speak to it through `handle` and `poll_output` only (the quinn-proto `Pair` idea).
+
+mod gateway;
+mod interleavings;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::{
+    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProjectSpec,
+    Registry, UplinkId,
+};
+
+pub(crate) struct Harness {
+    pub(crate) gw: Gateway,
+    pub(crate) now: Instant,
+    next_token: u64,
+    next_uplink: u64,
+    /// Replies that arrived, by token.
+    pub(crate) replies: HashMap<HttpToken, HttpReply>,
+    /// Frames sent to each uplink, oldest first.
+    pub(crate) frames: HashMap<UplinkId, Vec<Value>>,
+    pub(crate) closed: HashMap<UplinkId, (u16, String)>,
+}
+
+/// The tools an emulated sled reports.
+pub(crate) fn sled_tools() -> Vec<Value> {
+    vec![
+        json!({"name":"show","inputSchema":{"type":"object","properties":{"story_id":{"type":"string"}},"required":["story_id"]}}),
+        json!({"name":"create_story","inputSchema":{"type":"object","properties":{"name":{"type":"string"}},"required":["name"]}}),
+    ]
+}
+
+impl Harness {
+    /// A gateway over projects alpha, beta and gamma, default alpha.
+    pub(crate) fn new() -> Harness {
+        Harness::with(&["alpha", "beta", "gamma"], Some("alpha"))
+    }
+
+    pub(crate) fn with(projects: &[&str], default: Option<&str>) -> Harness {
+        let specs = projects
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
+            .collect();
+        let registry = Registry::from_projects(specs, default).unwrap();
+        Harness {
+            gw: Gateway::new(registry, Config::default(), [7; 32]),
+            // Only differences of instants matter; this is the fake clock's origin.
+            #[allow(clippy::disallowed_methods)]
+            now: Instant::now(),
+            next_token: 0,
+            next_uplink: 0,
+            replies: HashMap::new(),
+            frames: HashMap::new(),
+            closed: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn handle(&mut self, input: Input) {
+        self.gw.handle(self.now, input);
+        self.drain();
+    }
+
+    /// Moves the clock forward by `by`, firing each timer at its own time on the way.
+    pub(crate) fn advance(&mut self, by: Duration) {
+        let end = self.now + by;
+        while let Some(at) = self.gw.poll_timeout() {
+            if at > end {
+                break;
+            }
+            self.now = self.now.max(at);
+            self.gw.handle_timeout(self.now);
+            self.drain();
+        }
+        self.now = end;
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.gw.poll_output() {
+            match o {
+                Output::Http { token, reply } => {
+                    assert!(
+                        self.replies.insert(token, reply).is_none(),
+                        "two replies for {token:?}"
+                    );
+                }
+                Output::UplinkSend { uplink, text } => {
+                    assert!(
+                        !self.closed.contains_key(&uplink),
+                        "frame after close on {uplink:?}"
+                    );
+                    let v: Value = serde_json::from_str(&text).expect("the gateway sends JSON");
+                    self.frames.entry(uplink).or_default().push(v);
+                }
+                Output::UplinkClose {
+                    uplink,
+                    code,
+                    reason,
+                } => {
+                    self.closed.insert(uplink, (code, reason));
+                }
+            }
+        }
+    }
+
+    /// Sends an HTTP request; returns its token.
+    pub(crate) fn send(
+        &mut self,
+        method: HttpMethod,
+        session: Option<&str>,
+        body: &str,
+    ) -> HttpToken {
+        let token = HttpToken(self.next_token);
+        self.next_token += 1;
+        let request = HttpRequest {
+            method,
+            session: session.map(str::to_owned),
+            content_type: Some("application/json".into()),
+            body: body.as_bytes().to_vec(),
+        };
+        self.handle(Input::Http { token, request });
+        token
+    }
+
+    /// POSTs a JSON-RPC message and returns the reply, which must come at once.
+    pub(crate) fn post(&mut self, session: Option<&str>, body: Value) -> HttpReply {
+        let t = self.send(HttpMethod::Post, session, &body.to_string());
+        self.replies.remove(&t).expect("an immediate reply")
+    }
+
+    /// POSTs a request and returns its parsed JSON-RPC response body.
+    pub(crate) fn rpc(
+        &mut self,
+        session: Option<&str>,
+        id: Value,
+        method: &str,
+        params: Value,
+    ) -> Value {
+        let r = self.post(
+            session,
+            json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}),
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+        serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
+    }
+
+    pub(crate) fn call_body(id: Value, tool: &str, arguments: Value) -> String {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":tool,"arguments":arguments}}).to_string()
+    }
+
+    /// Starts a `tools/call`; returns its token (the reply may come later).
+    pub(crate) fn call(
+        &mut self,
+        session: Option<&str>,
+        id: Value,
+        tool: &str,
+        arguments: Value,
+    ) -> HttpToken {
+        self.send(
+            HttpMethod::Post,
+            session,
+            &Self::call_body(id, tool, arguments),
+        )
+    }
+
+    pub(crate) fn reply_json(&mut self, token: HttpToken) -> Option<Value> {
+        let r = self.replies.remove(&token)?;
+        Some(serde_json::from_str(r.body.as_deref()?).unwrap())
+    }
+
+    pub(crate) fn initialize(&mut self) -> String {
+        let r = self.post(
+            None,
+            json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
+        );
+        assert_eq!(r.status, 200);
+        r.headers
+            .iter()
+            .find(|(h, _)| *h == "Mcp-Session-Id")
+            .unwrap()
+            .1
+            .clone()
+    }
+
+    pub(crate) fn open_uplink(&mut self) -> UplinkId {
+        let id = UplinkId(self.next_uplink);
+        self.next_uplink += 1;
+        self.handle(Input::UplinkOpened { uplink: id });
+        id
+    }
+
+    pub(crate) fn sled_says(&mut self, uplink: UplinkId, v: Value) {
+        self.handle(Input::UplinkText {
+            uplink,
+            text: v.to_string(),
+        });
+    }
+
+    /// Takes the frames sent to `uplink` so far.
+    pub(crate) fn take_frames(&mut self, uplink: UplinkId) -> Vec<Value> {
+        self.frames.remove(&uplink).unwrap_or_default()
+    }
+
+    /// Connects a sled for `project` and answers the gateway's tools/list.
+    pub(crate) fn connect_sled(&mut self, project: &str) -> UplinkId {
+        let u = self.open_uplink();
+        self.sled_says(
+            u,
+            json!({"uplink":"hello","protocol":1,"project":project,"sled":project}),
+        );
+        let frames = self.take_frames(u);
+        assert_eq!(frames[0]["uplink"], "welcome", "{frames:?}");
+        assert_eq!(frames[1]["method"], "tools/list");
+        let id = frames[1]["id"].clone();
+        self.sled_says(
+            u,
+            json!({"jsonrpc":"2.0","id":id,"result":{"tools":sled_tools()}}),
+        );
+        u
+    }
+
+    /// Answers every pending tools/call on `uplink` the way an emulated sled would: a result
+    /// naming the project and echoing the arguments.
+    pub(crate) fn sled_answers_all(&mut self, uplink: UplinkId, project: &str) -> usize {
+        let frames = self.take_frames(uplink);
+        let mut n = 0;
+        for f in frames {
+            if f["method"] == "tools/call" {
+                let result = json!({"content":[],"structuredContent":{"project":project,"tool":f["params"]["name"],"arguments":f["params"]["arguments"]}});
+                self.sled_says(
+                    uplink,
+                    json!({"jsonrpc":"2.0","id":f["id"],"result":result}),
+                );
+                n += 1;
+            }
+        }
+        n
+    }
+}
