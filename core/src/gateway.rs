@@ -60,12 +60,13 @@ pub struct HttpReply {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
     /// An HTTP request to `/mcp`. Exactly one [`Output::Http`] with the same token follows,
-    /// now or later.
+    /// now or later, unless [`Input::HttpAborted`] comes first.
     Http {
         token: HttpToken,
         request: HttpRequest,
     },
-    /// The client behind an HTTP request went away; no reply is wanted any more.
+    /// The client behind an HTTP request went away; no reply is wanted any more. A forwarded
+    /// call is cancelled at its sled. Unknown or already answered tokens are ignored.
     HttpAborted { token: HttpToken },
     /// A sled opened an uplink WebSocket.
     UplinkOpened { uplink: UplinkId },
@@ -73,10 +74,11 @@ pub enum Input {
     UplinkText { uplink: UplinkId, text: String },
     /// A frame that is not text (binary) arrived on an uplink.
     UplinkBinary { uplink: UplinkId, len: usize },
-    /// An uplink closed or failed.
+    /// An uplink closed or failed. Unknown or already forgotten uplinks are ignored.
     UplinkClosed { uplink: UplinkId },
     /// The gateway stops: every pending call fails now, every uplink is closed, and new
-    /// requests are refused.
+    /// requests are refused (503); an uplink opened afterwards is closed at once with
+    /// `GoingAway`.
     Shutdown,
 }
 
@@ -736,14 +738,6 @@ impl Gateway {
     // ---- uplinks ----
 
     fn on_uplink_opened(&mut self, now: Instant, id: UplinkId) {
-        if self.shutting_down {
-            self.outputs.push_back(Output::UplinkClose {
-                uplink: id,
-                code: CloseCode::GoingAway.code(),
-                reason: "the gateway is shutting down".into(),
-            });
-            return;
-        }
         let at = now + self.config.hello_timeout;
         self.uplinks.insert(
             id,
@@ -757,6 +751,13 @@ impl Gateway {
             },
         );
         self.timers.insert((at, Timer::Uplink(id)));
+        if self.shutting_down {
+            self.close_uplink(
+                id,
+                CloseCode::GoingAway,
+                "the gateway is shutting down".into(),
+            );
+        }
     }
 
     fn on_uplink_binary(&mut self, id: UplinkId, len: usize) {

@@ -1,1 +1,199 @@
-//! gateway server
+//! The MCP gateway server: the only code that touches sockets.
+//!
+//! It is thin. HTTP requests to `/mcp` and frames on uplink WebSockets become
+//! [`gateway_core::Input`]s; the [`gateway_core::Output`]s the core decides on become HTTP
+//! responses, frames and closes. Nothing here decides anything about MCP.
+//!
+//! # Shape
+//!
+//! - One *driver* task owns the [`gateway_core::Gateway`] by `&mut` (see `driver.rs`). It is the
+//!   only place that calls `handle`, `handle_timeout` and `poll_*`.
+//! - Connection tasks (axum handlers for `/mcp`, one task per uplink WebSocket) talk to it over
+//!   one bounded command channel, and get their answers over a oneshot (HTTP) or a per-uplink
+//!   channel of outbound frames.
+//! - Time comes only from `tokio::time`, so the same code runs on turmoil's simulated clock, and
+//!   [`serve`] is generic over [`axum::serve::Listener`], so it runs on turmoil's sockets.
+//!
+//! # Shutdown
+//!
+//! When the `shutdown` future given to [`serve`] resolves:
+//!
+//! 1. the listener stops accepting and axum lets open HTTP connections finish the request they
+//!    are serving (idle keep-alive connections close);
+//! 2. the driver gives the HTTP requests still waiting for an answer up to
+//!    [`ServerOptions::shutdown_grace`] to be answered;
+//! 3. then (or as soon as none is waiting) it feeds [`gateway_core::Input::Shutdown`] to the core,
+//!    which fails whatever is still pending and closes every uplink with `GoingAway`; the driver
+//!    carries those outputs out, and the uplink tasks send their close frames and end;
+//! 4. the driver keeps answering (the core refuses new requests) until every connection task has
+//!    ended, and [`serve`] returns. Should a peer hold a connection open past
+//!    `shutdown_grace` + [`SHUTDOWN_LINGER`], `serve` stops waiting for it and returns anyway.
+
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+mod driver;
+mod http;
+mod uplink;
+
+/// The default of [`ServerOptions::shutdown_grace`].
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The default of [`ServerOptions::max_body_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// The largest message accepted on an uplink WebSocket: 16 MiB.
+pub const MAX_UPLINK_MESSAGE_BYTES: usize = 16 << 20;
+
+/// How long past the grace period [`serve`] waits for connections that will not close.
+pub const SHUTDOWN_LINGER: Duration = Duration::from_secs(5);
+
+/// How many commands connection tasks may queue for the driver before they wait.
+const COMMAND_QUEUE: usize = 1024;
+
+/// Everything [`serve`] needs besides a listener and a shutdown signal.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub registry: gateway_core::Registry,
+    pub core: gateway_core::Config,
+    /// Seed of the session-id generator: fresh OS randomness in production, fixed in tests.
+    pub seed: [u8; 32],
+    /// How long calls in flight get to finish once shutdown starts.
+    pub shutdown_grace: Duration,
+    /// The largest `/mcp` request body accepted; larger ones get 413.
+    pub max_body_bytes: usize,
+}
+
+impl ServerOptions {
+    /// Options with the defaults for everything but the registry and the seed.
+    pub fn new(registry: gateway_core::Registry, seed: [u8; 32]) -> ServerOptions {
+        ServerOptions {
+            registry,
+            core: gateway_core::Config::default(),
+            seed,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        }
+    }
+}
+
+/// Runs the gateway on `listener` until `shutdown` resolves and the shutdown sequence (see the
+/// crate docs) has run its course.
+///
+/// Routes: `POST`/`GET`/`DELETE /mcp` (MCP Streamable HTTP, decided by the core),
+/// `GET /healthz` (`ok`), and `GET` [`gateway_core::uplink::UPLINK_PATH`] (the sleds' uplink
+/// WebSocket).
+pub async fn serve<L>(
+    listener: L,
+    opts: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let ServerOptions {
+        registry,
+        core,
+        seed,
+        shutdown_grace,
+        max_body_bytes,
+    } = opts;
+    let gateway = gateway_core::Gateway::new(registry, core, seed);
+    let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+
+    // Dropped when the driver task ends, whichever way: a driver that died before shutdown
+    // (a bug in the core) takes the server down with it instead of leaving it answering 503.
+    let (driver_alive, driver_gone) = oneshot::channel::<()>();
+    let driver = tokio::spawn(async move {
+        let _alive = driver_alive;
+        driver::run(gateway, cmd_rx, shutdown_grace).await;
+    });
+
+    let state = http::AppState {
+        cmd: cmd_tx.clone(),
+        ids: Arc::new(Ids::default()),
+        max_body_bytes,
+    };
+    let app = http::router(state);
+
+    let (started_tx, started_rx) = oneshot::channel::<Instant>();
+    let signal = async move {
+        tokio::select! {
+            () = shutdown => {
+                tracing::info!(grace = ?shutdown_grace, "shutting down: no new connections, calls in flight may finish");
+                // If the driver is gone there is nobody to tell; the send fails and that is fine.
+                let _ = cmd_tx.send(driver::Command::Shutdown).await;
+            }
+            _ = driver_gone => {
+                tracing::error!("the gateway driver stopped; shutting the server down");
+            }
+        }
+        let _ = started_tx.send(Instant::now());
+    };
+
+    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    let mut served = None;
+    // Phase 1: serve until shutdown starts.
+    let started = tokio::select! {
+        r = &mut server => { served = Some(r); None }
+        s = started_rx => s.ok(),
+    };
+    let give_up = started.unwrap_or_else(Instant::now) + shutdown_grace + SHUTDOWN_LINGER;
+    // Phase 2: axum waits for open HTTP connections, the driver for every connection task.
+    let served = match served {
+        Some(r) => r,
+        None => match tokio::time::timeout_at(give_up, server).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!("HTTP connections still open after the grace period; not waiting");
+                Ok(())
+            }
+        },
+    };
+    let driver_abort = driver.abort_handle();
+    let driven = match tokio::time::timeout_at(give_up, driver).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!("uplinks or requests still open after the grace period; not waiting");
+            driver_abort.abort();
+            Ok(())
+        }
+    };
+    if let Err(e) = driven {
+        if e.is_panic() {
+            return Err(std::io::Error::other(format!(
+                "the gateway driver panicked: {e}"
+            )));
+        }
+    }
+    served
+}
+
+/// Names the driver's requests and uplinks. Connection tasks take them from here so they know
+/// their own name without a round trip to the driver (an HTTP request needs it to report its
+/// abort). Both only count up, so a name is never reused.
+#[derive(Debug, Default)]
+pub(crate) struct Ids {
+    http: AtomicU64,
+    uplink: AtomicU64,
+}
+
+impl Ids {
+    pub(crate) fn next_http(&self) -> gateway_core::HttpToken {
+        gateway_core::HttpToken(self.http.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn next_uplink(&self) -> gateway_core::UplinkId {
+        gateway_core::UplinkId(
+            self.uplink
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}

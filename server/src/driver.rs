@@ -1,0 +1,252 @@
+//! The driver: the one task that owns the [`Gateway`] and runs its loop.
+//!
+//! Connection tasks send [`Command`]s; the driver turns each into an [`Input`], feeds it to the
+//! core with the current time, and carries out every [`Output`] the core then has. Between
+//! commands it sleeps until the core's next timeout, and calls `handle_timeout` with the time it
+//! woke at (not the deadline it slept until).
+//!
+//! **Architecture Invariant:** the driver never awaits anything but its command channel and its
+//! timers. Replies go out on oneshots and `try_send`, so one slow peer cannot stall the gateway.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use gateway_core::{Gateway, HttpReply, HttpRequest, HttpToken, Input, Output, UplinkId};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+/// What a connection task asks of the driver.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// An HTTP request to `/mcp`; the answer goes to `reply`.
+    Http {
+        token: HttpToken,
+        request: HttpRequest,
+        reply: oneshot::Sender<HttpReply>,
+    },
+    /// The client behind an [`Command::Http`] went away before its answer.
+    HttpAborted {
+        token: HttpToken,
+    },
+    /// A sled opened an uplink; frames for it go to `tx`.
+    UplinkOpened {
+        uplink: UplinkId,
+        tx: mpsc::Sender<Outbound>,
+    },
+    UplinkText {
+        uplink: UplinkId,
+        text: String,
+    },
+    UplinkBinary {
+        uplink: UplinkId,
+        len: usize,
+    },
+    /// The uplink closed or failed; its task is ending.
+    UplinkClosed {
+        uplink: UplinkId,
+    },
+    /// Start the shutdown sequence: grace period, then [`Input::Shutdown`].
+    Shutdown,
+}
+
+/// What the driver asks of an uplink task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outbound {
+    /// Send this text frame.
+    Text(String),
+    /// Send a close frame with this code and reason, then end.
+    Close { code: u16, reason: String },
+}
+
+/// How many frames may wait for one uplink's socket. A sled that falls this far behind is cut
+/// off rather than letting the gateway's memory grow.
+pub(crate) const UPLINK_QUEUE: usize = 1024;
+
+/// Where the driver is in the shutdown sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// Shutdown started; calls in flight may finish until the deadline.
+    Draining {
+        until: Instant,
+    },
+    /// [`Input::Shutdown`] has been fed to the core.
+    Stopped,
+}
+
+struct Driver {
+    gateway: Gateway,
+    /// HTTP requests the core has not answered yet.
+    http: HashMap<HttpToken, oneshot::Sender<HttpReply>>,
+    /// Uplinks the core knows about.
+    uplinks: HashMap<UplinkId, mpsc::Sender<Outbound>>,
+    grace: Duration,
+    phase: Phase,
+}
+
+/// Runs the gateway until every sender of `commands` is gone.
+pub(crate) async fn run(gateway: Gateway, mut commands: mpsc::Receiver<Command>, grace: Duration) {
+    let mut d = Driver {
+        gateway,
+        http: HashMap::new(),
+        uplinks: HashMap::new(),
+        grace,
+        phase: Phase::Running,
+    };
+    loop {
+        let timeout = d.gateway.poll_timeout().map(Instant::from_std);
+        let drain_until = match d.phase {
+            Phase::Draining { until } => Some(until),
+            Phase::Running | Phase::Stopped => None,
+        };
+        tokio::select! {
+            cmd = commands.recv() => match cmd {
+                Some(cmd) => d.command(cmd),
+                None => break,
+            },
+            () = sleep_until(timeout), if timeout.is_some() => {
+                d.gateway.handle_timeout(now());
+            }
+            () = sleep_until(drain_until), if drain_until.is_some() => {
+                tracing::info!(
+                    unanswered = d.http.len(),
+                    "grace period over; failing the calls still in flight"
+                );
+                d.stop();
+            }
+        }
+        d.drain_outputs();
+        if matches!(d.phase, Phase::Draining { .. }) && d.http.is_empty() {
+            tracing::info!("no calls in flight; closing the uplinks");
+            d.stop();
+            d.drain_outputs();
+        }
+    }
+    let stats = d.gateway.stats();
+    tracing::info!(?stats, "gateway driver stopped");
+}
+
+impl Driver {
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Http {
+                token,
+                request,
+                reply,
+            } => {
+                self.http.insert(token, reply);
+                self.gateway.handle(now(), Input::Http { token, request });
+            }
+            Command::HttpAborted { token } => {
+                // An abort that raced with its answer is old news.
+                if self.http.remove(&token).is_some() {
+                    tracing::debug!(token = token.0, "HTTP client went away before its answer");
+                    self.gateway.handle(now(), Input::HttpAborted { token });
+                }
+            }
+            Command::UplinkOpened { uplink, tx } => {
+                self.uplinks.insert(uplink, tx);
+                self.gateway.handle(now(), Input::UplinkOpened { uplink });
+                // After Input::Shutdown the core closes it at once with GoingAway.
+            }
+            // Frames and closes of an uplink the core has already closed are dropped: the core
+            // has forgotten it, and ids are never reused.
+            Command::UplinkText { uplink, text } => {
+                if self.uplinks.contains_key(&uplink) {
+                    self.gateway
+                        .handle(now(), Input::UplinkText { uplink, text });
+                }
+            }
+            Command::UplinkBinary { uplink, len } => {
+                if self.uplinks.contains_key(&uplink) {
+                    self.gateway
+                        .handle(now(), Input::UplinkBinary { uplink, len });
+                }
+            }
+            Command::UplinkClosed { uplink } => {
+                if self.uplinks.remove(&uplink).is_some() {
+                    self.gateway.handle(now(), Input::UplinkClosed { uplink });
+                }
+            }
+            Command::Shutdown => {
+                if self.phase == Phase::Running {
+                    self.phase = Phase::Draining {
+                        until: Instant::now() + self.grace,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Feeds [`Input::Shutdown`] to the core, once.
+    fn stop(&mut self) {
+        if self.phase != Phase::Stopped {
+            self.phase = Phase::Stopped;
+            self.gateway.handle(now(), Input::Shutdown);
+        }
+    }
+
+    /// Carries out every output the core has.
+    fn drain_outputs(&mut self) {
+        while let Some(output) = self.gateway.poll_output() {
+            match output {
+                Output::Http { token, reply } => match self.http.remove(&token) {
+                    // The receiver may be gone (client left); nothing to do then.
+                    Some(tx) => {
+                        let _ = tx.send(reply);
+                    }
+                    None => tracing::debug!(token = token.0, "answer for a request nobody awaits"),
+                },
+                Output::UplinkSend { uplink, text } => {
+                    let Some(tx) = self.uplinks.get(&uplink) else {
+                        tracing::debug!(uplink = uplink.0, "frame for an uplink that is gone");
+                        continue;
+                    };
+                    match tx.try_send(Outbound::Text(text)) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            tracing::warn!(
+                                uplink = uplink.0,
+                                queued = UPLINK_QUEUE,
+                                "uplink is not reading its frames; cutting it off"
+                            );
+                            // Dropping the sender ends the uplink task, which closes the socket.
+                            self.uplinks.remove(&uplink);
+                            self.gateway.handle(now(), Input::UplinkClosed { uplink });
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            // The task ended; its UplinkClosed is on the way, but tell the core
+                            // now so it stops routing calls here.
+                            self.uplinks.remove(&uplink);
+                            self.gateway.handle(now(), Input::UplinkClosed { uplink });
+                        }
+                    }
+                }
+                Output::UplinkClose {
+                    uplink,
+                    code,
+                    reason,
+                } => {
+                    if let Some(tx) = self.uplinks.remove(&uplink) {
+                        tracing::info!(uplink = uplink.0, code, %reason, "closing uplink");
+                        // If the queue is full or the task gone, dropping `tx` ends it anyway.
+                        let _ = tx.try_send(Outbound::Close { code, reason });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The current time, as the core takes it.
+fn now() -> std::time::Instant {
+    Instant::now().into_std()
+}
+
+/// Sleeps until `at`; never resolves for `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

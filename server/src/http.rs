@@ -1,0 +1,312 @@
+//! The axum side: routes, turning a request into a [`HttpRequest`] and a [`HttpReply`] into a
+//! response. Everything about what the answer *is* belongs to the core.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use gateway_core::{HttpMethod, HttpReply, HttpRequest, HttpToken};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::driver::Command;
+use crate::Ids;
+
+/// The header that carries the MCP session id. `HeaderMap` lookups ignore case.
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub(crate) struct AppState {
+    pub(crate) cmd: mpsc::Sender<Command>,
+    pub(crate) ids: Arc<Ids>,
+    pub(crate) max_body_bytes: usize,
+}
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/mcp", get(mcp).post(mcp).delete(mcp))
+        .route("/healthz", get(healthz))
+        .route(gateway_core::uplink::UPLINK_PATH, get(uplink))
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn uplink(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
+    ws.max_message_size(crate::MAX_UPLINK_MESSAGE_BYTES)
+        .max_frame_size(crate::MAX_UPLINK_MESSAGE_BYTES)
+        .on_failed_upgrade(|e| tracing::warn!(error = %e, "uplink WebSocket upgrade failed"))
+        .on_upgrade(move |socket| crate::uplink::run(socket, state))
+}
+
+async fn mcp(
+    State(state): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let method = match method {
+        Method::POST => HttpMethod::Post,
+        Method::GET => HttpMethod::Get,
+        Method::DELETE => HttpMethod::Delete,
+        // The router sends only these three here.
+        _ => return StatusCode::METHOD_NOT_ALLOWED.into_response(),
+    };
+    let body = match Limited::new(body, state.max_body_bytes).collect().await {
+        Ok(collected) => collected.to_bytes().to_vec(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            tracing::debug!(limit = state.max_body_bytes, "request body too large");
+            return too_large(state.max_body_bytes);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read a request body");
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                -32700,
+                "could not read the request body",
+            );
+        }
+    };
+    let request = HttpRequest {
+        method,
+        session: header_text(&headers, HeaderName::from_static(SESSION_HEADER)),
+        content_type: header_text(&headers, header::CONTENT_TYPE),
+        body,
+    };
+    let token = state.ids.next_http();
+    tracing::debug!(
+        token = token.0,
+        ?method,
+        session = request.session.as_deref(),
+        bytes = request.body.len(),
+        "/mcp request"
+    );
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let cmd = Command::Http {
+        token,
+        request,
+        reply: reply_tx,
+    };
+    if state.cmd.send(cmd).await.is_err() {
+        return unavailable();
+    }
+    // From here on the driver has the request: if this future is dropped (the client went away)
+    // the guard tells it so.
+    let mut guard = AbortGuard {
+        token,
+        cmd: Some(state.cmd),
+    };
+    let reply = reply_rx.await;
+    guard.cmd = None;
+    match reply {
+        Ok(reply) => reply_response(reply),
+        // The driver dropped the request without an answer: it is gone.
+        Err(_) => unavailable(),
+    }
+}
+
+/// Reports [`Command::HttpAborted`] when dropped while armed (`cmd` is `Some`).
+struct AbortGuard {
+    token: HttpToken,
+    cmd: Option<mpsc::Sender<Command>>,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        let Some(cmd) = self.cmd.take() else { return };
+        let aborted = Command::HttpAborted { token: self.token };
+        match cmd.try_send(aborted) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(aborted)) => {
+                // Drop cannot wait; let a task wait for room instead.
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = cmd.send(aborted).await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A header's value as text; bytes that are not UTF-8 are replaced, so the core sees (and
+/// refuses) a session id that cannot exist rather than none at all.
+fn header_text(headers: &HeaderMap, name: HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+/// The core's answer as an HTTP response.
+pub(crate) fn reply_response(reply: HttpReply) -> Response {
+    let HttpReply {
+        status,
+        headers,
+        body,
+    } = reply;
+    let status = StatusCode::from_u16(status).unwrap_or_else(|_| {
+        tracing::error!(status, "the core answered with an invalid HTTP status");
+        StatusCode::INTERNAL_SERVER_ERROR
+    });
+    let mut response = match body {
+        Some(body) => {
+            let mut r = Response::new(Body::from(body));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        None => Response::new(Body::empty()),
+    };
+    *response.status_mut() = status;
+    for (name, value) in headers {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            (Ok(name), Ok(value)) => {
+                response.headers_mut().append(name, value);
+            }
+            _ => tracing::error!(name, value, "the core answered with an invalid header"),
+        }
+    }
+    response
+}
+
+/// 413 for a body over the limit. The core never sees such a body, so this one error shape
+/// lives here.
+fn too_large(limit: usize) -> Response {
+    error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        -32600,
+        &format!("request body larger than {limit} bytes"),
+    )
+}
+
+/// 503 when the driver is gone (shutting down, or failed).
+fn unavailable() -> Response {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        -32603,
+        "the gateway is shutting down",
+    )
+}
+
+/// A JSON-RPC error with a null id, for the few failures that happen before the core sees a
+/// request. `message` is always one of this module's own texts.
+fn error_response(status: StatusCode, code: i32, message: &str) -> Response {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":{code},"message":"{}"}}}}"#,
+        message.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn parts(r: Response) -> (u16, Vec<(String, String)>, String) {
+        let status = r.status().as_u16();
+        let headers = r
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    fn check(reply: HttpReply, want: (u16, &[(&str, &str)], &str)) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (status, headers, body) = rt.block_on(parts(reply_response(reply)));
+        let want_headers: Vec<(String, String)> = want
+            .1
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(
+            (status, headers, body.as_str()),
+            (want.0, want_headers, want.2)
+        );
+    }
+
+    #[test]
+    fn reply_with_body_is_json() {
+        check(
+            HttpReply {
+                status: 200,
+                headers: vec![("Mcp-Session-Id", "abc".into())],
+                body: Some(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#.into()),
+            },
+            (
+                200,
+                &[
+                    ("content-type", "application/json"),
+                    ("mcp-session-id", "abc"),
+                ],
+                r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+            ),
+        );
+    }
+
+    #[test]
+    fn reply_without_body_has_no_content_type() {
+        check(
+            HttpReply {
+                status: 202,
+                headers: vec![],
+                body: None,
+            },
+            (202, &[], ""),
+        );
+    }
+
+    #[test]
+    fn bad_status_and_header_do_not_panic() {
+        check(
+            HttpReply {
+                status: 1000,
+                headers: vec![("Allow", "GET, POST".into()), ("X-Bad", "a\nb".into())],
+                body: None,
+            },
+            (500, &[("allow", "GET, POST")], ""),
+        );
+    }
+
+    #[test]
+    fn too_large_is_a_json_rpc_error() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (status, headers, body) = rt.block_on(parts(too_large(4194304)));
+        assert_eq!(status, 413);
+        assert_eq!(
+            headers,
+            [("content-type".to_owned(), "application/json".to_owned())]
+        );
+        assert_eq!(
+            body,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"request body larger than 4194304 bytes"}}"#
+        );
+    }
+}
