@@ -1,1 +1,138 @@
-fn main() {}
+//! `sled-sim`: run emulated sleds against a real gateway until Ctrl-C.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{ArgGroup, Parser};
+use sled_sim::net::GatewayAddr;
+use sled_sim::{demo_project_names, Fleet, SledOptions};
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+/// Emulated project containers ("sleds"): each connects out to the gateway's uplink and serves
+/// MCP tools for its project.
+#[derive(Debug, Parser)]
+#[command(name = "sled-sim", version, about)]
+#[command(group(ArgGroup::new("which").required(true).args(["project", "projects"])))]
+struct Args {
+    /// The gateway's base URL, e.g. http://127.0.0.1:3000 (the uplink is at /uplink).
+    #[arg(long, value_name = "URL", value_parser = parse_gateway)]
+    gateway: GatewayAddr,
+
+    /// A project to emulate a sled for (repeatable). The sled's name is the project's.
+    #[arg(long, value_name = "NAME", value_parser = parse_project)]
+    project: Vec<String>,
+
+    /// Emulate N sleds for the demo projects alpha, beta, gamma, … (instead of --project).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    projects: Option<u16>,
+
+    /// The fleet seed: each project's model and jitter derive from it.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+
+    /// How long each sled takes to answer a request, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    latency_ms: u64,
+
+    /// Up to this many extra milliseconds per request, drawn from the seeded RNG.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    jitter_ms: u64,
+
+    /// Also serve project i's MCP directly at http://127.0.0.1:(P+i)/mcp.
+    #[arg(long, value_name = "P")]
+    direct_port_base: Option<u16>,
+}
+
+fn parse_gateway(value: &str) -> Result<GatewayAddr, String> {
+    GatewayAddr::parse(value).map_err(|e| e.reason)
+}
+
+fn parse_project(value: &str) -> Result<String, String> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err("a project name is 1-64 characters of letters, digits, '-' and '_'".to_owned())
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+
+    let projects = match args.projects {
+        Some(n) => demo_project_names(usize::from(n)),
+        None => args.project.clone(),
+    };
+    let opts = SledOptions {
+        seed: args.seed,
+        latency: Duration::from_millis(args.latency_ms),
+        jitter: Duration::from_millis(args.jitter_ms),
+    };
+
+    // Bind the direct endpoints first, so a port clash fails before anything connects.
+    let mut listeners = Vec::new();
+    if let Some(base) = args.direct_port_base {
+        for (i, project) in projects.iter().enumerate() {
+            let port = u16::try_from(i)
+                .ok()
+                .and_then(|i| base.checked_add(i))
+                .filter(|p| *p != 0);
+            let Some(port) = port else {
+                error!(base, project = %project, "--direct-port-base {base}: port for project {i} is past 65535");
+                return ExitCode::FAILURE;
+            };
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => listeners.push((project.clone(), addr, l)),
+                Err(e) => {
+                    error!(%addr, project = %project, error = %e, "--direct-port-base {base}: cannot listen");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+
+    let fleet = Fleet::spawn(&args.gateway.to_string(), &projects, opts);
+    info!(gateway = %args.gateway, uplink = %args.gateway.uplink_url(), sleds = projects.len(), seed = args.seed, "sled-sim running; Ctrl-C to stop");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut servers = Vec::new();
+    for (project, addr, listener) in listeners {
+        let Some(sled) = fleet.sled(&project) else {
+            continue;
+        };
+        println!("{project}: direct MCP at http://{addr}/mcp");
+        let mut rx = stop_rx.clone();
+        servers.push(tokio::spawn(async move {
+            let stop = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = sled_sim::http::serve(listener, sled, stop).await {
+                error!(project = %project, error = %e, "direct MCP endpoint failed");
+            }
+        }));
+    }
+
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        error!(error = %e, "cannot wait for Ctrl-C; stopping");
+    }
+    info!("stopping");
+    stop_tx.send_replace(true);
+    fleet.shutdown().await;
+    for server in servers {
+        let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,410 @@
+//! A small MCP Streamable-HTTP client over hyper 1, generic over [`Connect`] so tests and
+//! simulations can drive a gateway (or a sled's direct endpoint).
+//!
+//! One HTTP/1 connection at a time, reopened automatically when it closed. After
+//! [`McpClient::initialize`] every request carries the `Mcp-Session-Id` the server gave and the
+//! negotiated `MCP-Protocol-Version`. Responses may be `application/json` or a
+//! `text/event-stream`; for the latter the JSON-RPC response is picked out of the events.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
+use hyper::{HeaderMap, Method, Request};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tracing::debug;
+
+use crate::mcp::LATEST_PROTOCOL_VERSION;
+use crate::net::{Connect, HttpUrl};
+
+/// The session header.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+/// The protocol version header sent after initialize.
+pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// How long a request may take by default (see [`McpClient::set_timeout`]).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What went wrong with a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting, writing or reading failed (HTTP protocol errors included).
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// The server answered with a non-success status.
+    #[error("HTTP {status}: {body}")]
+    Http { status: u16, body: String },
+    /// The response body was not the JSON expected.
+    #[error("invalid JSON in the response: {0}")]
+    Json(#[from] serde_json::Error),
+    /// No complete response within the timeout (the connection is dropped).
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+    /// The response was well-formed but not what MCP says it should be.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+fn hyper_err(e: hyper::Error) -> ClientError {
+    ClientError::Io(io::Error::other(e))
+}
+
+/// An MCP client session against one endpoint.
+pub struct McpClient<C: Connect> {
+    connector: C,
+    url: HttpUrl,
+    host_port: String,
+    sender: Option<SendRequest<Full<Bytes>>>,
+    session_id: Option<String>,
+    protocol_version: Option<String>,
+    timeout: Option<Duration>,
+}
+
+impl<C: Connect> std::fmt::Debug for McpClient<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpClient")
+            .field("url", &self.url)
+            .field("connected", &self.sender.is_some())
+            .field("session_id", &self.session_id)
+            .field("protocol_version", &self.protocol_version)
+            .finish()
+    }
+}
+
+impl<C: Connect> McpClient<C> {
+    /// Parses `url` (`http://host:port/mcp`) and opens the HTTP/1 connection.
+    pub async fn connect(connector: C, url: &str) -> io::Result<Self> {
+        let url =
+            HttpUrl::parse(url).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let mut client = McpClient {
+            connector,
+            host_port: url.host_port(),
+            url,
+            sender: None,
+            session_id: None,
+            protocol_version: None,
+            timeout: Some(DEFAULT_TIMEOUT),
+        };
+        client.open().await?;
+        Ok(client)
+    }
+
+    async fn open(&mut self) -> io::Result<()> {
+        self.sender = None;
+        let stream = self.connector.connect(&self.host_port).await?;
+        let (sender, conn) = http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(io::Error::other)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "MCP client connection ended");
+            }
+        });
+        self.sender = Some(sender);
+        Ok(())
+    }
+
+    /// A ready sender, reconnecting if the connection closed.
+    async fn ready(&mut self) -> io::Result<&mut SendRequest<Full<Bytes>>> {
+        let usable = match self.sender.as_mut() {
+            Some(s) if !s.is_closed() => s.ready().await.is_ok(),
+            _ => false,
+        };
+        if !usable {
+            self.open().await?;
+        }
+        self.sender
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "no connection"))
+    }
+
+    /// The session id the server gave at initialize, if any.
+    pub fn session_id(&self) -> Option<&str> {
+        self.session_id.as_deref()
+    }
+
+    /// Replaces the session id sent with each request (`None`: send none).
+    pub fn set_session_id(&mut self, id: Option<String>) {
+        self.session_id = id;
+    }
+
+    /// The protocol version negotiated at initialize, if any.
+    pub fn protocol_version(&self) -> Option<&str> {
+        self.protocol_version.as_deref()
+    }
+
+    /// Replaces the `MCP-Protocol-Version` sent with each request (`None`: send none).
+    pub fn set_protocol_version(&mut self, version: Option<String>) {
+        self.protocol_version = version;
+    }
+
+    /// How long one request may take (`None`: forever). The default is [`DEFAULT_TIMEOUT`].
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
+    /// The endpoint URL.
+    pub fn url(&self) -> &HttpUrl {
+        &self.url
+    }
+
+    /// Sends one HTTP request to the endpoint with the default headers (`Host`, `Accept`,
+    /// `Content-Type` when there is a body, the session id and protocol version when known),
+    /// then `headers`: each replaces the header of that name, and an empty value removes it.
+    /// Returns status, headers and the whole body.
+    pub async fn send_raw(
+        &mut self,
+        method: Method,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, HeaderMap, Bytes), ClientError> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(self.url.path.as_str());
+        let map = builder
+            .headers_mut()
+            .ok_or_else(|| ClientError::Protocol("bad request path".to_owned()))?;
+        let invalid = |what: &str| {
+            ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("invalid header {what}"),
+            ))
+        };
+        let value = |v: &str| HeaderValue::from_str(v).map_err(|_| invalid(v));
+        map.insert(HOST, value(&self.host_port)?);
+        map.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        if !body.is_empty() {
+            map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        if let Some(id) = &self.session_id {
+            map.insert(SESSION_HEADER, value(id)?);
+        }
+        if let Some(v) = &self.protocol_version {
+            map.insert(PROTOCOL_VERSION_HEADER, value(v)?);
+        }
+        for (name, v) in headers {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid(name))?;
+            if v.is_empty() {
+                map.remove(&name);
+            } else {
+                map.insert(name, value(v)?);
+            }
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let limit = self.timeout;
+        let exchange = async {
+            let sender = self.ready().await?;
+            let response = sender.send_request(request).await.map_err(hyper_err)?;
+            let (parts, body) = response.into_parts();
+            let bytes = body.collect().await.map_err(hyper_err)?.to_bytes();
+            Ok::<_, ClientError>((parts.status.as_u16(), parts.headers, bytes))
+        };
+        let result = match limit {
+            Some(limit) => match tokio::time::timeout(limit, exchange).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.sender = None;
+                    return Err(ClientError::Timeout(limit));
+                }
+            },
+            None => exchange.await,
+        };
+        if result.is_err() {
+            // The connection may be half-way through a response: start afresh next time.
+            self.sender = None;
+        }
+        result
+    }
+
+    /// POSTs `body` as is (see [`McpClient::send_raw`] for the headers); for tests that send
+    /// garbage.
+    pub async fn post_raw(
+        &mut self,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<(u16, HeaderMap, Bytes), ClientError> {
+        self.send_raw(Method::POST, body, headers).await
+    }
+
+    /// Sends a JSON-RPC request and returns the whole JSON-RPC response object (a JSON-RPC
+    /// error is a successful return). A non-2xx status is [`ClientError::Http`].
+    pub async fn request(
+        &mut self,
+        id: Value,
+        method: &str,
+        params: Value,
+    ) -> Result<Value, ClientError> {
+        self.exchange(id, method, params).await.map(|(v, _)| v)
+    }
+
+    async fn exchange(
+        &mut self,
+        id: Value,
+        method: &str,
+        params: Value,
+    ) -> Result<(Value, HeaderMap), ClientError> {
+        let mut msg = json!({ "jsonrpc": "2.0", "id": id, "method": method });
+        if !params.is_null() {
+            msg["params"] = params;
+        }
+        let (status, headers, body) = self.post_raw(msg.to_string().into_bytes(), &[]).await?;
+        if !(200..300).contains(&status) {
+            return Err(ClientError::Http {
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        if status == 202 || body.is_empty() {
+            return Err(ClientError::Protocol(format!(
+                "HTTP {status} without a body in answer to request {method}"
+            )));
+        }
+        let is_sse = headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        let response = if is_sse {
+            response_from_sse(&body, &id)?
+        } else {
+            serde_json::from_slice(&body)?
+        };
+        Ok((response, headers))
+    }
+
+    /// Sends a JSON-RPC notification; returns the HTTP status (202 expected). A non-2xx status
+    /// is [`ClientError::Http`].
+    pub async fn notify(&mut self, method: &str, params: Value) -> Result<u16, ClientError> {
+        let mut msg = json!({ "jsonrpc": "2.0", "method": method });
+        if !params.is_null() {
+            msg["params"] = params;
+        }
+        let (status, _, body) = self.post_raw(msg.to_string().into_bytes(), &[]).await?;
+        if !(200..300).contains(&status) {
+            return Err(ClientError::Http {
+                status,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        Ok(status)
+    }
+
+    /// Starts a session: `initialize` (forgetting any previous session id), keeps the
+    /// `Mcp-Session-Id` and the negotiated version, then sends `notifications/initialized`.
+    /// Returns the whole JSON-RPC response; a JSON-RPC error is [`ClientError::Protocol`].
+    pub async fn initialize(&mut self) -> Result<Value, ClientError> {
+        self.session_id = None;
+        self.protocol_version = None;
+        let params = json!({
+            "protocolVersion": LATEST_PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": { "name": "sled-sim-client", "version": env!("CARGO_PKG_VERSION") },
+        });
+        let (response, headers) = self.exchange(json!(0), "initialize", params).await?;
+        if let Some(error) = response.get("error") {
+            return Err(ClientError::Protocol(format!("initialize failed: {error}")));
+        }
+        self.session_id = headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        self.protocol_version = response["result"]["protocolVersion"]
+            .as_str()
+            .map(str::to_owned);
+        self.notify("notifications/initialized", Value::Null)
+            .await?;
+        Ok(response)
+    }
+
+    /// `tools/call` with `name` and `arguments`; returns the whole JSON-RPC response.
+    pub async fn tools_call(
+        &mut self,
+        id: Value,
+        name: &str,
+        arguments: Value,
+    ) -> Result<Value, ClientError> {
+        self.request(
+            id,
+            "tools/call",
+            json!({ "name": name, "arguments": arguments }),
+        )
+        .await
+    }
+
+    /// `tools/list`, one page; returns the whole JSON-RPC response.
+    pub async fn tools_list(
+        &mut self,
+        id: Value,
+        cursor: Option<&str>,
+    ) -> Result<Value, ClientError> {
+        let params = match cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        self.request(id, "tools/list", params).await
+    }
+
+    /// Ends the session with `DELETE`; returns the HTTP status. The session id is forgotten
+    /// when the server accepted it (2xx) or did not know it (404).
+    pub async fn delete_session(&mut self) -> Result<u16, ClientError> {
+        let (status, _, _) = self.send_raw(Method::DELETE, Vec::new(), &[]).await?;
+        if (200..300).contains(&status) || status == 404 {
+            self.session_id = None;
+        }
+        Ok(status)
+    }
+}
+
+/// Picks the JSON-RPC response out of a `text/event-stream` body: the event whose data is a
+/// response with id `id`, or failing that the last response in the stream.
+pub fn response_from_sse(body: &[u8], id: &Value) -> Result<Value, ClientError> {
+    let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
+    let mut fallback = None;
+    for event in text.split("\n\n") {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|d| d.strip_prefix(' ').unwrap_or(d))
+            .collect();
+        if data.is_empty() {
+            continue;
+        }
+        let Ok(msg) = serde_json::from_str::<Value>(&data.join("\n")) else {
+            continue;
+        };
+        let is_response = msg.get("result").is_some() || msg.get("error").is_some();
+        if is_response && msg.get("id") == Some(id) {
+            return Ok(msg);
+        }
+        if is_response {
+            fallback = Some(msg);
+        }
+    }
+    fallback.ok_or_else(|| {
+        ClientError::Protocol("the event stream held no JSON-RPC response".to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_response_is_found() {
+        let body = b"event: message\r\nid: 1\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\r\n\r\n\
+id: 2\ndata: {\"jsonrpc\":\"2.0\",\ndata: \"id\":7,\"result\":{}}\n\n";
+        let r = response_from_sse(body, &json!(7)).unwrap();
+        assert_eq!(r["id"], 7);
+        let r = response_from_sse(body, &json!(8)).unwrap();
+        assert_eq!(r["id"], 7);
+        assert!(response_from_sse(b": keepalive\n\n", &json!(1)).is_err());
+        assert!(response_from_sse(b"data: {not json\n\n", &json!(1)).is_err());
+    }
+}

@@ -1,0 +1,1517 @@
+//! The sans-IO MCP server of one project: [`Sled::handle`] takes one JSON-RPC message and
+//! returns the response.
+//!
+//! Tool argument problems (missing or unknown properties, wrong types, bad enum values, unknown
+//! story ids) come back as ordinary results with `isError: true` and a text that says exactly
+//! what is wrong, so a model can correct itself. Protocol problems are JSON-RPC errors.
+//!
+//! Every tool result carries `"project"` in its structured content so a misrouted call is
+//! visible; a `tools/call` whose `params._meta` holds [`NONCE_KEY`] gets the nonce echoed back
+//! in the result's `_meta`, next to [`PROJECT_META_KEY`].
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{json, Map, Value};
+use tokio::sync::watch;
+
+use crate::model::{Project, Stage};
+
+/// The MCP protocol versions this server speaks, newest first.
+pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// The version answered when the client asks for one not in [`SUPPORTED_PROTOCOL_VERSIONS`].
+pub const LATEST_PROTOCOL_VERSION: &str = "2025-11-25";
+/// The `_meta` key of a `tools/call` nonce that the result echoes.
+pub const NONCE_KEY: &str = "sled-sim/nonce";
+/// The `_meta` key naming the project that answered a nonce-carrying call.
+pub const PROJECT_META_KEY: &str = "sled-sim/project";
+
+/// JSON-RPC error codes used here.
+pub mod codes {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+}
+
+/// Options of one sled's MCP server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SledConfig {
+    /// How many tools one `tools/list` page holds; `None` (the default) means all of them.
+    /// `Some(0)` is treated as `Some(1)`.
+    pub page_size: Option<usize>,
+}
+
+/// The names of all the tools a sled serves, in `tools/list` order.
+pub const TOOL_NAMES: [&str; 13] = [
+    "create_story",
+    "get_story_todos",
+    "show",
+    "list_stories",
+    "update_story",
+    "move_story",
+    "add_todo",
+    "complete_todo",
+    "block_story",
+    "unblock_story",
+    "record_test_result",
+    "pipeline_status",
+    "whoami",
+];
+
+/// The MCP server of one project.
+#[derive(Debug, Clone)]
+pub struct Sled {
+    project: Project,
+    sled_name: String,
+    seed: u64,
+    config: SledConfig,
+    disabled: BTreeSet<String>,
+}
+
+/// A JSON-RPC error: code and message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+}
+
+impl RpcError {
+    fn new(code: i64, message: impl Into<String>) -> Self {
+        RpcError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// A JSON-RPC error response object.
+pub fn error_response(id: Value, code: i64, message: impl Into<String>) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": code, "message": message.into() },
+    })
+}
+
+fn result_response(id: Value, result: Value) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "result": result })
+}
+
+impl Sled {
+    /// A sled serving `project`, named `sled_name`, reporting `seed` in `whoami`.
+    pub fn new(project: Project, sled_name: impl Into<String>, seed: u64) -> Self {
+        Sled {
+            project,
+            sled_name: sled_name.into(),
+            seed,
+            config: SledConfig::default(),
+            disabled: BTreeSet::new(),
+        }
+    }
+
+    /// A sled whose project is [`Project::seeded`] from `seed` and whose sled name is the
+    /// project name.
+    pub fn seeded(project_name: &str, seed: u64) -> Self {
+        Sled::new(Project::seeded(project_name, seed), project_name, seed)
+    }
+
+    /// The same sled with another configuration.
+    pub fn with_config(mut self, config: SledConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The project model.
+    pub fn project(&self) -> &Project {
+        &self.project
+    }
+
+    /// The project model, mutably (for tests that set up state directly).
+    pub fn project_mut(&mut self) -> &mut Project {
+        &mut self.project
+    }
+
+    /// The project's name.
+    pub fn project_name(&self) -> &str {
+        &self.project.name
+    }
+
+    /// The sled's name (what it says in its uplink `hello`).
+    pub fn sled_name(&self) -> &str {
+        &self.sled_name
+    }
+
+    /// The seed reported by `whoami`.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SledConfig {
+        &self.config
+    }
+
+    /// Changes the `tools/list` page size.
+    pub fn set_page_size(&mut self, page_size: Option<usize>) {
+        self.config.page_size = page_size;
+    }
+
+    /// Hides (`enabled = false`) or shows a tool: a hidden tool is not listed and calling it is
+    /// an unknown tool. Returns whether the tool list changed (false for an unknown name or no
+    /// change).
+    pub fn set_tool_enabled(&mut self, name: &str, enabled: bool) -> bool {
+        if !TOOL_NAMES.contains(&name) {
+            return false;
+        }
+        if enabled {
+            self.disabled.remove(name)
+        } else {
+            self.disabled.insert(name.to_owned())
+        }
+    }
+
+    /// The names of the tools currently listed, in order.
+    pub fn tool_names(&self) -> Vec<&'static str> {
+        TOOL_NAMES
+            .into_iter()
+            .filter(|n| !self.disabled.contains(*n))
+            .collect()
+    }
+
+    /// The tool definitions currently listed, in order.
+    pub fn tools(&self) -> Vec<Value> {
+        self.tool_names()
+            .into_iter()
+            .filter_map(tool_definition)
+            .collect()
+    }
+
+    /// Handles one JSON-RPC message. Returns the response for a request, `None` for a
+    /// notification or a response.
+    pub fn handle(&mut self, msg: &Value) -> Option<Value> {
+        let Some(obj) = msg.as_object() else {
+            return Some(error_response(
+                Value::Null,
+                codes::INVALID_REQUEST,
+                "Invalid Request: a JSON-RPC message must be a JSON object",
+            ));
+        };
+        let id = match obj.get("id") {
+            None => None,
+            Some(id @ (Value::String(_) | Value::Number(_))) => Some(id.clone()),
+            Some(other) => {
+                return Some(error_response(
+                    Value::Null,
+                    codes::INVALID_REQUEST,
+                    format!("Invalid Request: id must be a string or a number, got {other}"),
+                ));
+            }
+        };
+        let method = match obj.get("method") {
+            Some(Value::String(m)) => m.as_str(),
+            None if obj.contains_key("result") || obj.contains_key("error") => {
+                // A response to a request we never send: nothing to answer.
+                return None;
+            }
+            None => {
+                return id.map(|id| {
+                    error_response(id, codes::INVALID_REQUEST, "Invalid Request: no method")
+                });
+            }
+            Some(_) => {
+                return Some(error_response(
+                    id.unwrap_or(Value::Null),
+                    codes::INVALID_REQUEST,
+                    "Invalid Request: method must be a string",
+                ));
+            }
+        };
+        // A notification (no id) never gets a response, not even an error.
+        let id = id?;
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Some(error_response(
+                id,
+                codes::INVALID_REQUEST,
+                "Invalid Request: jsonrpc must be \"2.0\"",
+            ));
+        }
+        let empty = Map::new();
+        let params = match obj.get("params") {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(p)) => p,
+            Some(Value::Array(_)) => {
+                return Some(error_response(
+                    id,
+                    codes::INVALID_PARAMS,
+                    "Invalid params: MCP params must be an object, not an array",
+                ));
+            }
+            Some(_) => {
+                return Some(error_response(
+                    id,
+                    codes::INVALID_REQUEST,
+                    "Invalid Request: params must be an object",
+                ));
+            }
+        };
+        let outcome = match method {
+            "initialize" => Ok(self.initialize(params)),
+            "ping" => Ok(json!({})),
+            "tools/list" => self.list_tools(params),
+            "tools/call" => self.call(params),
+            other => Err(RpcError::new(
+                codes::METHOD_NOT_FOUND,
+                format!("Method not found: {other}"),
+            )),
+        };
+        Some(match outcome {
+            Ok(result) => result_response(id, result),
+            Err(e) => error_response(id, e.code, e.message),
+        })
+    }
+
+    fn initialize(&self, params: &Map<String, Value>) -> Value {
+        let requested = params.get("protocolVersion").and_then(Value::as_str);
+        let version = match requested {
+            Some(v) if SUPPORTED_PROTOCOL_VERSIONS.contains(&v) => v,
+            _ => LATEST_PROTOCOL_VERSION,
+        };
+        json!({
+            "protocolVersion": version,
+            "capabilities": { "tools": { "listChanged": true } },
+            "serverInfo": { "name": "sled-sim", "version": env!("CARGO_PKG_VERSION") },
+            "instructions": format!(
+                "Emulated sled {:?} serving project {:?}: stories, todos, tests and the pipeline.",
+                self.sled_name, self.project.name
+            ),
+        })
+    }
+
+    fn list_tools(&self, params: &Map<String, Value>) -> Result<Value, RpcError> {
+        let tools = self.tools();
+        let start = match params.get("cursor") {
+            None | Some(Value::Null) => 0,
+            Some(Value::String(c)) => decode_cursor(c)
+                .filter(|&offset| offset > 0 && offset < tools.len())
+                .ok_or_else(|| {
+                    RpcError::new(codes::INVALID_PARAMS, format!("Invalid cursor: {c:?}"))
+                })?,
+            Some(other) => {
+                return Err(RpcError::new(
+                    codes::INVALID_PARAMS,
+                    format!("Invalid cursor: must be a string, got {other}"),
+                ));
+            }
+        };
+        let page = self.config.page_size.map_or(usize::MAX, |n| n.max(1));
+        let end = start.saturating_add(page).min(tools.len());
+        let mut result = json!({ "tools": tools[start..end] });
+        if end < tools.len() {
+            result["nextCursor"] = Value::String(encode_cursor(end));
+        }
+        Ok(result)
+    }
+
+    fn call(&mut self, params: &Map<String, Value>) -> Result<Value, RpcError> {
+        let name = match params.get("name") {
+            Some(Value::String(n)) => n.as_str(),
+            Some(other) => {
+                return Err(RpcError::new(
+                    codes::INVALID_PARAMS,
+                    format!("Invalid params: tools/call name must be a string, got {other}"),
+                ));
+            }
+            None => {
+                return Err(RpcError::new(
+                    codes::INVALID_PARAMS,
+                    "Invalid params: tools/call needs a \"name\"",
+                ));
+            }
+        };
+        let mut result = self.call_tool(name, params.get("arguments"))?;
+        if let Some(nonce) = params
+            .get("_meta")
+            .and_then(Value::as_object)
+            .and_then(|m| m.get(NONCE_KEY))
+        {
+            result["_meta"] = json!({
+                NONCE_KEY: nonce,
+                PROJECT_META_KEY: self.project.name,
+            });
+        }
+        Ok(result)
+    }
+
+    /// Calls a tool: the `CallToolResult` (maybe with `isError: true`), or a JSON-RPC error for
+    /// an unknown tool. `arguments` `None` or `null` means no arguments.
+    pub fn call_tool(&mut self, name: &str, arguments: Option<&Value>) -> Result<Value, RpcError> {
+        let schema = match tool_definition(name) {
+            Some(def) if !self.disabled.contains(name) => def["inputSchema"].clone(),
+            _ => {
+                return Err(RpcError::new(
+                    codes::INVALID_PARAMS,
+                    format!("Unknown tool: {name}"),
+                ));
+            }
+        };
+        let empty = Map::new();
+        let args = match arguments {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(a)) => a,
+            Some(other) => {
+                return Ok(self.tool_error(
+                    name,
+                    format!("arguments must be a JSON object, got {}", type_name(other)),
+                ));
+            }
+        };
+        let problems = validate(&schema, args);
+        if !problems.is_empty() {
+            return Ok(self.tool_error(name, problems.join("; ")));
+        }
+        Ok(match self.run_tool(name, args) {
+            Ok(mut structured) => {
+                if let Value::Object(map) = &mut structured {
+                    map.insert("project".into(), Value::String(self.project.name.clone()));
+                }
+                json!({
+                    "content": [{ "type": "text", "text": structured.to_string() }],
+                    "structuredContent": structured,
+                })
+            }
+            Err(message) => self.tool_error(name, message),
+        })
+    }
+
+    fn tool_error(&self, tool: &str, message: String) -> Value {
+        let text = format!("{tool} (project {}): {message}", self.project.name);
+        json!({
+            "content": [{ "type": "text", "text": text }],
+            "structuredContent": { "project": self.project.name, "error": message },
+            "isError": true,
+        })
+    }
+
+    fn unknown_story(&self, id: &str) -> String {
+        const SHOWN: usize = 20;
+        let ids = self.project.story_ids();
+        let known = if ids.is_empty() {
+            "it has no stories".to_owned()
+        } else if ids.len() > SHOWN {
+            format!(
+                "known: {} and {} more",
+                ids[..SHOWN].join(", "),
+                ids.len() - SHOWN
+            )
+        } else {
+            format!("known: {}", ids.join(", "))
+        };
+        format!(
+            "unknown story_id {id:?} in project {} ({known})",
+            self.project.name
+        )
+    }
+
+    /// Runs a tool whose arguments passed [`validate`]: the structured content (without
+    /// `project`), or a message for an `isError` result.
+    fn run_tool(&mut self, name: &str, args: &Map<String, Value>) -> Result<Value, String> {
+        let story_id = str_arg(args, "story_id");
+        match name {
+            "create_story" => {
+                let criteria = strings_arg(args, "acceptance_criteria").unwrap_or_default();
+                let origin = args
+                    .get("origin")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let story = self
+                    .project
+                    .create_story(str_arg(args, "name"), criteria, origin);
+                Ok(json!({ "story": story.to_json() }))
+            }
+            "list_stories" => {
+                let stage = args
+                    .get("stage")
+                    .and_then(Value::as_str)
+                    .and_then(|s| s.parse::<Stage>().ok());
+                let stories: Vec<Value> = self
+                    .project
+                    .iter()
+                    .filter(|s| stage.is_none_or(|st| s.stage == st))
+                    .map(|s| s.summary_json())
+                    .collect();
+                Ok(json!({ "count": stories.len(), "stories": stories, "stage": stage }))
+            }
+            "pipeline_status" => {
+                let stages: Map<String, Value> = self
+                    .project
+                    .stage_counts()
+                    .into_iter()
+                    .map(|(stage, n)| (stage.as_str().to_owned(), json!(n)))
+                    .collect();
+                let blocked: Vec<Value> = self
+                    .project
+                    .iter()
+                    .filter_map(|s| {
+                        s.blocked
+                            .as_ref()
+                            .map(|r| json!({ "id": s.id, "name": s.name, "reason": r }))
+                    })
+                    .collect();
+                let failing: Vec<Value> = self
+                    .project
+                    .iter()
+                    .filter(|s| !s.failing_tests().is_empty())
+                    .map(|s| json!({ "id": s.id, "name": s.name, "tests": s.failing_tests() }))
+                    .collect();
+                Ok(json!({
+                    "total": self.project.stories.len(),
+                    "stages": stages,
+                    "blocked": blocked,
+                    "failing": failing,
+                }))
+            }
+            "whoami" => Ok(json!({ "sled": self.sled_name, "seed": self.seed })),
+            _ => self.run_story_tool(name, story_id, args),
+        }
+    }
+
+    /// The tools that act on one existing story.
+    fn run_story_tool(
+        &mut self,
+        name: &str,
+        story_id: &str,
+        args: &Map<String, Value>,
+    ) -> Result<Value, String> {
+        if name == "update_story"
+            && !args.contains_key("name")
+            && !args.contains_key("acceptance_criteria")
+        {
+            return Err(
+                "nothing to update: give at least one of name, acceptance_criteria".to_owned(),
+            );
+        }
+        let unknown = self.unknown_story(story_id);
+        let Some(story) = self.project.story_mut(story_id) else {
+            return Err(unknown);
+        };
+        match name {
+            "show" => Ok(json!({ "story": story.to_json() })),
+            "get_story_todos" => Ok(json!({
+                "story_id": story.id,
+                "todos": story.todos,
+                "done": story.todos_done(),
+                "remaining": story.todos.len() - story.todos_done(),
+            })),
+            "update_story" => {
+                if args.contains_key("name") {
+                    story.name = str_arg(args, "name").to_owned();
+                }
+                if let Some(criteria) = strings_arg(args, "acceptance_criteria") {
+                    story.acceptance_criteria = criteria;
+                }
+                Ok(json!({ "story": story.to_json() }))
+            }
+            "move_story" => {
+                let Ok(to) = str_arg(args, "stage").parse::<Stage>() else {
+                    return Err(format!("invalid stage {:?}", str_arg(args, "stage")));
+                };
+                let from = story.stage;
+                story.stage = to;
+                Ok(json!({ "from": from, "to": to, "story": story.to_json() }))
+            }
+            "add_todo" => {
+                let todo = story.add_todo(str_arg(args, "text")).clone();
+                Ok(json!({ "story_id": story.id, "todo": todo }))
+            }
+            "complete_todo" => {
+                let todo_id = args.get("todo_id").and_then(Value::as_u64).unwrap_or(0);
+                let id = story.id.clone();
+                let known: Vec<String> = story.todos.iter().map(|t| t.id.to_string()).collect();
+                match story.complete_todo(todo_id) {
+                    Some((todo, was_done)) => Ok(json!({
+                        "story_id": id,
+                        "todo": todo,
+                        "already_done": was_done,
+                    })),
+                    None => Err(format!(
+                        "unknown todo_id {todo_id} in story {id} (its todos: {})",
+                        if known.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            known.join(", ")
+                        }
+                    )),
+                }
+            }
+            "block_story" => {
+                story.blocked = Some(str_arg(args, "reason").to_owned());
+                Ok(json!({ "story": story.to_json() }))
+            }
+            "unblock_story" => {
+                let was_blocked = story.blocked.take().is_some();
+                Ok(json!({ "was_blocked": was_blocked, "story": story.to_json() }))
+            }
+            "record_test_result" => {
+                let test = str_arg(args, "test").to_owned();
+                let passed = args.get("passed").and_then(Value::as_bool).unwrap_or(false);
+                story.record_test(test.clone(), passed);
+                Ok(json!({
+                    "story_id": story.id,
+                    "test": test,
+                    "passed": passed,
+                    "failing_tests": story.failing_tests(),
+                }))
+            }
+            other => Err(format!("tool {other} is not implemented")),
+        }
+    }
+}
+
+fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> &'a str {
+    args.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn strings_arg(args: &Map<String, Value>, key: &str) -> Option<Vec<String>> {
+    args.get(key).and_then(Value::as_array).map(|items| {
+        items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+const CURSOR_PREFIX: &str = "sled-sim:";
+
+fn encode_cursor(offset: usize) -> String {
+    format!("{CURSOR_PREFIX}{offset:x}")
+}
+
+fn decode_cursor(cursor: &str) -> Option<usize> {
+    let hex = cursor.strip_prefix(CURSOR_PREFIX)?;
+    if hex.is_empty() || hex.len() > 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    usize::from_str_radix(hex, 16).ok()
+}
+
+fn story_id_schema() -> Value {
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "description": "The story's id, e.g. \"alpha-3\" (from create_story or list_stories).",
+    })
+}
+
+fn stage_schema(description: &str) -> Value {
+    json!({
+        "type": "string",
+        "enum": Stage::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        "description": description,
+    })
+}
+
+fn criteria_schema() -> Value {
+    json!({
+        "type": "array",
+        "items": { "type": "string" },
+        "description": "What must be true for the story to be done, one item per criterion.",
+    })
+}
+
+fn object_schema(properties: Value, required: &[&str]) -> Value {
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// The definition (`name`, `title`, `description`, `inputSchema`, `annotations`) of a tool.
+pub fn tool_definition(name: &str) -> Option<Value> {
+    let (title, description, schema, read_only) = match name {
+        "create_story" => (
+            "Create story",
+            "Create a story in the backlog of this project.",
+            object_schema(
+                json!({
+                    "name": { "type": "string", "minLength": 1, "description": "The story's title." },
+                    "acceptance_criteria": criteria_schema(),
+                    "origin": { "type": "string", "description": "Where the story came from (a ticket, a conversation)." },
+                }),
+                &["name", "acceptance_criteria"],
+            ),
+            false,
+        ),
+        "get_story_todos" => (
+            "Story todos",
+            "List a story's todos with their ids and done flags.",
+            object_schema(json!({ "story_id": story_id_schema() }), &["story_id"]),
+            true,
+        ),
+        "show" => (
+            "Show story",
+            "Show everything about one story: stage, criteria, todos, tests, blocker.",
+            object_schema(json!({ "story_id": story_id_schema() }), &["story_id"]),
+            true,
+        ),
+        "list_stories" => (
+            "List stories",
+            "List this project's stories in creation order, optionally only those in one stage.",
+            object_schema(
+                json!({ "stage": stage_schema("Only stories in this stage.") }),
+                &[],
+            ),
+            true,
+        ),
+        "update_story" => (
+            "Update story",
+            "Rename a story and/or replace its acceptance criteria.",
+            object_schema(
+                json!({
+                    "story_id": story_id_schema(),
+                    "name": { "type": "string", "minLength": 1, "description": "The new title." },
+                    "acceptance_criteria": criteria_schema(),
+                }),
+                &["story_id"],
+            ),
+            false,
+        ),
+        "move_story" => (
+            "Move story",
+            "Move a story to another pipeline stage.",
+            object_schema(
+                json!({
+                    "story_id": story_id_schema(),
+                    "stage": stage_schema("The stage to move the story to."),
+                }),
+                &["story_id", "stage"],
+            ),
+            false,
+        ),
+        "add_todo" => (
+            "Add todo",
+            "Append a todo to a story.",
+            object_schema(
+                json!({
+                    "story_id": story_id_schema(),
+                    "text": { "type": "string", "minLength": 1, "description": "What to do." },
+                }),
+                &["story_id", "text"],
+            ),
+            false,
+        ),
+        "complete_todo" => (
+            "Complete todo",
+            "Mark one of a story's todos done.",
+            object_schema(
+                json!({
+                    "story_id": story_id_schema(),
+                    "todo_id": { "type": "integer", "minimum": 1, "description": "The todo's id within the story (from get_story_todos)." },
+                }),
+                &["story_id", "todo_id"],
+            ),
+            false,
+        ),
+        "block_story" => (
+            "Block story",
+            "Mark a story blocked, with the reason.",
+            object_schema(
+                json!({
+                    "story_id": story_id_schema(),
+                    "reason": { "type": "string", "minLength": 1, "description": "Why the story cannot proceed." },
+                }),
+                &["story_id", "reason"],
+            ),
+            false,
+        ),
+        "unblock_story" => (
+            "Unblock story",
+            "Clear a story's blocker.",
+            object_schema(json!({ "story_id": story_id_schema() }), &["story_id"]),
+            false,
+        ),
+        "record_test_result" => (
+            "Record test result",
+            "Record the latest result of a named test for a story.",
+            object_schema(
+                json!({
+                    "story_id": story_id_schema(),
+                    "test": { "type": "string", "minLength": 1, "description": "The test's name." },
+                    "passed": { "type": "boolean", "description": "Whether it passed." },
+                }),
+                &["story_id", "test", "passed"],
+            ),
+            false,
+        ),
+        "pipeline_status" => (
+            "Pipeline status",
+            "Story counts per stage, plus the blocked stories and those with failing tests.",
+            object_schema(json!({}), &[]),
+            true,
+        ),
+        "whoami" => (
+            "Who am I",
+            "The project this sled serves, the sled's name and its seed.",
+            object_schema(json!({}), &[]),
+            true,
+        ),
+        _ => return None,
+    };
+    Some(json!({
+        "name": name,
+        "title": title,
+        "description": description,
+        "inputSchema": schema,
+        "annotations": { "readOnlyHint": read_only },
+    }))
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "an integer",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Checks arguments against the subset of JSON Schema the tool schemas use. Returns one message
+/// per problem, empty when the arguments are valid.
+fn validate(schema: &Value, args: &Map<String, Value>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let empty = Map::new();
+    let properties = schema["properties"].as_object().unwrap_or(&empty);
+    let accepted = || {
+        if properties.is_empty() {
+            "this tool takes no arguments".to_owned()
+        } else {
+            let names: Vec<&str> = properties.keys().map(String::as_str).collect();
+            format!("accepted: {}", names.join(", "))
+        }
+    };
+    if let Some(required) = schema["required"].as_array() {
+        for name in required.iter().filter_map(Value::as_str) {
+            if !args.contains_key(name) {
+                problems.push(format!("missing required property {name:?}"));
+            }
+        }
+    }
+    for (name, value) in args {
+        let Some(prop) = properties.get(name) else {
+            problems.push(format!("unknown property {name:?} ({})", accepted()));
+            continue;
+        };
+        check_value(name, prop, value, &mut problems);
+    }
+    problems
+}
+
+fn check_value(path: &str, prop: &Value, value: &Value, problems: &mut Vec<String>) {
+    let expected = prop["type"].as_str().unwrap_or("any");
+    let ok = match expected {
+        "string" => value.is_string(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "boolean" => value.is_boolean(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        _ => true,
+    };
+    if !ok {
+        let article = if expected.starts_with(['a', 'e', 'i', 'o', 'u']) {
+            "an"
+        } else {
+            "a"
+        };
+        problems.push(format!(
+            "property {path:?} must be {article} {expected}, got {}",
+            type_name(value)
+        ));
+        return;
+    }
+    if let (Some(allowed), Some(s)) = (prop["enum"].as_array(), value.as_str()) {
+        if !allowed.iter().any(|a| a.as_str() == Some(s)) {
+            let names: Vec<&str> = allowed.iter().filter_map(Value::as_str).collect();
+            problems.push(format!(
+                "property {path:?} must be one of {}, got {s:?}",
+                names.join(", ")
+            ));
+        }
+    }
+    if let (Some(min), Some(s)) = (prop["minLength"].as_u64(), value.as_str()) {
+        if (s.chars().count() as u64) < min {
+            problems.push(format!(
+                "property {path:?} must be at least {min} character(s) long"
+            ));
+        }
+    }
+    if let Some(min) = prop["minimum"].as_i64() {
+        let below = match (value.as_i64(), value.as_u64()) {
+            (Some(v), _) => v < min,
+            (None, Some(_)) => false,
+            _ => false,
+        };
+        if below {
+            problems.push(format!(
+                "property {path:?} must be at least {min}, got {value}"
+            ));
+        }
+    }
+    if let (Some(items), Some(array)) = (prop.get("items"), value.as_array()) {
+        for (i, item) in array.iter().enumerate() {
+            check_value(&format!("{path}[{i}]"), items, item, problems);
+        }
+    }
+}
+
+/// A [`Sled`] shared between the uplink, the direct HTTP endpoint and tests. Cloning shares the
+/// same sled. The lock is a std mutex held only for one synchronous call.
+#[derive(Clone, Debug)]
+pub struct SharedSled {
+    inner: Arc<SharedInner>,
+}
+
+#[derive(Debug)]
+struct SharedInner {
+    sled: Mutex<Sled>,
+    project: String,
+    tools_changed: watch::Sender<u64>,
+}
+
+impl SharedSled {
+    /// Shares `sled`.
+    pub fn new(sled: Sled) -> Self {
+        let project = sled.project_name().to_owned();
+        SharedSled {
+            inner: Arc::new(SharedInner {
+                sled: Mutex::new(sled),
+                project,
+                tools_changed: watch::Sender::new(0),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Sled> {
+        // A panic while holding the lock cannot leave the model half-updated in a way that
+        // matters for a simulation; keep serving.
+        self.inner
+            .sled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Handles one JSON-RPC message (see [`Sled::handle`]).
+    pub fn handle(&self, msg: &Value) -> Option<Value> {
+        self.lock().handle(msg)
+    }
+
+    /// Runs `f` on the sled under the lock (to inspect or set up the model).
+    pub fn with<R>(&self, f: impl FnOnce(&mut Sled) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    /// The project's name.
+    pub fn project_name(&self) -> &str {
+        &self.inner.project
+    }
+
+    /// The sled's name.
+    pub fn sled_name(&self) -> String {
+        self.lock().sled_name().to_owned()
+    }
+
+    /// Shows or hides a tool (see [`Sled::set_tool_enabled`]); when the list changes, every
+    /// connected uplink sends `notifications/tools/list_changed`.
+    pub fn set_tool_enabled(&self, name: &str, enabled: bool) -> bool {
+        let changed = self.lock().set_tool_enabled(name, enabled);
+        if changed {
+            self.notify_tools_list_changed();
+        }
+        changed
+    }
+
+    /// Makes every connected uplink send `notifications/tools/list_changed` now.
+    pub fn notify_tools_list_changed(&self) {
+        self.inner
+            .tools_changed
+            .send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// A receiver that sees a change each time the tool list changes.
+    pub fn subscribe_tools_changed(&self) -> watch::Receiver<u64> {
+        self.inner.tools_changed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sled() -> Sled {
+        Sled::new(Project::new("beta"), "beta-sled", 7)
+    }
+
+    fn call(s: &mut Sled, name: &str, args: Value) -> Value {
+        let resp = s
+            .handle(&json!({
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": { "name": name, "arguments": args },
+            }))
+            .expect("a request gets a response");
+        assert_eq!(resp["id"], 1);
+        resp["result"].clone()
+    }
+
+    fn ok(s: &mut Sled, name: &str, args: Value) -> Value {
+        let result = call(s, name, args);
+        assert_eq!(result.get("isError"), None, "{result}");
+        let structured = result["structuredContent"].clone();
+        assert_eq!(structured["project"], "beta");
+        let text = result["content"][0]["text"].as_str().unwrap();
+        assert_eq!(result["content"][0]["type"], "text");
+        assert_eq!(serde_json::from_str::<Value>(text).unwrap(), structured);
+        assert!(!text.contains('\n'));
+        structured
+    }
+
+    fn err(s: &mut Sled, name: &str, args: Value) -> String {
+        let result = call(s, name, args);
+        assert_eq!(result["isError"], true, "{result}");
+        assert_eq!(result["structuredContent"]["project"], "beta");
+        result["content"][0]["text"].as_str().unwrap().to_owned()
+    }
+
+    fn create(s: &mut Sled, name: &str) -> String {
+        ok(
+            s,
+            "create_story",
+            json!({ "name": name, "acceptance_criteria": ["a"] }),
+        )["story"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn rpc(s: &mut Sled, msg: Value) -> Value {
+        s.handle(&msg).expect("a response")
+    }
+
+    #[test]
+    fn initialize_negotiates_version() {
+        let mut s = sled();
+        for (asked, answered) in [
+            (json!("2025-06-18"), "2025-06-18"),
+            (json!("2025-03-26"), "2025-03-26"),
+            (json!("2025-11-25"), "2025-11-25"),
+            (json!("2024-11-05"), "2025-11-25"),
+            (json!(42), "2025-11-25"),
+        ] {
+            let r = rpc(
+                &mut s,
+                json!({"jsonrpc":"2.0","id":"i","method":"initialize",
+                       "params":{"protocolVersion":asked,"capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
+            );
+            assert_eq!(r["id"], "i");
+            assert_eq!(r["result"]["protocolVersion"], answered);
+            assert_eq!(
+                r["result"]["capabilities"],
+                json!({"tools":{"listChanged":true}})
+            );
+            assert_eq!(r["result"]["serverInfo"]["name"], "sled-sim");
+        }
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":2,"method":"initialize"}),
+        );
+        assert_eq!(r["result"]["protocolVersion"], "2025-11-25");
+    }
+
+    #[test]
+    fn ping_notifications_and_protocol_errors() {
+        let mut s = sled();
+        assert_eq!(
+            rpc(&mut s, json!({"jsonrpc":"2.0","id":5,"method":"ping"})),
+            json!({"jsonrpc":"2.0","id":5,"result":{}})
+        );
+        assert_eq!(
+            s.handle(&json!({"jsonrpc":"2.0","method":"notifications/initialized"})),
+            None
+        );
+        assert_eq!(
+            s.handle(&json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}})),
+            None
+        );
+        assert_eq!(s.handle(&json!({"jsonrpc":"2.0","id":1,"result":{}})), None);
+        let r = rpc(&mut s, json!({"jsonrpc":"2.0","id":1,"method":"nope"}));
+        assert_eq!(r["error"]["code"], -32601);
+        for bad in [
+            json!([1, 2]),
+            json!("x"),
+            json!({"jsonrpc":"2.0","id":null,"method":"ping"}),
+            json!({"jsonrpc":"2.0","id":{},"method":"ping"}),
+            json!({"jsonrpc":"2.0","id":1,"method":7}),
+            json!({"jsonrpc":"1.0","id":1,"method":"ping"}),
+            json!({"id":1,"method":"ping"}),
+            json!({"jsonrpc":"2.0","id":1}),
+            json!({"jsonrpc":"2.0","id":1,"method":"ping","params":3}),
+        ] {
+            let r = rpc(&mut s, bad.clone());
+            assert_eq!(r["error"]["code"], -32600, "{bad} → {r}");
+            assert_eq!(r["jsonrpc"], "2.0");
+        }
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":[1]}),
+        );
+        assert_eq!(r["error"]["code"], -32602);
+    }
+
+    #[test]
+    fn tools_list_has_real_schemas_and_no_project_property() {
+        let mut s = sled();
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+        );
+        let tools = r["result"]["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 13);
+        assert!(r["result"].get("nextCursor").is_none());
+        for tool in tools {
+            let schema = &tool["inputSchema"];
+            assert_eq!(schema["type"], "object", "{tool}");
+            assert!(schema["properties"].is_object());
+            assert!(schema["required"].is_array());
+            assert_eq!(schema["additionalProperties"], false);
+            assert!(schema["properties"].get("project").is_none());
+            let name = tool["name"].as_str().unwrap();
+            assert!(name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)));
+            for req in schema["required"].as_array().unwrap() {
+                assert!(schema["properties"].get(req.as_str().unwrap()).is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn tools_list_paginates() {
+        let mut s = sled().with_config(SledConfig { page_size: Some(5) });
+        let mut names = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut pages = 0;
+        loop {
+            let params = match &cursor {
+                Some(c) => json!({ "cursor": c }),
+                None => json!({}),
+            };
+            let r = rpc(
+                &mut s,
+                json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":params}),
+            );
+            pages += 1;
+            for t in r["result"]["tools"].as_array().unwrap() {
+                names.push(t["name"].as_str().unwrap().to_owned());
+            }
+            match r["result"].get("nextCursor").and_then(Value::as_str) {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3);
+        assert_eq!(names, TOOL_NAMES.to_vec());
+        for bad in [
+            json!("garbage"),
+            json!("sled-sim:zz"),
+            json!("sled-sim:0"),
+            json!("sled-sim:ff"),
+            json!("sled-sim:ffffffffffffffffffff"),
+            json!(3),
+        ] {
+            let r = rpc(
+                &mut s,
+                json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":bad}}),
+            );
+            assert_eq!(r["error"]["code"], -32602, "{bad}");
+        }
+        s.set_page_size(Some(0));
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+        );
+        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn disabled_tools_are_unlisted_and_unknown() {
+        let mut s = sled();
+        assert!(s.set_tool_enabled("whoami", false));
+        assert!(!s.set_tool_enabled("whoami", false));
+        assert!(!s.set_tool_enabled("nope", false));
+        assert_eq!(s.tools().len(), 12);
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami"}}),
+        );
+        assert_eq!(r["error"]["code"], -32602);
+        assert!(s.set_tool_enabled("whoami", true));
+        assert_eq!(s.tools().len(), 13);
+    }
+
+    #[test]
+    fn unknown_tool_and_bad_call_params() {
+        let mut s = sled();
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"frobnicate","arguments":{}}}),
+        );
+        assert_eq!(r["error"]["code"], -32602);
+        assert_eq!(r["error"]["message"], "Unknown tool: frobnicate");
+        assert_eq!(r["id"], 9);
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{}}),
+        );
+        assert_eq!(r["error"]["code"], -32602);
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":1}}),
+        );
+        assert_eq!(r["error"]["code"], -32602);
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"whoami","arguments":[1]}}),
+        );
+        assert_eq!(r["result"]["isError"], true);
+        assert!(r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("arguments must be a JSON object"));
+    }
+
+    #[test]
+    fn create_story_and_validation() {
+        let mut s = sled();
+        let st = ok(
+            &mut s,
+            "create_story",
+            json!({"name":"Fix login","acceptance_criteria":["works","tested"],"origin":"ticket 7"}),
+        );
+        assert_eq!(st["story"]["id"], "beta-1");
+        assert_eq!(st["story"]["stage"], "backlog");
+        assert_eq!(st["story"]["origin"], "ticket 7");
+        assert_eq!(
+            st["story"]["acceptance_criteria"],
+            json!(["works", "tested"])
+        );
+        let st = ok(
+            &mut s,
+            "create_story",
+            json!({"name":"Second","acceptance_criteria":[]}),
+        );
+        assert_eq!(st["story"]["id"], "beta-2");
+        assert_eq!(st["story"]["origin"], Value::Null);
+
+        let e = err(&mut s, "create_story", json!({"acceptance_criteria":[]}));
+        assert!(e.contains("missing required property \"name\""), "{e}");
+        let e = err(&mut s, "create_story", json!({"name":"x"}));
+        assert!(
+            e.contains("missing required property \"acceptance_criteria\""),
+            "{e}"
+        );
+        let e = err(
+            &mut s,
+            "create_story",
+            json!({"name":5,"acceptance_criteria":"x"}),
+        );
+        assert!(
+            e.contains("\"name\" must be a string, got an integer"),
+            "{e}"
+        );
+        assert!(
+            e.contains("\"acceptance_criteria\" must be an array, got a string"),
+            "{e}"
+        );
+        let e = err(
+            &mut s,
+            "create_story",
+            json!({"name":"x","acceptance_criteria":["ok", 3]}),
+        );
+        assert!(
+            e.contains("\"acceptance_criteria[1]\" must be a string"),
+            "{e}"
+        );
+        let e = err(
+            &mut s,
+            "create_story",
+            json!({"name":"x","acceptance_criteria":[],"project":"beta"}),
+        );
+        assert!(e.contains("unknown property \"project\""), "{e}");
+        assert!(e.contains("accepted: "), "{e}");
+        let e = err(
+            &mut s,
+            "create_story",
+            json!({"name":"","acceptance_criteria":[]}),
+        );
+        assert!(e.contains("at least 1 character"), "{e}");
+        assert_eq!(s.project().stories.len(), 2);
+    }
+
+    #[test]
+    fn show_and_unknown_story() {
+        let mut s = sled();
+        let id = create(&mut s, "A");
+        let st = ok(&mut s, "show", json!({ "story_id": id }));
+        assert_eq!(st["story"]["name"], "A");
+        assert_eq!(st["story"]["blocked"], false);
+        let e = err(&mut s, "show", json!({ "story_id": "beta-2" }));
+        assert!(e.contains("unknown story_id \"beta-2\""), "{e}");
+        assert!(e.contains("known: beta-1"), "{e}");
+        let e = err(&mut s, "show", json!({ "story_id": "alpha-1" }));
+        assert!(
+            e.contains("unknown story_id \"alpha-1\" in project beta"),
+            "{e}"
+        );
+        let e = err(&mut s, "show", json!({}));
+        assert!(e.contains("missing required property \"story_id\""), "{e}");
+        let e = err(&mut s, "show", json!({ "story_id": 1 }));
+        assert!(e.contains("must be a string"), "{e}");
+    }
+
+    #[test]
+    fn todos_flow() {
+        let mut s = sled();
+        let id = create(&mut s, "A");
+        let t = ok(
+            &mut s,
+            "add_todo",
+            json!({ "story_id": id, "text": "write test" }),
+        );
+        assert_eq!(t["todo"], json!({"id":1,"text":"write test","done":false}));
+        ok(&mut s, "add_todo", json!({ "story_id": id, "text": "fix" }));
+        let t = ok(
+            &mut s,
+            "complete_todo",
+            json!({ "story_id": id, "todo_id": 1 }),
+        );
+        assert_eq!(t["todo"]["done"], true);
+        assert_eq!(t["already_done"], false);
+        let t = ok(
+            &mut s,
+            "complete_todo",
+            json!({ "story_id": id, "todo_id": 1 }),
+        );
+        assert_eq!(t["already_done"], true);
+        let todos = ok(&mut s, "get_story_todos", json!({ "story_id": id }));
+        assert_eq!(todos["done"], 1);
+        assert_eq!(todos["remaining"], 1);
+        assert_eq!(todos["todos"].as_array().unwrap().len(), 2);
+
+        let e = err(
+            &mut s,
+            "complete_todo",
+            json!({ "story_id": id, "todo_id": 3 }),
+        );
+        assert!(
+            e.contains("unknown todo_id 3 in story beta-1 (its todos: 1, 2)"),
+            "{e}"
+        );
+        let e = err(
+            &mut s,
+            "complete_todo",
+            json!({ "story_id": id, "todo_id": 0 }),
+        );
+        assert!(e.contains("must be at least 1"), "{e}");
+        let e = err(
+            &mut s,
+            "complete_todo",
+            json!({ "story_id": id, "todo_id": 1.5 }),
+        );
+        assert!(e.contains("must be an integer, got a number"), "{e}");
+        let e = err(
+            &mut s,
+            "complete_todo",
+            json!({ "story_id": id, "todo_id": "1" }),
+        );
+        assert!(e.contains("must be an integer, got a string"), "{e}");
+        let e = err(&mut s, "add_todo", json!({ "story_id": id }));
+        assert!(e.contains("missing required property \"text\""), "{e}");
+        let e = err(&mut s, "get_story_todos", json!({ "story_id": "beta-9" }));
+        assert!(e.contains("unknown story_id"), "{e}");
+    }
+
+    #[test]
+    fn list_move_update() {
+        let mut s = sled();
+        let a = create(&mut s, "A");
+        create(&mut s, "B");
+        let m = ok(
+            &mut s,
+            "move_story",
+            json!({ "story_id": a, "stage": "review" }),
+        );
+        assert_eq!(m["from"], "backlog");
+        assert_eq!(m["to"], "review");
+        let l = ok(&mut s, "list_stories", json!({}));
+        assert_eq!(l["count"], 2);
+        assert_eq!(l["stories"][0]["id"], "beta-1");
+        let l = ok(&mut s, "list_stories", json!({ "stage": "review" }));
+        assert_eq!(l["count"], 1);
+        assert_eq!(l["stories"][0]["name"], "A");
+        let e = err(&mut s, "list_stories", json!({ "stage": "doing" }));
+        assert!(
+            e.contains("must be one of backlog, in_progress, review, done, got \"doing\""),
+            "{e}"
+        );
+        let e = err(
+            &mut s,
+            "move_story",
+            json!({ "story_id": a, "stage": "shipped" }),
+        );
+        assert!(e.contains("must be one of"), "{e}");
+        let e = err(&mut s, "move_story", json!({ "story_id": a }));
+        assert!(e.contains("missing required property \"stage\""), "{e}");
+
+        let u = ok(
+            &mut s,
+            "update_story",
+            json!({ "story_id": a, "name": "A2", "acceptance_criteria": ["x"] }),
+        );
+        assert_eq!(u["story"]["name"], "A2");
+        assert_eq!(u["story"]["acceptance_criteria"], json!(["x"]));
+        let u = ok(
+            &mut s,
+            "update_story",
+            json!({ "story_id": a, "name": "A3" }),
+        );
+        assert_eq!(u["story"]["acceptance_criteria"], json!(["x"]));
+        let e = err(&mut s, "update_story", json!({ "story_id": a }));
+        assert!(e.contains("nothing to update"), "{e}");
+        let e = err(
+            &mut s,
+            "update_story",
+            json!({ "story_id": "beta-77", "name": "z" }),
+        );
+        assert!(e.contains("unknown story_id"), "{e}");
+    }
+
+    #[test]
+    fn block_tests_and_pipeline() {
+        let mut s = sled();
+        let a = create(&mut s, "A");
+        let b = create(&mut s, "B");
+        let st = ok(
+            &mut s,
+            "block_story",
+            json!({ "story_id": a, "reason": "waiting" }),
+        );
+        assert_eq!(st["story"]["blocked"], true);
+        assert_eq!(st["story"]["blocked_reason"], "waiting");
+        let e = err(&mut s, "block_story", json!({ "story_id": a }));
+        assert!(e.contains("missing required property \"reason\""), "{e}");
+        let r = ok(
+            &mut s,
+            "record_test_result",
+            json!({ "story_id": b, "test": "login", "passed": false }),
+        );
+        assert_eq!(r["failing_tests"], json!(["login"]));
+        let e = err(
+            &mut s,
+            "record_test_result",
+            json!({ "story_id": b, "test": "login", "passed": "no" }),
+        );
+        assert!(
+            e.contains("\"passed\" must be a boolean, got a string"),
+            "{e}"
+        );
+        ok(
+            &mut s,
+            "move_story",
+            json!({ "story_id": b, "stage": "in_progress" }),
+        );
+
+        let p = ok(&mut s, "pipeline_status", json!({}));
+        assert_eq!(p["total"], 2);
+        assert_eq!(
+            p["stages"],
+            json!({"backlog":1,"in_progress":1,"review":0,"done":0})
+        );
+        assert_eq!(
+            p["blocked"],
+            json!([{"id":"beta-1","name":"A","reason":"waiting"}])
+        );
+        assert_eq!(
+            p["failing"],
+            json!([{"id":"beta-2","name":"B","tests":["login"]}])
+        );
+        let e = err(&mut s, "pipeline_status", json!({ "x": 1 }));
+        assert!(
+            e.contains("unknown property \"x\" (this tool takes no arguments)"),
+            "{e}"
+        );
+
+        let u = ok(&mut s, "unblock_story", json!({ "story_id": a }));
+        assert_eq!(u["was_blocked"], true);
+        let u = ok(&mut s, "unblock_story", json!({ "story_id": a }));
+        assert_eq!(u["was_blocked"], false);
+        ok(
+            &mut s,
+            "record_test_result",
+            json!({ "story_id": b, "test": "login", "passed": true }),
+        );
+        let p = ok(&mut s, "pipeline_status", json!({}));
+        assert_eq!(p["blocked"], json!([]));
+        assert_eq!(p["failing"], json!([]));
+    }
+
+    #[test]
+    fn whoami_and_nonce() {
+        let mut s = sled();
+        let w = ok(&mut s, "whoami", json!({}));
+        assert_eq!(w, json!({"project":"beta","sled":"beta-sled","seed":7}));
+        // No arguments at all is fine too.
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":3,"method":"tools/call",
+                   "params":{"name":"whoami","_meta":{"sled-sim/nonce":"n-42","progressToken":1}}}),
+        );
+        assert_eq!(
+            r["result"]["_meta"],
+            json!({"sled-sim/nonce":"n-42","sled-sim/project":"beta"})
+        );
+        // Errors in tools echo it too.
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":3,"method":"tools/call",
+                   "params":{"name":"show","arguments":{},"_meta":{"sled-sim/nonce":{"n":1}}}}),
+        );
+        assert_eq!(r["result"]["isError"], true);
+        assert_eq!(r["result"]["_meta"]["sled-sim/nonce"], json!({"n":1}));
+        // And without the nonce, no _meta.
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami","_meta":{}}}),
+        );
+        assert!(r["result"].get("_meta").is_none());
+    }
+
+    #[test]
+    fn shared_sled_notifies_tool_changes() {
+        let shared = SharedSled::new(Sled::seeded("gamma", 3));
+        assert_eq!(shared.project_name(), "gamma");
+        let mut rx = shared.subscribe_tools_changed();
+        assert!(!rx.has_changed().unwrap());
+        assert!(shared.set_tool_enabled("show", false));
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        assert!(!shared.set_tool_enabled("show", false));
+        assert!(!rx.has_changed().unwrap());
+        let n = shared.with(|s| s.tools().len());
+        assert_eq!(n, 12);
+    }
+}

@@ -1,0 +1,604 @@
+//! The sled side of the uplink (see `gateway_core::uplink` for the protocol): dial out to the
+//! gateway, say hello, then serve JSON-RPC requests over the WebSocket until it breaks, and
+//! reconnect with exponential backoff.
+//!
+//! Only `tokio::time` is used for time and only a seeded RNG for jitter, so the same code runs
+//! deterministically inside a simulation.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+use tracing::{debug, error, info, warn};
+
+use crate::mcp::SharedSled;
+use crate::net::{Connect, GatewayAddr};
+
+/// How long connecting, the WebSocket upgrade, `hello` and the wait for `welcome` may take
+/// together before the attempt counts as failed.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After an `UnknownProject` close the sled waits this many times `backoff_max` before retrying.
+pub const UNKNOWN_PROJECT_BACKOFF_FACTOR: u32 = 6;
+
+/// How a sled's uplink behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UplinkOptions {
+    /// How long each JSON-RPC request waits before the sled answers it.
+    pub latency: Duration,
+    /// Up to this much extra per-request delay, drawn from the seeded RNG.
+    pub jitter: Duration,
+    /// Seeds the RNG for latency and backoff jitter.
+    pub seed: u64,
+    /// The `sled` name sent in `hello`.
+    pub sled_name: String,
+    /// The first reconnect delay (doubling per failed attempt).
+    pub backoff_min: Duration,
+    /// The longest reconnect delay.
+    pub backoff_max: Duration,
+}
+
+impl Default for UplinkOptions {
+    fn default() -> Self {
+        UplinkOptions {
+            latency: Duration::ZERO,
+            jitter: Duration::ZERO,
+            seed: 0,
+            sled_name: "sled".to_owned(),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How one connection attempt ended.
+enum Outcome {
+    /// The shutdown future completed.
+    Shutdown,
+    /// The attempt failed or the connection was lost.
+    Lost {
+        /// Whether the gateway had welcomed this connection.
+        welcomed: bool,
+        /// The WebSocket close code, if the gateway closed it.
+        close_code: Option<u16>,
+        /// Why an attempt failed before welcome (not logged yet); `None` when the loss of a
+        /// welcomed connection was already logged.
+        failure: Option<String>,
+    },
+}
+
+/// Aborts the task when dropped, so nothing outlives the connection it served.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What one text frame from the gateway is.
+enum Frame {
+    Control(Control),
+    BadControl(String),
+    Rpc(Value),
+    NotJson(String),
+}
+
+fn classify(text: &str) -> Frame {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) if v.get("uplink").is_some() => match serde_json::from_value::<Control>(v) {
+            Ok(c) => Frame::Control(c),
+            Err(e) => Frame::BadControl(e.to_string()),
+        },
+        Ok(v) => Frame::Rpc(v),
+        Err(e) => Frame::NotJson(e.to_string()),
+    }
+}
+
+/// The reconnect delay after `failures` consecutive failed attempts: `backoff_min` doubling up
+/// to `backoff_max`, then a uniformly drawn value between half of that and all of it.
+fn backoff_delay(opts: &UplinkOptions, failures: u32, rng: &mut ChaCha8Rng) -> Duration {
+    let min = opts.backoff_min.max(Duration::from_millis(1));
+    let max = opts.backoff_max.max(min);
+    let base = min.saturating_mul(1u32 << failures.min(20)).min(max);
+    let nanos = u64::try_from(base.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rng.random_range(nanos / 2..=nanos))
+}
+
+fn request_delay(opts: &UplinkOptions, rng: &mut ChaCha8Rng) -> Duration {
+    if opts.jitter.is_zero() {
+        return opts.latency;
+    }
+    let nanos = u64::try_from(opts.jitter.as_nanos()).unwrap_or(u64::MAX);
+    opts.latency
+        .saturating_add(Duration::from_nanos(rng.random_range(0..=nanos)))
+}
+
+fn close_name(code: u16) -> &'static str {
+    const NAMES: [(CloseCode, &str); 6] = [
+        (CloseCode::GoingAway, "going away"),
+        (CloseCode::Replaced, "replaced by another connection"),
+        (CloseCode::HeartbeatTimeout, "heartbeat timeout"),
+        (CloseCode::UnknownProject, "unknown project"),
+        (CloseCode::ProtocolError, "protocol error"),
+        (CloseCode::HelloTimeout, "hello timeout"),
+    ];
+    NAMES
+        .iter()
+        .find(|(c, _)| c.code() == code)
+        .map_or("other", |(_, name)| name)
+}
+
+/// Runs one sled's uplink until `shutdown` completes: connect to `ws://host:port/uplink`, send
+/// `hello`, wait for `welcome`, then answer pings and JSON-RPC requests; on any loss, reconnect
+/// with exponential backoff. Never returns before `shutdown` completes.
+pub async fn run_uplink<C: Connect>(
+    connector: C,
+    gateway: GatewayAddr,
+    sled: SharedSled,
+    opts: UplinkOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let project = sled.project_name().to_owned();
+    let mut failures: u32 = 0;
+    loop {
+        let outcome = connect_once(
+            &connector,
+            &gateway,
+            &sled,
+            &opts,
+            &mut rng,
+            shutdown.as_mut(),
+        )
+        .await;
+        let delay = match outcome {
+            Outcome::Shutdown => {
+                info!(project = %project, "uplink shut down");
+                return;
+            }
+            Outcome::Lost {
+                welcomed,
+                close_code,
+                failure,
+            } => {
+                if welcomed {
+                    failures = 0;
+                }
+                let mut delay = backoff_delay(&opts, failures, &mut rng);
+                failures = failures.saturating_add(1);
+                let unknown_project = close_code == Some(CloseCode::UnknownProject.code());
+                if unknown_project {
+                    delay = opts
+                        .backoff_max
+                        .max(opts.backoff_min)
+                        .saturating_mul(UNKNOWN_PROJECT_BACKOFF_FACTOR);
+                }
+                match failure {
+                    Some(reason) if unknown_project => error!(
+                        project = %project, gateway = %gateway, %reason, retry_in = ?delay,
+                        "the gateway does not know this project; retrying with a long backoff"
+                    ),
+                    Some(reason) => warn!(
+                        project = %project, gateway = %gateway, %reason, attempt = failures,
+                        retry_in = ?delay, "uplink attempt failed"
+                    ),
+                    None => debug!(project = %project, retry_in = ?delay, "reconnecting"),
+                }
+                delay
+            }
+        };
+        tokio::select! {
+            () = shutdown.as_mut() => {
+                info!(project = %project, "uplink shut down");
+                return;
+            }
+            () = sleep(delay) => {}
+        }
+    }
+}
+
+/// One connection: handshake, then serve until it is lost or shutdown completes.
+async fn connect_once<C: Connect, F: Future<Output = ()>>(
+    connector: &C,
+    gateway: &GatewayAddr,
+    sled: &SharedSled,
+    opts: &UplinkOptions,
+    rng: &mut ChaCha8Rng,
+    mut shutdown: Pin<&mut F>,
+) -> Outcome {
+    let project = sled.project_name().to_owned();
+    let url = gateway.uplink_url();
+    let hello = Control::Hello {
+        protocol: PROTOCOL_VERSION,
+        project: project.clone(),
+        sled: opts.sled_name.clone(),
+    };
+    let attempt = async {
+        let stream = connector
+            .connect(&gateway.host_port())
+            .await
+            .map_err(|e| (format!("connecting to {}: {e}", gateway.host_port()), None))?;
+        // The request built from the URL carries `Host: host:port`.
+        let (mut ws, _response) = tokio_tungstenite::client_async(url.as_str(), stream)
+            .await
+            .map_err(|e| (format!("WebSocket upgrade at {url}: {e}"), None))?;
+        let heartbeat_ms = handshake(&mut ws, &hello, &project).await?;
+        Ok((ws, heartbeat_ms))
+    };
+    let result = tokio::select! {
+        () = shutdown.as_mut() => return Outcome::Shutdown,
+        r = timeout(HANDSHAKE_TIMEOUT, attempt) => r,
+    };
+    let (ws, heartbeat_ms) = match result {
+        Ok(Ok(ok)) => ok,
+        Ok(Err((reason, close_code))) => {
+            return Outcome::Lost {
+                welcomed: false,
+                close_code,
+                failure: Some(reason),
+            };
+        }
+        Err(_) => {
+            return Outcome::Lost {
+                welcomed: false,
+                close_code: None,
+                failure: Some(format!("no welcome within {HANDSHAKE_TIMEOUT:?}")),
+            };
+        }
+    };
+    info!(project = %project, gateway = %gateway, heartbeat_ms, "uplink connected");
+    serve(ws, heartbeat_ms, sled, opts, rng, shutdown).await
+}
+
+/// Sends `hello` and waits for `welcome`. Returns the heartbeat period, or why it failed and
+/// the close code if the gateway closed the connection.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: &mut WebSocketStream<S>,
+    hello: &Control,
+    project: &str,
+) -> Result<u64, (String, Option<u16>)> {
+    ws.send(Message::text(hello.to_text()))
+        .await
+        .map_err(|e| (format!("sending hello: {e}"), None))?;
+    let mut closing: Option<(u16, String)> = None;
+    loop {
+        let msg = match ws.next().await {
+            Some(Ok(msg)) => msg,
+            Some(Err(e)) => {
+                return Err((format!("waiting for welcome: {e}"), closing_code(&closing)))
+            }
+            None => {
+                return Err((
+                    "the gateway closed the connection before welcome".to_owned(),
+                    closing_code(&closing),
+                ))
+            }
+        };
+        match msg {
+            Message::Text(text) => match classify(&text) {
+                Frame::Control(Control::Welcome {
+                    protocol,
+                    heartbeat_ms,
+                }) => {
+                    if protocol != PROTOCOL_VERSION {
+                        warn!(
+                            project,
+                            protocol,
+                            ours = PROTOCOL_VERSION,
+                            "gateway welcomed with another protocol version"
+                        );
+                    }
+                    return Ok(heartbeat_ms);
+                }
+                Frame::Control(Control::Closing { code, reason }) => {
+                    info!(project, code, kind = close_name(code), %reason, "gateway is closing the uplink");
+                    closing = Some((code, reason));
+                }
+                Frame::Control(Control::Ping { seq }) => {
+                    ws.send(Message::text(Control::Pong { seq }.to_text()))
+                        .await
+                        .map_err(|e| (format!("sending pong: {e}"), None))?;
+                }
+                Frame::Control(other) => {
+                    warn!(project, frame = ?other, "unexpected control frame before welcome");
+                }
+                Frame::BadControl(e) => warn!(project, error = %e, "malformed control frame"),
+                Frame::Rpc(_) => warn!(project, "JSON-RPC frame before welcome ignored"),
+                Frame::NotJson(e) => warn!(project, error = %e, "non-JSON frame ignored"),
+            },
+            Message::Close(frame) => {
+                let code = frame
+                    .as_ref()
+                    .map(|f| u16::from(f.code))
+                    .or_else(|| closing_code(&closing));
+                let reason = match (&frame, &closing) {
+                    (Some(f), _) if !f.reason.is_empty() => f.reason.to_string(),
+                    (_, Some((_, r))) => r.clone(),
+                    _ => String::new(),
+                };
+                // Best effort: complete the closing handshake.
+                let _ = timeout(Duration::from_millis(500), ws.close(None)).await;
+                let kind = code.map_or("none", close_name);
+                return Err((
+                    format!("closed before welcome (code {code:?}, {kind}): {reason}"),
+                    code,
+                ));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn closing_code(closing: &Option<(u16, String)>) -> Option<u16> {
+    closing.as_ref().map(|(c, _)| *c)
+}
+
+/// How long silence from the gateway may last: three heartbeats (none when the gateway sends no
+/// heartbeat), at most a day.
+fn silence_limit(heartbeat_ms: u64) -> Option<Duration> {
+    const DAY_MS: u64 = 24 * 60 * 60 * 1000;
+    (heartbeat_ms > 0).then(|| Duration::from_millis(heartbeat_ms.saturating_mul(3).min(DAY_MS)))
+}
+
+/// Serves a welcomed connection until it is lost or shutdown completes.
+async fn serve<S, F>(
+    ws: WebSocketStream<S>,
+    heartbeat_ms: u64,
+    sled: &SharedSled,
+    opts: &UplinkOptions,
+    rng: &mut ChaCha8Rng,
+    mut shutdown: Pin<&mut F>,
+) -> Outcome
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Future<Output = ()>,
+{
+    let project = sled.project_name().to_owned();
+    let lost = |close_code| Outcome::Lost {
+        welcomed: true,
+        close_code,
+        failure: None,
+    };
+    let (mut sink, mut stream) = ws.split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Message>();
+    // The one writer: everything the sled sends goes through `tx`.
+    let mut writer = AbortOnDrop(tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            let mut closing = matches!(msg, Message::Close(_));
+            sink.feed(msg).await?;
+            while !closing {
+                let Ok(more) = rx.try_recv() else { break };
+                closing = matches!(more, Message::Close(_));
+                sink.feed(more).await?;
+            }
+            sink.flush().await?;
+            if closing {
+                break;
+            }
+        }
+        Ok::<(), tokio_tungstenite::tungstenite::Error>(())
+    }));
+    let send = |text: String| {
+        // Fails only when the writer is gone, which the loop below notices.
+        let _ = tx.send(Message::text(text));
+    };
+    let silence = silence_limit(heartbeat_ms);
+    if silence.is_none() {
+        warn!(project = %project, "gateway sends no heartbeat; dead connections go unnoticed");
+    }
+    let deadline_after = |d: Duration| Instant::now().checked_add(d);
+    let mut deadline = silence.and_then(deadline_after);
+    let mut tools_changed = sled.subscribe_tools_changed();
+    let mut tools_open = true;
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut closing: Option<(u16, String)> = None;
+    loop {
+        let idle = async {
+            match deadline {
+                Some(d) => sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.as_mut() => {
+                send_close(&tx, &mut writer).await;
+                return Outcome::Shutdown;
+            }
+            r = &mut writer.0 => {
+                let why = match r {
+                    Ok(Ok(())) => "writer stopped".to_owned(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                warn!(project = %project, error = %why, "uplink write failed; reconnecting");
+                return lost(None);
+            }
+            () = idle => {
+                warn!(project = %project, silence = ?silence,
+                    "nothing from the gateway for three heartbeats; reconnecting");
+                return lost(None);
+            }
+            changed = tools_changed.changed(), if tools_open => {
+                if changed.is_ok() {
+                    debug!(project = %project, "sending tools/list_changed");
+                    send(json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).to_string());
+                } else {
+                    tools_open = false;
+                }
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            msg = stream.next() => {
+                let msg = match msg {
+                    Some(Ok(msg)) => msg,
+                    Some(Err(e)) => {
+                        warn!(project = %project, error = %e, "uplink read failed; reconnecting");
+                        return lost(closing_code(&closing));
+                    }
+                    None => {
+                        warn!(project = %project, "uplink closed; reconnecting");
+                        return lost(closing_code(&closing));
+                    }
+                };
+                deadline = silence.and_then(deadline_after);
+                match msg {
+                    Message::Text(text) => match classify(&text) {
+                        Frame::Control(Control::Ping { seq }) => send(Control::Pong { seq }.to_text()),
+                        Frame::Control(Control::Closing { code, reason }) => {
+                            info!(project = %project, code, kind = close_name(code), %reason,
+                                "gateway is closing the uplink");
+                            closing = Some((code, reason));
+                        }
+                        Frame::Control(other) => {
+                            warn!(project = %project, frame = ?other, "unexpected control frame ignored");
+                        }
+                        Frame::BadControl(e) => {
+                            warn!(project = %project, error = %e, "malformed control frame ignored");
+                        }
+                        Frame::NotJson(e) => {
+                            warn!(project = %project, error = %e, "non-JSON frame ignored");
+                        }
+                        Frame::Rpc(msg) => {
+                            let is_request = msg.get("method").is_some() && msg.get("id").is_some();
+                            let delay = if is_request { request_delay(opts, rng) } else { Duration::ZERO };
+                            if delay.is_zero() {
+                                if let Some(resp) = sled.handle(&msg) {
+                                    send(resp.to_string());
+                                }
+                            } else {
+                                let sled = sled.clone();
+                                let tx = tx.clone();
+                                tasks.spawn(async move {
+                                    sleep(delay).await;
+                                    if let Some(resp) = sled.handle(&msg) {
+                                        let _ = tx.send(Message::text(resp.to_string()));
+                                    }
+                                });
+                            }
+                        }
+                    },
+                    Message::Binary(_) => warn!(project = %project, "binary frame ignored"),
+                    Message::Close(frame) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code)).or_else(|| closing_code(&closing));
+                        let reason = frame.as_ref().map(|f| f.reason.to_string()).unwrap_or_default();
+                        let kind = code.map_or("none", close_name);
+                        if code == Some(CloseCode::UnknownProject.code()) {
+                            error!(project = %project, ?code, kind, %reason,
+                                "the gateway no longer knows this project");
+                        } else {
+                            warn!(project = %project, ?code, kind, %reason,
+                                "gateway closed the uplink; reconnecting");
+                        }
+                        // Let the writer flush the close reply tungstenite queued.
+                        let _ = tx.send(Message::Close(None));
+                        let _ = timeout(Duration::from_millis(500), &mut writer.0).await;
+                        return lost(code);
+                    }
+                    // WebSocket pings are answered by tungstenite itself.
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Sends a normal close and gives the writer a moment to flush it.
+async fn send_close(
+    tx: &mpsc::UnboundedSender<Message>,
+    writer: &mut AbortOnDrop<Result<(), tokio_tungstenite::tungstenite::Error>>,
+) {
+    let frame = CloseFrame {
+        code: WsCloseCode::Normal,
+        reason: "sled shutting down".into(),
+    };
+    if tx.send(Message::Close(Some(frame))).is_ok() {
+        let _ = timeout(Duration::from_secs(1), &mut writer.0).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_jitter() {
+        let opts = UplinkOptions::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for failures in 0..40 {
+            let d = backoff_delay(&opts, failures, &mut rng);
+            let base = Duration::from_millis(100)
+                .saturating_mul(1 << failures.min(20))
+                .min(Duration::from_secs(5));
+            assert!(d >= base / 2 && d <= base, "{failures}: {d:?}");
+        }
+        let zero = UplinkOptions {
+            backoff_min: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            ..UplinkOptions::default()
+        };
+        assert!(backoff_delay(&zero, 0, &mut rng) > Duration::ZERO);
+    }
+
+    #[test]
+    fn request_delay_is_seeded() {
+        let opts = UplinkOptions {
+            latency: Duration::from_millis(10),
+            jitter: Duration::from_millis(5),
+            ..UplinkOptions::default()
+        };
+        let draw = |seed| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            (0..10)
+                .map(|_| request_delay(&opts, &mut rng))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draw(3), draw(3));
+        assert_ne!(draw(3), draw(4));
+        for d in draw(5) {
+            assert!(d >= Duration::from_millis(10) && d <= Duration::from_millis(15));
+        }
+    }
+
+    #[test]
+    fn frames_are_classified() {
+        assert!(matches!(
+            classify(r#"{"uplink":"ping","seq":3}"#),
+            Frame::Control(Control::Ping { seq: 3 })
+        ));
+        assert!(matches!(
+            classify(r#"{"uplink":"ping"}"#),
+            Frame::BadControl(_)
+        ));
+        assert!(matches!(
+            classify(r#"{"uplink":"nope","seq":1}"#),
+            Frame::BadControl(_)
+        ));
+        assert!(matches!(
+            classify(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
+            Frame::Rpc(_)
+        ));
+        assert!(matches!(classify("[1]"), Frame::Rpc(_)));
+        assert!(matches!(classify("{"), Frame::NotJson(_)));
+        assert_eq!(silence_limit(0), None);
+        assert_eq!(silence_limit(5000), Some(Duration::from_secs(15)));
+        assert_eq!(
+            silence_limit(u64::MAX),
+            Some(Duration::from_secs(24 * 3600))
+        );
+        assert_eq!(close_name(4003), "unknown project");
+    }
+}

@@ -1,0 +1,399 @@
+//! The uplink against a tiny fake gateway written with `tokio_tungstenite::accept_hdr_async`.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION, UPLINK_PATH};
+use serde_json::{json, Value};
+use sled_sim::fleet::{Fleet, SledOptions};
+use sled_sim::mcp::{SharedSled, Sled};
+use sled_sim::model::Project;
+use sled_sim::net::{GatewayAddr, TokioConnect};
+use sled_sim::uplink::{run_uplink, UplinkOptions};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::time::{timeout, Instant};
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+type Ws = WebSocketStream<TcpStream>;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Accepts one uplink connection; returns it with the request's path and `Host` header.
+#[allow(clippy::result_large_err)] // the callback's error type is tungstenite's
+async fn accept(listener: &TcpListener) -> (Ws, String, String) {
+    let (tcp, _) = listener.accept().await.unwrap();
+    let seen = Arc::new(Mutex::new((String::new(), String::new())));
+    let seen2 = seen.clone();
+    let ws = tokio_tungstenite::accept_hdr_async(tcp, move |req: &Request, resp: Response| {
+        let host = req
+            .headers()
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        *seen2.lock().unwrap() = (req.uri().path().to_owned(), host);
+        Ok(resp)
+    })
+    .await
+    .unwrap();
+    let (path, host) = seen.lock().unwrap().clone();
+    (ws, path, host)
+}
+
+/// The next text frame as JSON (skipping WebSocket pings/pongs); `None` when the connection
+/// ends or a close frame arrives.
+async fn next_json(ws: &mut Ws) -> Option<Value> {
+    loop {
+        match ws.next().await? {
+            Ok(Message::Text(t)) => return Some(serde_json::from_str(&t).unwrap()),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn send(ws: &mut Ws, v: Value) {
+    ws.send(Message::text(v.to_string())).await.unwrap();
+}
+
+async fn send_control(ws: &mut Ws, c: Control) {
+    ws.send(Message::text(c.to_text())).await.unwrap();
+}
+
+async fn expect_hello(ws: &mut Ws) -> Control {
+    let hello = next_json(ws).await.expect("a hello");
+    serde_json::from_value(hello).unwrap()
+}
+
+fn welcome(heartbeat_ms: u64) -> Control {
+    Control::Welcome {
+        protocol: PROTOCOL_VERSION,
+        heartbeat_ms,
+    }
+}
+
+struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(listener: &TcpListener, sled: SharedSled, opts: UplinkOptions) -> Running {
+    let addr = listener.local_addr().unwrap();
+    let gateway = GatewayAddr::parse(&format!("http://{addr}")).unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(run_uplink(TokioConnect, gateway, sled, opts, async {
+        let _ = stopped.await;
+    }));
+    Running {
+        stop: Some(stop),
+        task,
+    }
+}
+
+fn fast(name: &str) -> UplinkOptions {
+    UplinkOptions {
+        sled_name: name.to_owned(),
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(20),
+        ..UplinkOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn hello_welcome_ping_and_calls() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sled = SharedSled::new(Sled::new(Project::new("alpha"), "alpha-sled", 5));
+        let opts = UplinkOptions {
+            latency: Duration::from_millis(30),
+            ..fast("alpha-sled")
+        };
+        let mut running = start(&listener, sled.clone(), opts);
+
+        let (mut ws, path, host) = accept(&listener).await;
+        assert_eq!(path, UPLINK_PATH);
+        assert_eq!(host, addr.to_string());
+        assert_eq!(
+            expect_hello(&mut ws).await,
+            Control::Hello {
+                protocol: PROTOCOL_VERSION,
+                project: "alpha".into(),
+                sled: "alpha-sled".into(),
+            }
+        );
+        send_control(&mut ws, welcome(5_000)).await;
+
+        send_control(&mut ws, Control::Ping { seq: 7 }).await;
+        let pong: Control = serde_json::from_value(next_json(&mut ws).await.unwrap()).unwrap();
+        assert_eq!(pong, Control::Pong { seq: 7 });
+
+        // tools/list, then two calls in flight at once: each answered under its own id,
+        // after the configured latency.
+        send(&mut ws, json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})).await;
+        let list = next_json(&mut ws).await.unwrap();
+        assert_eq!(list["id"], 1);
+        assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 13);
+
+        let sent = Instant::now();
+        send(
+            &mut ws,
+            json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+                "name":"create_story",
+                "arguments":{"name":"Over the uplink","acceptance_criteria":["a"]},
+                "_meta":{"sled-sim/nonce":"n2"}}}),
+        )
+        .await;
+        send(
+            &mut ws,
+            json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami","arguments":{}}}),
+        )
+        .await;
+        // A notification gets no answer.
+        send(&mut ws, json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":9}})).await;
+        let mut by_id = std::collections::BTreeMap::new();
+        for _ in 0..2 {
+            let resp = next_json(&mut ws).await.unwrap();
+            by_id.insert(resp["id"].as_u64().unwrap(), resp);
+        }
+        assert!(sent.elapsed() >= Duration::from_millis(30));
+        assert_eq!(by_id.keys().copied().collect::<Vec<_>>(), vec![2, 3]);
+        let created = &by_id[&2]["result"];
+        assert_eq!(created["structuredContent"]["project"], "alpha");
+        assert_eq!(created["structuredContent"]["story"]["id"], "alpha-1");
+        assert_eq!(
+            created["_meta"],
+            json!({"sled-sim/nonce":"n2","sled-sim/project":"alpha"})
+        );
+        assert_eq!(by_id[&3]["result"]["structuredContent"]["sled"], "alpha-sled");
+        assert!(sled.with(|s| s.project().story("alpha-1").is_some()));
+
+        // Garbage from the gateway does not kill the sled.
+        ws.send(Message::text("{not json")).await.unwrap();
+        send(&mut ws, json!({"uplink":"bogus"})).await;
+        ws.send(Message::binary(vec![1u8, 2, 3])).await.unwrap();
+        send_control(&mut ws, Control::Ping { seq: 8 }).await;
+        let pong: Control = serde_json::from_value(next_json(&mut ws).await.unwrap()).unwrap();
+        assert_eq!(pong, Control::Pong { seq: 8 });
+
+        // A tool list change is announced.
+        assert!(sled.set_tool_enabled("whoami", false));
+        let note = next_json(&mut ws).await.unwrap();
+        assert_eq!(
+            note,
+            json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"})
+        );
+        sled.notify_tools_list_changed();
+        let note = next_json(&mut ws).await.unwrap();
+        assert_eq!(note["method"], "notifications/tools/list_changed");
+
+        // Shutdown sends a WebSocket close and ends the task.
+        running.stop.take().unwrap().send(()).unwrap();
+        let close = loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(frame))) => break frame,
+                Some(Ok(_)) => {}
+                other => panic!("expected a close frame, got {other:?}"),
+            }
+        };
+        assert_eq!(close.map(|f| f.code), Some(WsCloseCode::Normal));
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn reconnects_after_close_silence_and_unknown_project() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::seeded("beta", 3));
+        let mut running = start(&listener, sled, fast("beta"));
+
+        // 1: the gateway replaces the connection with a closing frame and a close.
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        send_control(
+            &mut ws,
+            Control::Closing {
+                code: CloseCode::Replaced.code(),
+                reason: "another sled".into(),
+            },
+        )
+        .await;
+        ws.close(Some(CloseFrame {
+            code: WsCloseCode::from(CloseCode::Replaced.code()),
+            reason: "replaced".into(),
+        }))
+        .await
+        .unwrap();
+
+        // 2: it comes back; this time the gateway goes silent after welcome, and the sled
+        // gives up after three heartbeats.
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(40)).await;
+        let silent = Instant::now();
+        assert!(
+            next_json(&mut ws).await.is_none(),
+            "the sled should hang up"
+        );
+        let waited = silent.elapsed();
+        assert!(waited >= Duration::from_millis(110), "{waited:?}");
+
+        // 3: the gateway rejects the project before welcome; the sled retries, slowly.
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(
+            &mut ws,
+            Control::Closing {
+                code: CloseCode::UnknownProject.code(),
+                reason: "no project beta".into(),
+            },
+        )
+        .await;
+        ws.close(Some(CloseFrame {
+            code: WsCloseCode::from(CloseCode::UnknownProject.code()),
+            reason: "unknown project".into(),
+        }))
+        .await
+        .unwrap();
+        let rejected = Instant::now();
+
+        // 4: back again after the long backoff (6 × 20 ms), and works.
+        let (mut ws, _, _) = accept(&listener).await;
+        assert!(rejected.elapsed() >= Duration::from_millis(100));
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        send(&mut ws, json!({"jsonrpc":"2.0","id":"x","method":"ping"})).await;
+        assert_eq!(
+            next_json(&mut ws).await.unwrap(),
+            json!({"jsonrpc":"2.0","id":"x","result":{}})
+        );
+
+        // 5: the TCP connection just drops: reconnect.
+        drop(ws);
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn connection_refused_is_retried() {
+    timeout(LIMIT, async {
+        // Reserve a port, then close it so the first attempts are refused.
+        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let gateway = GatewayAddr::parse(&format!("http://{addr}")).unwrap();
+        let sled = SharedSled::new(Sled::seeded("delta", 0));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_uplink(TokioConnect, gateway, sled, fast("delta"), async {
+            let _ = stopped.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let (mut ws, _, _) = accept(&listener).await;
+        assert!(matches!(expect_hello(&mut ws).await, Control::Hello { project, .. } if project == "delta"));
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn fleet_connects_stops_and_shuts_down() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let projects = sled_sim::fleet::demo_project_names(3);
+        let mut fleet = Fleet::spawn(&format!("http://{addr}"), &projects, SledOptions::default());
+        assert_eq!(fleet.projects(), vec!["alpha", "beta", "gamma"]);
+
+        let mut conns = std::collections::BTreeMap::new();
+        for _ in 0..3 {
+            let (mut ws, _, _) = accept(&listener).await;
+            let Control::Hello { project, sled, .. } = expect_hello(&mut ws).await else {
+                panic!("not a hello");
+            };
+            assert_eq!(project, sled);
+            send_control(&mut ws, welcome(5_000)).await;
+            conns.insert(project, ws);
+        }
+        assert_eq!(
+            conns.keys().cloned().collect::<BTreeSet<_>>(),
+            projects.iter().cloned().collect::<BTreeSet<_>>()
+        );
+
+        // Each sled serves its own project (seeded from the fleet seed and its name).
+        for (project, ws) in &mut conns {
+            send(ws, json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami"}})).await;
+            let resp = next_json(ws).await.unwrap();
+            assert_eq!(resp["result"]["structuredContent"]["project"], *project);
+            assert_eq!(
+                resp["result"]["structuredContent"]["seed"],
+                sled_sim::fleet::sled_seed(0, project)
+            );
+            let model_len = fleet.sled(project).unwrap().with(|s| s.project().stories.len());
+            assert!(model_len <= 4);
+        }
+        assert!(fleet.sled("omega").is_none());
+
+        // Stopping one kills its socket without a close handshake.
+        assert!(fleet.stop("beta"));
+        assert!(!fleet.stop("beta"));
+        assert!(!fleet.is_running("beta"));
+        let mut beta = conns.remove("beta").unwrap();
+        assert!(next_json(&mut beta).await.is_none());
+        // The others are still there.
+        let alpha = conns.get_mut("alpha").unwrap();
+        send_control(alpha, Control::Ping { seq: 1 }).await;
+        assert_eq!(next_json(alpha).await.unwrap(), json!({"uplink":"pong","seq":1}));
+
+        // Starting it again reconnects with the same model.
+        assert!(fleet.start("beta"));
+        let (mut ws, _, _) = accept(&listener).await;
+        assert!(matches!(expect_hello(&mut ws).await, Control::Hello { project, .. } if project == "beta"));
+        send_control(&mut ws, welcome(5_000)).await;
+        send_control(&mut ws, Control::Ping { seq: 2 }).await;
+        assert_eq!(next_json(&mut ws).await.unwrap(), json!({"uplink":"pong","seq":2}));
+        conns.insert("beta".into(), ws);
+
+        // Shutdown closes the rest gracefully.
+        fleet.shutdown().await;
+        for (_, mut ws) in conns {
+            let got_close = loop {
+                match ws.next().await {
+                    Some(Ok(Message::Close(_))) => break true,
+                    Some(Ok(_)) => {}
+                    _ => break false,
+                }
+            };
+            assert!(got_close);
+        }
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn fleet_with_bad_gateway_starts_nothing() {
+    let fleet = Fleet::spawn("not a url", &["alpha".to_owned()], SledOptions::default());
+    assert!(fleet.sled("alpha").is_some());
+    assert!(!fleet.is_running("alpha"));
+    fleet.shutdown().await;
+}
