@@ -110,6 +110,21 @@ pub struct Config {
     pub hello_timeout: Duration,
     /// Deadline of the gateway's own `tools/list` requests to a sled.
     pub refresh_timeout: Duration,
+    /// Test-only: a known bug to plant, so the test suites can show that they catch it.
+    #[cfg(feature = "planted-bugs")]
+    pub planted: Option<PlantedBug>,
+}
+
+/// Bugs the simulation must be able to catch, planted on purpose (feature `planted-bugs`).
+#[cfg(feature = "planted-bugs")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlantedBug {
+    /// The design before story 1208: `switch_project` sets one active project shared by every
+    /// session, and calls without `project` go there.
+    SharedActiveProject,
+    /// The proxy bug: the client's own id goes up the uplink and responses are matched by it
+    /// alone, so two sessions using the same id get each other's answers.
+    CorrelateByClientId,
 }
 
 impl Default for Config {
@@ -119,6 +134,8 @@ impl Default for Config {
             heartbeat_timeout: Duration::from_secs(15),
             hello_timeout: Duration::from_secs(10),
             refresh_timeout: Duration::from_secs(30),
+            #[cfg(feature = "planted-bugs")]
+            planted: None,
         }
     }
 }
@@ -166,6 +183,9 @@ pub struct Gateway {
     outputs: VecDeque<Output>,
     shutting_down: bool,
     counters: Counters,
+    /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
+    #[cfg(feature = "planted-bugs")]
+    shared_active: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -300,6 +320,8 @@ impl Gateway {
             outputs: VecDeque::new(),
             shutting_down: false,
             counters: Counters::default(),
+            #[cfg(feature = "planted-bugs")]
+            shared_active: None,
         }
     }
 
@@ -508,6 +530,12 @@ impl Gateway {
 
     /// The caller's default project: its session's, or the file's for a sessionless request.
     fn default_of(&self, caller: Caller<'_>) -> Option<&str> {
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(PlantedBug::SharedActiveProject) {
+            if let Some(active) = &self.shared_active {
+                return Some(active);
+            }
+        }
         match caller {
             Caller::Session(id) => self.sessions.get(id)?.default_project.as_deref(),
             Caller::Sessionless => self.registry.default_project(),
@@ -609,7 +637,12 @@ impl Gateway {
             .get_mut(&uplink_id)
             .expect("a project's live uplink exists");
         let rpc_id = uplink.next_id;
-        uplink.next_id += 1;
+        #[cfg(feature = "planted-bugs")]
+        let rpc_id = match self.config.planted {
+            Some(PlantedBug::CorrelateByClientId) => id.as_str().parse::<u64>().unwrap_or(rpc_id),
+            _ => rpc_id,
+        };
+        uplink.next_id = uplink.next_id.max(rpc_id + 1);
         uplink.pending.insert(rpc_id);
         let deadline = now + timeout;
         self.pending.insert(
@@ -673,6 +706,10 @@ impl Gateway {
             .get_mut(session)
             .expect("the caller's session was looked up for this request");
         let previous = session.default_project.replace(project.clone());
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(PlantedBug::SharedActiveProject) {
+            self.shared_active = Some(project.clone());
+        }
         Ok(tool_result(json!({
             "project": project,
             "previous": previous,

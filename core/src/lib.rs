@@ -35,5 +35,7 @@ pub use error::{HttpError, RpcError, UplinkLoss};
 pub use gateway::{
     Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
 };
+#[cfg(feature = "planted-bugs")]
+pub use gateway::PlantedBug;
 pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError};
 pub use tools::GATEWAY_TOOLS;

@@ -1,0 +1,1 @@
+//! The deterministic simulation harness (see tests/tests/simulation.rs).
