@@ -32,10 +32,10 @@ pub mod uplink;
 mod tests;
 
 pub use error::{HttpError, RpcError, UplinkLoss};
+#[cfg(feature = "planted-bugs")]
+pub use gateway::PlantedBug;
 pub use gateway::{
     Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
 };
-#[cfg(feature = "planted-bugs")]
-pub use gateway::PlantedBug;
 pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError};
 pub use tools::GATEWAY_TOOLS;

@@ -37,7 +37,7 @@ pub const UNKNOWN_PROJECT_BACKOFF_FACTOR: u32 = 6;
 /// How a sled's uplink behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UplinkOptions {
-    /// How long each JSON-RPC request waits before the sled answers it.
+    /// How long each `tools/call` waits before the sled answers it.
     pub latency: Duration,
     /// Up to this much extra per-request delay, drawn from the seeded RNG.
     pub jitter: Duration,
@@ -473,8 +473,11 @@ where
                             warn!(project = %project, error = %e, "non-JSON frame ignored");
                         }
                         Frame::Rpc(msg) => {
-                            let is_request = msg.get("method").is_some() && msg.get("id").is_some();
-                            let delay = if is_request { request_delay(opts, rng) } else { Duration::ZERO };
+                            // The latency knob emulates slow project tools: it applies to
+                            // tools/call only, not to listing tools or the handshake.
+                            let is_call = msg.get("method").and_then(|m| m.as_str()) == Some("tools/call")
+                                && msg.get("id").is_some();
+                            let delay = if is_call { request_delay(opts, rng) } else { Duration::ZERO };
                             if delay.is_zero() {
                                 if let Some(resp) = sled.handle(&msg) {
                                     send(resp.to_string());
