@@ -87,6 +87,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
         .init();
     match cli.command {
         Command::Serve { config, listen } => {
@@ -247,7 +248,7 @@ MCP gateway demo: {n} projects ({list}), each with an emulated sled.
 2. Finish the handshake and call a project's tool, naming the project in the arguments:
 
   curl -si http://{addr}/mcp {json} {version} -H 'Mcp-Session-Id: <id from above>' -d '{{"jsonrpc":"2.0","method":"notifications/initialized"}}'
-  curl -s http://{addr}/mcp {json} {version} -H 'Mcp-Session-Id: <id from above>' -d '{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"create_story","arguments":{{"name":"Try the gateway","project":"{second}"}}}}}}'
+  curl -s http://{addr}/mcp {json} {version} -H 'Mcp-Session-Id: <id from above>' -d '{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"create_story","arguments":{{"name":"Try the gateway","acceptance_criteria":["it answers"],"project":"{second}"}}}}}}'
 
 3. List the projects without a session:
 
