@@ -32,11 +32,11 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
 
-    /// How long each sled takes to answer a request, in milliseconds.
+    /// How long each sled takes to answer a tools/call, in milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     latency_ms: u64,
 
-    /// Up to this many extra milliseconds per request, drawn from the seeded RNG.
+    /// Up to this many extra milliseconds per tools/call, drawn from the seeded RNG.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     jitter_ms: u64,
 
