@@ -279,6 +279,10 @@ pub enum HttpError {
     UnsupportedContentType { got: Option<String> },
     /// The gateway is shutting down.
     ShuttingDown,
+    /// The body is larger than the configured limit (the server refuses it before reading on).
+    PayloadTooLarge { limit: usize },
+    /// The body could not be read off the connection.
+    BodyUnreadable,
 }
 
 impl HttpError {
@@ -289,6 +293,8 @@ impl HttpError {
             HttpError::MethodNotAllowed { .. } => 405,
             HttpError::UnsupportedContentType { .. } => 415,
             HttpError::ShuttingDown => 503,
+            HttpError::PayloadTooLarge { .. } => 413,
+            HttpError::BodyUnreadable => 400,
         }
     }
 
@@ -299,6 +305,8 @@ impl HttpError {
             HttpError::MethodNotAllowed { .. } => "method_not_allowed",
             HttpError::UnsupportedContentType { .. } => "unsupported_content_type",
             HttpError::ShuttingDown => "shutting_down",
+            HttpError::PayloadTooLarge { .. } => "payload_too_large",
+            HttpError::BodyUnreadable => "body_unreadable",
         }
     }
 
@@ -314,6 +322,10 @@ impl HttpError {
                 got.as_deref().map_or("(none)".to_owned(), |g| format!("'{g}'"))
             ),
             HttpError::ShuttingDown => "Service unavailable: the gateway is shutting down".into(),
+            HttpError::PayloadTooLarge { limit } => format!(
+                "Payload too large: the request body is over the limit of {limit} bytes"
+            ),
+            HttpError::BodyUnreadable => "Bad request: the request body could not be read".into(),
         }
     }
 
@@ -323,7 +335,9 @@ impl HttpError {
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
             HttpError::UnknownSession
             | HttpError::MissingSession
-            | HttpError::UnsupportedContentType { .. } => Vec::new(),
+            | HttpError::UnsupportedContentType { .. }
+            | HttpError::PayloadTooLarge { .. }
+            | HttpError::BodyUnreadable => Vec::new(),
         }
     }
 
@@ -335,6 +349,15 @@ impl HttpError {
             "data": { "kind": self.kind(), "status": self.status() },
         });
         format!(r#"{{"jsonrpc":"2.0","id":null,"error":{error}}}"#)
+    }
+
+    /// The whole HTTP answer.
+    pub fn reply(&self) -> crate::HttpReply {
+        crate::HttpReply {
+            status: self.status(),
+            headers: self.headers(),
+            body: Some(self.body()),
+        }
     }
 }
 
@@ -483,6 +506,8 @@ mod tests {
             },
             HttpError::UnsupportedContentType { got: None },
             HttpError::ShuttingDown,
+            HttpError::PayloadTooLarge { limit: 4 << 20 },
+            HttpError::BodyUnreadable,
         ];
         for (i, e) in all.iter().enumerate() {
             let body: Value = serde_json::from_str(&e.body()).unwrap();

@@ -769,7 +769,10 @@ impl Gateway {
     }
 
     fn http_error(&mut self, token: HttpToken, e: HttpError) {
-        self.reply(token, e.status(), e.headers(), Some(e.body()));
+        self.outputs.push_back(Output::Http {
+            token,
+            reply: e.reply(),
+        });
     }
 
     // ---- uplinks ----

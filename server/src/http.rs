@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode}
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use gateway_core::{HttpMethod, HttpReply, HttpRequest, HttpToken};
+use gateway_core::{HttpError, HttpMethod, HttpReply, HttpRequest, HttpToken};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::sync::{mpsc, oneshot};
 
@@ -64,15 +64,13 @@ async fn mcp(
         Ok(collected) => collected.to_bytes().to_vec(),
         Err(e) if e.is::<LengthLimitError>() => {
             tracing::debug!(limit = state.max_body_bytes, "request body too large");
-            return too_large(state.max_body_bytes);
+            return refusal(HttpError::PayloadTooLarge {
+                limit: state.max_body_bytes,
+            });
         }
         Err(e) => {
             tracing::debug!(error = %e, "could not read a request body");
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                -32700,
-                "could not read the request body",
-            );
+            return refusal(HttpError::BodyUnreadable);
         }
     };
     let request = HttpRequest {
@@ -96,7 +94,7 @@ async fn mcp(
         reply: reply_tx,
     };
     if state.cmd.send(cmd).await.is_err() {
-        return unavailable();
+        return refusal(HttpError::ShuttingDown);
     }
     // From here on the driver has the request: if this future is dropped (the client went away)
     // the guard tells it so.
@@ -109,7 +107,7 @@ async fn mcp(
     match reply {
         Ok(reply) => reply_response(reply),
         // The driver dropped the request without an answer: it is gone.
-        Err(_) => unavailable(),
+        Err(_) => refusal(HttpError::ShuttingDown),
     }
 }
 
@@ -182,41 +180,9 @@ pub(crate) fn reply_response(reply: HttpReply) -> Response {
     response
 }
 
-/// 413 for a body over the limit. The core never sees such a body, so this one error shape
-/// lives here.
-fn too_large(limit: usize) -> Response {
-    error_response(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        -32600,
-        &format!("request body larger than {limit} bytes"),
-    )
-}
-
-/// 503 when the driver is gone (shutting down, or failed).
-fn unavailable() -> Response {
-    error_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        -32603,
-        "the gateway is shutting down",
-    )
-}
-
-/// A JSON-RPC error with a null id, for the few failures that happen before the core sees a
-/// request. `message` is always one of this module's own texts.
-fn error_response(status: StatusCode, code: i32, message: &str) -> Response {
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":null,"error":{{"code":{code},"message":"{}"}}}}"#,
-        message.replace('\\', "\\\\").replace('"', "\\\"")
-    );
-    (
-        status,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
+/// An answer the server gives before the core sees the request; its shape comes from the core.
+fn refusal(e: HttpError) -> Response {
+    reply_response(e.reply())
 }
 
 #[cfg(test)]
@@ -294,19 +260,17 @@ mod tests {
     }
 
     #[test]
-    fn too_large_is_a_json_rpc_error() {
+    fn too_large_is_the_cores_shape() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let (status, headers, body) = rt.block_on(parts(too_large(4194304)));
+        let e = HttpError::PayloadTooLarge { limit: 4194304 };
+        let (status, headers, body) = rt.block_on(parts(refusal(e.clone())));
         assert_eq!(status, 413);
         assert_eq!(
             headers,
             [("content-type".to_owned(), "application/json".to_owned())]
         );
-        assert_eq!(
-            body,
-            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"request body larger than 4194304 bytes"}}"#
-        );
+        assert_eq!(body, e.body());
     }
 }

@@ -95,7 +95,7 @@ async fn healthz_and_garbage_json_get_answers_and_shutdown_returns() {
     assert_eq!(status, 413);
     assert_eq!(
         body,
-        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"request body larger than 1024 bytes"}}"#
+        gateway_core::HttpError::PayloadTooLarge { limit: 1024 }.body()
     );
 
     let _ = stop_tx.send(());
