@@ -1,0 +1,549 @@
+//! Uplinks and what sleds send: hello, responses, notifications, heartbeats, deadlines.
+
+use super::*;
+
+#[derive(Deserialize)]
+struct ToolsPage {
+    tools: Vec<Value>,
+    #[serde(rename = "nextCursor", default)]
+    next_cursor: Option<String>,
+}
+
+impl Gateway {
+    // ---- uplinks ----
+
+    pub(super) fn on_uplink_opened(&mut self, now: Instant, id: UplinkId) {
+        let at = now + self.config.hello_timeout;
+        self.uplinks.insert(
+            id,
+            Uplink {
+                state: UplinkState::AwaitingHello,
+                last_rx: now,
+                next_id: 0,
+                ping_seq: 0,
+                pending: BTreeSet::new(),
+                timer: Some(at),
+            },
+        );
+        self.timers.insert((at, Timer::Uplink(id)));
+        if self.shutting_down {
+            self.close_uplink(
+                id,
+                CloseCode::GoingAway,
+                "the gateway is shutting down".into(),
+            );
+        }
+    }
+
+    pub(super) fn on_uplink_binary(&mut self, id: UplinkId, len: usize) {
+        let Some(uplink) = self.uplinks.get(&id) else {
+            return;
+        };
+        self.counters.frames_invalid += 1;
+        tracing::warn!(
+            uplink = id.0,
+            len,
+            "binary frame on an uplink; the protocol is text frames"
+        );
+        if uplink.state == UplinkState::AwaitingHello {
+            self.close_uplink(
+                id,
+                CloseCode::ProtocolError,
+                "expected a hello text frame first".into(),
+            );
+        }
+    }
+
+    pub(super) fn on_uplink_text(&mut self, now: Instant, id: UplinkId, text: &str) {
+        let Some(uplink) = self.uplinks.get_mut(&id) else {
+            return;
+        };
+        uplink.last_rx = now;
+        let awaiting_hello = uplink.state == UplinkState::AwaitingHello;
+        let message = match jsonrpc::parse_object(text.as_bytes()) {
+            Ok(m) => m,
+            Err(e) => return self.invalid_frame(id, awaiting_hello, &e.message()),
+        };
+        if m_is_control(&message) {
+            match serde_json::from_str::<Control>(text) {
+                Ok(Control::Hello {
+                    protocol,
+                    project,
+                    sled,
+                }) if awaiting_hello => self.on_hello(now, id, protocol, project, sled),
+                Ok(Control::Pong { .. }) if !awaiting_hello => {}
+                Ok(other) => self.invalid_frame(
+                    id,
+                    awaiting_hello,
+                    &format!("unexpected control frame {}", other.to_text()),
+                ),
+                Err(e) => {
+                    self.invalid_frame(id, awaiting_hello, &format!("bad control frame: {e}"))
+                }
+            }
+            return;
+        }
+        if awaiting_hello {
+            return self.invalid_frame(id, true, "expected a hello control frame first");
+        }
+        if let Some(method) = message.method {
+            let method: String = serde_json::from_str(method.get()).unwrap_or_default();
+            match message.id {
+                // The uplink protocol has no sled-to-gateway requests yet.
+                Some(rid) => {
+                    let e = RpcError::MethodNotFound { method };
+                    self.outputs.push_back(Output::UplinkSend {
+                        uplink: id,
+                        text: e.response(Some(rid.get())),
+                    });
+                }
+                None if method == "notifications/tools/list_changed" => {
+                    if let Some(project) = self.live_project(id) {
+                        self.start_refresh(now, id, project);
+                    }
+                }
+                None => {}
+            }
+            return;
+        }
+        let Some(rid) = message.id.and_then(|r| r.get().parse::<u64>().ok()) else {
+            self.counters.responses_dropped_unknown += 1;
+            return;
+        };
+        let Some(pending) = self.pending.remove(&(id, rid)) else {
+            let sent = self.uplinks.get(&id).is_some_and(|u| rid < u.next_id);
+            if sent {
+                self.counters.responses_dropped_late += 1;
+                tracing::debug!(uplink = id.0, id = rid, "late response dropped");
+            } else {
+                self.counters.responses_dropped_unknown += 1;
+                tracing::warn!(
+                    uplink = id.0,
+                    id = rid,
+                    "response to an id never sent; dropped"
+                );
+            }
+            return;
+        };
+        self.timers
+            .remove(&(pending.deadline(), Timer::Request(id, rid)));
+        if let Some(u) = self.uplinks.get_mut(&id) {
+            u.pending.remove(&rid);
+        }
+        match pending {
+            Pending::Call {
+                token,
+                client_id,
+                project,
+                ..
+            } => {
+                self.by_token.remove(&token);
+                let body = match (message.result, message.error) {
+                    (Some(result), None) => jsonrpc::ok_response(client_id.as_str(), result.get()),
+                    (None, Some(error)) if error.get().starts_with('{') => {
+                        jsonrpc::raw_error_response(client_id.as_str(), error.get())
+                    }
+                    _ => {
+                        self.counters.frames_invalid += 1;
+                        let sled = self.sled_of(&project);
+                        RpcError::BadSledResponse { project, sled }
+                            .response(Some(client_id.as_str()))
+                    }
+                };
+                self.reply(token, 200, Vec::new(), Some(body));
+            }
+            Pending::ToolsList {
+                project,
+                refresh,
+                page,
+                mut tools,
+                ..
+            } => {
+                let current = self
+                    .projects
+                    .get(&project)
+                    .is_some_and(|p| p.refresh == refresh);
+                if !current {
+                    return;
+                }
+                let parsed = match (message.result, message.error) {
+                    (Some(r), None) => serde_json::from_str::<ToolsPage>(r.get())
+                        .map_err(|e| jsonrpc::clean_serde_message(&e)),
+                    (_, Some(e)) => Err(format!(
+                        "the sled answered tools/list with an error: {}",
+                        e.get()
+                    )),
+                    (None, None) => Err("the response has neither result nor error".into()),
+                };
+                match parsed {
+                    Ok(p) => {
+                        tools.extend(p.tools);
+                        match p.next_cursor {
+                            Some(cursor) if page + 1 < MAX_TOOL_PAGES => {
+                                self.send_tools_list(
+                                    now,
+                                    id,
+                                    project,
+                                    refresh,
+                                    page + 1,
+                                    tools,
+                                    Some(cursor),
+                                );
+                            }
+                            _ => {
+                                let prepared = tools::prepare_sled_tools(&project, tools);
+                                tracing::info!(
+                                    project,
+                                    tools = prepared.len(),
+                                    "project tools refreshed"
+                                );
+                                if let Some(state) = self.projects.get_mut(&project) {
+                                    state.tools = Some(prepared);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        self.counters.frames_invalid += 1;
+                        tracing::warn!(project, "tools/list from the sled failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn invalid_frame(&mut self, id: UplinkId, awaiting_hello: bool, detail: &str) {
+        self.counters.frames_invalid += 1;
+        tracing::warn!(uplink = id.0, "invalid uplink frame: {detail}");
+        if awaiting_hello {
+            self.close_uplink(
+                id,
+                CloseCode::ProtocolError,
+                format!("expected hello: {detail}"),
+            );
+        }
+    }
+
+    pub(super) fn on_hello(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        protocol: u32,
+        project: String,
+        sled: String,
+    ) {
+        if protocol != PROTOCOL_VERSION {
+            return self.close_uplink(
+                id,
+                CloseCode::ProtocolError,
+                format!("uplink protocol {protocol} is not supported; this gateway speaks {PROTOCOL_VERSION}"),
+            );
+        }
+        if self.registry.get(&project).is_none() {
+            tracing::warn!(
+                uplink = id.0,
+                project,
+                sled,
+                "uplink for an unregistered project refused"
+            );
+            return self.close_uplink(
+                id,
+                CloseCode::UnknownProject,
+                format!(
+                    "project '{project}' is not registered (registered: {})",
+                    self.registered().join(", ")
+                ),
+            );
+        }
+        let state = self
+            .projects
+            .get_mut(&project)
+            .expect("registered projects have a state");
+        if let Some(old) = state.uplink.take() {
+            tracing::info!(
+                project,
+                old = old.0,
+                new = id.0,
+                "uplink replaced by a newer connection"
+            );
+            self.drop_uplink(
+                old,
+                UplinkLoss::Replaced,
+                Some((
+                    CloseCode::Replaced,
+                    format!("replaced by a newer uplink for project '{project}'"),
+                )),
+            );
+        }
+        tracing::info!(uplink = id.0, project, sled, "uplink live");
+        let state = self
+            .projects
+            .get_mut(&project)
+            .expect("registered projects have a state");
+        state.uplink = Some(id);
+        state.tools = None;
+        let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
+        uplink.state = UplinkState::Live {
+            project: project.clone(),
+        };
+        if let Some(at) = uplink.timer.take() {
+            self.timers.remove(&(at, Timer::Uplink(id)));
+        }
+        let at = now + self.config.heartbeat_interval;
+        uplink.timer = Some(at);
+        self.timers.insert((at, Timer::Uplink(id)));
+        let welcome = Control::Welcome {
+            protocol: PROTOCOL_VERSION,
+            heartbeat_ms: u64::try_from(self.config.heartbeat_interval.as_millis())
+                .unwrap_or(u64::MAX),
+        };
+        self.outputs.push_back(Output::UplinkSend {
+            uplink: id,
+            text: welcome.to_text(),
+        });
+        self.start_refresh(now, id, project);
+    }
+
+    pub(super) fn live_project(&self, id: UplinkId) -> Option<String> {
+        match &self.uplinks.get(&id)?.state {
+            UplinkState::Live { project } => Some(project.clone()),
+            UplinkState::AwaitingHello => None,
+        }
+    }
+
+    pub(super) fn start_refresh(&mut self, now: Instant, id: UplinkId, project: String) {
+        let Some(state) = self.projects.get_mut(&project) else {
+            return;
+        };
+        state.refresh += 1;
+        let refresh = state.refresh;
+        self.send_tools_list(now, id, project, refresh, 0, Vec::new(), None);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_tools_list(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: String,
+        refresh: u64,
+        page: u32,
+        tools: Vec<Value>,
+        cursor: Option<String>,
+    ) {
+        let Some(uplink) = self.uplinks.get_mut(&id) else {
+            return;
+        };
+        let rpc_id = uplink.next_id;
+        uplink.next_id += 1;
+        uplink.pending.insert(rpc_id);
+        let deadline = now + self.config.refresh_timeout;
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }).to_string(),
+            None => "{}".to_owned(),
+        };
+        self.pending.insert(
+            (id, rpc_id),
+            Pending::ToolsList {
+                project,
+                refresh,
+                page,
+                tools,
+                deadline,
+            },
+        );
+        self.timers.insert((deadline, Timer::Request(id, rpc_id)));
+        self.outputs.push_back(Output::UplinkSend {
+            uplink: id,
+            text: jsonrpc::request(rpc_id, "tools/list", &params),
+        });
+    }
+
+    pub(super) fn send_cancelled(&mut self, uplink: UplinkId, rpc_id: u64, reason: &str) {
+        if !self.uplinks.contains_key(&uplink) {
+            return;
+        }
+        let params = json!({ "requestId": rpc_id, "reason": reason }).to_string();
+        self.outputs.push_back(Output::UplinkSend {
+            uplink,
+            text: jsonrpc::notification("notifications/cancelled", &params),
+        });
+    }
+
+    pub(super) fn on_request_deadline(&mut self, now: Instant, uplink: UplinkId, rpc_id: u64) {
+        let Some(pending) = self.pending.remove(&(uplink, rpc_id)) else {
+            return;
+        };
+        if let Some(u) = self.uplinks.get_mut(&uplink) {
+            u.pending.remove(&rpc_id);
+        }
+        match pending {
+            Pending::Call {
+                token,
+                client_id,
+                project,
+                sent_at,
+                ..
+            } => {
+                self.by_token.remove(&token);
+                self.counters.calls_timed_out += 1;
+                let sled = self.sled_of(&project);
+                tracing::warn!(project, sled, "call timed out");
+                let e = RpcError::Timeout {
+                    project,
+                    sled,
+                    waited: now.saturating_duration_since(sent_at),
+                };
+                self.reply(
+                    token,
+                    200,
+                    Vec::new(),
+                    Some(e.response(Some(client_id.as_str()))),
+                );
+                self.send_cancelled(
+                    uplink,
+                    rpc_id,
+                    "the gateway's deadline for this call expired",
+                );
+            }
+            Pending::ToolsList { project, .. } => {
+                tracing::warn!(project, "tools/list to the sled timed out");
+            }
+        }
+    }
+
+    pub(super) fn on_uplink_timer(&mut self, now: Instant, id: UplinkId) {
+        let Some(uplink) = self.uplinks.get_mut(&id) else {
+            return;
+        };
+        uplink.timer = None;
+        match uplink.state {
+            UplinkState::AwaitingHello => {
+                self.close_uplink(
+                    id,
+                    CloseCode::HelloTimeout,
+                    "no hello within the hello timeout".into(),
+                );
+            }
+            UplinkState::Live { .. } => {
+                let silent = now.saturating_duration_since(uplink.last_rx);
+                if silent >= self.config.heartbeat_timeout {
+                    let reason = format!("no frame from the sled for {} ms", silent.as_millis());
+                    tracing::warn!(uplink = id.0, "{reason}; closing");
+                    self.drop_uplink(
+                        id,
+                        UplinkLoss::HeartbeatTimeout,
+                        Some((CloseCode::HeartbeatTimeout, reason)),
+                    );
+                    return;
+                }
+                uplink.ping_seq += 1;
+                let ping = Control::Ping {
+                    seq: uplink.ping_seq,
+                };
+                let at = now + self.config.heartbeat_interval;
+                uplink.timer = Some(at);
+                self.timers.insert((at, Timer::Uplink(id)));
+                self.outputs.push_back(Output::UplinkSend {
+                    uplink: id,
+                    text: ping.to_text(),
+                });
+            }
+        }
+    }
+
+    pub(super) fn close_uplink(&mut self, id: UplinkId, code: CloseCode, reason: String) {
+        self.drop_uplink(id, UplinkLoss::Closed, Some((code, reason)));
+    }
+
+    /// Forgets an uplink: its project loses its sled and tools, its pending calls fail now.
+    /// With `close`, the driver is told to close the socket with that code and reason.
+    pub(super) fn drop_uplink(
+        &mut self,
+        id: UplinkId,
+        loss: UplinkLoss,
+        close: Option<(CloseCode, String)>,
+    ) {
+        let Some(uplink) = self.uplinks.remove(&id) else {
+            return;
+        };
+        if let Some(at) = uplink.timer {
+            self.timers.remove(&(at, Timer::Uplink(id)));
+        }
+        if let Some((code, reason)) = close {
+            let closing = Control::Closing {
+                code: code.code(),
+                reason: reason.clone(),
+            };
+            self.outputs.push_back(Output::UplinkSend {
+                uplink: id,
+                text: closing.to_text(),
+            });
+            self.outputs.push_back(Output::UplinkClose {
+                uplink: id,
+                code: code.code(),
+                reason,
+            });
+        }
+        if let UplinkState::Live { project } = &uplink.state {
+            if let Some(state) = self.projects.get_mut(project) {
+                if state.uplink == Some(id) {
+                    tracing::info!(uplink = id.0, project, "uplink gone");
+                    state.uplink = None;
+                    state.tools = None;
+                    state.refresh += 1;
+                }
+            }
+        }
+        for rpc_id in uplink.pending {
+            let Some(pending) = self.pending.remove(&(id, rpc_id)) else {
+                continue;
+            };
+            self.timers
+                .remove(&(pending.deadline(), Timer::Request(id, rpc_id)));
+            if let Pending::Call {
+                token,
+                client_id,
+                project,
+                ..
+            } = pending
+            {
+                self.by_token.remove(&token);
+                let sled = self.sled_of(&project);
+                let e = RpcError::UplinkLost {
+                    project,
+                    sled,
+                    loss,
+                };
+                self.reply(
+                    token,
+                    200,
+                    Vec::new(),
+                    Some(e.response(Some(client_id.as_str()))),
+                );
+            }
+        }
+    }
+
+    pub(super) fn on_shutdown(&mut self) {
+        self.shutting_down = true;
+        let ids: BTreeSet<UplinkId> = self.uplinks.keys().copied().collect();
+        for id in ids {
+            self.drop_uplink(
+                id,
+                UplinkLoss::Shutdown,
+                Some((CloseCode::GoingAway, "the gateway is shutting down".into())),
+            );
+        }
+    }
+
+    pub(super) fn sled_of(&self, project: &str) -> String {
+        self.registry
+            .get(project)
+            .map_or_else(|| project.to_owned(), |(_, p)| p.sled.clone())
+    }
+}
+
+fn m_is_control(m: &jsonrpc::RawMessage<'_>) -> bool {
+    m.uplink.is_some()
+}
