@@ -21,6 +21,8 @@ pub(crate) mod code {
     pub(crate) const INTERNAL_ERROR: i64 = -32603;
     /// What MCP SDK clients use for a request that timed out.
     pub(crate) const REQUEST_TIMEOUT: i64 = -32001;
+    /// A request the client cancelled (the code LSP uses; MCP defines none).
+    pub(crate) const REQUEST_CANCELLED: i64 = -32800;
     /// Refusals at the HTTP level (unknown session, wrong content type, ...).
     pub(crate) const SERVER_ERROR: i64 = -32000;
 }
@@ -124,6 +126,10 @@ pub enum RpcError {
     },
     /// The gateway is shutting down and takes no new calls.
     ShuttingDown,
+    /// The client cancelled the call (`notifications/cancelled`); the sled was told.
+    Cancelled {
+        project: String,
+    },
 }
 
 impl RpcError {
@@ -142,6 +148,7 @@ impl RpcError {
             | RpcError::UplinkLost { .. }
             | RpcError::BadSledResponse { .. }
             | RpcError::ShuttingDown => code::INTERNAL_ERROR,
+            RpcError::Cancelled { .. } => code::REQUEST_CANCELLED,
             RpcError::Timeout { .. } => code::REQUEST_TIMEOUT,
         }
     }
@@ -164,6 +171,7 @@ impl RpcError {
             RpcError::Timeout { .. } => "timeout",
             RpcError::BadSledResponse { .. } => "bad_sled_response",
             RpcError::ShuttingDown => "shutting_down",
+            RpcError::Cancelled { .. } => "cancelled",
         }
     }
 
@@ -203,6 +211,9 @@ impl RpcError {
                 "Sled '{sled}' of project '{project}' answered with a malformed JSON-RPC response"
             ),
             RpcError::ShuttingDown => "The gateway is shutting down; retry against another gateway or after it restarts".into(),
+            RpcError::Cancelled { project } => format!(
+                "Request cancelled by the client; project '{project}' was told to stop; the call may or may not have been applied"
+            ),
         }
     }
 
@@ -229,6 +240,9 @@ impl RpcError {
             RpcError::SledNotConnected { project, sled }
             | RpcError::BadSledResponse { project, sled } => {
                 json!({ "kind": kind, "project": project, "sled": sled })
+            }
+            RpcError::Cancelled { project } => {
+                json!({ "kind": kind, "project": project, "outcome": "unknown" })
             }
             RpcError::UplinkLost {
                 project,
@@ -271,8 +285,16 @@ impl RpcError {
 pub enum HttpError {
     /// The `Mcp-Session-Id` names no live session: it ended, expired, or never existed.
     UnknownSession,
-    /// DELETE without an `Mcp-Session-Id`.
-    MissingSession,
+    /// GET or DELETE without an `Mcp-Session-Id`.
+    MissingSession { method: &'static str },
+    /// The `Accept` header rules out every format the answer could take.
+    NotAcceptable { need: &'static str },
+    /// A browser `Origin` that is not allowed (DNS rebinding protection).
+    ForbiddenOrigin { origin: String },
+    /// An `MCP-Protocol-Version` this gateway does not speak.
+    UnsupportedProtocolVersion { got: String },
+    /// A second GET stream for a session that already has one open.
+    StreamConflict,
     /// A method `/mcp` does not serve.
     MethodNotAllowed { method: &'static str },
     /// A POST whose body is not declared as JSON.
@@ -289,7 +311,11 @@ impl HttpError {
     pub fn status(&self) -> u16 {
         match self {
             HttpError::UnknownSession => 404,
-            HttpError::MissingSession => 400,
+            HttpError::MissingSession { .. } => 400,
+            HttpError::NotAcceptable { .. } => 406,
+            HttpError::ForbiddenOrigin { .. } => 403,
+            HttpError::UnsupportedProtocolVersion { .. } => 400,
+            HttpError::StreamConflict => 409,
             HttpError::MethodNotAllowed { .. } => 405,
             HttpError::UnsupportedContentType { .. } => 415,
             HttpError::ShuttingDown => 503,
@@ -301,7 +327,11 @@ impl HttpError {
     pub fn kind(&self) -> &'static str {
         match self {
             HttpError::UnknownSession => "unknown_session",
-            HttpError::MissingSession => "missing_session",
+            HttpError::MissingSession { .. } => "missing_session",
+            HttpError::NotAcceptable { .. } => "not_acceptable",
+            HttpError::ForbiddenOrigin { .. } => "forbidden_origin",
+            HttpError::UnsupportedProtocolVersion { .. } => "unsupported_protocol_version",
+            HttpError::StreamConflict => "stream_conflict",
             HttpError::MethodNotAllowed { .. } => "method_not_allowed",
             HttpError::UnsupportedContentType { .. } => "unsupported_content_type",
             HttpError::ShuttingDown => "shutting_down",
@@ -313,9 +343,22 @@ impl HttpError {
     pub fn message(&self) -> String {
         match self {
             HttpError::UnknownSession => "Session not found: it ended, expired or never existed; send initialize to start a new session".into(),
-            HttpError::MissingSession => "Bad request: DELETE needs the Mcp-Session-Id header of the session to end".into(),
+            HttpError::MissingSession { method } => format!(
+                "Bad request: {method} on /mcp needs the Mcp-Session-Id header that initialize returned"
+            ),
+            HttpError::NotAcceptable { need } => format!(
+                "Not acceptable: this answer is {need}; send an Accept header that allows it (clients send Accept: application/json, text/event-stream)"
+            ),
+            HttpError::ForbiddenOrigin { origin } => format!(
+                "Forbidden: Origin '{origin}' is not allowed; the gateway accepts loopback origins and those given with --allow-origin"
+            ),
+            HttpError::UnsupportedProtocolVersion { got } => format!(
+                "Bad request: unsupported MCP-Protocol-Version '{got}'; this gateway speaks {}",
+                crate::http::PROTOCOL_VERSIONS.join(", ")
+            ),
+            HttpError::StreamConflict => "Conflict: this session already has an open GET stream; close it before opening another".into(),
             HttpError::MethodNotAllowed { method } => format!(
-                "Method not allowed: {method} on /mcp; this gateway takes POST (JSON-RPC messages) and DELETE (end a session)"
+                "Method not allowed: {method} on /mcp; this gateway takes POST (JSON-RPC messages), GET (a session's event stream) and DELETE (end a session)"
             ),
             HttpError::UnsupportedContentType { got } => format!(
                 "Unsupported Content-Type {}: POST a JSON-RPC message with Content-Type: application/json",
@@ -331,10 +374,14 @@ impl HttpError {
 
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         match self {
-            HttpError::MethodNotAllowed { .. } => vec![("Allow", "POST, DELETE".into())],
+            HttpError::MethodNotAllowed { .. } => vec![("Allow", "GET, POST, DELETE".into())],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
             HttpError::UnknownSession
-            | HttpError::MissingSession
+            | HttpError::MissingSession { .. }
+            | HttpError::NotAcceptable { .. }
+            | HttpError::ForbiddenOrigin { .. }
+            | HttpError::UnsupportedProtocolVersion { .. }
+            | HttpError::StreamConflict
             | HttpError::UnsupportedContentType { .. }
             | HttpError::PayloadTooLarge { .. }
             | HttpError::BodyUnreadable => Vec::new(),
@@ -484,6 +531,12 @@ mod tests {
                 },
             ),
             ("shutting_down", RpcError::ShuttingDown),
+            (
+                "cancelled",
+                RpcError::Cancelled {
+                    project: "beta".into(),
+                },
+            ),
         ]
     }
 
@@ -499,8 +552,8 @@ mod tests {
     fn http_error_shapes() {
         let all = [
             HttpError::UnknownSession,
-            HttpError::MissingSession,
-            HttpError::MethodNotAllowed { method: "GET" },
+            HttpError::MissingSession { method: "DELETE" },
+            HttpError::MethodNotAllowed { method: "PUT" },
             HttpError::UnsupportedContentType {
                 got: Some("text/plain".into()),
             },
@@ -508,6 +561,16 @@ mod tests {
             HttpError::ShuttingDown,
             HttpError::PayloadTooLarge { limit: 4 << 20 },
             HttpError::BodyUnreadable,
+            HttpError::NotAcceptable {
+                need: "text/event-stream",
+            },
+            HttpError::ForbiddenOrigin {
+                origin: "http://evil.example".into(),
+            },
+            HttpError::UnsupportedProtocolVersion {
+                got: "1999-01-01".into(),
+            },
+            HttpError::StreamConflict,
         ];
         for (i, e) in all.iter().enumerate() {
             let body: Value = serde_json::from_str(&e.body()).unwrap();

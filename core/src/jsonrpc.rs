@@ -28,6 +28,7 @@ pub(crate) enum ClientMessage<'a> {
     },
     Notification {
         method: String,
+        params: Option<&'a RawValue>,
     },
     /// A response to a server-to-client request (the gateway sends none yet).
     Response,
@@ -148,7 +149,10 @@ pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage>
                 method,
                 params: m.params,
             },
-            None => ClientMessage::Notification { method },
+            None => ClientMessage::Notification {
+                method,
+                params: m.params,
+            },
         });
     }
     if id.is_some() && (m.result.is_some() || m.error.is_some()) {

@@ -22,6 +22,7 @@
 
 mod error;
 mod gateway;
+mod http;
 mod jsonrpc;
 mod registry;
 mod session;

@@ -1,11 +1,13 @@
 //! The MCP session table: each session's own default project, and nothing shared.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
+
+use crate::HttpToken;
 
 /// One MCP session, created by `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,18 +16,23 @@ pub(crate) struct Session {
     pub(crate) default_project: Option<String>,
     pub(crate) protocol_version: String,
     pub(crate) last_seen: Instant,
+    /// The open GET stream, where server-to-client messages go.
+    pub(crate) stream: Option<HttpToken>,
+    /// The latest events sent for the GET stream, oldest first, for `Last-Event-ID`.
+    pub(crate) replay: VecDeque<(u64, String)>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Sessions {
-    map: HashMap<String, Session>,
+    /// By id. A `BTreeMap`, so that walking the sessions is in a deterministic order.
+    map: BTreeMap<String, Session>,
     ids: ChaCha20Rng,
 }
 
 impl Sessions {
     pub(crate) fn new(seed: [u8; 32]) -> Sessions {
         Sessions {
-            map: HashMap::new(),
+            map: BTreeMap::new(),
             ids: ChaCha20Rng::from_seed(seed),
         }
     }
@@ -54,6 +61,8 @@ impl Sessions {
                 default_project,
                 protocol_version,
                 last_seen: now,
+                stream: None,
+                replay: VecDeque::new(),
             },
         );
         id
@@ -69,6 +78,24 @@ impl Sessions {
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Session> {
         self.map.remove(id)
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&String, &mut Session)> {
+        self.map.iter_mut()
+    }
+
+    /// Removes the sessions idle since before `cutoff` that have no open stream.
+    pub(crate) fn expire(&mut self, cutoff: Instant) -> Vec<String> {
+        let gone: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(_, s)| s.stream.is_none() && s.last_seen < cutoff)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &gone {
+            self.map.remove(id);
+        }
+        gone
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -3,6 +3,7 @@
 
 mod gateway;
 mod interleavings;
+mod streams;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -24,6 +25,9 @@ pub(crate) struct Harness {
     /// Frames sent to each uplink, oldest first.
     pub(crate) frames: HashMap<UplinkId, Vec<Value>>,
     pub(crate) closed: HashMap<UplinkId, (u16, String)>,
+    /// SSE events sent on each open or closed stream, with their ids.
+    pub(crate) streams: HashMap<HttpToken, Vec<(Option<u64>, Value)>>,
+    pub(crate) streams_closed: Vec<HttpToken>,
 }
 
 /// The tools an emulated sled reports.
@@ -57,6 +61,8 @@ impl Harness {
             replies: HashMap::new(),
             frames: HashMap::new(),
             closed: HashMap::new(),
+            streams: HashMap::new(),
+            streams_closed: Vec::new(),
         }
     }
 
@@ -103,6 +109,25 @@ impl Harness {
                 } => {
                     self.closed.insert(uplink, (code, reason));
                 }
+                Output::StreamOpen { token } => {
+                    assert!(!self.replies.contains_key(&token), "a stream after a reply");
+                    let fresh = self.streams.insert(token, Vec::new()).is_none();
+                    assert!(fresh, "opened twice");
+                }
+                Output::StreamEvent { token, id, data } => {
+                    assert!(!self.streams_closed.contains(&token), "event after close");
+                    let v: Value = serde_json::from_str(&data).expect("events are JSON");
+                    let events = self.streams.get_mut(&token).expect("an open stream");
+                    events.push((id, v));
+                }
+                Output::StreamClose { token } => {
+                    assert!(
+                        self.streams.contains_key(&token),
+                        "close of a stream never opened"
+                    );
+                    assert!(!self.streams_closed.contains(&token), "closed twice");
+                    self.streams_closed.push(token);
+                }
             }
         }
     }
@@ -114,14 +139,21 @@ impl Harness {
         session: Option<&str>,
         body: &str,
     ) -> HttpToken {
-        let token = HttpToken(self.next_token);
-        self.next_token += 1;
         let request = HttpRequest {
             method,
             session: session.map(str::to_owned),
             content_type: Some("application/json".into()),
+            accept: Some("application/json, text/event-stream".into()),
             body: body.as_bytes().to_vec(),
+            ..HttpRequest::default()
         };
+        self.request(request)
+    }
+
+    /// Sends any HTTP request; returns its token.
+    pub(crate) fn request(&mut self, request: HttpRequest) -> HttpToken {
+        let token = HttpToken(self.next_token);
+        self.next_token += 1;
         self.handle(Input::Http { token, request });
         token
     }

@@ -19,6 +19,12 @@ enum Op {
     /// A well-formed tools/call with fuzzed arguments text.
     Call { session: Option<u8>, id: u16, tool: u8, arguments: String },
     Initialize,
+    /// A tools/call asking for progress, answered on a stream when `sse`.
+    CallWithProgress { session: Option<u8>, id: u16, token: u8, sse: bool },
+    Cancel { session: u8, id: u16 },
+    Get { session: Option<u8>, last_event_id: Option<u16> },
+    /// A progress notification for the latest request sent on an uplink.
+    Progress { uplink: u8, progress: u16 },
     Delete { session: u8 },
     Abort { token: u8 },
     Open,
@@ -45,6 +51,7 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut now = Instant::now();
     let mut sessions: Vec<String> = Vec::new();
     let mut waiting: HashSet<HttpToken> = HashSet::new();
+    let mut streams: HashSet<HttpToken> = HashSet::new();
     let mut next = 0u64;
     let mut uplinks = 0u64;
     let mut last_ids: Vec<Option<u64>> = Vec::new();
@@ -61,6 +68,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 session,
                 content_type: Some("application/json".into()),
                 body,
+                ..HttpRequest::default()
             };
             gw.handle(now, Input::Http { token, request });
         };
@@ -73,6 +81,49 @@ fuzz_target!(|ops: Vec<Op>| {
                 );
                 post(&mut gw, session(s, &sessions), body.into_bytes())
             }
+            Op::CallWithProgress { session: s, id, token, sse } => {
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"show","arguments":{{"project":"beta"}},"_meta":{{"progressToken":{token}}}}}}}"#
+                );
+                let token = HttpToken(next);
+                next += 1;
+                waiting.insert(token);
+                let accept = if sse { "application/json, text/event-stream" } else { "application/json" };
+                let request = HttpRequest {
+                    session: session(s, &sessions),
+                    content_type: Some("application/json".into()),
+                    accept: Some(accept.into()),
+                    body: body.into_bytes(),
+                    ..HttpRequest::default()
+                };
+                gw.handle(now, Input::Http { token, request });
+            }
+            Op::Cancel { session: s, id } => {
+                let body = format!(r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#);
+                post(&mut gw, session(Some(s), &sessions), body.into_bytes())
+            }
+            Op::Get { session: s, last_event_id } => {
+                let token = HttpToken(next);
+                next += 1;
+                waiting.insert(token);
+                let request = HttpRequest {
+                    method: HttpMethod::Get,
+                    session: session(s, &sessions),
+                    accept: Some("text/event-stream".into()),
+                    last_event_id: last_event_id.map(|l| l.to_string()),
+                    ..HttpRequest::default()
+                };
+                gw.handle(now, Input::Http { token, request });
+            }
+            Op::Progress { uplink, progress } => {
+                let u = u64::from(uplink) % uplinks.max(1);
+                if let Some(Some(id)) = last_ids.get(u as usize) {
+                    let text = format!(
+                        r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":"gw-{u}-{id}","progress":{progress}}}}}"#
+                    );
+                    gw.handle(now, Input::UplinkText { uplink: UplinkId(u), text });
+                }
+            }
             Op::Initialize => post(
                 &mut gw,
                 None,
@@ -83,12 +134,13 @@ fuzz_target!(|ops: Vec<Op>| {
                     let token = HttpToken(next);
                     next += 1;
                     waiting.insert(token);
-                    let request = HttpRequest { method: HttpMethod::Delete, session: Some(s), content_type: None, body: Vec::new() };
+                    let request = HttpRequest { method: HttpMethod::Delete, session: Some(s), ..HttpRequest::default() };
                     gw.handle(now, Input::Http { token, request });
                 }
             }
             Op::Abort { token } => {
                 let token = HttpToken(u64::from(token));
+                streams.remove(&token);
                 if waiting.remove(&token) {
                     gw.handle(now, Input::HttpAborted { token });
                 }
@@ -147,14 +199,28 @@ fuzz_target!(|ops: Vec<Op>| {
                     }
                 }
                 Output::UplinkClose { .. } => {}
+                Output::StreamOpen { token } => {
+                    assert!(waiting.contains(&token), "a stream answers a waiting request");
+                    streams.insert(token);
+                }
+                Output::StreamEvent { token, data, .. } => {
+                    assert!(streams.contains(&token), "events only on open streams");
+                    let _: serde_json::Value = serde_json::from_str(&data).expect("events are JSON");
+                }
+                Output::StreamClose { token } => {
+                    assert!(streams.remove(&token), "close only open streams");
+                    waiting.remove(&token);
+                }
             }
         }
     }
     // Whatever is still waiting is a forwarded call: shutdown answers all of them.
     gw.handle(now, Input::Shutdown);
     while let Some(o) = gw.poll_output() {
-        if let Output::Http { token, .. } = o {
-            assert!(waiting.remove(&token));
+        match o {
+            Output::Http { token, .. } => assert!(waiting.remove(&token)),
+            Output::StreamClose { token } => assert!(waiting.remove(&token)),
+            _ => {}
         }
     }
     assert!(waiting.is_empty(), "every request got a reply");

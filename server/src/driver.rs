@@ -6,13 +6,14 @@
 //! woke at (not the deadline it slept until).
 //!
 //! **Architecture Invariant:** the driver never awaits anything but its command channel and its
-//! timers. Replies go out on oneshots and `try_send`, so one slow peer cannot stall the gateway.
+//! timers. Answers and frames go out with `try_send` on bounded channels, so one slow peer
+//! cannot stall the gateway: a stream or uplink whose queue is full is cut off.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use gateway_core::{Gateway, HttpReply, HttpRequest, HttpToken, Input, Output, UplinkId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 /// What a connection task asks of the driver.
@@ -22,7 +23,7 @@ pub(crate) enum Command {
     Http {
         token: HttpToken,
         request: HttpRequest,
-        reply: oneshot::Sender<HttpReply>,
+        reply: mpsc::Sender<HttpMsg>,
     },
     /// The client behind an [`Command::Http`] went away before its answer.
     HttpAborted {
@@ -48,6 +49,23 @@ pub(crate) enum Command {
     /// Start the shutdown sequence: grace period, then [`Input::Shutdown`].
     Shutdown,
 }
+
+/// What the driver sends an HTTP handler: one whole answer, or a stream of events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HttpMsg {
+    Reply(HttpReply),
+    /// Answer with an SSE stream; [`HttpMsg::Event`]s and one [`HttpMsg::Close`] follow.
+    Open,
+    Event {
+        id: Option<u64>,
+        data: String,
+    },
+    Close,
+}
+
+/// How many SSE events may wait for one HTTP connection. A client that falls this far behind
+/// is cut off (its call is cancelled; a GET stream can resume with `Last-Event-ID`).
+pub(crate) const STREAM_QUEUE: usize = 256;
 
 /// What the driver asks of an uplink task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +95,9 @@ enum Phase {
 struct Driver {
     gateway: Gateway,
     /// HTTP requests the core has not answered yet.
-    http: HashMap<HttpToken, oneshot::Sender<HttpReply>>,
+    http: HashMap<HttpToken, mpsc::Sender<HttpMsg>>,
+    /// GET streams: long-lived, so shutdown does not wait for them to end by themselves.
+    get_streams: std::collections::HashSet<HttpToken>,
     /// Uplinks the core knows about.
     uplinks: HashMap<UplinkId, mpsc::Sender<Outbound>>,
     grace: Duration,
@@ -89,6 +109,7 @@ pub(crate) async fn run(gateway: Gateway, mut commands: mpsc::Receiver<Command>,
     let mut d = Driver {
         gateway,
         http: HashMap::new(),
+        get_streams: std::collections::HashSet::new(),
         uplinks: HashMap::new(),
         grace,
         phase: Phase::Running,
@@ -116,7 +137,7 @@ pub(crate) async fn run(gateway: Gateway, mut commands: mpsc::Receiver<Command>,
             }
         }
         d.drain_outputs();
-        if matches!(d.phase, Phase::Draining { .. }) && d.http.is_empty() {
+        if matches!(d.phase, Phase::Draining { .. }) && d.http.len() == d.get_streams.len() {
             tracing::info!("no calls in flight; closing the uplinks");
             d.stop();
             d.drain_outputs();
@@ -134,11 +155,15 @@ impl Driver {
                 request,
                 reply,
             } => {
+                if request.method == gateway_core::HttpMethod::Get {
+                    self.get_streams.insert(token);
+                }
                 self.http.insert(token, reply);
                 self.gateway.handle(now(), Input::Http { token, request });
             }
             Command::HttpAborted { token } => {
                 // An abort that raced with its answer is old news.
+                self.get_streams.remove(&token);
                 if self.http.remove(&token).is_some() {
                     tracing::debug!(token = token.0, "HTTP client went away before its answer");
                     self.gateway.handle(now(), Input::HttpAborted { token });
@@ -186,17 +211,52 @@ impl Driver {
         }
     }
 
+    /// Sends one message of a stream; a client that is gone or too far behind is cut off
+    /// (the core hears of it as [`Input::HttpAborted`]).
+    fn stream_send(&mut self, token: HttpToken, msg: HttpMsg) {
+        let Some(tx) = self.http.get(&token) else {
+            return;
+        };
+        if let Err(e) = tx.try_send(msg) {
+            if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                tracing::warn!(
+                    token = token.0,
+                    queued = STREAM_QUEUE,
+                    "SSE client is not reading; cutting it off"
+                );
+            }
+            self.http.remove(&token);
+            self.get_streams.remove(&token);
+            self.gateway.handle(now(), Input::HttpAborted { token });
+        }
+    }
+
     /// Carries out every output the core has.
     fn drain_outputs(&mut self) {
         while let Some(output) = self.gateway.poll_output() {
             match output {
-                Output::Http { token, reply } => match self.http.remove(&token) {
-                    // The receiver may be gone (client left); nothing to do then.
-                    Some(tx) => {
-                        let _ = tx.send(reply);
+                Output::Http { token, reply } => {
+                    self.get_streams.remove(&token);
+                    match self.http.remove(&token) {
+                        // A fresh channel has room for its one answer; the receiver may be
+                        // gone (client left), and then there is nothing to do.
+                        Some(tx) => {
+                            let _ = tx.try_send(HttpMsg::Reply(reply));
+                        }
+                        None => {
+                            tracing::debug!(token = token.0, "answer for a request nobody awaits")
+                        }
                     }
-                    None => tracing::debug!(token = token.0, "answer for a request nobody awaits"),
-                },
+                }
+                Output::StreamOpen { token } => self.stream_send(token, HttpMsg::Open),
+                Output::StreamEvent { token, id, data } => {
+                    self.stream_send(token, HttpMsg::Event { id, data })
+                }
+                Output::StreamClose { token } => {
+                    self.stream_send(token, HttpMsg::Close);
+                    self.get_streams.remove(&token);
+                    self.http.remove(&token);
+                }
                 Output::UplinkSend { uplink, text } => {
                     let Some(tx) = self.uplinks.get(&uplink) else {
                         tracing::debug!(uplink = uplink.0, "frame for an uplink that is gone");

@@ -7,18 +7,22 @@ use axum::body::Body;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use gateway_core::{HttpError, HttpMethod, HttpReply, HttpRequest, HttpToken};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
-use crate::driver::Command;
+use crate::driver::{Command, HttpMsg, STREAM_QUEUE};
 use crate::Ids;
 
 /// The header that carries the MCP session id. `HeaderMap` lookups ignore case.
 const SESSION_HEADER: &str = "mcp-session-id";
+
+/// The header that carries the negotiated MCP protocol version.
+const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -77,6 +81,10 @@ async fn mcp(
         method,
         session: header_text(&headers, HeaderName::from_static(SESSION_HEADER)),
         content_type: header_text(&headers, header::CONTENT_TYPE),
+        accept: header_text(&headers, header::ACCEPT),
+        protocol_version: header_text(&headers, HeaderName::from_static(PROTOCOL_VERSION_HEADER)),
+        origin: header_text(&headers, header::ORIGIN),
+        last_event_id: header_text(&headers, HeaderName::from_static("last-event-id")),
         body,
     };
     let token = state.ids.next_http();
@@ -87,7 +95,7 @@ async fn mcp(
         bytes = request.body.len(),
         "/mcp request"
     );
-    let (reply_tx, reply_rx) = oneshot::channel();
+    let (reply_tx, mut reply_rx) = mpsc::channel(STREAM_QUEUE);
     let cmd = Command::Http {
         token,
         request,
@@ -102,19 +110,64 @@ async fn mcp(
         token,
         cmd: Some(state.cmd),
     };
-    let reply = reply_rx.await;
-    guard.cmd = None;
-    match reply {
-        Ok(reply) => reply_response(reply),
+    match reply_rx.recv().await {
+        Some(HttpMsg::Reply(reply)) => {
+            guard.disarm();
+            reply_response(reply)
+        }
+        // The guard goes with the stream: a client that disconnects drops it.
+        Some(HttpMsg::Open) => sse_response(reply_rx, guard),
+        Some(HttpMsg::Event { .. } | HttpMsg::Close) => {
+            guard.disarm();
+            tracing::error!(token = token.0, "stream event before the stream opened");
+            refusal(HttpError::ShuttingDown)
+        }
         // The driver dropped the request without an answer: it is gone.
-        Err(_) => refusal(HttpError::ShuttingDown),
+        None => {
+            guard.disarm();
+            refusal(HttpError::ShuttingDown)
+        }
     }
+}
+
+/// A `text/event-stream` answer fed by the driver; it ends at [`HttpMsg::Close`].
+fn sse_response(rx: mpsc::Receiver<HttpMsg>, guard: AbortGuard) -> Response {
+    let events = futures_util::stream::unfold((rx, guard), |(mut rx, mut guard)| async move {
+        match rx.recv().await {
+            Some(HttpMsg::Event { id, data }) => {
+                let mut event = Event::default().event("message").data(data);
+                if let Some(id) = id {
+                    event = event.id(id.to_string());
+                }
+                Some((Ok::<_, std::convert::Infallible>(event), (rx, guard)))
+            }
+            // Closed by the core (or the driver went away): nothing to abort.
+            Some(HttpMsg::Close) | None => {
+                guard.disarm();
+                None
+            }
+            Some(HttpMsg::Open | HttpMsg::Reply(_)) => {
+                tracing::error!("a second answer on an open stream; ending it");
+                None
+            }
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// Reports [`Command::HttpAborted`] when dropped while armed (`cmd` is `Some`).
 struct AbortGuard {
     token: HttpToken,
     cmd: Option<mpsc::Sender<Command>>,
+}
+
+impl AbortGuard {
+    /// The request was answered: nothing to report when dropped.
+    fn disarm(&mut self) {
+        self.cmd.take();
+    }
 }
 
 impl Drop for AbortGuard {

@@ -32,14 +32,28 @@ impl Gateway {
         if self.shutting_down {
             return self.http_error(token, HttpError::ShuttingDown);
         }
-        match request.method {
-            HttpMethod::Get => {
-                self.http_error(token, HttpError::MethodNotAllowed { method: "GET" })
+        if !headers::origin_allowed(request.origin.as_deref(), &self.config.allowed_origins) {
+            let origin = request.origin.unwrap_or_default();
+            tracing::warn!(origin, "request from a browser origin that is not allowed");
+            return self.http_error(token, HttpError::ForbiddenOrigin { origin });
+        }
+        if let Some(v) = request.protocol_version.as_deref() {
+            if !headers::supported_version(v) {
+                let got = v.to_owned();
+                return self.http_error(token, HttpError::UnsupportedProtocolVersion { got });
             }
+        }
+        match request.method {
+            HttpMethod::Get => self.on_get(now, token, request),
             HttpMethod::Delete => match request.session.as_deref() {
-                None => self.http_error(token, HttpError::MissingSession),
+                None => self.http_error(token, HttpError::MissingSession { method: "DELETE" }),
                 Some(id) => match self.sessions.remove(id) {
-                    Some(_) => self.reply(token, 204, Vec::new(), None),
+                    Some(session) => {
+                        if let Some(stream) = session.stream {
+                            self.close_session_stream(stream);
+                        }
+                        self.reply(token, 204, Vec::new(), None)
+                    }
                     None => self.http_error(token, HttpError::UnknownSession),
                 },
             },
@@ -56,6 +70,17 @@ impl Gateway {
                 },
             );
         }
+        if !headers::accepts(request.accept.as_deref(), "application/json") {
+            return self.http_error(
+                token,
+                HttpError::NotAcceptable {
+                    need: "application/json",
+                },
+            );
+        }
+        // A call that asks for progress is answered on an SSE stream when the client names
+        // that format in Accept; everything else is one JSON answer.
+        let stream_ok = headers::names(request.accept.as_deref(), "text/event-stream");
         let message = match jsonrpc::parse_client(&request.body) {
             Ok(m) => m,
             Err(bad) => {
@@ -79,16 +104,22 @@ impl Gateway {
             },
         };
         match message {
-            ClientMessage::Notification { method } => {
+            ClientMessage::Notification { method, params } => {
                 tracing::trace!(method, "client notification");
+                if method == "notifications/cancelled" {
+                    if let Caller::Session(session) = caller {
+                        let session = session.to_owned();
+                        self.on_client_cancelled(&session, params);
+                    }
+                }
                 self.reply(token, 202, Vec::new(), None)
             }
             ClientMessage::Response => self.reply(token, 202, Vec::new(), None),
             ClientMessage::Request { id, method, params } => {
                 let answer = match method.as_str() {
                     "ping" => Ok(Some("{}".to_owned())),
-                    "tools/list" => Ok(Some(self.tools_list(caller))),
-                    "tools/call" => self.tools_call(now, token, caller, &id, params),
+                    "tools/list" => self.tools_list(caller, params).map(Some),
+                    "tools/call" => self.tools_call(now, token, caller, &id, params, stream_ok),
                     _ => Err(RpcError::MethodNotFound { method }),
                 };
                 match answer {
@@ -127,9 +158,10 @@ impl Gateway {
             .unwrap_or(&PROTOCOL_VERSIONS[0]);
         let default = self.registry.default_project().map(str::to_owned);
         let session = self.sessions.create(default, (*version).to_owned(), now);
+        self.arm_sweep(now);
         let result = json!({
             "protocolVersion": version,
-            "capabilities": { "tools": { "listChanged": false } },
+            "capabilities": { "tools": { "listChanged": true } },
             "serverInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
             "instructions": INSTRUCTIONS,
         });
@@ -138,10 +170,26 @@ impl Gateway {
     }
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
+        if let Some(session) = self.get_streams.remove(&token) {
+            if let Some(s) = self.sessions.get_mut(&session) {
+                if s.stream == Some(token) {
+                    s.stream = None;
+                }
+            }
+            return;
+        }
+        self.post_streams.remove(&token);
         let Some(key) = self.by_token.remove(&token) else {
             return;
         };
         if let Some(p) = self.pending.remove(&key) {
+            if let Pending::Call(Call {
+                progress: Some((gateway_token, _)),
+                ..
+            }) = &p
+            {
+                self.progress.remove(gateway_token);
+            }
             self.timers
                 .remove(&(p.deadline(), Timer::Request(key.0, key.1)));
             if let Some(u) = self.uplinks.get_mut(&key.0) {
@@ -165,32 +213,113 @@ impl Gateway {
         }
     }
 
-    pub(super) fn tools_list(&self, caller: Caller<'_>) -> String {
+    /// The merged tool list, one page of it: gateway tools, then the caller's default
+    /// project's. The cursor is the offset of the page, as text.
+    pub(super) fn tools_list(
+        &self,
+        caller: Caller<'_>,
+        params: Option<&RawValue>,
+    ) -> Result<String, RpcError> {
+        #[derive(Deserialize)]
+        struct ListParams {
+            #[serde(default)]
+            cursor: Option<String>,
+        }
+        let params: ListParams = jsonrpc::params_of("tools/list", params)?;
         let project_tools = self
             .default_of(caller)
             .and_then(|p| self.projects.get(p))
             .and_then(|p| p.tools.as_deref())
             .unwrap_or(&[]);
-        let len: usize = self.gateway_tools.iter().map(String::len).sum::<usize>()
-            + project_tools
-                .iter()
-                .map(|t| t.json.len() + 1)
-                .sum::<usize>();
-        let mut s = String::with_capacity(len + 16);
-        s.push_str(r#"{"tools":["#);
+        let total = self.gateway_tools.len() + project_tools.len();
+        let start =
+            match params.cursor.as_deref() {
+                None => 0,
+                Some(c) => match c
+                    .strip_prefix("tools-")
+                    .and_then(|n| n.parse::<usize>().ok())
+                {
+                    Some(n) if n < total => n,
+                    _ => return Err(RpcError::InvalidParams {
+                        method: "tools/list".into(),
+                        detail: format!(
+                            "unknown cursor '{c}': pass a nextCursor from a previous page, or none"
+                        ),
+                    }),
+                },
+            };
+        let page = self.config.tools_page_size.max(1);
+        let end = total.min(start.saturating_add(page));
         let all = self
             .gateway_tools
             .iter()
             .map(String::as_str)
-            .chain(project_tools.iter().map(|t| t.json.as_str()));
+            .chain(project_tools.iter().map(|t| t.json.as_str()))
+            .skip(start)
+            .take(end - start);
+        let mut s = String::with_capacity(64 * (end - start) + 32);
+        s.push_str(r#"{"tools":["#);
         for (i, t) in all.enumerate() {
             if i > 0 {
                 s.push(',');
             }
             s.push_str(t);
         }
-        s.push_str("]}");
-        s
+        s.push(']');
+        if end < total {
+            s.push_str(&format!(r#","nextCursor":"tools-{end}""#));
+        }
+        s.push('}');
+        Ok(s)
+    }
+
+    /// A client's `notifications/cancelled`: the session's latest pending call with that id
+    /// is released, and its sled told under the gateway's own id.
+    pub(super) fn on_client_cancelled(&mut self, session: &str, params: Option<&RawValue>) {
+        #[derive(Deserialize)]
+        struct CancelParams<'a> {
+            #[serde(rename = "requestId", borrow)]
+            request_id: &'a RawValue,
+        }
+        let Some(Ok(p)) = params.map(|p| serde_json::from_str::<CancelParams>(p.get())) else {
+            tracing::debug!(
+                session,
+                "notifications/cancelled without a requestId; ignored"
+            );
+            return;
+        };
+        let wanted = p.request_id.get();
+        let found = self
+            .pending
+            .iter()
+            .filter_map(|(key, p)| match p {
+                Pending::Call(c)
+                    if c.session.as_deref() == Some(session) && c.client_id.as_str() == wanted =>
+                {
+                    Some((c.sent_at, *key))
+                }
+                _ => None,
+            })
+            .max();
+        // No such call: it finished already (the race the spec says to tolerate).
+        let Some((_, key)) = found else {
+            return;
+        };
+        let Some(Pending::Call(call)) = self.pending.remove(&key) else {
+            return;
+        };
+        self.timers
+            .remove(&(call.deadline, Timer::Request(key.0, key.1)));
+        if let Some(u) = self.uplinks.get_mut(&key.0) {
+            u.pending.remove(&key.1);
+        }
+        self.counters.calls_cancelled += 1;
+        self.send_cancelled(key.0, key.1, "cancelled by the client");
+        let body = RpcError::Cancelled {
+            project: call.project.clone(),
+        }
+        .response(Some(call.client_id.as_str()));
+        self.finish_call(call, body);
     }
 
     /// Answers a `tools/call` now (`Ok(Some)`), or forwards it (`Ok(None)`).
@@ -201,6 +330,7 @@ impl Gateway {
         caller: Caller<'_>,
         id: &RawId,
         params: Option<&RawValue>,
+        stream_ok: bool,
     ) -> Result<Option<String>, RpcError> {
         let params: CallParams = jsonrpc::params_of("tools/call", params)?;
         let mut arguments = params.arguments.unwrap_or_default();
@@ -249,12 +379,6 @@ impl Gateway {
         if !declares_project {
             arguments.remove("project");
         }
-        let forward = serde_json::to_string(&ForwardParams {
-            name: &tool,
-            arguments: &arguments,
-            meta: params.meta,
-        })
-        .expect("tool call params always serialise");
         let uplink = self
             .uplinks
             .get_mut(&uplink_id)
@@ -266,17 +390,74 @@ impl Gateway {
             _ => rpc_id,
         };
         uplink.next_id = uplink.next_id.max(rpc_id + 1);
+        // A progress token is the client's, unique only in its session: the sled gets one of
+        // the gateway's instead, and progress comes back under the client's.
+        let mut meta =
+            match params.meta {
+                Some(m) => Some(serde_json::from_str::<Map<String, Value>>(m.get()).map_err(
+                    |_| RpcError::InvalidParams {
+                        method: "tools/call".into(),
+                        detail: "`_meta` must be an object".into(),
+                    },
+                )?),
+                None => None,
+            };
+        let progress = match meta.as_mut().and_then(|m| m.remove("progressToken")) {
+            Some(client_token @ (Value::String(_) | Value::Number(_))) => {
+                let gateway_token = format!("gw-{}-{}", uplink_id.0, rpc_id);
+                let m = meta.as_mut().expect("the token came out of it");
+                m.insert("progressToken".into(), Value::String(gateway_token.clone()));
+                let raw = serde_json::value::to_raw_value(&client_token)
+                    .expect("a JSON value serialises");
+                Some((gateway_token, raw))
+            }
+            Some(_) => {
+                return Err(RpcError::InvalidParams {
+                    method: "tools/call".into(),
+                    detail: "`_meta.progressToken` must be a string or a number".into(),
+                })
+            }
+            None => None,
+        };
+        let meta =
+            meta.map(|m| serde_json::value::to_raw_value(&m).expect("a JSON object serialises"));
+        let forward = serde_json::to_string(&ForwardParams {
+            name: &tool,
+            arguments: &arguments,
+            meta: meta.as_deref(),
+        })
+        .expect("tool call params always serialise");
+        let uplink = self
+            .uplinks
+            .get_mut(&uplink_id)
+            .expect("a project's live uplink exists");
         uplink.pending.insert(rpc_id);
         let deadline = now + timeout;
+        let streamed = stream_ok && progress.is_some();
+        if let Some((gateway_token, _)) = &progress {
+            self.progress
+                .insert(gateway_token.clone(), (uplink_id, rpc_id));
+        }
+        if streamed {
+            self.post_streams.insert(token);
+            self.outputs.push_back(Output::StreamOpen { token });
+        }
+        let session = match caller {
+            Caller::Session(s) => Some(s.to_owned()),
+            Caller::Sessionless => None,
+        };
         self.pending.insert(
             (uplink_id, rpc_id),
-            Pending::Call {
+            Pending::Call(Call {
                 token,
                 client_id: id.clone(),
                 project,
                 sent_at: now,
                 deadline,
-            },
+                session,
+                progress,
+                streamed,
+            }),
         );
         self.by_token.insert(token, (uplink_id, rpc_id));
         self.timers
@@ -317,6 +498,7 @@ impl Gateway {
         let Caller::Session(session) = caller else {
             return Err(RpcError::SwitchWithoutSession);
         };
+        let sid = session;
         if self.registry.get(&project).is_none() {
             return Err(RpcError::UnknownProject {
                 project,
@@ -329,9 +511,14 @@ impl Gateway {
             .get_mut(session)
             .expect("the caller's session was looked up for this request");
         let previous = session.default_project.replace(project.clone());
+        let changed = previous.as_deref() != Some(project.as_str());
         #[cfg(feature = "planted-bugs")]
         if self.config.planted == Some(PlantedBug::SharedActiveProject) {
             self.shared_active = Some(project.clone());
+        }
+        if changed {
+            // This session's tools/list now shows another project's tools.
+            self.notify_session(sid, streams::TOOLS_LIST_CHANGED.to_owned());
         }
         Ok(tool_result(json!({
             "project": project,

@@ -6,10 +6,12 @@
 //! `poll_output` and re-read `poll_timeout`.
 //!
 //! The handlers live beside this file: `client.rs` for what MCP clients send over HTTP,
-//! `sled.rs` for uplinks and what sleds send.
+//! `sled.rs` for uplinks and what sleds send, `streams.rs` for Server-Sent Events and the
+//! session sweep.
 
 mod client;
 mod sled;
+mod streams;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -19,6 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::error::{HttpError, RpcError, UplinkLoss};
+use crate::http::{self as headers, PROTOCOL_VERSIONS};
 use crate::jsonrpc::{self, ClientMessage, RawId};
 use crate::registry::Registry;
 use crate::session::Sessions;
@@ -34,21 +37,31 @@ pub struct HttpToken(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct UplinkId(pub u64);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HttpMethod {
-    Get,
+    #[default]
     Post,
+    Get,
     Delete,
 }
 
-/// What the driver knows of an HTTP request to `/mcp`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the driver knows of an HTTP request to `/mcp`: its method, the headers that matter,
+/// and the body. Header names are matched without regard to case by the driver.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HttpRequest {
     pub method: HttpMethod,
-    /// The `Mcp-Session-Id` header, if any.
+    /// `Mcp-Session-Id`.
     pub session: Option<String>,
-    /// The `Content-Type` header, if any.
+    /// `Content-Type`.
     pub content_type: Option<String>,
+    /// `Accept`.
+    pub accept: Option<String>,
+    /// `MCP-Protocol-Version`.
+    pub protocol_version: Option<String>,
+    /// `Origin`.
+    pub origin: Option<String>,
+    /// `Last-Event-ID`, on a GET that resumes a stream.
+    pub last_event_id: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -65,14 +78,16 @@ pub struct HttpReply {
 /// An event for the gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
-    /// An HTTP request to `/mcp`. Exactly one [`Output::Http`] with the same token follows,
-    /// now or later, unless [`Input::HttpAborted`] comes first.
+    /// An HTTP request to `/mcp`. Exactly one [`Output::Http`] or [`Output::StreamOpen`] with
+    /// the same token follows, now or later, unless [`Input::HttpAborted`] comes first; after a
+    /// `StreamOpen`, [`Output::StreamEvent`]s and then one [`Output::StreamClose`].
     Http {
         token: HttpToken,
         request: HttpRequest,
     },
-    /// The client behind an HTTP request went away; no reply is wanted any more. A forwarded
-    /// call is cancelled at its sled. Unknown or already answered tokens are ignored.
+    /// The client behind an HTTP request went away (or stopped reading its stream); nothing
+    /// more is wanted for it. A forwarded call is cancelled at its sled; a GET stream is
+    /// detached from its session. Unknown or finished tokens are ignored.
     HttpAborted { token: HttpToken },
     /// A sled opened an uplink WebSocket.
     UplinkOpened { uplink: UplinkId },
@@ -93,6 +108,18 @@ pub enum Input {
 pub enum Output {
     /// Answer the HTTP request with this token.
     Http { token: HttpToken, reply: HttpReply },
+    /// Answer the HTTP request with this token by a `200` Server-Sent Events stream
+    /// (`Content-Type: text/event-stream`), whose events follow.
+    StreamOpen { token: HttpToken },
+    /// Send one SSE event (`event: message`, the `id` when given, `data:` the JSON message)
+    /// on an open stream.
+    StreamEvent {
+        token: HttpToken,
+        id: Option<u64>,
+        data: String,
+    },
+    /// End an open stream.
+    StreamClose { token: HttpToken },
     /// Send a text frame up an uplink.
     UplinkSend { uplink: UplinkId, text: String },
     /// Close the WebSocket with this code and reason, after sending the frames queued before
@@ -116,6 +143,15 @@ pub struct Config {
     pub hello_timeout: Duration,
     /// Deadline of the gateway's own `tools/list` requests to a sled.
     pub refresh_timeout: Duration,
+    /// A session unused for this long (and with no open GET stream) ends; its id then gets 404.
+    pub session_idle_ttl: Duration,
+    /// Browser origins allowed beside loopback ones (`*`: any). Requests without `Origin`
+    /// (not from a browser) are always allowed.
+    pub allowed_origins: Vec<String>,
+    /// The most tools one `tools/list` page holds; longer lists get a `nextCursor`.
+    pub tools_page_size: usize,
+    /// How many events of a session's GET stream are kept for `Last-Event-ID` resumption.
+    pub replay_events: usize,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -140,6 +176,10 @@ impl Default for Config {
             heartbeat_timeout: Duration::from_secs(15),
             hello_timeout: Duration::from_secs(10),
             refresh_timeout: Duration::from_secs(30),
+            session_idle_ttl: Duration::from_secs(30 * 60),
+            allowed_origins: Vec::new(),
+            tools_page_size: 500,
+            replay_events: 64,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -160,10 +200,13 @@ pub struct Stats {
     pub responses_dropped_unknown: u64,
     /// Frames from a sled that were not valid protocol messages.
     pub frames_invalid: u64,
+    /// Calls the client cancelled.
+    pub calls_cancelled: u64,
+    /// Sessions ended by the idle TTL.
+    pub sessions_expired: u64,
+    /// Open SSE streams (GET streams and streamed POST answers).
+    pub open_streams: usize,
 }
-
-/// MCP protocol versions this gateway speaks, newest first.
-const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
 /// A sled's tool list is followed for at most this many pages.
 const MAX_TOOL_PAGES: u32 = 100;
@@ -185,6 +228,16 @@ pub struct Gateway {
     pending: HashMap<(UplinkId, u64), Pending>,
     /// Which pending call answers which HTTP request.
     by_token: HashMap<HttpToken, (UplinkId, u64)>,
+    /// The gateway's progress tokens of pending calls, to relay a sled's progress.
+    progress: HashMap<String, (UplinkId, u64)>,
+    /// Open GET streams, by token, to their session.
+    get_streams: HashMap<HttpToken, String>,
+    /// Open streamed POST answers.
+    post_streams: BTreeSet<HttpToken>,
+    /// Id of the next SSE event; unique across the gateway, so unique per session.
+    next_event: u64,
+    /// Whether the session-expiry sweep timer is armed.
+    sweep_armed: bool,
     timers: BTreeSet<(Instant, Timer)>,
     outputs: VecDeque<Output>,
     shutting_down: bool,
@@ -226,13 +279,7 @@ enum UplinkState {
 #[derive(Debug)]
 enum Pending {
     /// A client's `tools/call`.
-    Call {
-        token: HttpToken,
-        client_id: RawId,
-        project: String,
-        sent_at: Instant,
-        deadline: Instant,
-    },
+    Call(Call),
     /// The gateway's own `tools/list`, one page of a refresh.
     ToolsList {
         project: String,
@@ -243,10 +290,28 @@ enum Pending {
     },
 }
 
+/// A client's `tools/call`, forwarded to a sled and not yet answered.
+#[derive(Debug)]
+struct Call {
+    token: HttpToken,
+    /// The client's id, as it wrote it.
+    client_id: RawId,
+    project: String,
+    sent_at: Instant,
+    deadline: Instant,
+    /// The calling session, for `notifications/cancelled`.
+    session: Option<String>,
+    /// The gateway's progress token for this call, and the client's own, when the client
+    /// asked for progress. The sled only ever sees the gateway's.
+    progress: Option<(String, Box<RawValue>)>,
+    /// Whether the answer goes out on an SSE stream (already opened).
+    streamed: bool,
+}
+
 impl Pending {
     fn deadline(&self) -> Instant {
         match self {
-            Pending::Call { deadline, .. } | Pending::ToolsList { deadline, .. } => *deadline,
+            Pending::Call(Call { deadline, .. }) | Pending::ToolsList { deadline, .. } => *deadline,
         }
     }
 }
@@ -257,6 +322,8 @@ enum Timer {
     Request(UplinkId, u64),
     /// The hello deadline, or the next heartbeat, of an uplink.
     Uplink(UplinkId),
+    /// Ends sessions idle past the TTL.
+    SessionSweep,
 }
 
 #[derive(Debug, Default)]
@@ -266,6 +333,8 @@ struct Counters {
     responses_dropped_late: u64,
     responses_dropped_unknown: u64,
     frames_invalid: u64,
+    calls_cancelled: u64,
+    sessions_expired: u64,
 }
 
 /// Where a session-scoped request comes from.
@@ -292,6 +361,11 @@ impl Gateway {
             uplinks: HashMap::new(),
             pending: HashMap::new(),
             by_token: HashMap::new(),
+            progress: HashMap::new(),
+            get_streams: HashMap::new(),
+            post_streams: BTreeSet::new(),
+            next_event: 0,
+            sweep_armed: false,
             timers: BTreeSet::new(),
             outputs: VecDeque::new(),
             shutting_down: false,
@@ -309,6 +383,11 @@ impl Gateway {
         &self.config
     }
 
+    #[cfg(test)]
+    pub(crate) fn config_mut(&mut self) -> &mut Config {
+        &mut self.config
+    }
+
     pub fn stats(&self) -> Stats {
         Stats {
             sessions: self.sessions.len(),
@@ -323,6 +402,9 @@ impl Gateway {
             responses_dropped_late: self.counters.responses_dropped_late,
             responses_dropped_unknown: self.counters.responses_dropped_unknown,
             frames_invalid: self.counters.frames_invalid,
+            calls_cancelled: self.counters.calls_cancelled,
+            sessions_expired: self.counters.sessions_expired,
+            open_streams: self.get_streams.len() + self.post_streams.len(),
         }
     }
 
@@ -363,6 +445,7 @@ impl Gateway {
             match timer {
                 Timer::Request(uplink, id) => self.on_request_deadline(now, uplink, id),
                 Timer::Uplink(uplink) => self.on_uplink_timer(now, uplink),
+                Timer::SessionSweep => self.on_session_sweep(now),
             }
         }
     }

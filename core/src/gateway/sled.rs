@@ -102,6 +102,7 @@ impl Gateway {
                         self.start_refresh(now, id, project);
                     }
                 }
+                None if method == "notifications/progress" => self.relay_progress(message.params),
                 None => {}
             }
             return;
@@ -131,26 +132,21 @@ impl Gateway {
             u.pending.remove(&rid);
         }
         match pending {
-            Pending::Call {
-                token,
-                client_id,
-                project,
-                ..
-            } => {
-                self.by_token.remove(&token);
+            Pending::Call(call) => {
+                let id = call.client_id.as_str();
                 let body = match (message.result, message.error) {
-                    (Some(result), None) => jsonrpc::ok_response(client_id.as_str(), result.get()),
+                    (Some(result), None) => jsonrpc::ok_response(id, result.get()),
                     (None, Some(error)) if error.get().starts_with('{') => {
-                        jsonrpc::raw_error_response(client_id.as_str(), error.get())
+                        jsonrpc::raw_error_response(id, error.get())
                     }
                     _ => {
                         self.counters.frames_invalid += 1;
+                        let project = call.project.clone();
                         let sled = self.sled_of(&project);
-                        RpcError::BadSledResponse { project, sled }
-                            .response(Some(client_id.as_str()))
+                        RpcError::BadSledResponse { project, sled }.response(Some(id))
                     }
                 };
-                self.reply(token, 200, Vec::new(), Some(body));
+                self.finish_call(call, body);
             }
             Pending::ToolsList {
                 project,
@@ -197,8 +193,16 @@ impl Gateway {
                                     tools = prepared.len(),
                                     "project tools refreshed"
                                 );
-                                if let Some(state) = self.projects.get_mut(&project) {
-                                    state.tools = Some(prepared);
+                                let changed = match self.projects.get_mut(&project) {
+                                    Some(state) => {
+                                        let changed = state.tools.as_ref() != Some(&prepared);
+                                        state.tools = Some(prepared);
+                                        changed
+                                    }
+                                    None => false,
+                                };
+                                if changed {
+                                    self.notify_tools_changed(&project);
                                 }
                             }
                         }
@@ -378,28 +382,17 @@ impl Gateway {
             u.pending.remove(&rpc_id);
         }
         match pending {
-            Pending::Call {
-                token,
-                client_id,
-                project,
-                sent_at,
-                ..
-            } => {
-                self.by_token.remove(&token);
+            Pending::Call(call) => {
                 self.counters.calls_timed_out += 1;
-                let sled = self.sled_of(&project);
-                tracing::warn!(project, sled, "call timed out");
+                let sled = self.sled_of(&call.project);
+                tracing::warn!(project = call.project, sled, "call timed out");
                 let e = RpcError::Timeout {
-                    project,
+                    project: call.project.clone(),
                     sled,
-                    waited: now.saturating_duration_since(sent_at),
+                    waited: now.saturating_duration_since(call.sent_at),
                 };
-                self.reply(
-                    token,
-                    200,
-                    Vec::new(),
-                    Some(e.response(Some(client_id.as_str()))),
-                );
+                let body = e.response(Some(call.client_id.as_str()));
+                self.finish_call(call, body);
                 self.send_cancelled(
                     uplink,
                     rpc_id,
@@ -490,8 +483,12 @@ impl Gateway {
                 if state.uplink == Some(id) {
                     tracing::info!(uplink = id.0, project, "uplink gone");
                     state.uplink = None;
-                    state.tools = None;
+                    let had_tools = state.tools.take().is_some();
                     state.refresh += 1;
+                    if had_tools {
+                        let project = project.clone();
+                        self.notify_tools_changed(&project);
+                    }
                 }
             }
         }
@@ -501,32 +498,24 @@ impl Gateway {
             };
             self.timers
                 .remove(&(pending.deadline(), Timer::Request(id, rpc_id)));
-            if let Pending::Call {
-                token,
-                client_id,
-                project,
-                ..
-            } = pending
-            {
-                self.by_token.remove(&token);
-                let sled = self.sled_of(&project);
+            if let Pending::Call(call) = pending {
                 let e = RpcError::UplinkLost {
-                    project,
-                    sled,
+                    project: call.project.clone(),
+                    sled: self.sled_of(&call.project),
                     loss,
                 };
-                self.reply(
-                    token,
-                    200,
-                    Vec::new(),
-                    Some(e.response(Some(client_id.as_str()))),
-                );
+                let body = e.response(Some(call.client_id.as_str()));
+                self.finish_call(call, body);
             }
         }
     }
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutting_down = true;
+        let streams: BTreeSet<HttpToken> = self.get_streams.keys().copied().collect();
+        for token in streams {
+            self.close_session_stream(token);
+        }
         let ids: BTreeSet<UplinkId> = self.uplinks.keys().copied().collect();
         for id in ids {
             self.drop_uplink(

@@ -1,0 +1,184 @@
+//! Server-Sent Events: each session's GET stream (server-to-client notifications, resumable
+//! with `Last-Event-ID`), streamed answers to calls that asked for progress, and the idle
+//! sweep that ends sessions.
+
+use super::*;
+
+impl Gateway {
+    /// Opens a session's GET stream, replaying the events after `last_event_id` first.
+    pub(super) fn on_get(&mut self, now: Instant, token: HttpToken, request: HttpRequest) {
+        if !headers::accepts(request.accept.as_deref(), "text/event-stream") {
+            return self.http_error(
+                token,
+                HttpError::NotAcceptable {
+                    need: "text/event-stream",
+                },
+            );
+        }
+        let Some(id) = request.session else {
+            return self.http_error(token, HttpError::MissingSession { method: "GET" });
+        };
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return self.http_error(token, HttpError::UnknownSession);
+        };
+        if session.stream.is_some() {
+            return self.http_error(token, HttpError::StreamConflict);
+        }
+        session.stream = Some(token);
+        session.last_seen = now;
+        let after = request
+            .last_event_id
+            .as_deref()
+            .and_then(|l| l.trim().parse::<u64>().ok());
+        let replay: Vec<(u64, String)> = match after {
+            Some(after) => session
+                .replay
+                .iter()
+                .filter(|(n, _)| *n > after)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        self.get_streams.insert(token, id);
+        self.outputs.push_back(Output::StreamOpen { token });
+        for (n, data) in replay {
+            self.outputs.push_back(Output::StreamEvent {
+                token,
+                id: Some(n),
+                data,
+            });
+        }
+    }
+
+    pub(super) fn next_event_id(&mut self) -> u64 {
+        self.next_event += 1;
+        self.next_event
+    }
+
+    /// Sends a server-to-client message on a session's GET stream, keeping it for replay.
+    /// A session with no open stream keeps it for when one opens with `Last-Event-ID`.
+    pub(super) fn notify_session(&mut self, session: &str, data: String) {
+        let n = self.next_event_id();
+        let keep = self.config.replay_events;
+        let Some(s) = self.sessions.get_mut(session) else {
+            return;
+        };
+        s.replay.push_back((n, data.clone()));
+        while s.replay.len() > keep {
+            s.replay.pop_front();
+        }
+        if let Some(token) = s.stream {
+            self.outputs.push_back(Output::StreamEvent {
+                token,
+                id: Some(n),
+                data,
+            });
+        }
+    }
+
+    /// Tells every session whose default is `project` that its tool list changed.
+    pub(super) fn notify_tools_changed(&mut self, project: &str) {
+        let affected: Vec<String> = self
+            .sessions
+            .iter_mut()
+            .filter(|(_, s)| s.default_project.as_deref() == Some(project))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in affected {
+            self.notify_session(&id, TOOLS_LIST_CHANGED.to_owned());
+        }
+    }
+
+    /// Ends a session's GET stream, if it has one open.
+    pub(super) fn close_session_stream(&mut self, token: HttpToken) {
+        if self.get_streams.remove(&token).is_some() {
+            self.outputs.push_back(Output::StreamClose { token });
+        }
+    }
+
+    /// Answers a forwarded call: a JSON reply, or the last event of its stream.
+    pub(super) fn finish_call(&mut self, call: Call, body: String) {
+        self.by_token.remove(&call.token);
+        if let Some((gateway_token, _)) = &call.progress {
+            self.progress.remove(gateway_token);
+        }
+        if !call.streamed {
+            return self.reply(call.token, 200, Vec::new(), Some(body));
+        }
+        if self.post_streams.remove(&call.token) {
+            let id = Some(self.next_event_id());
+            self.outputs.push_back(Output::StreamEvent {
+                token: call.token,
+                id,
+                data: body,
+            });
+            self.outputs
+                .push_back(Output::StreamClose { token: call.token });
+        }
+    }
+
+    /// Relays a sled's `notifications/progress` to the call it belongs to, under the client's
+    /// own progress token.
+    pub(super) fn relay_progress(&mut self, params: Option<&RawValue>) {
+        let Some(mut params) =
+            params.and_then(|p| serde_json::from_str::<Map<String, Value>>(p.get()).ok())
+        else {
+            self.counters.frames_invalid += 1;
+            return;
+        };
+        let Some(Value::String(gateway_token)) = params.get("progressToken") else {
+            self.counters.frames_invalid += 1;
+            return;
+        };
+        let Some(key) = self.progress.get(gateway_token.as_str()) else {
+            // The call finished or was never asked for progress.
+            return;
+        };
+        let Some(Pending::Call(call)) = self.pending.get(key) else {
+            return;
+        };
+        let Some((_, client_token)) = &call.progress else {
+            return;
+        };
+        if !call.streamed {
+            return;
+        }
+        let token = call.token;
+        let client_token: Value =
+            serde_json::from_str(client_token.get()).expect("a progress token is JSON");
+        params.insert("progressToken".into(), client_token);
+        let data =
+            jsonrpc::notification("notifications/progress", &Value::Object(params).to_string());
+        let id = Some(self.next_event_id());
+        self.outputs
+            .push_back(Output::StreamEvent { token, id, data });
+    }
+
+    /// Ends the sessions idle past the TTL, and re-arms itself while sessions remain.
+    pub(super) fn on_session_sweep(&mut self, now: Instant) {
+        self.sweep_armed = false;
+        if let Some(cutoff) = now.checked_sub(self.config.session_idle_ttl) {
+            let gone = self.sessions.expire(cutoff);
+            if !gone.is_empty() {
+                tracing::info!(sessions = gone.len(), "idle sessions expired");
+            }
+            self.counters.sessions_expired += gone.len() as u64;
+        }
+        self.arm_sweep(now);
+    }
+
+    /// Arms the idle sweep, if sessions exist and it is not armed.
+    pub(super) fn arm_sweep(&mut self, now: Instant) {
+        if self.sweep_armed || self.sessions.len() == 0 {
+            return;
+        }
+        // A quarter of the TTL, so a session lives at most 1.25 × TTL after its last use.
+        let every = (self.config.session_idle_ttl / 4).max(Duration::from_secs(1));
+        self.timers.insert((now + every, Timer::SessionSweep));
+        self.sweep_armed = true;
+    }
+}
+
+/// The notification a session gets when its tool list changed.
+pub(super) const TOOLS_LIST_CHANGED: &str =
+    r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
