@@ -57,6 +57,8 @@ enum Command {
         /// The address to listen on (port 0 picks a free port).
         #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
         listen: SocketAddr,
+        #[command(flatten)]
+        mcp: McpFlags,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -77,7 +79,30 @@ enum Command {
         /// (default: the emulator's own).
         #[arg(long = "latency-ms", value_name = "L")]
         latency_ms: Option<u64>,
+        #[command(flatten)]
+        mcp: McpFlags,
     },
+}
+
+/// Settings of the `/mcp` endpoint.
+#[derive(Debug, clap::Args)]
+struct McpFlags {
+    /// A browser Origin allowed to call /mcp, beside loopback ones (repeatable; `*` allows
+    /// any). Requests without an Origin header (not from a browser) are always allowed.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    allow_origin: Vec<String>,
+    /// End MCP sessions unused for this many seconds (their id then gets 404 and the client
+    /// re-initializes).
+    #[arg(long = "session-ttl-secs", value_name = "SECS", default_value_t = 1800,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    session_ttl_secs: u64,
+}
+
+impl McpFlags {
+    fn apply(&self, opts: &mut ServerOptions) {
+        opts.core.allowed_origins = self.allow_origin.clone();
+        opts.core.session_idle_ttl = Duration::from_secs(self.session_ttl_secs);
+    }
 }
 
 fn main() -> ExitCode {
@@ -90,7 +115,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Serve { config, listen } => {
+        Command::Serve {
+            config,
+            listen,
+            mcp,
+        } => {
             let registry = match load_registry(&config) {
                 Ok(r) => r,
                 Err(message) => {
@@ -98,14 +127,15 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            run(serve(registry, listen))
+            run(serve(registry, listen, mcp))
         }
         Command::Demo {
             listen,
             projects,
             seed,
             latency_ms,
-        } => run(demo(listen, projects.into(), seed, latency_ms)),
+            mcp,
+        } => run(demo(listen, projects.into(), seed, latency_ms, mcp)),
     }
 }
 
@@ -149,7 +179,7 @@ async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
     Ok((listener, addr))
 }
 
-async fn serve(registry: Registry, listen: SocketAddr) -> Result<(), String> {
+async fn serve(registry: Registry, listen: SocketAddr, mcp: McpFlags) -> Result<(), String> {
     let (listener, addr) = bind(listen).await?;
     log_registry(&registry);
     if registry.is_empty() {
@@ -157,7 +187,8 @@ async fn serve(registry: Registry, listen: SocketAddr) -> Result<(), String> {
     }
     tracing::info!(%addr, "gateway listening: MCP at http://{addr}/mcp, uplinks at ws://{addr}{}",
         gateway_core::uplink::UPLINK_PATH);
-    let opts = ServerOptions::new(registry, rand::random());
+    let mut opts = ServerOptions::new(registry, rand::random());
+    mcp.apply(&mut opts);
     gateway_server::serve(listener, opts, shutdown_signal())
         .await
         .map_err(|e| e.to_string())
@@ -185,6 +216,7 @@ async fn demo(
     n: usize,
     seed: u64,
     latency_ms: Option<u64>,
+    mcp: McpFlags,
 ) -> Result<(), String> {
     let names = sled_sim::demo_project_names(n);
     let projects = names
@@ -199,7 +231,8 @@ async fn demo(
     log_registry(&registry);
     tracing::info!(%addr, "gateway listening");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let opts = ServerOptions::new(registry, rand::random());
+    let mut opts = ServerOptions::new(registry, rand::random());
+    mcp.apply(&mut opts);
     let server = tokio::spawn(gateway_server::serve(listener, opts, async {
         let _ = stop_rx.await;
     }));

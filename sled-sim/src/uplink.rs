@@ -406,6 +406,10 @@ where
     let mut tools_changed = sled.subscribe_tools_changed();
     let mut tools_open = true;
     let mut tasks: JoinSet<()> = JoinSet::new();
+    // Calls still waiting out their latency, by the gateway's request id, so that a
+    // `notifications/cancelled` stops them before they are applied.
+    let mut waiting: std::collections::BTreeMap<u64, tokio::task::AbortHandle> =
+        std::collections::BTreeMap::new();
     let mut closing: Option<(u16, String)> = None;
     loop {
         let idle = async {
@@ -478,19 +482,43 @@ where
                             let is_call = msg.get("method").and_then(|m| m.as_str()) == Some("tools/call")
                                 && msg.get("id").is_some();
                             let delay = if is_call { request_delay(opts, rng) } else { Duration::ZERO };
-                            if delay.is_zero() {
+                            waiting.retain(|_, h| !h.is_finished());
+                            if msg.get("method").and_then(|m| m.as_str()) == Some("notifications/cancelled") {
+                                let id = msg.pointer("/params/requestId").and_then(Value::as_u64);
+                                if let Some(handle) = id.and_then(|id| waiting.remove(&id)) {
+                                    handle.abort();
+                                    info!(project = %project, request = id, "call cancelled by the gateway; not applied");
+                                }
+                            } else if delay.is_zero() {
                                 if let Some(resp) = sled.handle(&msg) {
                                     send(resp.to_string());
                                 }
                             } else {
                                 let sled = sled.clone();
                                 let tx = tx.clone();
-                                tasks.spawn(async move {
-                                    sleep(delay).await;
+                                let id = msg.get("id").and_then(Value::as_u64);
+                                // A call that asked for progress hears of it halfway through.
+                                let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
+                                let handle = tasks.spawn(async move {
+                                    if let Some(token) = progress_token {
+                                        sleep(delay / 2).await;
+                                        let progress = json!({
+                                            "jsonrpc": "2.0",
+                                            "method": "notifications/progress",
+                                            "params": {"progressToken": token, "progress": 1, "total": 2, "message": "working"},
+                                        });
+                                        let _ = tx.send(Message::text(progress.to_string()));
+                                        sleep(delay - delay / 2).await;
+                                    } else {
+                                        sleep(delay).await;
+                                    }
                                     if let Some(resp) = sled.handle(&msg) {
                                         let _ = tx.send(Message::text(resp.to_string()));
                                     }
                                 });
+                                if let Some(id) = id {
+                                    waiting.insert(id, handle);
+                                }
                             }
                         }
                     },
