@@ -419,3 +419,126 @@ async fn sessions_are_per_client_and_end_with_delete() {
     fleet.shutdown().await;
     gw.stop().await;
 }
+
+/// Opens a session's GET stream over a raw connection; returns a reader of its events.
+async fn open_get_stream(
+    addr: SocketAddr,
+    session: &str,
+) -> tokio::io::BufReader<tokio::net::TcpStream> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut reader = tokio::io::BufReader::new(stream);
+    let mut status = String::new();
+    reader.read_line(&mut status).await.unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    reader
+}
+
+/// Reads SSE `data:` lines until one holds `needle`.
+async fn next_event_with(
+    reader: &mut tokio::io::BufReader<tokio::net::TcpStream>,
+    needle: &str,
+) -> String {
+    use tokio::io::AsyncBufReadExt;
+    within(async {
+        loop {
+            let mut line = String::new();
+            assert!(
+                reader.read_line(&mut line).await.unwrap() > 0,
+                "the stream ended"
+            );
+            if line.starts_with("data:") && line.contains(needle) {
+                return line;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn list_changed_reaches_the_sessions_get_stream() {
+    let gw = Gateway::start().await;
+    let mut fleet = gw.fleet(&["alpha", "beta"], Duration::ZERO);
+    gw.wait_live(&["alpha", "beta"]).await;
+    let mut s = gw.session().await;
+    let mut events = open_get_stream(gw.addr, s.session_id().unwrap()).await;
+    // Switching this session's default changes its tool list.
+    s.tools_call(json!(1), "switch_project", json!({"project": "beta"}))
+        .await
+        .unwrap();
+    next_event_with(&mut events, "notifications/tools/list_changed").await;
+    // Its default project's sled going away changes it too.
+    assert!(fleet.stop("beta"));
+    next_event_with(&mut events, "notifications/tools/list_changed").await;
+    let tools = s.tools_list(json!(2), None).await.unwrap();
+    assert_eq!(
+        tools["result"]["tools"].as_array().unwrap().len(),
+        2,
+        "beta's tools are gone"
+    );
+    fleet.shutdown().await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn progress_comes_back_on_the_calls_stream_and_a_cancel_stops_the_call() {
+    let gw = Gateway::start().await;
+    let fleet = gw.fleet(&["alpha", "beta"], Duration::from_millis(600));
+    gw.wait_live(&["alpha", "beta"]).await;
+    let mut s = gw.session().await;
+    // Progress, under the client's own token, then the answer, on one SSE answer.
+    let body = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{
+        "name":"whoami","arguments":{"project":"beta"},"_meta":{"progressToken":"mine"}}});
+    let (status, headers, body) = s
+        .post_raw(body.to_string().into_bytes(), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "text/event-stream");
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let data: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(data.len(), 2, "{text}");
+    assert_eq!(data[0]["method"], "notifications/progress");
+    assert_eq!(data[0]["params"]["progressToken"], "mine");
+    assert_eq!(data[1]["id"], 7);
+    assert_eq!(structured(&data[1])["project"], "beta");
+
+    // A slow write, cancelled by the client: the call ends at once and is not applied.
+    let session = s.session_id().unwrap().to_owned();
+    let mut canceller = gw.client().await;
+    canceller.set_session_id(Some(session));
+    let write = tokio::spawn(async move {
+        let args = json!({"name": "never", "acceptance_criteria": [], "project": "beta"});
+        s.tools_call(json!(8), "create_story", args).await
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let status = canceller
+        .notify(
+            "notifications/cancelled",
+            json!({"requestId": 8, "reason": "changed my mind"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 202);
+    let r = within(write).await.unwrap().unwrap();
+    assert_eq!(error(&r), (-32800, "cancelled"));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let created = fleet
+        .sled("beta")
+        .unwrap()
+        .with(|s| s.project().iter().any(|story| story.name == "never"));
+    assert!(
+        !created,
+        "the sled dropped the cancelled call before applying it"
+    );
+    fleet.shutdown().await;
+    gw.stop().await;
+}
