@@ -1,0 +1,85 @@
+"""The official Python MCP SDK (PyPI `mcp`) against the gateway, in legacy and auto modes.
+
+Run by tests/tests/clients.rs with the gateway's URL; the gateway fronts projects alpha, beta
+and gamma (default alpha), whose sleds take about 300 ms per call. Prints one line per check
+and a closing "N passed, N failed" line; exits non-zero on any failure.
+"""
+
+import sys
+
+import anyio
+from mcp import Client
+
+URL = sys.argv[1]
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail and not ok else ""))
+
+
+async def session(mode):
+    notes = []
+
+    async def on_message(message):
+        notes.append(message)
+
+    async with Client(URL, mode=mode, message_handler=on_message) as c:
+        check(f"[{mode}] negotiates a handshake-era version", c.protocol_version == "2025-11-25", c.protocol_version)
+        tools = (await c.list_tools()).tools
+        names = [t.name for t in tools]
+        check(f"[{mode}] tools/list: gateway tools first", names[:2] == ["switch_project", "list_projects"], names)
+        show = next((t for t in tools if t.name == "show"), None)
+        check(f"[{mode}] project tools carry the injected `project`",
+              show is not None and "project" in show.input_schema["properties"], show)
+
+        r = await c.call_tool("whoami", {})
+        check(f"[{mode}] without `project`: the session's default", r.structured_content["project"] == "alpha", r)
+        r = await c.call_tool("whoami", {"project": "beta"})
+        check(f"[{mode}] with `project`: that project", r.structured_content["project"] == "beta", r)
+        r = await c.call_tool("create_story", {"name": f"from python {mode}", "acceptance_criteria": ["it works"], "project": "gamma"})
+        story = r.structured_content["story"]
+        check(f"[{mode}] a write on a named project", story["id"].startswith("gamma-"), r)
+
+        r = await c.call_tool("switch_project", {"project": "beta"})
+        check(f"[{mode}] switch_project answers for this session", r.structured_content["scope"] == "session", r)
+        with anyio.move_on_after(5):
+            while not any(getattr(n, "method", "") == "notifications/tools/list_changed" for n in notes):
+                await anyio.sleep(0.05)
+        check(f"[{mode}] receives notifications/tools/list_changed", any(
+            getattr(n, "method", "") == "notifications/tools/list_changed" for n in notes), notes)
+        r = await c.call_tool("whoami", {})
+        check(f"[{mode}] the new default holds", r.structured_content["project"] == "beta", r)
+
+        # Cancel a slow write: the SDK sends notifications/cancelled; the sled never applies it.
+        name = f"cancelled from python {mode}"
+        with anyio.move_on_after(0.1) as scope:
+            await c.call_tool("create_story", {"name": name, "acceptance_criteria": [], "project": "alpha"})
+        check(f"[{mode}] the call was cancelled client-side", scope.cancelled_caught)
+        await anyio.sleep(0.6)
+        r = await c.call_tool("list_stories", {"project": "alpha"})
+        names = [s["name"] for s in r.structured_content["stories"]]
+        check(f"[{mode}] the cancelled write was not applied", name not in names, names)
+
+
+async def errors():
+    async with Client(URL, mode="legacy") as c:
+        try:
+            await c.call_tool("show", {"story_id": "x", "project": "zeta"})
+            check("unknown project raises -32602", False, "no error")
+        except Exception as e:  # MCPError
+            code = getattr(getattr(e, "error", None), "code", None)
+            check("unknown project raises -32602", code == -32602 and "zeta" in str(e), repr(e))
+
+
+async def main():
+    for mode in ("legacy", "auto"):
+        await session(mode)
+    await errors()
+    failed = results.count(False)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+anyio.run(main)
