@@ -12,14 +12,21 @@
 //! 3. gateway → sled: a `tools/list` request (repeated with `cursor` while the sled returns a
 //!    `nextCursor`), then `tools/call` requests as clients make them. Each request carries an id
 //!    the gateway chose (a number unique on this connection), never the client's.
-//! 4. sled → gateway: a response for each request, with the id it was sent; and
-//!    `notifications/tools/list_changed` whenever its tool list changes.
+//! 4. sled → gateway: a response for each request, with the id it was sent;
+//!    `notifications/tools/list_changed` whenever its tool list changes;
+//!    `notifications/progress` under the progress token the gateway gave the call; and any
+//!    other notification meant for one call's client (e.g. `notifications/message`) with the
+//!    call's id in `params._meta["io.mcp-gateway/relatedRequest"]`.
 //! 5. gateway → sled: `{"uplink":"ping","seq":N}` every `heartbeat_ms`; the sled answers
 //!    `{"uplink":"pong","seq":N}`. Any frame from the sled counts as a sign of life; silence for
 //!    [`crate::Config::heartbeat_timeout`] closes the uplink. A sled that hears nothing from the
 //!    gateway for three heartbeats reconnects.
 
 use serde::{Deserialize, Serialize};
+
+/// The `params._meta` key by which a sled's notification names the call it belongs to (the
+/// gateway's request id, a number): the gateway relays it to that call's client.
+pub const RELATED_REQUEST_META: &str = "io.mcp-gateway/relatedRequest";
 
 /// The path of the uplink WebSocket endpoint on the gateway.
 pub const UPLINK_PATH: &str = "/uplink";

@@ -232,22 +232,23 @@ impl Gateway {
             .and_then(|p| p.tools.as_deref())
             .unwrap_or(&[]);
         let total = self.gateway_tools.len() + project_tools.len();
-        let start =
-            match params.cursor.as_deref() {
-                None => 0,
-                Some(c) => match c
-                    .strip_prefix("tools-")
-                    .and_then(|n| n.parse::<usize>().ok())
-                {
-                    Some(n) if n < total => n,
-                    _ => return Err(RpcError::InvalidParams {
+        let start = match params.cursor.as_deref() {
+            None => 0,
+            Some(c) => match c
+                .strip_prefix("tools-")
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                Some(n) if n < total => n,
+                _ => {
+                    return Err(RpcError::InvalidParams {
                         method: "tools/list".into(),
                         detail: format!(
                             "unknown cursor '{c}': pass a nextCursor from a previous page, or none"
                         ),
-                    }),
-                },
-            };
+                    })
+                }
+            },
+        };
         let page = self.config.tools_page_size.max(1);
         let end = total.min(start.saturating_add(page));
         let all = self
@@ -433,14 +434,9 @@ impl Gateway {
             .expect("a project's live uplink exists");
         uplink.pending.insert(rpc_id);
         let deadline = now + timeout;
-        let streamed = stream_ok && progress.is_some();
         if let Some((gateway_token, _)) = &progress {
             self.progress
                 .insert(gateway_token.clone(), (uplink_id, rpc_id));
-        }
-        if streamed {
-            self.post_streams.insert(token);
-            self.outputs.push_back(Output::StreamOpen { token });
         }
         let session = match caller {
             Caller::Session(s) => Some(s.to_owned()),
@@ -456,7 +452,8 @@ impl Gateway {
                 deadline,
                 session,
                 progress,
-                streamed,
+                stream_ok,
+                streamed: false,
             }),
         );
         self.by_token.insert(token, (uplink_id, rpc_id));

@@ -26,7 +26,7 @@ use crate::jsonrpc::{self, ClientMessage, RawId};
 use crate::registry::Registry;
 use crate::session::Sessions;
 use crate::tools::{self, CachedTool, LIST_PROJECTS, SWITCH_PROJECT};
-use crate::uplink::{CloseCode, Control, PROTOCOL_VERSION};
+use crate::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
 
 /// An HTTP request to `/mcp`, named by the driver. The driver picks any token unique among the
 /// requests still waiting for a reply.
@@ -304,7 +304,10 @@ struct Call {
     /// The gateway's progress token for this call, and the client's own, when the client
     /// asked for progress. The sled only ever sees the gateway's.
     progress: Option<(String, Box<RawValue>)>,
-    /// Whether the answer goes out on an SSE stream (already opened).
+    /// Whether the client reads SSE answers (its Accept names `text/event-stream`).
+    stream_ok: bool,
+    /// Whether the answer has become an SSE stream: it does at the first message for the
+    /// client before the response (progress, a log message); until then it is plain JSON.
     streamed: bool,
 }
 

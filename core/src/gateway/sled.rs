@@ -103,7 +103,7 @@ impl Gateway {
                     }
                 }
                 None if method == "notifications/progress" => self.relay_progress(message.params),
-                None => {}
+                None => self.relay_related(id, &method, message.params),
             }
             return;
         }

@@ -1,6 +1,7 @@
 //! Server-Sent Events: each session's GET stream (server-to-client notifications, resumable
-//! with `Last-Event-ID`), streamed answers to calls that asked for progress, and the idle
-//! sweep that ends sessions.
+//! with `Last-Event-ID`), answers that become streams when a sled sends something for the
+//! client before its response (progress, log messages), and the idle sweep that ends
+//! sessions.
 
 use super::*;
 
@@ -140,15 +141,58 @@ impl Gateway {
         let Some((_, client_token)) = &call.progress else {
             return;
         };
-        if !call.streamed {
-            return;
-        }
-        let token = call.token;
         let client_token: Value =
             serde_json::from_str(client_token.get()).expect("a progress token is JSON");
+        let key = *key;
         params.insert("progressToken".into(), client_token);
         let data =
             jsonrpc::notification("notifications/progress", &Value::Object(params).to_string());
+        self.call_event(key, data);
+    }
+
+    /// Relays a sled's notification about one call (a log message, say) to that call's
+    /// client. The sled names the call by the gateway's request id in
+    /// `params._meta["io.mcp-gateway/relatedRequest"]`; the key is removed on the way.
+    pub(super) fn relay_related(
+        &mut self,
+        uplink: UplinkId,
+        method: &str,
+        params: Option<&RawValue>,
+    ) {
+        let Some(mut params) =
+            params.and_then(|p| serde_json::from_str::<Map<String, Value>>(p.get()).ok())
+        else {
+            return;
+        };
+        let Some(Value::Object(meta)) = params.get_mut("_meta") else {
+            return;
+        };
+        let Some(related) = meta.remove(RELATED_REQUEST_META).and_then(|r| r.as_u64()) else {
+            return;
+        };
+        if meta.is_empty() {
+            params.remove("_meta");
+        }
+        let data = jsonrpc::notification(method, &Value::Object(params).to_string());
+        self.call_event((uplink, related), data);
+    }
+
+    /// Sends a message for the client of a pending call, turning its answer into an SSE stream
+    /// if it is not one yet. A client that reads only JSON does not get it.
+    pub(super) fn call_event(&mut self, key: (UplinkId, u64), data: String) {
+        let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
+            // The call finished, or the id is not a call's.
+            return;
+        };
+        if !call.stream_ok {
+            return;
+        }
+        let token = call.token;
+        if !call.streamed {
+            call.streamed = true;
+            self.post_streams.insert(token);
+            self.outputs.push_back(Output::StreamOpen { token });
+        }
         let id = Some(self.next_event_id());
         self.outputs
             .push_back(Output::StreamEvent { token, id, data });

@@ -353,3 +353,31 @@ fn idle_sessions_expire_but_not_while_streaming() {
     }
     assert_eq!(h.gw.stats().sessions_expired, 1);
 }
+
+#[test]
+fn an_answer_becomes_a_stream_only_when_the_sled_has_something_to_say_first() {
+    let mut h = Harness::new();
+    let s = h.initialize();
+    let beta = h.connect_sled("beta");
+    // Nothing before the response: one JSON answer, even though the client reads SSE.
+    let t1 = h.call(Some(&s), json!(1), "show", json!({"project":"beta"}));
+    h.sled_answers_all(beta, "beta");
+    assert!(h.reply_json(t1).is_some());
+    assert!(h.streams.is_empty());
+    // A log message for the call first: the answer becomes a stream, and the message's
+    // routing key is gone from what the client sees.
+    let t2 = h.call(Some(&s), json!(2), "show", json!({"project":"beta"}));
+    let f = h.take_frames(beta);
+    let log = json!({"jsonrpc":"2.0","method":"notifications/message","params":{
+        "level":"info","data":"working","_meta":{"io.mcp-gateway/relatedRequest":f[0]["id"]}}});
+    h.sled_says(beta, log);
+    // A notification naming no pending call goes nowhere.
+    h.sled_says(beta, json!({"jsonrpc":"2.0","method":"notifications/message","params":{
+        "level":"info","data":"stray","_meta":{"io.mcp-gateway/relatedRequest":999}}}));
+    h.sled_says(beta, json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"content":[]}}));
+    let events = &h.streams[&t2];
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0].1["params"], json!({"level":"info","data":"working"}));
+    assert_eq!(events[1].1["id"], 2);
+    assert!(h.streams_closed.contains(&t2));
+}
