@@ -23,6 +23,10 @@ pub(crate) mod code {
     pub(crate) const REQUEST_TIMEOUT: i64 = -32001;
     /// A request the client cancelled (the code LSP uses; MCP defines none).
     pub(crate) const REQUEST_CANCELLED: i64 = -32800;
+    /// 2026-07-28: an HTTP header disagrees with the body.
+    pub(crate) const HEADER_MISMATCH: i64 = -32020;
+    /// 2026-07-28: the request's protocol version is not one the server speaks.
+    pub(crate) const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
     /// Refusals at the HTTP level (unknown session, wrong content type, ...).
     pub(crate) const SERVER_ERROR: i64 = -32000;
 }
@@ -130,6 +134,25 @@ pub enum RpcError {
     Cancelled {
         project: String,
     },
+    /// 2026-07-28: `params._meta` lacks the per-request protocol fields.
+    MissingEnvelope {
+        missing: Vec<&'static str>,
+    },
+    /// 2026-07-28: an HTTP header (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
+    /// `Mcp-Param-Project`) disagrees with the body.
+    HeaderMismatch {
+        header: &'static str,
+    },
+    /// 2026-07-28: a protocol version in `_meta` the gateway does not speak.
+    UnsupportedVersion {
+        requested: String,
+        supported: Vec<&'static str>,
+    },
+    /// A tool that does not exist in this era (`switch_project` without sessions).
+    UnknownTool {
+        tool: String,
+        why: &'static str,
+    },
 }
 
 impl RpcError {
@@ -149,6 +172,9 @@ impl RpcError {
             | RpcError::BadSledResponse { .. }
             | RpcError::ShuttingDown => code::INTERNAL_ERROR,
             RpcError::Cancelled { .. } => code::REQUEST_CANCELLED,
+            RpcError::MissingEnvelope { .. } | RpcError::UnknownTool { .. } => code::INVALID_PARAMS,
+            RpcError::HeaderMismatch { .. } => code::HEADER_MISMATCH,
+            RpcError::UnsupportedVersion { .. } => code::UNSUPPORTED_PROTOCOL_VERSION,
             RpcError::Timeout { .. } => code::REQUEST_TIMEOUT,
         }
     }
@@ -172,6 +198,10 @@ impl RpcError {
             RpcError::BadSledResponse { .. } => "bad_sled_response",
             RpcError::ShuttingDown => "shutting_down",
             RpcError::Cancelled { .. } => "cancelled",
+            RpcError::MissingEnvelope { .. } => "missing_envelope",
+            RpcError::HeaderMismatch { .. } => "header_mismatch",
+            RpcError::UnsupportedVersion { .. } => "unsupported_protocol_version",
+            RpcError::UnknownTool { .. } => "unknown_tool",
         }
     }
 
@@ -214,6 +244,19 @@ impl RpcError {
             RpcError::Cancelled { project } => format!(
                 "Request cancelled by the client; project '{project}' was told to stop; the call may or may not have been applied"
             ),
+            RpcError::MissingEnvelope { missing } => format!(
+                "Invalid params: params._meta must carry {} (protocol 2026-07-28 sends them on every request)",
+                missing.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(" and ")
+            ),
+            RpcError::HeaderMismatch { header } => format!(
+                "Header mismatch: the {header} header does not match the request body"
+            ),
+            RpcError::UnsupportedVersion { requested, supported } => format!(
+                "Unsupported protocol version '{requested}'; this gateway speaks {} per request (and {} with initialize)",
+                supported.join(", "),
+                crate::http::PROTOCOL_VERSIONS.join(", ")
+            ),
+            RpcError::UnknownTool { tool, why } => format!("Unknown tool: {tool}; {why}"),
         }
     }
 
@@ -244,6 +287,13 @@ impl RpcError {
             RpcError::Cancelled { project } => {
                 json!({ "kind": kind, "project": project, "outcome": "unknown" })
             }
+            RpcError::MissingEnvelope { missing } => json!({ "kind": kind, "missing": missing }),
+            RpcError::HeaderMismatch { header } => json!({ "kind": kind, "header": header }),
+            RpcError::UnsupportedVersion {
+                requested,
+                supported,
+            } => json!({ "kind": kind, "requested": requested, "supported": supported }),
+            RpcError::UnknownTool { tool, .. } => json!({ "kind": kind, "tool": tool }),
             RpcError::UplinkLost {
                 project,
                 sled,
@@ -296,7 +346,10 @@ pub enum HttpError {
     /// A second GET stream for a session that already has one open.
     StreamConflict,
     /// A method `/mcp` does not serve.
-    MethodNotAllowed { method: &'static str },
+    MethodNotAllowed {
+        method: &'static str,
+        allow: &'static str,
+    },
     /// A POST whose body is not declared as JSON.
     UnsupportedContentType { got: Option<String> },
     /// The gateway is shutting down.
@@ -357,8 +410,8 @@ impl HttpError {
                 crate::http::PROTOCOL_VERSIONS.join(", ")
             ),
             HttpError::StreamConflict => "Conflict: this session already has an open GET stream; close it before opening another".into(),
-            HttpError::MethodNotAllowed { method } => format!(
-                "Method not allowed: {method} on /mcp; this gateway takes POST (JSON-RPC messages), GET (a session's event stream) and DELETE (end a session)"
+            HttpError::MethodNotAllowed { method, allow } => format!(
+                "Method not allowed: {method} on /mcp for this protocol version; allowed: {allow}"
             ),
             HttpError::UnsupportedContentType { got } => format!(
                 "Unsupported Content-Type {}: POST a JSON-RPC message with Content-Type: application/json",
@@ -374,7 +427,7 @@ impl HttpError {
 
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         match self {
-            HttpError::MethodNotAllowed { .. } => vec![("Allow", "GET, POST, DELETE".into())],
+            HttpError::MethodNotAllowed { allow, .. } => vec![("Allow", (*allow).into())],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
             HttpError::UnknownSession
             | HttpError::MissingSession { .. }
@@ -537,6 +590,31 @@ mod tests {
                     project: "beta".into(),
                 },
             ),
+            (
+                "missing_envelope",
+                RpcError::MissingEnvelope {
+                    missing: vec!["io.modelcontextprotocol/protocolVersion"],
+                },
+            ),
+            (
+                "header_mismatch",
+                RpcError::HeaderMismatch { header: "Mcp-Name" },
+            ),
+            (
+                "unsupported_version",
+                RpcError::UnsupportedVersion {
+                    requested: "2099-01-01".into(),
+                    supported: vec!["2026-07-28"],
+                },
+            ),
+            (
+                "unknown_tool",
+                RpcError::UnknownTool {
+                    tool: "switch_project".into(),
+                    why:
+                        "requests of protocol 2026-07-28 have no session: pass \"project\" per call",
+                },
+            ),
         ]
     }
 
@@ -553,7 +631,10 @@ mod tests {
         let all = [
             HttpError::UnknownSession,
             HttpError::MissingSession { method: "DELETE" },
-            HttpError::MethodNotAllowed { method: "PUT" },
+            HttpError::MethodNotAllowed {
+                method: "GET",
+                allow: "POST",
+            },
             HttpError::UnsupportedContentType {
                 got: Some("text/plain".into()),
             },

@@ -4,6 +4,58 @@
 pub(crate) const PROTOCOL_VERSIONS: &[&str] =
     &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
+/// Stateless protocol versions (no initialize, no session: each request carries its version
+/// and client capabilities in `_meta`), newest first.
+pub(crate) const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
+
+/// The `_meta` keys of the 2026-07-28 per-request fields.
+pub(crate) const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+pub(crate) const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// Decodes a routing header value: plain text, or `=?base64?...?=` for values that are not
+/// plain visible ASCII.
+pub(crate) fn decode_header_value(v: &str) -> Option<String> {
+    match v
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        Some(b64) => base64_decode(b64).and_then(|b| String::from_utf8(b).ok()),
+        None => Some(v.to_owned()),
+    }
+}
+
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes().filter(|c| *c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+/// The HTTP status of a JSON-RPC error answered in the 2026-07-28 era.
+pub(crate) fn modern_status(code: i64) -> u16 {
+    match code {
+        -32700 | -32600 | -32602 | -32020 | -32021 | -32022 => 400,
+        -32601 => 404,
+        _ => 200,
+    }
+}
+
 /// Whether an `Accept` header admits `media` (`type/subtype`). No header admits anything, as
 /// in HTTP; `*/*` and `type/*` count, and `q=0` excludes.
 pub(crate) fn accepts(accept: Option<&str>, media: &str) -> bool {
@@ -82,9 +134,14 @@ fn valid_port(p: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.parse::<u16>().is_ok())
 }
 
-/// Whether `v` is a protocol version this gateway speaks.
+/// Whether `v` is a protocol version this gateway speaks, in either era.
 pub(crate) fn supported_version(v: &str) -> bool {
-    PROTOCOL_VERSIONS.contains(&v)
+    PROTOCOL_VERSIONS.contains(&v) || MODERN_VERSIONS.contains(&v)
+}
+
+/// Whether `v` names a stateless (2026-07-28 or later) protocol version.
+pub(crate) fn is_modern(v: &str) -> bool {
+    MODERN_VERSIONS.contains(&v)
 }
 
 #[cfg(test)]
@@ -108,6 +165,16 @@ mod tests {
         ));
         assert!(!names(Some("*/*"), "text/event-stream"));
         assert!(!names(None, "text/event-stream"));
+    }
+
+    #[test]
+    fn header_values() {
+        assert_eq!(decode_header_value("beta").as_deref(), Some("beta"));
+        assert_eq!(
+            decode_header_value("=?base64?YsOpdGE=?=").as_deref(),
+            Some("béta")
+        );
+        assert_eq!(decode_header_value("=?base64?!!?="), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod gateway;
 mod interleavings;
+mod modern;
 mod streams;
 
 use std::collections::HashMap;

@@ -126,9 +126,15 @@ pub(crate) fn inject_project(tool: &mut Value) -> bool {
     if props.contains_key("project") {
         return true;
     }
+    // `x-mcp-header` (2026-07-28): clients mirror the argument into an `Mcp-Param-Project`
+    // header, so that a load balancer can route on it without reading the body.
     props.insert(
         "project".into(),
-        json!({ "type": "string", "description": PROJECT_PROPERTY_DESCRIPTION }),
+        json!({
+            "type": "string",
+            "description": PROJECT_PROPERTY_DESCRIPTION,
+            "x-mcp-header": "Project",
+        }),
     );
     false
 }

@@ -22,7 +22,8 @@ pub(crate) enum Command {
     /// An HTTP request to `/mcp`; the answer goes to `reply`.
     Http {
         token: HttpToken,
-        request: HttpRequest,
+        /// Boxed: commands wait in a bounded queue, whose slots are as large as the largest.
+        request: Box<HttpRequest>,
         reply: mpsc::Sender<HttpMsg>,
     },
     /// The client behind an [`Command::Http`] went away before its answer.
@@ -159,7 +160,13 @@ impl Driver {
                     self.get_streams.insert(token);
                 }
                 self.http.insert(token, reply);
-                self.gateway.handle(now(), Input::Http { token, request });
+                self.gateway.handle(
+                    now(),
+                    Input::Http {
+                        token,
+                        request: *request,
+                    },
+                );
             }
             Command::HttpAborted { token } => {
                 // An abort that raced with its answer is old news.

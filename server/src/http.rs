@@ -85,6 +85,9 @@ async fn mcp(
         protocol_version: header_text(&headers, HeaderName::from_static(PROTOCOL_VERSION_HEADER)),
         origin: header_text(&headers, header::ORIGIN),
         last_event_id: header_text(&headers, HeaderName::from_static("last-event-id")),
+        mcp_method: header_text(&headers, HeaderName::from_static("mcp-method")),
+        mcp_name: header_text(&headers, HeaderName::from_static("mcp-name")),
+        mcp_param_project: header_text(&headers, HeaderName::from_static("mcp-param-project")),
         body,
     };
     let token = state.ids.next_http();
@@ -98,7 +101,7 @@ async fn mcp(
     let (reply_tx, mut reply_rx) = mpsc::channel(STREAM_QUEUE);
     let cmd = Command::Http {
         token,
-        request,
+        request: Box::new(request),
         reply: reply_tx,
     };
     if state.cmd.send(cmd).await.is_err() {

@@ -29,7 +29,8 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
     after_help = "Examples:\n  \
         gateway demo                                  # gateway + 3 emulated sleds on 127.0.0.1:7878\n  \
         gateway serve --config projects.toml          # listens on 127.0.0.1:7878\n  \
-        gateway serve --config projects.toml --listen 0.0.0.0:7878"
+        gateway serve --config projects.toml --listen 0.0.0.0:7878\n  \
+        gateway stdio --url http://127.0.0.1:7878/mcp # for stdio-only MCP clients"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -82,6 +83,29 @@ enum Command {
         #[command(flatten)]
         mcp: McpFlags,
     },
+    /// Bridge a stdio MCP client to a gateway: newline-delimited JSON-RPC on stdin and stdout.
+    ///
+    /// For MCP clients that launch their server as a subprocess. Each line on stdin is POSTed
+    /// to the gateway's /mcp; answers (and progress, and the session's notifications) come back
+    /// on stdout, one message per line. Logs go to stderr (RUST_LOG; default `warn`). At the end
+    /// of stdin, calls in flight get 10 s to finish and the session is ended.
+    ///
+    /// Example client configuration:
+    ///
+    ///     {"command": "gateway", "args": ["stdio", "--url", "http://127.0.0.1:7878/mcp"]}
+    #[command(verbatim_doc_comment)]
+    Stdio {
+        /// The gateway's MCP endpoint, e.g. http://127.0.0.1:7878/mcp (plain http only).
+        #[arg(long, value_name = "URL", value_parser = parse_mcp_url)]
+        url: String,
+    },
+}
+
+/// Checks a `--url` value (clap names the flag and the value when this fails, and exits 2).
+fn parse_mcp_url(url: &str) -> Result<String, String> {
+    sled_sim::HttpUrl::parse(url)
+        .map(|_| url.to_owned())
+        .map_err(|e| e.reason)
 }
 
 /// Settings of the `/mcp` endpoint.
@@ -107,14 +131,19 @@ impl McpFlags {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The stdio bridge's stderr usually lands in an MCP client's log: quieter, no colours.
+    let stdio = matches!(cli.command, Command::Stdio { .. });
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if stdio { "warn" } else { "info" })
+            }),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(!stdio)
         .init();
     match cli.command {
+        Command::Stdio { url } => run_stdio(&url),
         Command::Serve {
             config,
             listen,
@@ -136,6 +165,34 @@ fn main() -> ExitCode {
             latency_ms,
             mcp,
         } => run(demo(listen, projects.into(), seed, latency_ms, mcp)),
+    }
+}
+
+/// `gateway stdio`: bridges stdin and stdout to the gateway at `url`. A bad URL exits 2, a
+/// broken stdin or stdout 1.
+fn run_stdio(url: &str) -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let result = rt.block_on(gateway_server::stdio::bridge(url, stdin, tokio::io::stdout()));
+    // A read of stdin may still be blocked in its thread (when stdout failed first): do not
+    // wait for it.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ gateway_server::stdio::BridgeError::Url { .. }) => {
+            eprintln!("gateway: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -1,4 +1,6 @@
-"""The official Python MCP SDK (PyPI `mcp`) against the gateway, in legacy and auto modes.
+"""The official Python MCP SDK (PyPI `mcp`) against the gateway: the handshake era
+(mode "legacy"), the stateless era (modes "auto", which finds it by server/discover, and
+"2026-07-28"), and a client of each era working side by side.
 
 Run by tests/tests/clients.rs with the gateway's URL; the gateway fronts projects alpha, beta
 and gamma (default alpha), whose sleds take about 300 ms per call. Prints one line per check
@@ -63,6 +65,48 @@ async def session(mode):
         check(f"[{mode}] the cancelled write was not applied", name not in names, names)
 
 
+async def stateless(mode):
+    async with Client(URL, mode=mode) as c:
+        check(f"[{mode}] speaks the stateless era", c.protocol_version == "2026-07-28", c.protocol_version)
+        tools = (await c.list_tools()).tools
+        names = [t.name for t in tools]
+        check(f"[{mode}] tools/list has no switch_project (no session to scope it to)",
+              "switch_project" not in names and "list_projects" in names, names)
+        show = next((t for t in tools if t.name == "show"), None)
+        check(f"[{mode}] `project` is annotated for the Mcp-Param-Project header",
+              show is not None and show.input_schema["properties"]["project"].get("x-mcp-header") == "Project", show)
+        r = await c.call_tool("whoami", {"project": "beta"})
+        check(f"[{mode}] with `project` (mirrored into Mcp-Param-Project): that project",
+              r.structured_content["project"] == "beta", r)
+        r = await c.call_tool("whoami", {})
+        check(f"[{mode}] without `project`: the registry's default", r.structured_content["project"] == "alpha", r)
+        # Closing the response stream is the cancellation signal of this era.
+        name = f"cancelled from python {mode}"
+        with anyio.move_on_after(0.1) as scope:
+            await c.call_tool("create_story", {"name": name, "acceptance_criteria": [], "project": "gamma"})
+        check(f"[{mode}] the call was cancelled client-side", scope.cancelled_caught)
+        await anyio.sleep(0.6)
+        r = await c.call_tool("list_stories", {"project": "gamma"})
+        check(f"[{mode}] the cancelled write was not applied",
+              name not in [s["name"] for s in r.structured_content["stories"]], r)
+
+
+async def side_by_side():
+    async with Client(URL, mode="legacy") as old, Client(URL, mode="2026-07-28") as new:
+        await old.call_tool("switch_project", {"project": "gamma"})
+        results = {}
+
+        async def call(key, client, args):
+            results[key] = (await client.call_tool("whoami", args)).structured_content["project"]
+
+        async with anyio.create_task_group() as tg:
+            for i in range(5):
+                tg.start_soon(call, f"old{i}", old, {})
+                tg.start_soon(call, f"new{i}", new, {"project": "beta"})
+        check("both eras side by side: each call where its own era says",
+              all(v == ("gamma" if k.startswith("old") else "beta") for k, v in results.items()), results)
+
+
 async def errors():
     async with Client(URL, mode="legacy") as c:
         try:
@@ -74,8 +118,10 @@ async def errors():
 
 
 async def main():
-    for mode in ("legacy", "auto"):
-        await session(mode)
+    await session("legacy")
+    for mode in ("auto", "2026-07-28"):
+        await stateless(mode)
+    await side_by_side()
     await errors()
     failed = results.count(False)
     print(f"{len(results) - failed} passed, {failed} failed")

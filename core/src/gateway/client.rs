@@ -37,6 +37,13 @@ impl Gateway {
             tracing::warn!(origin, "request from a browser origin that is not allowed");
             return self.http_error(token, HttpError::ForbiddenOrigin { origin });
         }
+        if request
+            .protocol_version
+            .as_deref()
+            .is_some_and(headers::is_modern)
+        {
+            return self.on_modern(now, token, request);
+        }
         if let Some(v) = request.protocol_version.as_deref() {
             if !headers::supported_version(v) {
                 let got = v.to_owned();
@@ -119,7 +126,19 @@ impl Gateway {
                 let answer = match method.as_str() {
                     "ping" => Ok(Some("{}".to_owned())),
                     "tools/list" => self.tools_list(caller, params).map(Some),
-                    "tools/call" => self.tools_call(now, token, caller, &id, params, stream_ok),
+                    "tools/call" => self.tools_call(
+                        now,
+                        token,
+                        caller,
+                        &id,
+                        params,
+                        CallMode {
+                            stream_ok,
+                            modern: false,
+                        },
+                    ),
+                    // A 2026-07-28 client probing for the stateless era without the header.
+                    "server/discover" => Ok(Some(self.discover())),
                     _ => Err(RpcError::MethodNotFound { method }),
                 };
                 match answer {
@@ -331,11 +350,18 @@ impl Gateway {
         caller: Caller<'_>,
         id: &RawId,
         params: Option<&RawValue>,
-        stream_ok: bool,
+        mode: CallMode,
     ) -> Result<Option<String>, RpcError> {
+        let CallMode { stream_ok, modern } = mode;
         let params: CallParams = jsonrpc::params_of("tools/call", params)?;
         let mut arguments = params.arguments.unwrap_or_default();
         match params.name.as_str() {
+            SWITCH_PROJECT if modern => {
+                return Err(RpcError::UnknownTool {
+                    tool: SWITCH_PROJECT.into(),
+                    why: "requests of protocol 2026-07-28 have no session to keep a default in: pass \"project\" in each call's arguments",
+                })
+            }
             SWITCH_PROJECT => return self.switch_project(caller, &arguments).map(Some),
             LIST_PROJECTS => return self.list_projects(caller, &arguments).map(Some),
             _ => {}
@@ -403,6 +429,13 @@ impl Gateway {
                 )?),
                 None => None,
             };
+        if modern {
+            // The per-request protocol fields are the client's to the gateway; the sled
+            // speaks the handshake era over its uplink.
+            if let Some(m) = meta.as_mut() {
+                m.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+            }
+        }
         let progress = match meta.as_mut().and_then(|m| m.remove("progressToken")) {
             Some(client_token @ (Value::String(_) | Value::Number(_))) => {
                 let gateway_token = format!("gw-{}-{}", uplink_id.0, rpc_id);
@@ -453,6 +486,7 @@ impl Gateway {
                 session,
                 progress,
                 stream_ok,
+                modern,
                 streamed: false,
             }),
         );
@@ -584,7 +618,7 @@ impl Gateway {
 }
 
 /// Whether a Content-Type names JSON (`application/json`, parameters allowed).
-fn is_json(content_type: Option<&str>) -> bool {
+pub(super) fn is_json(content_type: Option<&str>) -> bool {
     content_type.is_some_and(|ct| {
         ct.split(';')
             .next()

@@ -10,6 +10,7 @@
 //! session sweep.
 
 mod client;
+mod modern;
 mod sled;
 mod streams;
 
@@ -62,6 +63,12 @@ pub struct HttpRequest {
     pub origin: Option<String>,
     /// `Last-Event-ID`, on a GET that resumes a stream.
     pub last_event_id: Option<String>,
+    /// `Mcp-Method` (2026-07-28).
+    pub mcp_method: Option<String>,
+    /// `Mcp-Name` (2026-07-28).
+    pub mcp_name: Option<String>,
+    /// `Mcp-Param-Project` (2026-07-28): the `project` argument, mirrored by the client.
+    pub mcp_param_project: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -76,6 +83,9 @@ pub struct HttpReply {
 }
 
 /// An event for the gateway.
+// Inputs are handed over once and never stored, so a large `Http` variant costs a move, not
+// memory; boxing it would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
     /// An HTTP request to `/mcp`. Exactly one [`Output::Http`] or [`Output::StreamOpen`] with
@@ -306,6 +316,9 @@ struct Call {
     progress: Option<(String, Box<RawValue>)>,
     /// Whether the client reads SSE answers (its Accept names `text/event-stream`).
     stream_ok: bool,
+    /// A request of the stateless era: its result carries `resultType` and its errors the
+    /// era's HTTP statuses.
+    modern: bool,
     /// Whether the answer has become an SSE stream: it does at the first message for the
     /// client before the response (progress, a log message); until then it is plain JSON.
     streamed: bool,
@@ -338,6 +351,15 @@ struct Counters {
     frames_invalid: u64,
     calls_cancelled: u64,
     sessions_expired: u64,
+}
+
+/// How a forwarded call is answered.
+#[derive(Debug, Clone, Copy)]
+struct CallMode {
+    /// The client reads SSE answers.
+    stream_ok: bool,
+    /// The request is of the stateless era.
+    modern: bool,
 }
 
 /// Where a session-scoped request comes from.

@@ -135,6 +135,9 @@ impl Gateway {
             Pending::Call(call) => {
                 let id = call.client_id.as_str();
                 let body = match (message.result, message.error) {
+                    (Some(result), None) if call.modern => {
+                        jsonrpc::ok_response(id, &modern::with_result_type(result.get()))
+                    }
                     (Some(result), None) => jsonrpc::ok_response(id, result.get()),
                     (None, Some(error)) if error.get().starts_with('{') => {
                         jsonrpc::raw_error_response(id, error.get())

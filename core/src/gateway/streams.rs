@@ -104,7 +104,12 @@ impl Gateway {
             self.progress.remove(gateway_token);
         }
         if !call.streamed {
-            return self.reply(call.token, 200, Vec::new(), Some(body));
+            let status = if call.modern {
+                error_code(&body).map_or(200, headers::modern_status)
+            } else {
+                200
+            };
+            return self.reply(call.token, status, Vec::new(), Some(body));
         }
         if self.post_streams.remove(&call.token) {
             let id = Some(self.next_event_id());
@@ -221,6 +226,22 @@ impl Gateway {
         self.timers.insert((now + every, Timer::SessionSweep));
         self.sweep_armed = true;
     }
+}
+
+/// The `error.code` of a JSON-RPC response, if it is an error.
+fn error_code(body: &str) -> Option<i64> {
+    #[derive(Deserialize)]
+    struct Code {
+        code: i64,
+    }
+    #[derive(Deserialize)]
+    struct Response {
+        error: Option<Code>,
+    }
+    serde_json::from_str::<Response>(body)
+        .ok()?
+        .error
+        .map(|e| e.code)
 }
 
 /// The notification a session gets when its tool list changed.

@@ -372,12 +372,21 @@ fn an_answer_becomes_a_stream_only_when_the_sled_has_something_to_say_first() {
         "level":"info","data":"working","_meta":{"io.mcp-gateway/relatedRequest":f[0]["id"]}}});
     h.sled_says(beta, log);
     // A notification naming no pending call goes nowhere.
-    h.sled_says(beta, json!({"jsonrpc":"2.0","method":"notifications/message","params":{
-        "level":"info","data":"stray","_meta":{"io.mcp-gateway/relatedRequest":999}}}));
-    h.sled_says(beta, json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"content":[]}}));
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","method":"notifications/message","params":{
+        "level":"info","data":"stray","_meta":{"io.mcp-gateway/relatedRequest":999}}}),
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"content":[]}}),
+    );
     let events = &h.streams[&t2];
     assert_eq!(events.len(), 2);
-    assert_eq!(events[0].1["params"], json!({"level":"info","data":"working"}));
+    assert_eq!(
+        events[0].1["params"],
+        json!({"level":"info","data":"working"})
+    );
     assert_eq!(events[1].1["id"], 2);
     assert!(h.streams_closed.contains(&t2));
 }

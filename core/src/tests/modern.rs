@@ -1,0 +1,276 @@
+//! The stateless era (2026-07-28) beside the handshake era, on the same gateway.
+
+use serde_json::{json, Value};
+
+use super::Harness;
+use crate::{HttpMethod, HttpRequest, HttpToken};
+
+const V: &str = "2026-07-28";
+
+fn envelope() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": V,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "0"},
+    })
+}
+
+/// A 2026-07-28 request with consistent headers; `tweak` may spoil them.
+fn modern(
+    h: &mut Harness,
+    id: u64,
+    method: &str,
+    mut params: Value,
+    tweak: &dyn Fn(&mut HttpRequest),
+) -> HttpToken {
+    params["_meta"] = envelope();
+    let name = params["name"].as_str().map(str::to_owned);
+    let project = params["arguments"]["project"].as_str().map(str::to_owned);
+    let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
+    let mut r = HttpRequest {
+        content_type: Some("application/json".into()),
+        accept: Some("application/json, text/event-stream".into()),
+        protocol_version: Some(V.into()),
+        mcp_method: Some(method.into()),
+        mcp_name: name,
+        mcp_param_project: project,
+        body: body.to_string().into_bytes(),
+        ..HttpRequest::default()
+    };
+    tweak(&mut r);
+    h.request(r)
+}
+
+fn answer(h: &mut Harness, t: HttpToken) -> (u16, Value) {
+    let r = h.replies.remove(&t).expect("an answer");
+    (
+        r.status,
+        r.body
+            .map_or(Value::Null, |b| serde_json::from_str(&b).unwrap()),
+    )
+}
+
+#[test]
+fn discover_and_the_same_tools_list_for_everyone() {
+    let mut h = Harness::new();
+    h.connect_sled("alpha");
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let f = h.take_frames(u);
+    let beta_tools = json!([{"name":"show","inputSchema":{"type":"object"}},{"name":"beta_only","inputSchema":{"type":"object"}}]);
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":f[1]["id"],"result":{"tools":beta_tools}}),
+    );
+
+    let t = modern(&mut h, 1, "server/discover", json!({}), &|_| {});
+    let (status, d) = answer(&mut h, t);
+    assert_eq!(status, 200);
+    assert_eq!(d["result"]["supportedVersions"], json!([V]));
+    assert_eq!(d["result"]["resultType"], "complete");
+    assert!(d["result"]["ttlMs"].is_u64() && d["result"]["cacheScope"].is_string());
+    // Probing without the header (an "auto" client) finds the stateless era too.
+    let d2 = h.rpc(None, json!(1), "server/discover", json!({}));
+    assert_eq!(d2["result"]["supportedVersions"], json!([V]));
+
+    let t = modern(&mut h, 2, "tools/list", json!({}), &|_| {});
+    let (status, l) = answer(&mut h, t);
+    assert_eq!(status, 200);
+    let names: Vec<&str> = l["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["list_projects", "show", "create_story", "beta_only"],
+        "no switch_project; each name once"
+    );
+    let show = &l["result"]["tools"][1];
+    assert_eq!(
+        show["inputSchema"]["properties"]["project"]["x-mcp-header"],
+        "Project"
+    );
+    assert_eq!(l["result"]["resultType"], "complete");
+    assert_eq!(l["result"]["cacheScope"], "private");
+}
+
+#[test]
+fn a_stateless_call_names_its_project_and_the_headers_must_agree() {
+    let mut h = Harness::new();
+    let beta = h.connect_sled("beta");
+    let t = modern(
+        &mut h,
+        3,
+        "tools/call",
+        json!({"name":"show","arguments":{"project":"beta","story_id":"x"}}),
+        &|_| {},
+    );
+    let f = h.take_frames(beta);
+    assert_eq!(f[0]["params"]["arguments"], json!({"story_id":"x"}));
+    assert!(
+        f[0]["params"].get("_meta").is_none_or(|m| m
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.starts_with("io.modelcontextprotocol/"))),
+        "{f:?}"
+    );
+    h.sled_says(beta, json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"content":[],"structuredContent":{"project":"beta"}}}));
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(status, 200);
+    assert_eq!(r["result"]["resultType"], "complete");
+    assert_eq!(r["result"]["structuredContent"]["project"], "beta");
+
+    type Case = (&'static str, Box<dyn Fn(&mut HttpRequest)>, u16, i64);
+    let cases: Vec<Case> = vec![
+        (
+            "Mcp-Method",
+            Box::new(|r: &mut HttpRequest| r.mcp_method = Some("tools/list".into())),
+            400,
+            -32020,
+        ),
+        (
+            "Mcp-Name",
+            Box::new(|r: &mut HttpRequest| r.mcp_name = Some("other".into())),
+            400,
+            -32020,
+        ),
+        (
+            "Mcp-Param-Project",
+            Box::new(|r: &mut HttpRequest| r.mcp_param_project = Some("alpha".into())),
+            400,
+            -32020,
+        ),
+        (
+            "base64 Mcp-Param-Project that agrees",
+            Box::new(|r: &mut HttpRequest| {
+                r.mcp_param_project = Some("=?base64?YmV0YQ==?=".into())
+            }),
+            200,
+            0,
+        ),
+    ];
+    for (what, tweak, status, code) in cases {
+        let t = modern(
+            &mut h,
+            4,
+            "tools/call",
+            json!({"name":"whoami","arguments":{"project":"beta"}}),
+            &*tweak,
+        );
+        if status == 200 {
+            h.sled_answers_all(beta, "beta");
+        }
+        let (s, r) = answer(&mut h, t);
+        assert_eq!(s, status, "{what}: {r}");
+        if code != 0 {
+            assert_eq!(r["error"]["code"], code, "{what}");
+        }
+    }
+    // switch_project has no session to act on; an unknown project is 400; unknown methods 404.
+    let t = modern(
+        &mut h,
+        5,
+        "tools/call",
+        json!({"name":"switch_project","arguments":{"project":"beta"}}),
+        &|_| {},
+    );
+    let (s, r) = answer(&mut h, t);
+    assert_eq!(
+        (s, r["error"]["data"]["kind"].as_str()),
+        (400, Some("unknown_tool"))
+    );
+    let t = modern(
+        &mut h,
+        6,
+        "tools/call",
+        json!({"name":"show","arguments":{"project":"zeta"}}),
+        &|_| {},
+    );
+    assert_eq!(answer(&mut h, t).0, 400);
+    let t = modern(&mut h, 7, "ping", json!({}), &|_| {});
+    assert_eq!(answer(&mut h, t).0, 404);
+}
+
+#[test]
+fn stateless_refusals() {
+    let mut h = Harness::new();
+    // No envelope.
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}});
+    let t = h.request(HttpRequest {
+        content_type: Some("application/json".into()),
+        protocol_version: Some(V.into()),
+        mcp_method: Some("tools/list".into()),
+        body: body.to_string().into_bytes(),
+        ..HttpRequest::default()
+    });
+    let (s, r) = answer(&mut h, t);
+    assert_eq!((s, r["error"]["code"].as_i64()), (400, Some(-32602)));
+    assert_eq!(r["error"]["data"]["kind"], "missing_envelope");
+    // Header version and envelope version disagree.
+    let t = modern(&mut h, 2, "tools/list", json!({}), &|r| {
+        let b = String::from_utf8(r.body.clone())
+            .unwrap()
+            .replace(V, "2025-11-25");
+        r.body = b.into_bytes();
+    });
+    assert_eq!(answer(&mut h, t).1["error"]["code"], -32020);
+    // GET and DELETE are not part of this era.
+    for method in [HttpMethod::Get, HttpMethod::Delete] {
+        let t = h.request(HttpRequest {
+            method,
+            protocol_version: Some(V.into()),
+            ..HttpRequest::default()
+        });
+        let r = h.replies.remove(&t).unwrap();
+        assert_eq!(
+            (r.status, r.headers),
+            (405, vec![("Allow", "POST".to_owned())])
+        );
+    }
+    // Notifications are acknowledged and dropped.
+    let t = h.request(HttpRequest {
+        content_type: Some("application/json".into()),
+        protocol_version: Some(V.into()),
+        body: br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#
+            .to_vec(),
+        ..HttpRequest::default()
+    });
+    assert_eq!(answer(&mut h, t).0, 202);
+}
+
+#[test]
+fn both_eras_side_by_side() {
+    let mut h = Harness::new();
+    let legacy = h.initialize();
+    let beta = h.connect_sled("beta");
+    h.rpc(
+        Some(&legacy),
+        json!(1),
+        "tools/call",
+        json!({"name":"switch_project","arguments":{"project":"beta"}}),
+    );
+    let tl = h.call(Some(&legacy), json!(1), "whoami", json!({}));
+    let tm = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"whoami","arguments":{"project":"beta"}}),
+        &|_| {},
+    );
+    assert_eq!(h.sled_answers_all(beta, "beta"), 2);
+    let rl = h.reply_json(tl).unwrap();
+    let (_, rm) = answer(&mut h, tm);
+    assert!(
+        rl["result"].get("resultType").is_none(),
+        "the handshake era has no resultType"
+    );
+    assert_eq!(rm["result"]["resultType"], "complete");
+    assert_eq!(rl["result"]["structuredContent"]["project"], "beta");
+    assert_eq!(rm["result"]["structuredContent"]["project"], "beta");
+}
