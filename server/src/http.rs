@@ -24,6 +24,9 @@ const SESSION_HEADER: &str = "mcp-session-id";
 /// The header that carries the negotiated MCP protocol version.
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
 
+/// The read and write buffers of an uplink WebSocket.
+const UPLINK_BUFFER_BYTES: usize = 8 * 1024;
+
 /// What every handler shares.
 #[derive(Debug, Clone)]
 pub(crate) struct AppState {
@@ -45,7 +48,11 @@ async fn healthz() -> &'static str {
 }
 
 async fn uplink(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
-    ws.max_message_size(crate::MAX_UPLINK_MESSAGE_BYTES)
+    // tungstenite zero-fills its read buffer before every read: at its 128 KiB default that
+    // was two thirds of the gateway's instructions, and 150 KiB of memory per uplink.
+    ws.read_buffer_size(UPLINK_BUFFER_BYTES)
+        .write_buffer_size(UPLINK_BUFFER_BYTES)
+        .max_message_size(crate::MAX_UPLINK_MESSAGE_BYTES)
         .max_frame_size(crate::MAX_UPLINK_MESSAGE_BYTES)
         .on_failed_upgrade(|e| tracing::warn!(error = %e, "uplink WebSocket upgrade failed"))
         .on_upgrade(move |socket| crate::uplink::run(socket, state))

@@ -234,9 +234,15 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
             .await
             .map_err(|e| (format!("connecting to {}: {e}", gateway.host_port()), None))?;
         // The request built from the URL carries `Host: host:port`.
-        let (mut ws, _response) = tokio_tungstenite::client_async(url.as_str(), stream)
-            .await
-            .map_err(|e| (format!("WebSocket upgrade at {url}: {e}"), None))?;
+        // Small buffers: tungstenite zero-fills its read buffer before each read, and the
+        // 128 KiB default costs more than the frames an uplink carries.
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .read_buffer_size(8 * 1024)
+            .write_buffer_size(8 * 1024);
+        let (mut ws, _response) =
+            tokio_tungstenite::client_async_with_config(url.as_str(), stream, Some(config))
+                .await
+                .map_err(|e| (format!("WebSocket upgrade at {url}: {e}"), None))?;
         let heartbeat_ms = handshake(&mut ws, &hello, &project).await?;
         Ok((ws, heartbeat_ms))
     };
