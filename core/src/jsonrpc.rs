@@ -74,22 +74,27 @@ fn is_array(body: &[u8]) -> bool {
         .is_some_and(|&b| b == b'[')
 }
 
-/// Reads the object members of one JSON document.
+/// Reads the object members of one JSON document, in one pass over the bytes.
 pub(crate) fn parse_object(body: &[u8]) -> Result<RawMessage<'_>, RpcError> {
-    // First the syntax, so that a syntax error is a parse error whatever the shape.
-    let whole: &RawValue = serde_json::from_slice(body).map_err(|e| RpcError::Parse {
-        detail: e.to_string(),
-    })?;
-    if is_array(whole.get().as_bytes()) {
+    if is_array(body) {
+        // Rare: check the syntax first, so that a broken array is a parse error.
+        serde_json::from_slice::<&RawValue>(body).map_err(|e| RpcError::Parse {
+            detail: e.to_string(),
+        })?;
         return Err(RpcError::Batch);
     }
-    serde_json::from_str::<RawMessage>(whole.get()).map_err(|e| {
-        let detail = if e.to_string().starts_with("invalid type") {
-            "a JSON-RPC message must be a JSON object".to_owned()
-        } else {
-            e.to_string()
-        };
-        RpcError::InvalidRequest { detail }
+    serde_json::from_slice::<RawMessage>(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => RpcError::Parse {
+            detail: e.to_string(),
+        },
+        serde_json::error::Category::Io | serde_json::error::Category::Data => {
+            let detail = if e.to_string().starts_with("invalid type") {
+                "a JSON-RPC message must be a JSON object".to_owned()
+            } else {
+                e.to_string()
+            };
+            RpcError::InvalidRequest { detail }
+        }
     })
 }
 

@@ -245,12 +245,23 @@ impl Gateway {
             cursor: Option<String>,
         }
         let params: ListParams = jsonrpc::params_of("tools/list", params)?;
-        let project_tools = self
-            .default_of(caller)
-            .and_then(|p| self.projects.get(p))
-            .and_then(|p| p.tools.as_deref())
-            .unwrap_or(&[]);
+        let project = self.default_of(caller).and_then(|p| self.projects.get(p));
+        let project_tools = project.and_then(|p| p.tools.as_deref()).unwrap_or(&[]);
         let total = self.gateway_tools.len() + project_tools.len();
+        let page = self.config.tools_page_size.max(1);
+        if params.cursor.is_none() && total <= page {
+            // The common case: one page, assembled from two joined listings.
+            let listing = project.and_then(|p| p.listing.as_deref()).unwrap_or("");
+            let mut s = String::with_capacity(self.gateway_listing.len() + listing.len() + 16);
+            s.push_str(r#"{"tools":["#);
+            s.push_str(&self.gateway_listing);
+            if !listing.is_empty() {
+                s.push(',');
+                s.push_str(listing);
+            }
+            s.push_str("]}");
+            return Ok(s);
+        }
         let start = match params.cursor.as_deref() {
             None => 0,
             Some(c) => match c
@@ -268,18 +279,18 @@ impl Gateway {
                 }
             },
         };
-        let page = self.config.tools_page_size.max(1);
         let end = total.min(start.saturating_add(page));
-        let all = self
+        let page: Vec<&str> = self
             .gateway_tools
             .iter()
             .map(String::as_str)
             .chain(project_tools.iter().map(|t| t.json.as_str()))
             .skip(start)
-            .take(end - start);
-        let mut s = String::with_capacity(64 * (end - start) + 32);
+            .take(end - start)
+            .collect();
+        let mut s = String::with_capacity(page.iter().map(|t| t.len() + 1).sum::<usize>() + 48);
         s.push_str(r#"{"tools":["#);
-        for (i, t) in all.enumerate() {
+        for (i, t) in page.iter().enumerate() {
             if i > 0 {
                 s.push(',');
             }

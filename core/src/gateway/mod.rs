@@ -188,7 +188,7 @@ impl Default for Config {
             refresh_timeout: Duration::from_secs(30),
             session_idle_ttl: Duration::from_secs(30 * 60),
             allowed_origins: Vec::new(),
-            tools_page_size: 500,
+            tools_page_size: 2000,
             replay_events: 64,
             #[cfg(feature = "planted-bugs")]
             planted: None,
@@ -231,6 +231,10 @@ pub struct Gateway {
     sessions: Sessions,
     /// The gateway's own tools, serialised once.
     gateway_tools: Vec<String>,
+    /// The gateway's tools, joined with commas: the start of every `tools/list`.
+    gateway_listing: String,
+    /// The stateless-era `tools/list` result, until some project's tools change.
+    modern_listing: Option<String>,
     /// Live state per registered project, by name.
     projects: HashMap<String, ProjectState>,
     uplinks: HashMap<UplinkId, Uplink>,
@@ -263,8 +267,27 @@ struct ProjectState {
     uplink: Option<UplinkId>,
     /// The tools its sled reported, once the first `tools/list` completed.
     tools: Option<Vec<CachedTool>>,
+    /// `tools`' definitions joined with commas, so that a `tools/list` is two copies.
+    listing: Option<String>,
     /// Bumped at every new refresh, so an older refresh's pages are ignored.
     refresh: u64,
+}
+
+impl ProjectState {
+    /// Replaces the project's tools (and their joined listing); returns the old ones.
+    fn set_tools(&mut self, tools: Option<Vec<CachedTool>>) -> Option<Vec<CachedTool>> {
+        self.listing = tools.as_ref().map(|ts| {
+            let mut s = String::with_capacity(ts.iter().map(|t| t.json.len() + 1).sum());
+            for (i, t) in ts.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                s.push_str(&t.json);
+            }
+            s
+        });
+        std::mem::replace(&mut self.tools, tools)
+    }
 }
 
 #[derive(Debug)]
@@ -381,7 +404,9 @@ impl Gateway {
             registry,
             config,
             sessions: Sessions::new(seed),
+            gateway_listing: tools::gateway_tool_definitions().join(","),
             gateway_tools: tools::gateway_tool_definitions(),
+            modern_listing: None,
             projects,
             uplinks: HashMap::new(),
             pending: HashMap::new(),

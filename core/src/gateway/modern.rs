@@ -182,7 +182,10 @@ impl Gateway {
     /// The stateless `tools/list`: the same for every caller. The gateway's tools that need no
     /// session (`list_projects`), then every live project's tools in registry order, each
     /// name once (the first project to list a name gives its schema), each with `project`.
-    pub(super) fn modern_tools_list(&self) -> String {
+    pub(super) fn modern_tools_list(&mut self) -> String {
+        if let Some(cached) = &self.modern_listing {
+            return cached.clone();
+        }
         let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
         let mut parts: Vec<&str> = Vec::new();
         for (name, def) in tools::GATEWAY_TOOLS.iter().zip(&self.gateway_tools) {
@@ -206,6 +209,7 @@ impl Gateway {
         s.push_str(&format!(
             r#"],"ttlMs":{LIST_TTL_MS},"cacheScope":"private"}}"#
         ));
+        self.modern_listing = Some(s.clone());
         s
     }
 }

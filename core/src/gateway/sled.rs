@@ -199,12 +199,13 @@ impl Gateway {
                                 let changed = match self.projects.get_mut(&project) {
                                     Some(state) => {
                                         let changed = state.tools.as_ref() != Some(&prepared);
-                                        state.tools = Some(prepared);
+                                        state.set_tools(Some(prepared));
                                         changed
                                     }
                                     None => false,
                                 };
                                 if changed {
+                                    self.modern_listing = None;
                                     self.notify_tools_changed(&project);
                                 }
                             }
@@ -288,7 +289,8 @@ impl Gateway {
             .get_mut(&project)
             .expect("registered projects have a state");
         state.uplink = Some(id);
-        state.tools = None;
+        state.set_tools(None);
+        self.modern_listing = None;
         let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
         uplink.state = UplinkState::Live {
             project: project.clone(),
@@ -486,7 +488,8 @@ impl Gateway {
                 if state.uplink == Some(id) {
                     tracing::info!(uplink = id.0, project, "uplink gone");
                     state.uplink = None;
-                    let had_tools = state.tools.take().is_some();
+                    let had_tools = state.set_tools(None).is_some();
+                    self.modern_listing = None;
                     state.refresh += 1;
                     if had_tools {
                         let project = project.clone();
