@@ -347,8 +347,8 @@ impl Sled {
     /// Calls a tool: the `CallToolResult` (maybe with `isError: true`), or a JSON-RPC error for
     /// an unknown tool. `arguments` `None` or `null` means no arguments.
     pub fn call_tool(&mut self, name: &str, arguments: Option<&Value>) -> Result<Value, RpcError> {
-        let schema = match tool_definition(name) {
-            Some(def) if !self.disabled.contains(name) => def["inputSchema"].clone(),
+        let schema = match cached_definition(name) {
+            Some(def) if !self.disabled.contains(name) => &def["inputSchema"],
             _ => {
                 return Err(RpcError::new(
                     codes::INVALID_PARAMS,
@@ -367,7 +367,7 @@ impl Sled {
                 ));
             }
         };
-        let problems = validate(&schema, args);
+        let problems = validate(schema, args);
         if !problems.is_empty() {
             return Ok(self.tool_error(name, problems.join("; ")));
         }
@@ -492,10 +492,14 @@ impl Sled {
                 "nothing to update: give at least one of name, acceptance_criteria".to_owned(),
             );
         }
-        let unknown = self.unknown_story(story_id);
-        let Some(story) = self.project.story_mut(story_id) else {
-            return Err(unknown);
-        };
+        // The message lists the known ids: build it only on a miss.
+        if self.project.story(story_id).is_none() {
+            return Err(self.unknown_story(story_id));
+        }
+        let story = self
+            .project
+            .story_mut(story_id)
+            .expect("the story was found just above");
         match name {
             "show" => Ok(json!({ "story": story.to_json() })),
             "get_story_todos" => Ok(json!({
@@ -628,6 +632,20 @@ fn object_schema(properties: Value, required: &[&str]) -> Value {
         "required": required,
         "additionalProperties": false,
     })
+}
+
+/// Every tool's definition, built once.
+fn cached_definition(name: &str) -> Option<&'static Value> {
+    static DEFINITIONS: std::sync::OnceLock<std::collections::BTreeMap<&'static str, Value>> =
+        std::sync::OnceLock::new();
+    DEFINITIONS
+        .get_or_init(|| {
+            TOOL_NAMES
+                .iter()
+                .filter_map(|n| tool_definition(n).map(|d| (*n, d)))
+                .collect()
+        })
+        .get(name)
 }
 
 /// The definition (`name`, `title`, `description`, `inputSchema`, `annotations`) of a tool.
