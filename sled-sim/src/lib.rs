@@ -3,7 +3,8 @@
 //! A sled serves one project's MCP tools ([`mcp::Sled`], over the project model in [`model`])
 //! and connects out to the gateway over a WebSocket uplink ([`uplink::run_uplink`]); it can also
 //! serve MCP directly over HTTP ([`http::router`]). [`client::McpClient`] drives a gateway (or a
-//! sled) over Streamable HTTP, and [`fleet::Fleet`] runs one sled per project.
+//! sled) over Streamable HTTP, and [`fleet::Fleet`] runs one sled per project. [`script`] plays
+//! seeded client sessions against a gateway and judges every response.
 //!
 //! Networking is generic over [`net::Connect`], time is only `tokio::time`, randomness only a
 //! seeded RNG, and nothing observable depends on hash order: the same code runs as a host in a
@@ -15,6 +16,7 @@ pub mod http;
 pub mod mcp;
 pub mod model;
 pub mod net;
+pub mod script;
 pub mod uplink;
 
 pub use client::{ClientError, McpClient};
@@ -22,4 +24,5 @@ pub use fleet::{demo_project_names, Fleet, SledOptions};
 pub use mcp::{SharedSled, Sled, SledConfig};
 pub use model::{Project, Stage, Story, Todo};
 pub use net::{Connect, GatewayAddr, HttpUrl, TokioConnect, UrlError};
+pub use script::{check_session, run_session, session_plan, SessionHistory, SessionPlan, Workload};
 pub use uplink::{run_uplink, UplinkOptions};

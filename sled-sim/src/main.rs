@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{ArgGroup, Parser};
+use clap::{ArgGroup, Parser, Subcommand};
 use sled_sim::net::GatewayAddr;
 use sled_sim::{demo_project_names, Fleet, SledOptions};
 use tracing::{error, info};
@@ -15,10 +15,14 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(name = "sled-sim", version, about)]
 #[command(group(ArgGroup::new("which").required(true).args(["project", "projects"])))]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
+
     /// The gateway's base URL, e.g. http://127.0.0.1:3000 (the uplink is at /uplink).
-    #[arg(long, value_name = "URL", value_parser = parse_gateway)]
-    gateway: GatewayAddr,
+    #[arg(long, value_name = "URL", value_parser = parse_gateway, required = true)]
+    gateway: Option<GatewayAddr>,
 
     /// A project to emulate a sled for (repeatable). The sled's name is the project's.
     #[arg(long, value_name = "NAME", value_parser = parse_project)]
@@ -43,6 +47,29 @@ struct Args {
     /// Also serve project i's MCP directly at http://127.0.0.1:(P+i)/mcp.
     #[arg(long, value_name = "P")]
     direct_port_base: Option<u16>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Play seeded client sessions against a running gateway (with its sleds connected) and
+    /// report every response the per-session oracle objects to. Exits 1 on a violation.
+    Script {
+        /// The gateway's base URL, e.g. http://127.0.0.1:3000 (sessions use /mcp).
+        #[arg(long, value_name = "URL", value_parser = parse_gateway)]
+        gateway: GatewayAddr,
+        /// How many concurrent sessions.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+        sessions: u16,
+        /// Operations per session.
+        #[arg(long, default_value_t = 20)]
+        ops: usize,
+        /// The workload seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The longest think time between two operations, in milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 50)]
+        think_ms: u64,
+    },
 }
 
 fn parse_gateway(value: &str) -> Result<GatewayAddr, String> {
@@ -72,6 +99,20 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    if let Some(Command::Script {
+        gateway,
+        sessions,
+        ops,
+        seed,
+        think_ms,
+    }) = args.command
+    {
+        return script(gateway, sessions, ops, seed, think_ms).await;
+    }
+    let Some(gateway) = args.gateway else {
+        error!("--gateway is required");
+        return ExitCode::FAILURE;
+    };
     let projects = match args.projects {
         Some(n) => demo_project_names(usize::from(n)),
         None => args.project.clone(),
@@ -105,8 +146,8 @@ async fn main() -> ExitCode {
         }
     }
 
-    let fleet = Fleet::spawn(&args.gateway.to_string(), &projects, opts);
-    info!(gateway = %args.gateway, uplink = %args.gateway.uplink_url(), sleds = projects.len(), seed = args.seed, "sled-sim running; Ctrl-C to stop");
+    let fleet = Fleet::spawn(&gateway.to_string(), &projects, opts);
+    info!(gateway = %gateway, uplink = %gateway.uplink_url(), sleds = projects.len(), seed = args.seed, "sled-sim running; Ctrl-C to stop");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
@@ -136,4 +177,114 @@ async fn main() -> ExitCode {
         let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
     }
     ExitCode::SUCCESS
+}
+
+/// `sled-sim script`: learn the registry from `list_projects`, play the sessions, judge them.
+async fn script(
+    gateway: GatewayAddr,
+    sessions: u16,
+    ops: usize,
+    seed: u64,
+    think_ms: u64,
+) -> ExitCode {
+    use sled_sim::script::{self, RunOptions, Workload};
+    use sled_sim::{McpClient, TokioConnect};
+
+    let url = gateway.mcp_url();
+    let registry = async {
+        let mut client = McpClient::connect(TokioConnect, &url).await?;
+        client.initialize().await?;
+        let r = client
+            .tools_call(serde_json::json!(1), "list_projects", serde_json::json!({}))
+            .await?;
+        let sc = &r["result"]["structuredContent"];
+        let names: Vec<String> = sc["projects"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let default = sc["active"].as_str().map(str::to_owned);
+        Ok::<_, sled_sim::ClientError>((names, default))
+    };
+    let (projects, default) = match registry.await {
+        Ok((names, _)) if names.is_empty() => {
+            error!(%url, "list_projects named no projects");
+            return ExitCode::FAILURE;
+        }
+        Ok(r) => r,
+        Err(e) => {
+            error!(%url, error = %e, "cannot read the registry with list_projects");
+            return ExitCode::FAILURE;
+        }
+    };
+    let workload = Workload {
+        seed,
+        projects: projects.clone(),
+        ops: ops..=ops,
+        think_max: Duration::from_millis(think_ms),
+        hot_percent: 50,
+        fixed_id_percent: 30,
+    };
+    let epoch = tokio::time::Instant::now();
+    let tasks: Vec<_> = (0..usize::from(sessions))
+        .map(|i| {
+            let opts = RunOptions {
+                url: url.clone(),
+                epoch,
+                client_timeout: Duration::from_secs(60),
+                probe_at: None,
+                probe_timeout: Duration::from_secs(60),
+                init_attempts: 3,
+            };
+            let plan = script::session_plan(&workload, i);
+            tokio::spawn(script::run_session(
+                TokioConnect,
+                plan,
+                default.clone(),
+                opts,
+            ))
+        })
+        .collect();
+    let mut histories = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok(h) => histories.push(h),
+            Err(e) => {
+                error!(error = %e, "a session task failed");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut violations = 0;
+    let mut requests = 0;
+    for h in &histories {
+        let report = script::check_session(h, &projects);
+        requests += h.exchanges.len();
+        for v in &report.violations {
+            println!("VIOLATION {v}");
+            violations += 1;
+        }
+        // Without injected faults, a request with no answer is a violation too.
+        for n in report.failed {
+            println!(
+                "VIOLATION session {} exchange {n}: no answer: {:?}",
+                h.index, h.exchanges[n].outcome
+            );
+            violations += 1;
+        }
+    }
+    println!(
+        "{} sessions, {requests} requests in {:.1} s, {} interleaved switches, {violations} violations (seed {seed})",
+        histories.len(),
+        epoch.elapsed().as_secs_f64(),
+        script::interleavings(&histories),
+    );
+    if violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

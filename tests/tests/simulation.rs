@@ -1,0 +1,294 @@
+//! Deterministic simulation of the gateway under turmoil (the harness is `gateway_tests::sim`).
+//!
+//! - `sweep`: `DST_SEEDS` seeds (default 500), on every core; fails on any violation, and when
+//!   the race story 1208 is about is (almost) never exercised. Prints seeds per minute and
+//!   simulated seconds per wall second.
+//! - `same_seed_same_trace`: a sample of seeds run twice give the same trace hash.
+//! - `planted_*`: the gateway with a planted bug must fail some of the first seeds; prints the
+//!   detection rate, with and without faults.
+//!
+//! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
+//! that seed (printing its scenario and every violation), and `DST_LOG=debug` adds the logs of
+//! every host.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gateway_core::PlantedBug;
+use gateway_tests::sim::{self, FaultMode, Report, Scenario};
+use sled_sim::script::Outcome;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// The seeds a test runs: only `DST_SEED` when set, else `default` seeds from 0
+/// (`DST_SEEDS` overrides the count when `sized`).
+fn seeds(default: u64, sized: bool) -> Vec<u64> {
+    if let Some(seed) = env_u64("DST_SEED") {
+        return vec![seed];
+    }
+    let n = if sized {
+        env_u64("DST_SEEDS").unwrap_or(default)
+    } else {
+        default
+    };
+    (0..n).collect()
+}
+
+fn threads() -> usize {
+    env_u64("DST_THREADS")
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1)
+}
+
+/// Runs `scenarios` on every core, each thread with its own simulations; reports in order.
+fn run_all(scenarios: Vec<Scenario>) -> Vec<Report> {
+    let next = AtomicUsize::new(0);
+    let reports: Mutex<Vec<Option<Report>>> = Mutex::new(vec![None; scenarios.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..threads().min(scenarios.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(s) = scenarios.get(i) else { break };
+                let r = sim::run(s);
+                reports.lock().unwrap()[i] = Some(r);
+            });
+        }
+    });
+    reports
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every scenario ran"))
+        .collect()
+}
+
+fn replay_command(test: &str, seed: u64) -> String {
+    format!(
+        "DST_SEED={seed} cargo test -p gateway-tests --test simulation {test} -- --exact --nocapture"
+    )
+}
+
+fn describe_failure(test: &str, s: &Scenario, r: &Report) -> String {
+    let mut out = format!(
+        "DST_SEED={}\n{s:?}\n  replay: {}\n",
+        r.seed,
+        replay_command(test, r.seed)
+    );
+    for v in r.violations.iter().take(12) {
+        out.push_str(&format!("  - {v}\n"));
+    }
+    if r.violations.len() > 12 {
+        out.push_str(&format!("  … and {} more\n", r.violations.len() - 12));
+    }
+    out
+}
+
+#[test]
+fn sweep() {
+    let seeds = seeds(500, true);
+    let scenarios: Vec<Scenario> = seeds
+        .iter()
+        .map(|&seed| Scenario::draw(seed, FaultMode::Drawn, None))
+        .collect();
+    if seeds.len() == 1 {
+        println!("{:?}", scenarios[0]);
+    }
+    let started = Instant::now();
+    let reports = run_all(scenarios.clone());
+    let wall = started.elapsed();
+    let sim_time: Duration = reports.iter().map(|r| r.sim_time).sum();
+    let exchanges: usize = reports.iter().map(|r| r.exchanges).sum();
+    let covered = |faulty: bool| {
+        let pick: Vec<&Report> = reports
+            .iter()
+            .zip(&scenarios)
+            .filter(|(_, s)| s.faults.is_empty() != faulty)
+            .map(|(r, _)| r)
+            .collect();
+        let hit = pick.iter().filter(|r| r.interleavings > 0).count();
+        (hit, pick.len())
+    };
+    let (hit_clean, clean) = covered(false);
+    let (hit_faulty, faulty) = covered(true);
+    let hit = hit_clean + hit_faulty;
+    let failures: Vec<String> = reports
+        .iter()
+        .zip(&scenarios)
+        .filter(|(r, _)| !r.passed())
+        .map(|(r, s)| describe_failure("sweep", s, r))
+        .collect();
+    println!(
+        "sweep: {} seeds ({} with faults) in {:.1} s wall on {} threads: {:.0} seeds/min, {:.1} simulated s per wall s, {} requests",
+        reports.len(),
+        faulty,
+        wall.as_secs_f64(),
+        threads(),
+        reports.len() as f64 / wall.as_secs_f64() * 60.0,
+        sim_time.as_secs_f64() / wall.as_secs_f64(),
+        exchanges,
+    );
+    println!(
+        "coverage: another session's switch landed between a session's switch and its call in {hit}/{} seeds ({:.0} %): {hit_clean}/{clean} without faults, {hit_faulty}/{faulty} with",
+        reports.len(),
+        100.0 * hit as f64 / reports.len() as f64,
+    );
+    // What the faults produced: every outcome by kind, so a fault that stopped biting shows.
+    let mut kinds: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for h in reports.iter().flat_map(|r| &r.histories) {
+        for x in &h.exchanges {
+            let kind = match &x.outcome {
+                Outcome::Failed(_) => "no answer (client link faulted)".to_owned(),
+                Outcome::Response(v) => match v.get("error") {
+                    Some(e) => format!(
+                        "{} {}{}",
+                        e["code"],
+                        e["data"]["kind"].as_str().unwrap_or("?"),
+                        e["data"]["reason"]
+                            .as_str()
+                            .map_or(String::new(), |r| format!(" ({r})"))
+                    ),
+                    None if v["result"]["isError"] == true => "isError result".to_owned(),
+                    None => "result".to_owned(),
+                },
+            };
+            *kinds.entry(kind).or_default() += 1;
+        }
+    }
+    println!("outcomes: {kinds:?}");
+    if std::env::var_os("DST_VERBOSE").is_some() {
+        for (r, s) in reports.iter().zip(&scenarios) {
+            println!(
+                "seed {:>5}: {:>6.2} s wall, {:>6.1} s simulated, {:>2} sessions, {:>2} sleds, {} faults, {} requests",
+                r.seed,
+                r.wall.as_secs_f64(),
+                r.sim_time.as_secs_f64(),
+                s.sessions,
+                s.projects.len(),
+                s.faults.len(),
+                r.exchanges
+            );
+        }
+    }
+    if seeds.len() == 1 {
+        let r = &reports[0];
+        println!(
+            "trace hash {:016x}, simulated {:?}",
+            r.trace_hash, r.sim_time
+        );
+        for v in &r.violations {
+            println!("  - {v}");
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+    if reports.len() >= 50 {
+        assert!(
+            hit * 10 >= reports.len(),
+            "the race is barely exercised: only {hit} of {} seeds had another session's switch between a session's switch and its call",
+            reports.len()
+        );
+    }
+}
+
+#[test]
+fn same_seed_same_trace() {
+    let sample: Vec<u64> = match env_u64("DST_SEED") {
+        Some(seed) => vec![seed],
+        None => vec![0, 1, 2, 3, 17, 42, 99, 123],
+    };
+    let scenarios: Vec<Scenario> = sample
+        .iter()
+        .map(|&seed| Scenario::draw(seed, FaultMode::Drawn, None))
+        .collect();
+    let twice: Vec<Scenario> = scenarios.iter().chain(&scenarios).cloned().collect();
+    let reports = run_all(twice);
+    let (a, b) = reports.split_at(sample.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(
+            (x.trace_hash, &x.violations, x.sim_time),
+            (y.trace_hash, &y.violations, y.sim_time),
+            "seed {} is not deterministic; replay: {}",
+            x.seed,
+            replay_command("same_seed_same_trace", x.seed)
+        );
+    }
+    if a.len() > 1 {
+        let distinct: std::collections::BTreeSet<u64> = a.iter().map(|r| r.trace_hash).collect();
+        assert_eq!(distinct.len(), a.len(), "different seeds, different traces");
+    }
+}
+
+/// Runs the planted bug over the first seeds, half without faults and half with; the suite
+/// must catch it, and a failing seed must replay to the same failure.
+fn planted(test: &str, bug: PlantedBug, default_seeds: u64) {
+    let seeds = seeds(default_seeds, false);
+    let mode = |seed: u64| {
+        if seed & 1 == 0 {
+            FaultMode::Never
+        } else {
+            FaultMode::Always
+        }
+    };
+    let scenarios: Vec<Scenario> = seeds
+        .iter()
+        .map(|&seed| Scenario::draw(seed, mode(seed), Some(bug)))
+        .collect();
+    let reports = run_all(scenarios.clone());
+    let rate = |faulty: bool| {
+        let pick: Vec<&Report> = reports
+            .iter()
+            .filter(|r| (mode(r.seed) == FaultMode::Always) == faulty)
+            .collect();
+        let caught = pick.iter().filter(|r| !r.passed()).count();
+        (caught, pick.len())
+    };
+    let (caught_clean, clean) = rate(false);
+    let (caught_faulty, faulty) = rate(true);
+    let caught = caught_clean + caught_faulty;
+    let first = reports.iter().position(|r| !r.passed());
+    println!(
+        "{bug:?}: caught by {caught}/{} seeds ({:.0} % per seed): {caught_clean}/{clean} without faults, {caught_faulty}/{faulty} with; first caught at seed {:?}",
+        reports.len(),
+        100.0 * caught as f64 / reports.len().max(1) as f64,
+        first.map(|i| reports[i].seed),
+    );
+    let Some(first) = first else {
+        panic!("{bug:?} was not caught by any of {} seeds", reports.len());
+    };
+    let r = &reports[first];
+    println!("{}", describe_failure(test, &scenarios[first], r));
+    let again = sim::run(&scenarios[first]);
+    assert_eq!(
+        (&again.violations, again.trace_hash),
+        (&r.violations, r.trace_hash),
+        "seed {} does not replay to the same failure",
+        r.seed
+    );
+}
+
+#[test]
+fn planted_shared_active_project_is_caught() {
+    planted(
+        "planted_shared_active_project_is_caught",
+        PlantedBug::SharedActiveProject,
+        50,
+    );
+}
+
+#[test]
+fn planted_correlate_by_client_id_is_caught() {
+    planted(
+        "planted_correlate_by_client_id_is_caught",
+        PlantedBug::CorrelateByClientId,
+        50,
+    );
+}
