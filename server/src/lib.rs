@@ -39,8 +39,8 @@ use tokio::time::Instant;
 
 mod driver;
 mod http;
-mod uplink;
 pub mod stdio;
+mod uplink;
 
 /// The default of [`ServerOptions::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

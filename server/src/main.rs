@@ -179,7 +179,11 @@ fn run_stdio(url: &str) -> ExitCode {
         }
     };
     let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-    let result = rt.block_on(gateway_server::stdio::bridge(url, stdin, tokio::io::stdout()));
+    let result = rt.block_on(gateway_server::stdio::bridge(
+        url,
+        stdin,
+        tokio::io::stdout(),
+    ));
     // A read of stdin may still be blocked in its thread (when stdout failed first): do not
     // wait for it.
     rt.shutdown_timeout(Duration::from_millis(100));
@@ -387,6 +391,20 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn stdio_url_is_checked_by_the_parser() {
+        let cli = Cli::try_parse_from(["gateway", "stdio", "--url", "http://127.0.0.1:1/mcp"]);
+        assert!(matches!(cli.unwrap().command, Command::Stdio { .. }));
+        let e = Cli::try_parse_from(["gateway", "stdio", "--url", "127.0.0.1:1"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(e.exit_code(), 2);
+        let text = e.to_string();
+        assert!(
+            text.contains("--url") && text.contains("127.0.0.1:1"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - A JSON answer is written as one line of output; an SSE answer (`text/event-stream`) is
 //!   written one line per event as the events arrive, so progress reaches the client while the
 //!   call runs; a 202 writes nothing.
+//! - Messages read while an `initialize` is in flight wait for its answer (a client that pipes
+//!   several lines at once gets them sent with the new session).
 //! - After a successful `initialize` the bridge keeps the `Mcp-Session-Id` and the negotiated
 //!   protocol version for every later request, and opens the session's event stream
 //!   (`GET` with `Accept: text/event-stream`) before it hands the `initialize` answer over, so no
@@ -26,6 +28,7 @@
 //! Logs go through `tracing` (the binary sends them to stderr): the output is the protocol
 //! channel and carries nothing else.
 
+use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -41,13 +44,18 @@ use serde_json::{json, Value};
 use sled_sim::{Connect, HttpUrl, TokioConnect};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 /// The session header.
 const SESSION_HEADER: &str = "mcp-session-id";
 /// The negotiated protocol version header, sent after initialize.
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// The 2026-07-28 routing headers, mirrored from the body.
+const METHOD_HEADER: &str = "mcp-method";
+const NAME_HEADER: &str = "mcp-name";
+/// Where a 2026-07-28 request carries its protocol version.
+const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 /// The SSE resumption header.
 const LAST_EVENT_ID_HEADER: &str = "last-event-id";
 /// JSON-RPC "internal error": what the bridge answers when it cannot get the gateway's answer.
@@ -160,7 +168,10 @@ where
     let host = HeaderValue::from_str(&target.host_port())
         .map_err(|_| bad_url("the host cannot be sent in a Host header".to_owned()))?;
     if target.path == "/" {
-        tracing::warn!(url, "the URL has no path; the gateway's MCP endpoint is /mcp");
+        tracing::warn!(
+            url,
+            "the URL has no path; the gateway's MCP endpoint is /mcp"
+        );
     }
 
     let (out_tx, out_rx) = mpsc::channel(OUTPUT_QUEUE);
@@ -177,6 +188,8 @@ where
         opts,
         idle: Mutex::new(Vec::new()),
         session: Mutex::new(SessionState::default()),
+        gate: Arc::default(),
+        stateless_calls: Mutex::default(),
         out: out_tx,
     });
 
@@ -299,6 +312,12 @@ struct Shared<C: Connect> {
     /// Idle keep-alive connections.
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
     session: Mutex<SessionState>,
+    /// Held for writing by an `initialize` in flight; other messages pass through it for
+    /// reading before they are sent.
+    gate: Arc<tokio::sync::RwLock<()>>,
+    /// Stateless-era requests in flight, by id (as JSON text): a client's
+    /// `notifications/cancelled` aborts the task, which closes the call's response.
+    stateless_calls: Mutex<HashMap<String, AbortHandle>>,
     out: mpsc::Sender<String>,
 }
 
@@ -368,8 +387,7 @@ impl<C: Connect> Shared<C> {
     async fn open(&self) -> io::Result<SendRequest<Full<Bytes>>> {
         let host_port = self.target.host_port();
         let limit = self.opts.connect_timeout;
-        let stream = match tokio::time::timeout(limit, self.connector.connect(&host_port)).await
-        {
+        let stream = match tokio::time::timeout(limit, self.connector.connect(&host_port)).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(io::Error::new(
@@ -423,7 +441,7 @@ impl<C: Connect> Shared<C> {
         accept: &'static str,
         body: Bytes,
         session: Option<(&str, Option<&str>)>,
-        last_event_id: Option<&str>,
+        extra: &[(&'static str, String)],
     ) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(body.clone()));
         *request.method_mut() = method;
@@ -451,8 +469,8 @@ impl<C: Connect> Shared<C> {
                 add(PROTOCOL_VERSION_HEADER, version);
             }
         }
-        if let Some(last) = last_event_id {
-            add(LAST_EVENT_ID_HEADER, last);
+        for (name, value) in extra {
+            add(name, value);
         }
         request
     }
@@ -489,7 +507,7 @@ impl<C: Connect> Shared<C> {
             "application/json, text/event-stream",
             Bytes::new(),
             Some((id, version.as_deref())),
-            None,
+            &[],
         );
         match self.send(request).await {
             Ok((response, sender)) => {
@@ -526,7 +544,12 @@ async fn dispatch<C: Connect>(shared: &Arc<Shared<C>>, tasks: &mut JoinSet<()>, 
             tracing::warn!(limit, "a line of input is over the size limit; dropped");
             let message = format!("the message is longer than the bridge's limit of {limit} bytes");
             shared
-                .emit(error_line(&Value::Null, INVALID_REQUEST, &message, json!({})))
+                .emit(error_line(
+                    &Value::Null,
+                    INVALID_REQUEST,
+                    &message,
+                    json!({}),
+                ))
                 .await;
             return;
         }
@@ -550,6 +573,25 @@ async fn dispatch<C: Connect>(shared: &Arc<Shared<C>>, tasks: &mut JoinSet<()>, 
         .get("method")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let routing = stateless_headers(&message);
+    if method.as_deref() == Some("notifications/cancelled") {
+        // The stateless era cancels by closing the call's response: when the request named is a
+        // stateless call in flight, its task is aborted (which closes its connection) and the
+        // notification goes no further. Otherwise the gateway gets it as usual.
+        let target = message.pointer("/params/requestId").map(Value::to_string);
+        let call = target.as_ref().and_then(|target| {
+            shared
+                .stateless_calls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(target)
+        });
+        if let Some(call) = call {
+            tracing::debug!(request = ?target, "cancelled: closing the call's response");
+            call.abort();
+            return;
+        }
+    }
     let expect = match (&message, &method) {
         (Value::Object(m), Some(_)) => match m.get("id") {
             Some(id) => Expect::Answer {
@@ -569,20 +611,59 @@ async fn dispatch<C: Connect>(shared: &Arc<Shared<C>>, tasks: &mut JoinSet<()>, 
             method,
         },
     };
-    let shared = Arc::clone(shared);
-    tasks.spawn(async move { forward(&shared, Bytes::from(bytes), expect).await });
+    // Messages read after an `initialize` wait for its answer, so that they carry the session
+    // it creates (a client piping several lines at once does not wait itself).
+    let initialize = matches!(&expect, Expect::Answer { method: Some(m), .. } if m == "initialize");
+    let init_guard = if initialize {
+        Some(Arc::clone(&shared.gate).write_owned().await)
+    } else {
+        None
+    };
+    let stateless_id = match &expect {
+        Expect::Answer { id, .. } if !routing.is_empty() => Some(id.to_string()),
+        _ => None,
+    };
+    let task_shared = Arc::clone(shared);
+    let handle = tasks.spawn(async move {
+        let shared = task_shared;
+        match init_guard {
+            Some(guard) => {
+                forward(&shared, Bytes::from(bytes), expect, routing).await;
+                drop(guard);
+            }
+            None => {
+                drop(shared.gate.read().await);
+                forward(&shared, Bytes::from(bytes), expect, routing).await;
+            }
+        }
+    });
+    if let Some(id) = stateless_id {
+        let mut calls = shared
+            .stateless_calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        calls.retain(|_, call| !call.is_finished());
+        calls.insert(id, handle);
+    }
 }
 
 /// POSTs one message and relays what comes back.
-async fn forward<C: Connect>(shared: &Arc<Shared<C>>, body: Bytes, expect: Expect) {
+async fn forward<C: Connect>(
+    shared: &Arc<Shared<C>>,
+    body: Bytes,
+    expect: Expect,
+    routing: Vec<(&'static str, String)>,
+) {
     let initialize = matches!(&expect, Expect::Answer { method: Some(m), .. } if m == "initialize");
+    // A stateless-era message (its version in `_meta`) belongs to no session.
+    let stateless = !routing.is_empty();
     let (gone, session) = {
         let s = shared.session();
-        let session = match (&s.id, initialize) {
+        let session = match (&s.id, initialize || stateless) {
             (Some(id), false) => Some((id.clone(), s.version.clone())),
             _ => None,
         };
-        (s.gone && !initialize, session)
+        (s.gone && !initialize && !stateless, session)
     };
     if gone {
         return session_gone_error(shared, &expect, None).await;
@@ -592,7 +673,7 @@ async fn forward<C: Connect>(shared: &Arc<Shared<C>>, body: Bytes, expect: Expec
         "application/json, text/event-stream",
         body,
         session.as_ref().map(|(id, v)| (id.as_str(), v.as_deref())),
-        None,
+        &routing,
     );
     let (response, sender) = match shared.send(request).await {
         Ok(r) => r,
@@ -686,7 +767,10 @@ async fn forward<C: Connect>(shared: &Arc<Shared<C>>, body: Bytes, expect: Expec
                     .await;
             }
             None => {
-                let message = format!("the MCP gateway answered HTTP {status} with a body that is not JSON: {}", excerpt(&bytes));
+                let message = format!(
+                    "the MCP gateway answered HTTP {status} with a body that is not JSON: {}",
+                    excerpt(&bytes)
+                );
                 tracing::warn!(method = expect.method(), "{message}");
                 shared
                     .emit_error(id, message, json!({ "status": status.as_u16() }))
@@ -745,7 +829,11 @@ async fn session_gone_error<C: Connect>(shared: &Shared<C>, expect: &Expect, id:
                 .await;
         }
         Expect::Nothing { .. } => {
-            tracing::warn!(method = expect.method(), session = id, "notification dropped: {message}");
+            tracing::warn!(
+                method = expect.method(),
+                session = id,
+                "notification dropped: {message}"
+            );
         }
     }
 }
@@ -851,7 +939,11 @@ async fn initialized<C: Connect>(
 
 /// Relays the session's event stream, reopening it with `Last-Event-ID` when it drops. Sends
 /// on `opened` once the first attempt has an answer (whatever it is).
-async fn event_stream<C: Connect>(shared: &Arc<Shared<C>>, session: String, opened: oneshot::Sender<()>) {
+async fn event_stream<C: Connect>(
+    shared: &Arc<Shared<C>>,
+    session: String,
+    opened: oneshot::Sender<()>,
+) {
     let mut opened = Some(opened);
     let mut last_event_id: Option<String> = None;
     let mut failures = 0u32;
@@ -885,7 +977,10 @@ async fn event_stream<C: Connect>(shared: &Arc<Shared<C>>, session: String, open
             "text/event-stream",
             Bytes::new(),
             Some((&session, version.as_deref())),
-            last_event_id.as_deref(),
+            &last_event_id
+                .iter()
+                .map(|l| (LAST_EVENT_ID_HEADER, l.clone()))
+                .collect::<Vec<_>>(),
         );
         // The stream holds its connection for as long as it lasts: a connection of its own.
         let answer = match shared.open().await {
@@ -910,7 +1005,13 @@ async fn event_stream<C: Connect>(shared: &Arc<Shared<C>>, session: String, open
         if status.is_success() && is_event_stream(&response) {
             let started = Instant::now();
             let mut delivered = false;
-            let ended = relay_get_stream(shared, response.into_body(), &mut last_event_id, &mut delivered).await;
+            let ended = relay_get_stream(
+                shared,
+                response.into_body(),
+                &mut last_event_id,
+                &mut delivered,
+            )
+            .await;
             match ended {
                 Ok(()) => tracing::info!("the session's event stream ended; reopening it"),
                 Err(e) => tracing::info!("the session's event stream broke ({e}); reopening it"),
@@ -1024,14 +1125,73 @@ fn is_event_stream(response: &Response<Incoming>) -> bool {
         })
 }
 
+/// The headers a 2026-07-28 (stateless) message needs, mirrored from its body: its
+/// `MCP-Protocol-Version` (from `params._meta`), `Mcp-Method`, and `Mcp-Name` for the methods
+/// that name something. Empty for a message of the session era.
+fn stateless_headers(message: &Value) -> Vec<(&'static str, String)> {
+    let version = message
+        .pointer("/params/_meta")
+        .and_then(|m| m.get(META_PROTOCOL_VERSION))
+        .and_then(Value::as_str);
+    let (Some(version), Some(method)) = (version, message.get("method").and_then(Value::as_str))
+    else {
+        return Vec::new();
+    };
+    let mut headers = vec![
+        (PROTOCOL_VERSION_HEADER, encode_header_value(version)),
+        (METHOD_HEADER, encode_header_value(method)),
+    ];
+    let name_key = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    let name = name_key
+        .and_then(|k| message.get("params").and_then(|p| p.get(k)))
+        .and_then(Value::as_str);
+    if let Some(name) = name {
+        headers.push((NAME_HEADER, encode_header_value(name)));
+    }
+    headers
+}
+
+/// A header value as 2026-07-28 sends it: as is when it is visible ASCII without edge
+/// whitespace, else `=?base64?…?=`.
+fn encode_header_value(value: &str) -> String {
+    let plain = value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        && value.trim() == value
+        && !(value.starts_with("=?base64?") && value.ends_with("?="));
+    if plain {
+        return value.to_owned();
+    }
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::from("=?base64?");
+    for chunk in value.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out.push_str("?=");
+    out
+}
+
 /// A JSON-RPC error response.
 fn error_line(id: &Value, code: i64, message: &str, data: Value) -> String {
-    json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": { "code": code, "message": message, "data": data },
-    })
-    .to_string()
+    // Written by hand to keep the usual member order (serde_json sorts an object's keys).
+    let message = Value::from(message);
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":{message},"data":{data}}}}}"#
+    )
 }
 
 /// What the gateway said in an error body: its JSON-RPC error message, or the text.
@@ -1266,7 +1426,10 @@ mod tests {
         let bytes: Vec<&[u8]> = body.chunks(1).collect();
         assert_eq!(parse_all(&bytes), whole);
         // An id-only event (a priming event) is reported for its id.
-        assert_eq!(parse_all(&[b"id: 3\ndata:\n\n"]), vec![event(Some("3"), "")]);
+        assert_eq!(
+            parse_all(&[b"id: 3\ndata:\n\n"]),
+            vec![event(Some("3"), "")]
+        );
         assert_eq!(parse_all(&[b"id: 4\n\n"]), vec![event(Some("4"), "")]);
     }
 
@@ -1315,6 +1478,31 @@ mod tests {
         assert!(!is_response_to(&n, &json!(3)));
         let e = json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700}});
         assert!(is_response_to(&e, &Value::Null));
+    }
+
+    #[test]
+    fn stateless_messages_get_their_routing_headers() {
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "whoami", "arguments": {}, "_meta": {META_PROTOCOL_VERSION: "2026-07-28"}}});
+        assert_eq!(
+            stateless_headers(&call),
+            vec![
+                (PROTOCOL_VERSION_HEADER, "2026-07-28".to_owned()),
+                (METHOD_HEADER, "tools/call".to_owned()),
+                (NAME_HEADER, "whoami".to_owned()),
+            ]
+        );
+        let legacy = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "whoami"}});
+        assert!(stateless_headers(&legacy).is_empty());
+        assert_eq!(encode_header_value("plain name"), "plain name");
+        assert_eq!(encode_header_value("héllo"), "=?base64?aMOpbGxv?=");
+        assert_eq!(encode_header_value(" a"), "=?base64?IGE=?=");
+        assert_eq!(encode_header_value("é"), "=?base64?w6k=?=");
+        assert_eq!(
+            encode_header_value("=?base64?x?="),
+            "=?base64?PT9iYXNlNjQ/eD89?="
+        );
     }
 
     #[test]
