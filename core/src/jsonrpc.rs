@@ -30,8 +30,12 @@ pub(crate) enum ClientMessage<'a> {
         method: String,
         params: Option<&'a RawValue>,
     },
-    /// A response to a server-to-client request (the gateway sends none yet).
-    Response,
+    /// A response to a request the gateway relayed to the client.
+    Response {
+        id: RawId,
+        result: Option<&'a RawValue>,
+        error: Option<&'a RawValue>,
+    },
 }
 
 /// A message that could not be read; `id` is set when the request's id could be.
@@ -160,8 +164,14 @@ pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage>
             },
         });
     }
-    if id.is_some() && (m.result.is_some() || m.error.is_some()) {
-        return Ok(ClientMessage::Response);
+    if let Some(id) = id.clone() {
+        if m.result.is_some() || m.error.is_some() {
+            return Ok(ClientMessage::Response {
+                id,
+                result: m.result,
+                error: m.error,
+            });
+        }
     }
     Err(bad(RpcError::InvalidRequest {
         detail: "a JSON-RPC message needs a `method` (request or notification) or a `result`/`error` (response)".into(),
@@ -256,7 +266,7 @@ mod tests {
         ));
         assert!(matches!(
             parse_client(br#"{"jsonrpc":"2.0","id":3,"result":{}}"#).unwrap(),
-            ClientMessage::Response
+            ClientMessage::Response { .. }
         ));
     }
 

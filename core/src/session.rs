@@ -16,6 +16,10 @@ pub(crate) struct Session {
     pub(crate) default_project: Option<String>,
     pub(crate) protocol_version: String,
     pub(crate) last_seen: Instant,
+    /// The least severe log level relayed to this session (`logging/setLevel`); all when unset.
+    pub(crate) log_level: Option<u8>,
+    /// The capabilities the client declared in `initialize`.
+    pub(crate) client_capabilities: serde_json::Value,
     /// The open GET stream, where server-to-client messages go.
     pub(crate) stream: Option<HttpToken>,
     /// The latest events sent for the GET stream, oldest first, for `Last-Event-ID`.
@@ -42,6 +46,7 @@ impl Sessions {
         &mut self,
         default_project: Option<String>,
         protocol_version: String,
+        client_capabilities: serde_json::Value,
         now: Instant,
     ) -> String {
         let id = loop {
@@ -60,6 +65,8 @@ impl Sessions {
             Session {
                 default_project,
                 protocol_version,
+                client_capabilities,
+                log_level: None,
                 last_seen: now,
                 stream: None,
                 replay: VecDeque::new(),

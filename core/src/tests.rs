@@ -5,6 +5,7 @@ mod gateway;
 mod interleavings;
 mod modern;
 mod streams;
+mod surface;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

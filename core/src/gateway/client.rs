@@ -11,18 +11,12 @@ struct CallParams<'a> {
     meta: Option<&'a RawValue>,
 }
 
-#[derive(serde::Serialize)]
-struct ForwardParams<'a> {
-    name: &'a str,
-    arguments: &'a Map<String, Value>,
-    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
-    meta: Option<&'a RawValue>,
-}
-
 #[derive(Deserialize)]
 struct InitializeParams {
     #[serde(rename = "protocolVersion")]
     protocol_version: String,
+    #[serde(default)]
+    capabilities: Value,
 }
 
 impl Gateway {
@@ -121,7 +115,10 @@ impl Gateway {
                 }
                 self.reply(token, 202, Vec::new(), None)
             }
-            ClientMessage::Response => self.reply(token, 202, Vec::new(), None),
+            ClientMessage::Response { id, result, error } => {
+                self.on_client_response(caller, &id, result, error);
+                self.reply(token, 202, Vec::new(), None)
+            }
             ClientMessage::Request { id, method, params } => {
                 let answer = match method.as_str() {
                     "ping" => Ok(Some("{}".to_owned())),
@@ -139,6 +136,21 @@ impl Gateway {
                     ),
                     // A 2026-07-28 client probing for the stateless era without the header.
                     "server/discover" => Ok(Some(self.discover())),
+                    // Log messages reach only the session whose call produced them; the level
+                    // is the session's own.
+                    "logging/setLevel" => self.set_log_level(caller, params).map(Some),
+                    m if proxy::PROXIED_METHODS.contains(&m) => self.proxy_method(
+                        now,
+                        token,
+                        caller,
+                        &id,
+                        m,
+                        params,
+                        CallMode {
+                            stream_ok,
+                            modern: false,
+                        },
+                    ),
                     _ => Err(RpcError::MethodNotFound { method }),
                 };
                 match answer {
@@ -176,11 +188,19 @@ impl Gateway {
             .find(|v| **v == params.protocol_version)
             .unwrap_or(&PROTOCOL_VERSIONS[0]);
         let default = self.registry.default_project().map(str::to_owned);
-        let session = self.sessions.create(default, (*version).to_owned(), now);
+        let session =
+            self.sessions
+                .create(default, (*version).to_owned(), params.capabilities, now);
         self.arm_sweep(now);
         let result = json!({
             "protocolVersion": version,
-            "capabilities": { "tools": { "listChanged": true } },
+            "capabilities": {
+                "tools": { "listChanged": true },
+                "resources": { "subscribe": true, "listChanged": true },
+                "prompts": { "listChanged": true },
+                "completions": {},
+                "logging": {},
+            },
             "serverInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
             "instructions": INSTRUCTIONS,
         });
@@ -378,138 +398,63 @@ impl Gateway {
             _ => {}
         }
         let tool = params.name;
-        let project = match arguments.get("project") {
-            None => match self.default_of(caller) {
-                Some(p) => p.to_owned(),
-                None => {
-                    return Err(RpcError::NoProjectSelected {
-                        tool,
-                        registered: self.registered(),
-                    })
-                }
-            },
-            Some(Value::String(p)) if p.is_empty() => return Err(RpcError::ProjectEmpty { tool }),
-            Some(Value::String(p)) => p.clone(),
-            Some(_) => return Err(RpcError::ProjectNotString { tool }),
-        };
-        let Some((_, spec)) = self.registry.get(&project) else {
-            return Err(RpcError::UnknownProject {
-                project,
-                registered: self.registered(),
-            });
-        };
-        let timeout = spec.call_timeout;
-        let state = self
+        let route = self.route(arguments.get("project"), caller, &tool)?;
+        let declares_project = self
             .projects
-            .get(&project)
-            .expect("every registered project has a state");
-        let Some(uplink_id) = state.uplink else {
-            return Err(RpcError::SledNotConnected {
-                sled: spec.sled.clone(),
-                project,
-            });
-        };
-        let declares_project = state
-            .tools
-            .as_deref()
+            .get(&route.project)
+            .and_then(|s| s.tools.as_deref())
             .and_then(|ts| ts.iter().find(|t| t.name == tool))
             .is_some_and(|t| t.declares_project);
         if !declares_project {
             arguments.remove("project");
         }
-        let uplink = self
-            .uplinks
-            .get_mut(&uplink_id)
-            .expect("a project's live uplink exists");
-        let rpc_id = uplink.next_id;
-        #[cfg(feature = "planted-bugs")]
-        let rpc_id = match self.config.planted {
-            Some(PlantedBug::CorrelateByClientId) => id.as_str().parse::<u64>().unwrap_or(rpc_id),
-            _ => rpc_id,
+        let mut forward = Map::new();
+        forward.insert("name".into(), Value::String(tool));
+        forward.insert("arguments".into(), Value::Object(arguments));
+        if let Some(meta) = params.meta {
+            let meta: Value = serde_json::from_str(meta.get()).expect("params were parsed as JSON");
+            forward.insert("_meta".into(), meta);
+        }
+        self.forward(
+            now,
+            token,
+            caller,
+            id,
+            CallMode { stream_ok, modern },
+            route,
+            "tools/call",
+            forward,
+            proxy::Rewrite::None,
+        )
+    }
+
+    /// `logging/setLevel`: the session's own threshold for the log messages of its calls.
+    pub(super) fn set_log_level(
+        &mut self,
+        caller: Caller<'_>,
+        params: Option<&RawValue>,
+    ) -> Result<String, RpcError> {
+        #[derive(Deserialize)]
+        struct LevelParams {
+            level: String,
+        }
+        let p: LevelParams = jsonrpc::params_of("logging/setLevel", params)?;
+        let Some(rank) = log_rank(&p.level) else {
+            return Err(RpcError::InvalidParams {
+                method: "logging/setLevel".into(),
+                detail: format!(
+                    "unknown level '{}': one of {}",
+                    p.level,
+                    LOG_LEVELS.join(", ")
+                ),
+            });
         };
-        uplink.next_id = uplink.next_id.max(rpc_id + 1);
-        // A progress token is the client's, unique only in its session: the sled gets one of
-        // the gateway's instead, and progress comes back under the client's.
-        let mut meta =
-            match params.meta {
-                Some(m) => Some(serde_json::from_str::<Map<String, Value>>(m.get()).map_err(
-                    |_| RpcError::InvalidParams {
-                        method: "tools/call".into(),
-                        detail: "`_meta` must be an object".into(),
-                    },
-                )?),
-                None => None,
-            };
-        if modern {
-            // The per-request protocol fields are the client's to the gateway; the sled
-            // speaks the handshake era over its uplink.
-            if let Some(m) = meta.as_mut() {
-                m.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+        if let Caller::Session(s) = caller {
+            if let Some(session) = self.sessions.get_mut(s) {
+                session.log_level = Some(rank);
             }
         }
-        let progress = match meta.as_mut().and_then(|m| m.remove("progressToken")) {
-            Some(client_token @ (Value::String(_) | Value::Number(_))) => {
-                let gateway_token = format!("gw-{}-{}", uplink_id.0, rpc_id);
-                let m = meta.as_mut().expect("the token came out of it");
-                m.insert("progressToken".into(), Value::String(gateway_token.clone()));
-                let raw = serde_json::value::to_raw_value(&client_token)
-                    .expect("a JSON value serialises");
-                Some((gateway_token, raw))
-            }
-            Some(_) => {
-                return Err(RpcError::InvalidParams {
-                    method: "tools/call".into(),
-                    detail: "`_meta.progressToken` must be a string or a number".into(),
-                })
-            }
-            None => None,
-        };
-        let meta =
-            meta.map(|m| serde_json::value::to_raw_value(&m).expect("a JSON object serialises"));
-        let forward = serde_json::to_string(&ForwardParams {
-            name: &tool,
-            arguments: &arguments,
-            meta: meta.as_deref(),
-        })
-        .expect("tool call params always serialise");
-        let uplink = self
-            .uplinks
-            .get_mut(&uplink_id)
-            .expect("a project's live uplink exists");
-        uplink.pending.insert(rpc_id);
-        let deadline = now + timeout;
-        if let Some((gateway_token, _)) = &progress {
-            self.progress
-                .insert(gateway_token.clone(), (uplink_id, rpc_id));
-        }
-        let session = match caller {
-            Caller::Session(s) => Some(s.to_owned()),
-            Caller::Sessionless => None,
-        };
-        self.pending.insert(
-            (uplink_id, rpc_id),
-            Pending::Call(Call {
-                token,
-                client_id: id.clone(),
-                project,
-                sent_at: now,
-                deadline,
-                session,
-                progress,
-                stream_ok,
-                modern,
-                streamed: false,
-            }),
-        );
-        self.by_token.insert(token, (uplink_id, rpc_id));
-        self.timers
-            .insert((deadline, Timer::Request(uplink_id, rpc_id)));
-        self.counters.calls_forwarded += 1;
-        self.outputs.push_back(Output::UplinkSend {
-            uplink: uplink_id,
-            text: jsonrpc::request(rpc_id, "tools/call", &forward),
-        });
-        Ok(None)
+        Ok("{}".to_owned())
     }
 
     pub(super) fn switch_project(
@@ -626,6 +571,26 @@ impl Gateway {
             reply: e.reply(),
         });
     }
+}
+
+/// MCP's log levels, least severe first (RFC 5424).
+pub(super) const LOG_LEVELS: &[&str] = &[
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// A log level's rank in [`LOG_LEVELS`].
+pub(super) fn log_rank(level: &str) -> Option<u8> {
+    LOG_LEVELS
+        .iter()
+        .position(|l| *l == level)
+        .and_then(|i| u8::try_from(i).ok())
 }
 
 /// Whether a Content-Type names JSON (`application/json`, parameters allowed).

@@ -11,6 +11,7 @@
 
 mod client;
 mod modern;
+mod proxy;
 mod sled;
 mod streams;
 
@@ -252,6 +253,11 @@ pub struct Gateway {
     next_event: u64,
     /// Whether the session-expiry sweep timer is armed.
     sweep_armed: bool,
+    /// Sessions subscribed to each (project, resource URI).
+    subscriptions: std::collections::BTreeMap<(String, String), BTreeSet<String>>,
+    /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).
+    server_requests: HashMap<String, proxy::ServerRequest>,
+    next_server_request: u64,
     timers: BTreeSet<(Instant, Timer)>,
     outputs: VecDeque<Output>,
     shutting_down: bool,
@@ -342,6 +348,8 @@ struct Call {
     /// A request of the stateless era: its result carries `resultType` and its errors the
     /// era's HTTP statuses.
     modern: bool,
+    /// How the result is changed on its way back.
+    rewrite: proxy::Rewrite,
     /// Whether the answer has become an SSE stream: it does at the first message for the
     /// client before the response (progress, a log message); until then it is plain JSON.
     streamed: bool,
@@ -416,6 +424,9 @@ impl Gateway {
             post_streams: BTreeSet::new(),
             next_event: 0,
             sweep_armed: false,
+            subscriptions: std::collections::BTreeMap::new(),
+            server_requests: HashMap::new(),
+            next_server_request: 0,
             timers: BTreeSet::new(),
             outputs: VecDeque::new(),
             shutting_down: false,

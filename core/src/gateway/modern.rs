@@ -54,7 +54,7 @@ impl Gateway {
         let (id, rpc_method, params) = match message {
             // No client-to-server notifications are defined in this era (a client cancels by
             // closing the response stream); they are acknowledged and dropped.
-            ClientMessage::Notification { .. } | ClientMessage::Response => {
+            ClientMessage::Notification { .. } | ClientMessage::Response { .. } => {
                 return self.reply(token, 202, Vec::new(), None)
             }
             ClientMessage::Request { id, method, params } => (id, method, params),

@@ -89,20 +89,26 @@ impl Gateway {
         if let Some(method) = message.method {
             let method: String = serde_json::from_str(method.get()).unwrap_or_default();
             match message.id {
-                // The uplink protocol has no sled-to-gateway requests yet.
-                Some(rid) => {
-                    let e = RpcError::MethodNotFound { method };
-                    self.outputs.push_back(Output::UplinkSend {
-                        uplink: id,
-                        text: e.response(Some(rid.get())),
-                    });
-                }
+                // A sled's request: for the client of one of its calls, or a ping.
+                Some(rid) => self.relay_server_request(id, rid, &method, message.params),
                 None if method == "notifications/tools/list_changed" => {
                     if let Some(project) = self.live_project(id) {
                         self.start_refresh(now, id, project);
                     }
                 }
                 None if method == "notifications/progress" => self.relay_progress(message.params),
+                None if method == "notifications/resources/updated" => {
+                    if let Some(project) = self.live_project(id) {
+                        self.on_resource_updated(&project, message.params);
+                    }
+                }
+                None if method == "notifications/resources/list_changed"
+                    || method == "notifications/prompts/list_changed" =>
+                {
+                    if let Some(project) = self.live_project(id) {
+                        self.notify_default_sessions(&project, &method);
+                    }
+                }
                 None => self.relay_related(id, &method, message.params),
             }
             return;
@@ -135,6 +141,9 @@ impl Gateway {
             Pending::Call(call) => {
                 let id = call.client_id.as_str();
                 let body = match (message.result, message.error) {
+                    (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => {
+                        jsonrpc::ok_response(id, &proxy::rewrite_prompts(result.get()))
+                    }
                     (Some(result), None) if call.modern => {
                         jsonrpc::ok_response(id, &modern::with_result_type(result.get()))
                     }
@@ -498,6 +507,8 @@ impl Gateway {
                 }
             }
         }
+        // The sled's requests to clients can no longer be answered.
+        self.server_requests.retain(|_, r| r.uplink != id);
         for rpc_id in uplink.pending {
             let Some(pending) = self.pending.remove(&(id, rpc_id)) else {
                 continue;

@@ -178,6 +178,26 @@ impl Gateway {
         if meta.is_empty() {
             params.remove("_meta");
         }
+        if method == "notifications/message" {
+            // Below the calling session's own level (logging/setLevel): not relayed.
+            let level = params
+                .get("level")
+                .and_then(Value::as_str)
+                .and_then(client::log_rank);
+            let threshold = match self.pending.get(&(uplink, related)) {
+                Some(Pending::Call(c)) => c
+                    .session
+                    .as_deref()
+                    .and_then(|s| self.sessions.get(s))
+                    .and_then(|s| s.log_level),
+                _ => None,
+            };
+            if let (Some(level), Some(threshold)) = (level, threshold) {
+                if level < threshold {
+                    return;
+                }
+            }
+        }
         let data = jsonrpc::notification(method, &Value::Object(params).to_string());
         self.call_event((uplink, related), data);
     }

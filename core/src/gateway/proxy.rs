@@ -1,0 +1,449 @@
+//! Forwarding a client's request to a project's sled: where it goes, and how it is sent. Tool
+//! calls, and the rest of the MCP surface a project serves (resources, prompts, completion).
+//! Also the way back for a sled's own requests to the client of a call (sampling, elicitation,
+//! roots), and resource subscriptions.
+
+use super::*;
+
+/// The `_meta` key by which a client names the project of a request that has no `project`
+/// argument (resources, completion), e.g. `"_meta": {"io.mcp-gateway/project": "beta"}`.
+pub(crate) const PROJECT_META: &str = "io.mcp-gateway/project";
+
+/// Methods a project serves that the gateway forwards as they are.
+pub(super) const PROXIED_METHODS: &[&str] = &[
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+];
+
+/// Requests a sled may make of the client of one of its calls, and the client capability
+/// each needs.
+const SERVER_REQUESTS: &[(&str, &str)] = &[
+    ("sampling/createMessage", "sampling"),
+    ("elicitation/create", "elicitation"),
+    ("roots/list", "roots"),
+];
+
+/// A forwarded request's destination.
+pub(super) struct Route {
+    pub(super) project: String,
+    pub(super) uplink: UplinkId,
+    pub(super) timeout: Duration,
+}
+
+/// A sled's request to the client of one of its calls, waiting for the client's answer.
+#[derive(Debug)]
+pub(super) struct ServerRequest {
+    pub(super) uplink: UplinkId,
+    /// The sled's id for it, as the sled wrote it.
+    sled_id: Box<str>,
+    /// The session it was sent to (the answer must come from there).
+    session: Option<String>,
+}
+
+impl Gateway {
+    /// Finds where a request goes: its explicit project (a string, not empty), else the
+    /// caller's default; the project must be registered and its sled connected.
+    pub(super) fn route(
+        &self,
+        explicit: Option<&Value>,
+        caller: Caller<'_>,
+        what: &str,
+    ) -> Result<Route, RpcError> {
+        let tool = what.to_owned();
+        let project = match explicit {
+            None => match self.default_of(caller) {
+                Some(p) => p.to_owned(),
+                None => {
+                    return Err(RpcError::NoProjectSelected {
+                        tool,
+                        registered: self.registered(),
+                    })
+                }
+            },
+            Some(Value::String(p)) if p.is_empty() => return Err(RpcError::ProjectEmpty { tool }),
+            Some(Value::String(p)) => p.clone(),
+            Some(_) => return Err(RpcError::ProjectNotString { tool }),
+        };
+        let Some((_, spec)) = self.registry.get(&project) else {
+            return Err(RpcError::UnknownProject {
+                project,
+                registered: self.registered(),
+            });
+        };
+        let state = self
+            .projects
+            .get(&project)
+            .expect("every registered project has a state");
+        match state.uplink {
+            Some(uplink) => Ok(Route {
+                timeout: spec.call_timeout,
+                uplink,
+                project,
+            }),
+            None => Err(RpcError::SledNotConnected {
+                sled: spec.sled.clone(),
+                project,
+            }),
+        }
+    }
+
+    /// Sends a request up its route's uplink under a new id of the gateway's, and remembers
+    /// whom to answer. The client's progress token is swapped for one of the gateway's, and a
+    /// stateless client's protocol fields stay at the gateway.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        caller: Caller<'_>,
+        id: &RawId,
+        mode: CallMode,
+        route: Route,
+        method: &str,
+        mut params: Map<String, Value>,
+        rewrite: Rewrite,
+    ) -> Result<Option<String>, RpcError> {
+        let Route {
+            project,
+            uplink: uplink_id,
+            timeout,
+        } = route;
+        let uplink = self
+            .uplinks
+            .get_mut(&uplink_id)
+            .expect("a project's live uplink exists");
+        let rpc_id = uplink.next_id;
+        #[cfg(feature = "planted-bugs")]
+        let rpc_id = match self.config.planted {
+            Some(PlantedBug::CorrelateByClientId) => id.as_str().parse::<u64>().unwrap_or(rpc_id),
+            _ => rpc_id,
+        };
+        uplink.next_id = uplink.next_id.max(rpc_id + 1);
+        let progress = match params.get_mut("_meta") {
+            None => None,
+            Some(Value::Object(meta)) => {
+                if mode.modern {
+                    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+                }
+                // A progress token is the client's, unique only in its session.
+                let progress = match meta.remove("progressToken") {
+                    Some(client @ (Value::String(_) | Value::Number(_))) => {
+                        let gateway_token = format!("gw-{}-{}", uplink_id.0, rpc_id);
+                        meta.insert("progressToken".into(), Value::String(gateway_token.clone()));
+                        let raw = serde_json::value::to_raw_value(&client)
+                            .expect("a JSON value serialises");
+                        Some((gateway_token, raw))
+                    }
+                    Some(_) => {
+                        return Err(RpcError::InvalidParams {
+                            method: method.to_owned(),
+                            detail: "`_meta.progressToken` must be a string or a number".into(),
+                        })
+                    }
+                    None => None,
+                };
+                if meta.is_empty() {
+                    params.remove("_meta");
+                }
+                progress
+            }
+            Some(_) => {
+                return Err(RpcError::InvalidParams {
+                    method: method.to_owned(),
+                    detail: "`_meta` must be an object".into(),
+                })
+            }
+        };
+        let text = jsonrpc::request(rpc_id, method, &Value::Object(params).to_string());
+        let uplink = self
+            .uplinks
+            .get_mut(&uplink_id)
+            .expect("a project's live uplink exists");
+        uplink.pending.insert(rpc_id);
+        let deadline = now + timeout;
+        if let Some((gateway_token, _)) = &progress {
+            self.progress
+                .insert(gateway_token.clone(), (uplink_id, rpc_id));
+        }
+        let session = match caller {
+            Caller::Session(s) => Some(s.to_owned()),
+            Caller::Sessionless => None,
+        };
+        self.pending.insert(
+            (uplink_id, rpc_id),
+            Pending::Call(Call {
+                token,
+                client_id: id.clone(),
+                project,
+                sent_at: now,
+                deadline,
+                session,
+                progress,
+                stream_ok: mode.stream_ok,
+                modern: mode.modern,
+                streamed: false,
+                rewrite,
+            }),
+        );
+        self.by_token.insert(token, (uplink_id, rpc_id));
+        self.timers
+            .insert((deadline, Timer::Request(uplink_id, rpc_id)));
+        self.counters.calls_forwarded += 1;
+        self.outputs.push_back(Output::UplinkSend {
+            uplink: uplink_id,
+            text,
+        });
+        Ok(None)
+    }
+
+    /// Resources, prompts and completion, forwarded to the project named by
+    /// `_meta["io.mcp-gateway/project"]` (or, for `prompts/get`, the `project` argument), else
+    /// to the caller's default.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn proxy_method(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        caller: Caller<'_>,
+        id: &RawId,
+        method: &str,
+        params: Option<&RawValue>,
+        mode: CallMode,
+    ) -> Result<Option<String>, RpcError> {
+        let mut params: Map<String, Value> = jsonrpc::params_of(method, params)?;
+        let mut explicit = match params.get_mut("_meta") {
+            Some(Value::Object(meta)) => meta.remove(PROJECT_META),
+            _ => None,
+        };
+        if method == "prompts/get" {
+            if let Some(Value::Object(arguments)) = params.get_mut("arguments") {
+                if let Some(p) = arguments.remove("project") {
+                    explicit.get_or_insert(p);
+                }
+            }
+        }
+        if let Some(Value::Object(meta)) = params.get("_meta") {
+            if meta.is_empty() {
+                params.remove("_meta");
+            }
+        }
+        let route = self.route(explicit.as_ref(), caller, method)?;
+        let rewrite = match method {
+            "prompts/list" => Rewrite::PromptsList,
+            "resources/subscribe" | "resources/unsubscribe" => {
+                if let (Caller::Session(s), Some(Value::String(uri))) = (caller, params.get("uri"))
+                {
+                    let key = (route.project.clone(), uri.clone());
+                    if method == "resources/subscribe" {
+                        self.subscriptions
+                            .entry(key)
+                            .or_default()
+                            .insert(s.to_owned());
+                    } else if let Some(set) = self.subscriptions.get_mut(&key) {
+                        set.remove(s);
+                        if set.is_empty() {
+                            self.subscriptions.remove(&key);
+                        }
+                    }
+                }
+                Rewrite::None
+            }
+            _ => Rewrite::None,
+        };
+        self.forward(now, token, caller, id, mode, route, method, params, rewrite)
+    }
+
+    /// A sled's request for the client of one of its calls: relayed on that call's stream
+    /// under an id of the gateway's, or refused when the client cannot take it.
+    pub(super) fn relay_server_request(
+        &mut self,
+        uplink: UplinkId,
+        sled_id: &RawValue,
+        method: &str,
+        params: Option<&RawValue>,
+    ) {
+        let refuse = |this: &mut Gateway, message: String| {
+            let error = json!({ "code": -32601, "message": message });
+            this.outputs.push_back(Output::UplinkSend {
+                uplink,
+                text: jsonrpc::raw_error_response(sled_id.get(), &error.to_string()),
+            });
+        };
+        if method == "ping" {
+            self.outputs.push_back(Output::UplinkSend {
+                uplink,
+                text: jsonrpc::ok_response(sled_id.get(), "{}"),
+            });
+            return;
+        }
+        let Some(&(_, capability)) = SERVER_REQUESTS.iter().find(|(m, _)| *m == method) else {
+            return refuse(self, format!("Method not found: {method} (the gateway relays sampling/createMessage, elicitation/create and roots/list to the client of a call)"));
+        };
+        let mut params: Map<String, Value> = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        let related = match params.get_mut("_meta") {
+            Some(Value::Object(meta)) => meta.remove(RELATED_REQUEST_META).and_then(|r| r.as_u64()),
+            _ => None,
+        };
+        if let Some(Value::Object(meta)) = params.get("_meta") {
+            if meta.is_empty() {
+                params.remove("_meta");
+            }
+        }
+        let Some(related) = related else {
+            return refuse(self, format!("{method} must name the call it belongs to in _meta[\"{RELATED_REQUEST_META}\"]: the gateway has no other way to reach a client"));
+        };
+        let Some(Pending::Call(call)) = self.pending.get(&(uplink, related)) else {
+            return refuse(
+                self,
+                format!(
+                    "{method}: the call {related} is not pending (it finished, or was cancelled)"
+                ),
+            );
+        };
+        let session = call.session.clone();
+        let declared = session
+            .as_deref()
+            .and_then(|s| self.sessions.get(s))
+            .is_some_and(|s| s.client_capabilities.get(capability).is_some());
+        if !declared || !call.stream_ok || call.modern {
+            return refuse(self, format!("Method not found: the client of this call did not declare the '{capability}' capability (or cannot receive requests on its answer stream)"));
+        }
+        self.next_server_request += 1;
+        let gateway_id = format!("\"gw-req-{}\"", self.next_server_request);
+        self.server_requests.insert(
+            gateway_id.clone(),
+            ServerRequest {
+                uplink,
+                sled_id: sled_id.get().into(),
+                session,
+            },
+        );
+        let text = format!(
+            r#"{{"jsonrpc":"2.0","id":{gateway_id},"method":"{method}","params":{}}}"#,
+            Value::Object(params)
+        );
+        self.call_event((uplink, related), text);
+    }
+
+    /// A client's answer to a request the gateway relayed: back to the sled, under its id.
+    pub(super) fn on_client_response(
+        &mut self,
+        caller: Caller<'_>,
+        id: &RawId,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+    ) {
+        let Some(request) = self.server_requests.get(id.as_str()) else {
+            tracing::debug!(
+                id = id.as_str(),
+                "a client response to no request of the gateway's"
+            );
+            return;
+        };
+        let from = match caller {
+            Caller::Session(s) => Some(s),
+            Caller::Sessionless => None,
+        };
+        if request.session.as_deref() != from {
+            tracing::warn!(
+                id = id.as_str(),
+                "a response from another session than the request's; ignored"
+            );
+            return;
+        }
+        let request = self
+            .server_requests
+            .remove(id.as_str())
+            .expect("looked up just above");
+        let text = match (result, error) {
+            (Some(r), None) => jsonrpc::ok_response(&request.sled_id, r.get()),
+            (None, Some(e)) => jsonrpc::raw_error_response(&request.sled_id, e.get()),
+            _ => return,
+        };
+        if self.uplinks.contains_key(&request.uplink) {
+            self.outputs.push_back(Output::UplinkSend {
+                uplink: request.uplink,
+                text,
+            });
+        }
+    }
+
+    /// A sled's `notifications/resources/updated`: to the sessions subscribed to that resource
+    /// of that project, and no other.
+    pub(super) fn on_resource_updated(&mut self, project: &str, params: Option<&RawValue>) {
+        let uri = params
+            .and_then(|p| serde_json::from_str::<Map<String, Value>>(p.get()).ok())
+            .and_then(|p| p.get("uri").and_then(Value::as_str).map(str::to_owned));
+        let Some(uri) = uri else {
+            return;
+        };
+        let sessions: Vec<String> = self
+            .subscriptions
+            .get(&(project.to_owned(), uri.clone()))
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        let data = jsonrpc::notification(
+            "notifications/resources/updated",
+            &json!({ "uri": uri }).to_string(),
+        );
+        for s in sessions {
+            self.notify_session(&s, data.clone());
+        }
+    }
+
+    /// A sled's `list_changed` for resources or prompts: to the sessions whose default is its
+    /// project.
+    pub(super) fn notify_default_sessions(&mut self, project: &str, method: &str) {
+        let affected: Vec<String> = self
+            .sessions
+            .iter_mut()
+            .filter(|(_, s)| s.default_project.as_deref() == Some(project))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let data = jsonrpc::notification(method, "{}");
+        for id in affected {
+            self.notify_session(&id, data.clone());
+        }
+    }
+}
+
+/// How the gateway changes a result on its way back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rewrite {
+    None,
+    /// Each prompt gets an optional `project` argument, as tools get a property.
+    PromptsList,
+}
+
+/// A `prompts/list` result with the optional `project` argument added to each prompt that
+/// does not declare one.
+pub(super) fn rewrite_prompts(result: &str) -> String {
+    let Ok(mut v) = serde_json::from_str::<Value>(result) else {
+        return result.to_owned();
+    };
+    if let Some(prompts) = v.get_mut("prompts").and_then(Value::as_array_mut) {
+        for p in prompts {
+            let Some(p) = p.as_object_mut() else { continue };
+            let args = p.entry("arguments").or_insert_with(|| json!([]));
+            let Some(args) = args.as_array_mut() else {
+                continue;
+            };
+            if !args.iter().any(|a| a["name"] == "project") {
+                args.push(json!({
+                    "name": "project",
+                    "description": "Registered project to get this prompt from (list_projects names them). Omit it for this session's default project.",
+                    "required": false,
+                }));
+            }
+        }
+    }
+    v.to_string()
+}
