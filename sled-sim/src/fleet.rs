@@ -8,9 +8,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, warn};
 
+use crate::fixture::Fixture;
 use crate::mcp::{SharedSled, Sled};
 use crate::net::{Connect, GatewayAddr, TokioConnect};
-use crate::uplink::{run_uplink, UplinkOptions};
+use crate::uplink::{run_uplink_with, Backend, UplinkOptions};
 
 const GREEK: [&str; 24] = [
     "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
@@ -52,6 +53,9 @@ pub struct SledOptions {
     pub latency: Duration,
     /// Up to this much extra per-request delay, drawn from the sled's seeded RNG.
     pub jitter: Duration,
+    /// Projects served by the conformance [`Fixture`] instead of the story model (the
+    /// latency knob does not apply to them).
+    pub fixture_projects: Vec<String>,
 }
 
 impl Default for SledOptions {
@@ -60,14 +64,15 @@ impl Default for SledOptions {
             seed: 0,
             latency: Duration::ZERO,
             jitter: Duration::ZERO,
+            fixture_projects: Vec::new(),
         }
     }
 }
 
-type Starter = Arc<dyn Fn(&SharedSled) -> JoinHandle<()> + Send + Sync>;
+type Starter = Arc<dyn Fn(&Backend) -> JoinHandle<()> + Send + Sync>;
 
 struct Member {
-    sled: SharedSled,
+    backend: Backend,
     task: Option<JoinHandle<()>>,
 }
 
@@ -92,7 +97,8 @@ impl std::fmt::Debug for Fleet {
 impl Fleet {
     /// Connects one emulated sled per project to the gateway at `gateway`
     /// (`"http://127.0.0.1:PORT"`), over tokio TCP. Must be called inside a tokio runtime.
-    /// A `gateway` that does not parse is logged as an error and no uplink starts.
+    /// A `gateway` that does not parse is logged as an error and no uplink starts. A project
+    /// also named in `opts.fixture_projects` is served by the conformance [`Fixture`].
     pub fn spawn(gateway: &str, projects: &[String], opts: SledOptions) -> Fleet {
         Fleet::spawn_with(TokioConnect, gateway, projects, opts)
     }
@@ -110,7 +116,7 @@ impl Fleet {
             Ok(addr) => {
                 let signal = shutdown.clone();
                 let opts = opts.clone();
-                Some(Arc::new(move |sled: &SharedSled| {
+                Some(Arc::new(move |sled: &Backend| {
                     let project = sled.project_name().to_owned();
                     let uplink_opts = UplinkOptions {
                         latency: opts.latency,
@@ -124,7 +130,7 @@ impl Fleet {
                         // Also ends when the fleet is dropped (the sender goes away).
                         let _ = rx.wait_for(|stop| *stop).await;
                     };
-                    tokio::spawn(run_uplink(
+                    tokio::spawn(run_uplink_with(
                         connector.clone(),
                         addr.clone(),
                         sled.clone(),
@@ -144,9 +150,16 @@ impl Fleet {
                 warn!(project = %project, "fleet: project listed twice; one sled only");
                 continue;
             }
-            let sled = SharedSled::new(Sled::seeded(project, sled_seed(opts.seed, project)));
-            let task = starter.as_ref().map(|start| start(&sled));
-            members.insert(project.clone(), Member { sled, task });
+            let backend = if opts.fixture_projects.contains(project) {
+                Backend::Handler(Arc::new(Fixture::new(project)))
+            } else {
+                Backend::Story(SharedSled::new(Sled::seeded(
+                    project,
+                    sled_seed(opts.seed, project),
+                )))
+            };
+            let task = starter.as_ref().map(|start| start(&backend));
+            members.insert(project.clone(), Member { backend, task });
         }
         Fleet {
             members,
@@ -155,9 +168,12 @@ impl Fleet {
         }
     }
 
-    /// The sled of `project`, to inspect or change its model.
+    /// The sled of `project`, to inspect or change its model (`None` for a fixture project).
     pub fn sled(&self, project: &str) -> Option<SharedSled> {
-        self.members.get(project).map(|m| m.sled.clone())
+        match self.members.get(project).map(|m| &m.backend) {
+            Some(Backend::Story(sled)) => Some(sled.clone()),
+            _ => None,
+        }
     }
 
     /// The fleet's projects, sorted.
@@ -195,7 +211,7 @@ impl Fleet {
         if member.task.as_ref().is_some_and(|t| !t.is_finished()) {
             return false;
         }
-        member.task = Some(starter(&member.sled));
+        member.task = Some(starter(&member.backend));
         true
     }
 

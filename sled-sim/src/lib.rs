@@ -11,6 +11,7 @@
 //! deterministic simulation.
 
 pub mod client;
+pub mod fixture;
 pub mod fleet;
 pub mod http;
 pub mod mcp;
@@ -20,9 +21,10 @@ pub mod script;
 pub mod uplink;
 
 pub use client::{ClientError, McpClient};
+pub use fixture::Fixture;
 pub use fleet::{demo_project_names, Fleet, SledOptions};
 pub use mcp::{SharedSled, Sled, SledConfig};
 pub use model::{Project, Stage, Story, Todo};
 pub use net::{Connect, GatewayAddr, HttpUrl, TokioConnect, UrlError};
 pub use script::{check_session, run_session, session_plan, SessionHistory, SessionPlan, Workload};
-pub use uplink::{run_uplink, UplinkOptions};
+pub use uplink::{run_uplink, run_uplink_with, Backend, CallContext, Handler, UplinkOptions};

@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 /// MCP tools for its project.
 #[derive(Debug, Parser)]
 #[command(name = "sled-sim", version, about)]
-#[command(group(ArgGroup::new("which").required(true).args(["project", "projects"])))]
+#[command(group(ArgGroup::new("which").required(true).multiple(true).args(["project", "projects", "fixture_project"])))]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct Args {
     #[command(subcommand)]
@@ -29,7 +29,7 @@ struct Args {
     project: Vec<String>,
 
     /// Emulate N sleds for the demo projects alpha, beta, gamma, … (instead of --project).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..), conflicts_with = "project")]
     projects: Option<u16>,
 
     /// The fleet seed: each project's model and jitter derive from it.
@@ -47,6 +47,11 @@ struct Args {
     /// Also serve project i's MCP directly at http://127.0.0.1:(P+i)/mcp.
     #[arg(long, value_name = "P")]
     direct_port_base: Option<u16>,
+
+    /// A project to serve with the conformance fixture (the tools, resources and prompts the
+    /// official MCP conformance suite calls) instead of the story model (repeatable).
+    #[arg(long, value_name = "NAME", value_parser = parse_project)]
+    fixture_project: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -121,6 +126,7 @@ async fn main() -> ExitCode {
         seed: args.seed,
         latency: Duration::from_millis(args.latency_ms),
         jitter: Duration::from_millis(args.jitter_ms),
+        fixture_projects: args.fixture_project.clone(),
     };
 
     // Bind the direct endpoints first, so a port clash fails before anything connects.
@@ -146,6 +152,7 @@ async fn main() -> ExitCode {
         }
     }
 
+    let projects: Vec<String> = projects.into_iter().chain(args.fixture_project).collect();
     let fleet = Fleet::spawn(&gateway.to_string(), &projects, opts);
     info!(gateway = %gateway, uplink = %gateway.uplink_url(), sleds = projects.len(), seed = args.seed, "sled-sim running; Ctrl-C to stop");
 

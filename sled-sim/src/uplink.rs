@@ -2,20 +2,29 @@
 //! gateway, say hello, then serve JSON-RPC requests over the WebSocket until it breaks, and
 //! reconnect with exponential backoff.
 //!
+//! An uplink serves a [`Backend`]: the story-model [`SharedSled`] (answered synchronously, after
+//! the latency knob), or any [`Handler`], whose requests run as tasks that may talk to the gateway
+//! while they run through their [`CallContext`]: progress, notifications for the call's client
+//! (log messages), and requests of their own (sampling, elicitation) whose answers come back
+//! over the same uplink.
+//!
 //! Only `tokio::time` is used for time and only a seeded RNG for jitter, so the same code runs
 //! deterministically inside a simulation.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
-use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION};
+use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
@@ -89,6 +98,244 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
+/// An MCP server that answers the gateway's requests asynchronously and may talk to the
+/// gateway while it does (see [`CallContext`]).
+pub trait Handler: Send + Sync + 'static {
+    /// The project it serves (named in `hello`).
+    fn project_name(&self) -> &str;
+
+    /// Handles one JSON-RPC request or notification from the gateway: resolves to the response,
+    /// or `None` for a notification. Runs as a task of its own; the gateway's
+    /// `notifications/cancelled` for the request aborts it.
+    fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>>;
+}
+
+/// What an uplink serves.
+#[derive(Clone)]
+pub enum Backend {
+    /// The story-model sled: answered synchronously, after the latency knob.
+    Story(SharedSled),
+    /// A handler whose calls can send progress, notifications and requests mid-call.
+    Handler(Arc<dyn Handler>),
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backend::Story(s) => f.debug_tuple("Story").field(&s.project_name()).finish(),
+            Backend::Handler(h) => f.debug_tuple("Handler").field(&h.project_name()).finish(),
+        }
+    }
+}
+
+impl Backend {
+    /// The project it serves.
+    pub fn project_name(&self) -> &str {
+        match self {
+            Backend::Story(s) => s.project_name(),
+            Backend::Handler(h) => h.project_name(),
+        }
+    }
+
+    /// A receiver that sees a change each time the tool list changes, if it ever does.
+    fn tools_changed(&self) -> Option<watch::Receiver<u64>> {
+        match self {
+            Backend::Story(s) => Some(s.subscribe_tools_changed()),
+            Backend::Handler(_) => None,
+        }
+    }
+}
+
+/// Why a request a handler made of the gateway got no result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestError {
+    /// The gateway (or the client behind it) answered with a JSON-RPC error.
+    Rpc { code: i64, message: String },
+    /// No answer within the time allowed.
+    Timeout(Duration),
+    /// The uplink went away before the answer came.
+    Disconnected,
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::Rpc { code, message } => write!(f, "error {code}: {message}"),
+            RequestError::Timeout(d) => write!(f, "no answer within {d:?}"),
+            RequestError::Disconnected => f.write_str("the uplink closed before the answer came"),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// Requests a handler sent up the uplink, waiting for their answers, by the id's JSON text.
+#[derive(Default)]
+struct Outstanding {
+    next: u64,
+    waiting: BTreeMap<String, oneshot::Sender<Value>>,
+}
+
+/// One connection's way to the gateway, shared by the tasks serving its requests.
+#[derive(Clone)]
+struct Peer {
+    tx: mpsc::UnboundedSender<Message>,
+    outstanding: Arc<Mutex<Outstanding>>,
+}
+
+impl Peer {
+    fn new(tx: mpsc::UnboundedSender<Message>) -> Self {
+        Peer {
+            tx,
+            outstanding: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Outstanding> {
+        self.outstanding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A response from the gateway: to the request of ours it answers. Returns whether it was
+    /// one of ours.
+    fn deliver(&self, msg: &Value) -> bool {
+        let Some(id) = msg.get("id") else {
+            return false;
+        };
+        match self.lock().waiting.remove(&id.to_string()) {
+            Some(waiter) => {
+                let _ = waiter.send(msg.clone());
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What a [`Handler`] can do while it serves one request: send the gateway progress,
+/// notifications for the call's client, and requests of its own.
+#[derive(Clone)]
+pub struct CallContext {
+    peer: Peer,
+    request_id: Option<u64>,
+    progress_token: Option<Value>,
+}
+
+impl std::fmt::Debug for CallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallContext")
+            .field("request_id", &self.request_id)
+            .field("progress_token", &self.progress_token)
+            .finish()
+    }
+}
+
+impl CallContext {
+    /// The gateway's id of the request being served (a number on this uplink).
+    pub fn request_id(&self) -> Option<u64> {
+        self.request_id
+    }
+
+    /// The progress token the gateway put on the request, if the client asked for progress.
+    pub fn progress_token(&self) -> Option<&Value> {
+        self.progress_token.as_ref()
+    }
+
+    fn send(&self, msg: &Value) -> bool {
+        self.peer.tx.send(Message::text(msg.to_string())).is_ok()
+    }
+
+    /// Sends `notifications/progress` under the request's token; does nothing (and returns
+    /// false) when the client asked for no progress.
+    pub fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> bool {
+        let Some(token) = &self.progress_token else {
+            return false;
+        };
+        let mut params = json!({"progressToken": token, "progress": progress});
+        if let Some(total) = total {
+            params["total"] = json!(total);
+        }
+        if let Some(message) = message {
+            params["message"] = json!(message);
+        }
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}))
+    }
+
+    /// Adds `_meta[RELATED_REQUEST_META]` = this request's id to `params` (an object), so the
+    /// gateway relays what carries them to this call's client.
+    fn related(&self, mut params: Value) -> Value {
+        if let (Some(id), Some(obj)) = (self.request_id, params.as_object_mut()) {
+            let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(RELATED_REQUEST_META.to_owned(), json!(id));
+            }
+        }
+        params
+    }
+
+    /// Sends a notification meant for this call's client (e.g. `notifications/message`),
+    /// naming the call in `params._meta`.
+    pub fn notify(&self, method: &str, params: Value) -> bool {
+        let params = self.related(params);
+        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+    }
+
+    /// Sends `notifications/message` (a log message) for this call's client.
+    pub fn log(&self, level: &str, logger: &str, data: Value) -> bool {
+        self.notify(
+            "notifications/message",
+            json!({"level": level, "logger": logger, "data": data}),
+        )
+    }
+
+    /// Sends a request for this call's client (e.g. `sampling/createMessage`), naming the call
+    /// in `params._meta`, and waits up to `wait` for its answer: the result, or why there is
+    /// none.
+    pub async fn request(
+        &self,
+        method: &str,
+        params: Value,
+        wait: Duration,
+    ) -> Result<Value, RequestError> {
+        let (waiter, answer) = oneshot::channel();
+        let id = {
+            let mut outstanding = self.peer.lock();
+            outstanding.waiting.retain(|_, w| !w.is_closed());
+            outstanding.next += 1;
+            let id = json!(format!("sled-{}", outstanding.next));
+            outstanding.waiting.insert(id.to_string(), waiter);
+            id
+        };
+        let params = self.related(params);
+        let sent =
+            self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        if !sent {
+            self.peer.lock().waiting.remove(&id.to_string());
+            return Err(RequestError::Disconnected);
+        }
+        let response = match timeout(wait, answer).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(_)) => return Err(RequestError::Disconnected),
+            Err(_) => {
+                self.peer.lock().waiting.remove(&id.to_string());
+                return Err(RequestError::Timeout(wait));
+            }
+        };
+        if let Some(error) = response.get("error") {
+            return Err(RequestError::Rpc {
+                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            });
+        }
+        Ok(response.get("result").cloned().unwrap_or(Value::Null))
+    }
+}
+
 /// What one text frame from the gateway is.
 enum Frame {
     Control(Control),
@@ -149,6 +396,17 @@ pub async fn run_uplink<C: Connect>(
     connector: C,
     gateway: GatewayAddr,
     sled: SharedSled,
+    opts: UplinkOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    run_uplink_with(connector, gateway, Backend::Story(sled), opts, shutdown).await;
+}
+
+/// [`run_uplink`] for any [`Backend`].
+pub async fn run_uplink_with<C: Connect>(
+    connector: C,
+    gateway: GatewayAddr,
+    sled: Backend,
     opts: UplinkOptions,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -216,7 +474,7 @@ pub async fn run_uplink<C: Connect>(
 async fn connect_once<C: Connect, F: Future<Output = ()>>(
     connector: &C,
     gateway: &GatewayAddr,
-    sled: &SharedSled,
+    sled: &Backend,
     opts: &UplinkOptions,
     rng: &mut ChaCha8Rng,
     mut shutdown: Pin<&mut F>,
@@ -365,7 +623,7 @@ fn silence_limit(heartbeat_ms: u64) -> Option<Duration> {
 async fn serve<S, F>(
     ws: WebSocketStream<S>,
     heartbeat_ms: u64,
-    sled: &SharedSled,
+    backend: &Backend,
     opts: &UplinkOptions,
     rng: &mut ChaCha8Rng,
     mut shutdown: Pin<&mut F>,
@@ -374,7 +632,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Future<Output = ()>,
 {
-    let project = sled.project_name().to_owned();
+    let project = backend.project_name().to_owned();
     let lost = |close_code| Outcome::Lost {
         welcomed: true,
         close_code,
@@ -409,13 +667,15 @@ where
     }
     let deadline_after = |d: Duration| Instant::now().checked_add(d);
     let mut deadline = silence.and_then(deadline_after);
-    let mut tools_changed = sled.subscribe_tools_changed();
-    let mut tools_open = true;
+    let peer = Peer::new(tx.clone());
+    let (mut tools_changed, mut tools_open) = match backend.tools_changed() {
+        Some(rx) => (rx, true),
+        None => (watch::channel(0).1, false),
+    };
     let mut tasks: JoinSet<()> = JoinSet::new();
     // Calls still waiting out their latency, by the gateway's request id, so that a
     // `notifications/cancelled` stops them before they are applied.
-    let mut waiting: std::collections::BTreeMap<u64, tokio::task::AbortHandle> =
-        std::collections::BTreeMap::new();
+    let mut waiting: BTreeMap<u64, tokio::task::AbortHandle> = BTreeMap::new();
     let mut closing: Option<(u16, String)> = None;
     loop {
         let idle = async {
@@ -483,47 +743,37 @@ where
                             warn!(project = %project, error = %e, "non-JSON frame ignored");
                         }
                         Frame::Rpc(msg) => {
-                            // The latency knob emulates slow project tools: it applies to
-                            // tools/call only, not to listing tools or the handshake.
-                            let is_call = msg.get("method").and_then(|m| m.as_str()) == Some("tools/call")
-                                && msg.get("id").is_some();
-                            let delay = if is_call { request_delay(opts, rng) } else { Duration::ZERO };
                             waiting.retain(|_, h| !h.is_finished());
-                            if msg.get("method").and_then(|m| m.as_str()) == Some("notifications/cancelled") {
+                            let method = msg.get("method").and_then(Value::as_str);
+                            if method.is_none() && peer.deliver(&msg) {
+                                // The answer to a handler's own request, handed to it.
+                            } else if method == Some("notifications/cancelled") {
                                 let id = msg.pointer("/params/requestId").and_then(Value::as_u64);
                                 if let Some(handle) = id.and_then(|id| waiting.remove(&id)) {
                                     handle.abort();
                                     info!(project = %project, request = id, "call cancelled by the gateway; not applied");
                                 }
-                            } else if delay.is_zero() {
-                                if let Some(resp) = sled.handle(&msg) {
-                                    send(resp.to_string());
-                                }
                             } else {
-                                let sled = sled.clone();
-                                let tx = tx.clone();
-                                let id = msg.get("id").and_then(Value::as_u64);
-                                // A call that asked for progress hears of it halfway through.
-                                let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
-                                let handle = tasks.spawn(async move {
-                                    if let Some(token) = progress_token {
-                                        sleep(delay / 2).await;
-                                        let progress = json!({
-                                            "jsonrpc": "2.0",
-                                            "method": "notifications/progress",
-                                            "params": {"progressToken": token, "progress": 1, "total": 2, "message": "working"},
+                                match backend {
+                                    Backend::Story(sled) => serve_story(sled, msg, opts, rng, &tx, &mut tasks, &mut waiting),
+                                    Backend::Handler(handler) => {
+                                        let id = msg.get("id").and_then(Value::as_u64);
+                                        let ctx = CallContext {
+                                            peer: peer.clone(),
+                                            request_id: id,
+                                            progress_token: msg.pointer("/params/_meta/progressToken").cloned(),
+                                        };
+                                        let answer = Arc::clone(handler).handle(msg, ctx);
+                                        let tx = tx.clone();
+                                        let handle = tasks.spawn(async move {
+                                            if let Some(resp) = answer.await {
+                                                let _ = tx.send(Message::text(resp.to_string()));
+                                            }
                                         });
-                                        let _ = tx.send(Message::text(progress.to_string()));
-                                        sleep(delay - delay / 2).await;
-                                    } else {
-                                        sleep(delay).await;
+                                        if let Some(id) = id {
+                                            waiting.insert(id, handle);
+                                        }
                                     }
-                                    if let Some(resp) = sled.handle(&msg) {
-                                        let _ = tx.send(Message::text(resp.to_string()));
-                                    }
-                                });
-                                if let Some(id) = id {
-                                    waiting.insert(id, handle);
                                 }
                             }
                         }
@@ -550,6 +800,59 @@ where
                 }
             }
         }
+    }
+}
+
+/// One request for the story-model sled: answered at once, or (for a `tools/call` when the
+/// latency knob is set) by a task that waits it out, sending progress halfway when asked.
+fn serve_story(
+    sled: &SharedSled,
+    msg: Value,
+    opts: &UplinkOptions,
+    rng: &mut ChaCha8Rng,
+    tx: &mpsc::UnboundedSender<Message>,
+    tasks: &mut JoinSet<()>,
+    waiting: &mut BTreeMap<u64, tokio::task::AbortHandle>,
+) {
+    // The latency knob emulates slow project tools: it applies to tools/call only, not to
+    // listing tools or the handshake.
+    let is_call =
+        msg.get("method").and_then(|m| m.as_str()) == Some("tools/call") && msg.get("id").is_some();
+    let delay = if is_call {
+        request_delay(opts, rng)
+    } else {
+        Duration::ZERO
+    };
+    if delay.is_zero() {
+        if let Some(resp) = sled.handle(&msg) {
+            let _ = tx.send(Message::text(resp.to_string()));
+        }
+        return;
+    }
+    let sled = sled.clone();
+    let tx = tx.clone();
+    let id = msg.get("id").and_then(Value::as_u64);
+    // A call that asked for progress hears of it halfway through.
+    let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
+    let handle = tasks.spawn(async move {
+        if let Some(token) = progress_token {
+            sleep(delay / 2).await;
+            let progress = json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/progress",
+                "params": {"progressToken": token, "progress": 1, "total": 2, "message": "working"},
+            });
+            let _ = tx.send(Message::text(progress.to_string()));
+            sleep(delay - delay / 2).await;
+        } else {
+            sleep(delay).await;
+        }
+        if let Some(resp) = sled.handle(&msg) {
+            let _ = tx.send(Message::text(resp.to_string()));
+        }
+    });
+    if let Some(id) = id {
+        waiting.insert(id, handle);
     }
 }
 

