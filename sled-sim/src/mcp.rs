@@ -261,6 +261,10 @@ impl Sled {
             "ping" => Ok(json!({})),
             "tools/list" => self.list_tools(params),
             "tools/call" => self.call(params),
+            "resources/list" => Ok(self.list_resources()),
+            "resources/read" => self.read_resource(params),
+            "prompts/list" => Ok(prompts_list()),
+            "prompts/get" => self.get_prompt(params),
             other => Err(RpcError::new(
                 codes::METHOD_NOT_FOUND,
                 format!("Method not found: {other}"),
@@ -272,6 +276,81 @@ impl Sled {
         })
     }
 
+    /// Each story is a resource, `story://<project>/<story id>`.
+    fn list_resources(&self) -> Value {
+        let resources: Vec<Value> = self
+            .project
+            .iter()
+            .map(|s| {
+                json!({
+                    "uri": format!("story://{}/{}", self.project.name, s.id),
+                    "name": s.id,
+                    "title": s.name,
+                    "mimeType": "application/json",
+                })
+            })
+            .collect();
+        json!({ "resources": resources })
+    }
+
+    fn read_resource(&self, params: &Map<String, Value>) -> Result<Value, RpcError> {
+        let uri = params.get("uri").and_then(Value::as_str).unwrap_or("");
+        let prefix = format!("story://{}/", self.project.name);
+        let story = uri
+            .strip_prefix(&prefix)
+            .and_then(|id| self.project.story(id))
+            .ok_or_else(|| {
+                // MCP's code for a resource that does not exist.
+                RpcError::new(
+                    -32002,
+                    format!(
+                        "Resource not found: {uri} (project {} lists its stories as {prefix}<id>)",
+                        self.project.name
+                    ),
+                )
+            })?;
+        let body = json!({ "project": self.project.name, "story": story.to_json() });
+        Ok(json!({
+            "contents": [{ "uri": uri, "mimeType": "application/json", "text": body.to_string() }]
+        }))
+    }
+
+    fn get_prompt(&self, params: &Map<String, Value>) -> Result<Value, RpcError> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        if name != "story_brief" {
+            return Err(RpcError::new(
+                codes::INVALID_PARAMS,
+                format!("Unknown prompt: {name}"),
+            ));
+        }
+        let story_id = params
+            .get("arguments")
+            .and_then(|a| a.get("story_id"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                RpcError::new(
+                    codes::INVALID_PARAMS,
+                    "story_brief needs the story_id argument",
+                )
+            })?;
+        let story = self
+            .project
+            .story(story_id)
+            .ok_or_else(|| RpcError::new(codes::INVALID_PARAMS, self.unknown_story(story_id)))?;
+        let text = format!(
+            "Project {}: story {} \"{}\" is in {}. Acceptance criteria: {}. Summarise what is left to do.",
+            self.project.name,
+            story.id,
+            story.name,
+            story.stage.as_str(),
+            story.acceptance_criteria.join("; ")
+        );
+        Ok(json!({
+            "description": format!("A brief of story {story_id} of project {}", self.project.name),
+            "messages": [{ "role": "user", "content": { "type": "text", "text": text } }],
+        }))
+    }
+
     fn initialize(&self, params: &Map<String, Value>) -> Value {
         let requested = params.get("protocolVersion").and_then(Value::as_str);
         let version = match requested {
@@ -280,7 +359,11 @@ impl Sled {
         };
         json!({
             "protocolVersion": version,
-            "capabilities": { "tools": { "listChanged": true } },
+            "capabilities": {
+                "tools": { "listChanged": true },
+                "resources": {},
+                "prompts": {},
+            },
             "serverInfo": { "name": "sled-sim", "version": env!("CARGO_PKG_VERSION") },
             "instructions": format!(
                 "Emulated sled {:?} serving project {:?}: stories, todos, tests and the pipeline.",
@@ -632,6 +715,16 @@ fn object_schema(properties: Value, required: &[&str]) -> Value {
         "required": required,
         "additionalProperties": false,
     })
+}
+
+/// The prompts every emulated project serves.
+fn prompts_list() -> Value {
+    json!({ "prompts": [{
+        "name": "story_brief",
+        "title": "Story brief",
+        "description": "A brief of one story of this project, to start work on it.",
+        "arguments": [{ "name": "story_id", "description": "The story's id, e.g. \"alpha-1\".", "required": true }],
+    }]})
 }
 
 /// Every tool's definition, built once.
@@ -1531,5 +1624,63 @@ mod tests {
         assert!(!rx.has_changed().unwrap());
         let n = shared.with(|s| s.tools().len());
         assert_eq!(n, 12);
+    }
+}
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+
+    fn rpc(sled: &mut Sled, method: &str, params: Value) -> Value {
+        sled.handle(&json!({"jsonrpc":"2.0","id":1,"method":method,"params":params}))
+            .expect("a request is answered")
+    }
+
+    #[test]
+    fn stories_are_resources_and_a_prompt_names_its_project() {
+        let mut sled = Sled::new(Project::new("beta"), "beta", 0);
+        let created = sled
+            .call_tool(
+                "create_story",
+                Some(&json!({"name":"Fix login","acceptance_criteria":["works"]})),
+            )
+            .unwrap();
+        let id = created["structuredContent"]["story"]["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let list = rpc(&mut sled, "resources/list", json!({}));
+        let uri = format!("story://beta/{id}");
+        assert_eq!(list["result"]["resources"][0]["uri"], uri);
+        let read = rpc(&mut sled, "resources/read", json!({"uri": uri}));
+        let body: Value =
+            serde_json::from_str(read["result"]["contents"][0]["text"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            (body["project"].as_str(), body["story"]["name"].as_str()),
+            (Some("beta"), Some("Fix login"))
+        );
+        let missing = rpc(
+            &mut sled,
+            "resources/read",
+            json!({"uri": "story://alpha/alpha-1"}),
+        );
+        assert_eq!(missing["error"]["code"], -32002);
+        let prompts = rpc(&mut sled, "prompts/list", json!({}));
+        assert_eq!(prompts["result"]["prompts"][0]["name"], "story_brief");
+        let got = rpc(
+            &mut sled,
+            "prompts/get",
+            json!({"name":"story_brief","arguments":{"story_id": id}}),
+        );
+        let text = got["result"]["messages"][0]["content"]["text"]
+            .as_str()
+            .unwrap();
+        assert!(text.starts_with("Project beta: story beta-"), "{text}");
+        let bad = rpc(
+            &mut sled,
+            "prompts/get",
+            json!({"name":"story_brief","arguments":{}}),
+        );
+        assert_eq!(bad["error"]["code"], -32602);
     }
 }

@@ -65,6 +65,32 @@ async def session(mode):
         check(f"[{mode}] the cancelled write was not applied", name not in names, names)
 
 
+async def surface():
+    """Resources and prompts of two projects in one session, without switching."""
+    async with Client(URL, mode="legacy") as c:
+        made = {}
+        for project in ("alpha", "beta"):
+            r = await c.call_tool("create_story", {"name": f"story on {project}", "acceptance_criteria": ["done"], "project": project})
+            made[project] = r.structured_content["story"]["id"]
+        listed = await c.list_resources()
+        uris = [str(r.uri) for r in listed.resources]
+        check("resources/list: the default project's stories", f"story://alpha/{made['alpha']}" in uris, uris)
+        r = await c.read_resource(f"story://alpha/{made['alpha']}")
+        check("reads a resource of the default project", '"project":"alpha"' in r.contents[0].text, r)
+        r = await c.read_resource(f"story://beta/{made['beta']}", meta={"io.mcp-gateway/project": "beta"})
+        check("reads a resource of another project by _meta", '"project":"beta"' in r.contents[0].text, r)
+        prompts = (await c.list_prompts()).prompts
+        brief = next((p for p in prompts if p.name == "story_brief"), None)
+        check("prompts/list offers the `project` argument",
+              brief is not None and any(a.name == "project" for a in brief.arguments or []), prompts)
+        r = await c.get_prompt("story_brief", {"story_id": made["alpha"]})
+        check("gets a prompt of the default project", r.messages[0].content.text.startswith("Project alpha"), r)
+        r = await c.get_prompt("story_brief", {"story_id": made["beta"], "project": "beta"})
+        check("gets a prompt of another project by its argument", r.messages[0].content.text.startswith("Project beta"), r)
+        r = await c.call_tool("whoami", {})
+        check("the session's default never moved", r.structured_content["project"] == "alpha", r)
+
+
 async def stateless(mode):
     async with Client(URL, mode=mode) as c:
         check(f"[{mode}] speaks the stateless era", c.protocol_version == "2026-07-28", c.protocol_version)
@@ -119,6 +145,7 @@ async def errors():
 
 async def main():
     await session("legacy")
+    await surface()
     for mode in ("auto", "2026-07-28"):
         await stateless(mode)
     await side_by_side()
