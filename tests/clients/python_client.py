@@ -133,6 +133,22 @@ async def side_by_side():
               all(v == ("gamma" if k.startswith("old") else "beta") for k, v in results.items()), results)
 
 
+async def listen_check():
+    """The stateless era's list_changed: a subscriptions/listen stream. The test harness stops a
+    sled when this prints LISTENING, which changes the tool list."""
+    async with Client(URL, mode="2026-07-28") as c:
+        async with c.listen(tools_list_changed=True) as sub:
+            check("[2026-07-28] subscriptions/listen honors toolsListChanged",
+                  bool(sub.honored and sub.honored.tools_list_changed), sub.honored)
+            print("LISTENING", flush=True)
+            got = None
+            with anyio.move_on_after(10):
+                async for event in sub:
+                    got = event
+                    break
+            check("[2026-07-28] receives the tools list_changed when a sled goes away", got is not None, got)
+
+
 async def errors():
     async with Client(URL, mode="legacy") as c:
         try:
@@ -150,6 +166,7 @@ async def main():
         await stateless(mode)
     await side_by_side()
     await errors()
+    await listen_check()
     failed = results.count(False)
     print(f"{len(results) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

@@ -85,28 +85,45 @@ async fn the_python_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
         latency: Duration::from_millis(300),
         ..SledOptions::default()
     };
-    let fleet = Fleet::spawn(&format!("http://{addr}"), &projects, opts);
+    let mut fleet = Fleet::spawn(&format!("http://{addr}"), &projects, opts);
     // Let the sleds connect and report their tools.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python_client.py");
-    let run = Command::new(&python)
+    let mut child = Command::new(&python)
         .arg(&script)
         .arg(format!("http://{addr}/mcp"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .spawn()
+        .expect("the Python client starts");
+    let stdout_pipe = child.stdout.take().expect("piped");
+    let mut stderr_pipe = child.stderr.take().expect("piped");
+    let run = async {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+        let mut lines = tokio::io::BufReader::new(stdout_pipe).lines();
+        let mut stdout = String::new();
+        while let Some(line) = lines.next_line().await.expect("stdout is readable") {
+            // The script listens for the stateless era's list_changed: change the tool list.
+            if line == "LISTENING" {
+                assert!(fleet.stop("gamma"));
+            }
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+        let mut stderr = String::new();
+        let _ = stderr_pipe.read_to_string(&mut stderr).await;
+        let status = child.wait().await.expect("the Python client ran");
+        (status, stdout, stderr)
+    };
+    let (status, stdout, stderr) = tokio::time::timeout(Duration::from_secs(120), run)
         .await
-        .expect("the Python client finished within 120 s")
-        .expect("the Python client ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+        .expect("the Python client finished within 120 s");
     println!("{stdout}");
     assert!(
-        out.status.success(),
-        "the Python SDK checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        status.success(),
+        "the Python SDK checks failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     fleet.shutdown().await;

@@ -209,6 +209,9 @@ impl Gateway {
     }
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
+        if self.listens.remove(&token).is_some() {
+            return;
+        }
         if let Some(session) = self.get_streams.remove(&token) {
             if let Some(s) = self.sessions.get_mut(&session) {
                 if s.stream == Some(token) {

@@ -253,6 +253,8 @@ pub struct Gateway {
     next_event: u64,
     /// Whether the session-expiry sweep timer is armed.
     sweep_armed: bool,
+    /// Open stateless-era `subscriptions/listen` streams, with the id of the listen request.
+    listens: std::collections::BTreeMap<HttpToken, RawId>,
     /// Sessions subscribed to each (project, resource URI).
     subscriptions: std::collections::BTreeMap<(String, String), BTreeSet<String>>,
     /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).
@@ -425,6 +427,7 @@ impl Gateway {
             next_event: 0,
             sweep_armed: false,
             subscriptions: std::collections::BTreeMap::new(),
+            listens: std::collections::BTreeMap::new(),
             server_requests: HashMap::new(),
             next_server_request: 0,
             timers: BTreeSet::new(),
@@ -465,7 +468,7 @@ impl Gateway {
             frames_invalid: self.counters.frames_invalid,
             calls_cancelled: self.counters.calls_cancelled,
             sessions_expired: self.counters.sessions_expired,
-            open_streams: self.get_streams.len() + self.post_streams.len(),
+            open_streams: self.get_streams.len() + self.post_streams.len() + self.listens.len(),
         }
     }
 

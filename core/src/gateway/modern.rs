@@ -64,6 +64,14 @@ impl Gateway {
             .and_then(|()| match rpc_method.as_str() {
                 "server/discover" => Ok(Some(self.discover())),
                 "tools/list" => Ok(Some(self.modern_tools_list())),
+                "subscriptions/listen" if !stream_ok => Err(RpcError::InvalidParams {
+                    method: rpc_method.clone(),
+                    detail: "subscriptions/listen answers with an event stream: send Accept: text/event-stream".into(),
+                }),
+                "subscriptions/listen" => {
+                    self.listen(token, &id, params);
+                    Ok(None)
+                }
                 "tools/call" => self.tools_call(
                     now,
                     token,
@@ -211,6 +219,86 @@ impl Gateway {
         ));
         self.modern_listing = Some(s.clone());
         s
+    }
+}
+
+impl Gateway {
+    /// `subscriptions/listen`: a long-lived SSE answer carrying the change notifications the
+    /// client asked for. The gateway honors `toolsListChanged` (its stateless `tools/list`
+    /// changes when a project's sled comes, goes or changes its tools); the acknowledgment
+    /// names what is honored.
+    fn listen(&mut self, token: HttpToken, id: &RawId, params: Option<&RawValue>) {
+        let wants_tools = params
+            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+            .is_some_and(|p| p["notifications"]["toolsListChanged"] == true);
+        let honored = if wants_tools {
+            json!({ "toolsListChanged": true })
+        } else {
+            json!({})
+        };
+        let subscription: Value = serde_json::from_str(id.as_str()).expect("ids are JSON");
+        let ack = json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/subscriptions/acknowledged",
+            "params": {
+                "notifications": honored,
+                "_meta": { "io.modelcontextprotocol/subscriptionId": subscription },
+            },
+        });
+        self.outputs.push_back(Output::StreamOpen { token });
+        let n = Some(self.next_event_id());
+        self.outputs.push_back(Output::StreamEvent {
+            token,
+            id: n,
+            data: ack.to_string(),
+        });
+        if wants_tools {
+            self.listens.insert(token, id.clone());
+        } else {
+            // Nothing to listen to: end the subscription at once, gracefully.
+            self.end_listen(token, id);
+        }
+    }
+
+    /// Tells every listener that the stateless `tools/list` changed.
+    pub(super) fn notify_listeners_tools_changed(&mut self) {
+        let listens: Vec<(HttpToken, RawId)> =
+            self.listens.iter().map(|(t, i)| (*t, i.clone())).collect();
+        for (token, id) in listens {
+            let subscription: Value = serde_json::from_str(id.as_str()).expect("ids are JSON");
+            let data = json!({
+                "jsonrpc": "2.0",
+                "method": "notifications/tools/list_changed",
+                "params": { "_meta": { "io.modelcontextprotocol/subscriptionId": subscription } },
+            });
+            let n = Some(self.next_event_id());
+            self.outputs.push_back(Output::StreamEvent {
+                token,
+                id: n,
+                data: data.to_string(),
+            });
+        }
+    }
+
+    /// Ends every subscription gracefully (shutdown).
+    pub(super) fn end_listens(&mut self) {
+        for (token, id) in std::mem::take(&mut self.listens) {
+            self.end_listen(token, &id);
+        }
+    }
+
+    fn end_listen(&mut self, token: HttpToken, id: &RawId) {
+        let result = format!(
+            r#"{{"resultType":"complete","_meta":{{"io.modelcontextprotocol/subscriptionId":{}}}}}"#,
+            id.as_str()
+        );
+        let n = Some(self.next_event_id());
+        self.outputs.push_back(Output::StreamEvent {
+            token,
+            id: n,
+            data: jsonrpc::ok_response(id.as_str(), &result),
+        });
+        self.outputs.push_back(Output::StreamClose { token });
     }
 }
 

@@ -215,6 +215,7 @@ impl Gateway {
                                 };
                                 if changed {
                                     self.modern_listing = None;
+                                    self.notify_listeners_tools_changed();
                                     self.notify_tools_changed(&project);
                                 }
                             }
@@ -498,11 +499,12 @@ impl Gateway {
                     tracing::info!(uplink = id.0, project, "uplink gone");
                     state.uplink = None;
                     let had_tools = state.set_tools(None).is_some();
-                    self.modern_listing = None;
                     state.refresh += 1;
+                    self.modern_listing = None;
                     if had_tools {
                         let project = project.clone();
                         self.notify_tools_changed(&project);
+                        self.notify_listeners_tools_changed();
                     }
                 }
             }
@@ -529,6 +531,7 @@ impl Gateway {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutting_down = true;
+        self.end_listens();
         let streams: BTreeSet<HttpToken> = self.get_streams.keys().copied().collect();
         for token in streams {
             self.close_session_stream(token);

@@ -274,3 +274,43 @@ fn both_eras_side_by_side() {
     assert_eq!(rl["result"]["structuredContent"]["project"], "beta");
     assert_eq!(rm["result"]["structuredContent"]["project"], "beta");
 }
+
+#[test]
+fn a_listener_hears_when_the_stateless_tool_list_changes() {
+    let mut h = Harness::new();
+    let t = modern(
+        &mut h,
+        9,
+        "subscriptions/listen",
+        json!({"notifications":{"toolsListChanged":true,"promptsListChanged":true}}),
+        &|_| {},
+    );
+    let ack = h.streams[&t][0].1.clone();
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged":true}),
+        "only what is honored"
+    );
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        9
+    );
+    let beta = h.connect_sled("beta");
+    assert_eq!(h.streams[&t].len(), 2);
+    assert_eq!(
+        h.streams[&t][1].1["method"],
+        "notifications/tools/list_changed"
+    );
+    h.handle(crate::Input::UplinkClosed { uplink: beta });
+    assert_eq!(h.streams[&t].len(), 3);
+    // Shutdown ends it gracefully: a result naming the subscription, then the end.
+    h.handle(crate::Input::Shutdown);
+    let last = &h.streams[&t].last().unwrap().1;
+    assert_eq!(last["id"], 9);
+    assert_eq!(
+        last["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        9
+    );
+    assert!(h.streams_closed.contains(&t));
+}
