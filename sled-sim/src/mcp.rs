@@ -1132,7 +1132,7 @@ mod tests {
             assert_eq!(r["result"]["protocolVersion"], answered);
             assert_eq!(
                 r["result"]["capabilities"],
-                json!({"tools":{"listChanged":true}})
+                json!({"tools":{"listChanged":true},"resources":{},"prompts":{}})
             );
             assert_eq!(r["result"]["serverInfo"]["name"], "sled-sim");
         }
