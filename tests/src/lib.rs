@@ -1,7 +1,15 @@
-//! Shared helpers for the black-box tests (`tests/tests/e2e.rs`) and the deterministic
+//! Shared helpers for the black-box tests (`tests/tests/*.rs`) and the deterministic
 //! simulation (`tests/tests/simulation.rs`).
 
 pub mod sim;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use gateway_core::{ProjectSpec, Registry};
+use gateway_server::{serve, ServerOptions};
+use serde_json::json;
+use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 
 /// Logs to the test's captured output, filtered by `RUST_LOG` (default: warnings).
 pub fn init_tracing() {
@@ -12,4 +20,105 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// A registry of `projects` (made-up container URLs), with `default`.
+pub fn registry(projects: &[&str], default: Option<&str>) -> Registry {
+    let specs = projects
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
+        .collect();
+    Registry::from_projects(specs, default).expect("a valid test registry")
+}
+
+/// The real gateway serving on a loopback port, and an emulated fleet connected to it.
+pub struct Stack {
+    pub addr: SocketAddr,
+    pub fleet: Fleet,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Stack {
+    /// Starts the gateway for `registry` and one sled per project in `sleds`.
+    pub async fn start(registry: Registry, sleds: &[&str], opts: SledOptions) -> Stack {
+        init_tracing();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let addr = listener.local_addr().expect("a bound address");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            ServerOptions::new(registry, [7; 32]),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let names: Vec<String> = sleds.iter().map(|s| (*s).to_owned()).collect();
+        let fleet = Fleet::spawn(&format!("http://{addr}"), &names, opts);
+        let stack = Stack {
+            addr,
+            fleet,
+            stop,
+            server,
+        };
+        stack.wait_live(sleds).await;
+        stack
+    }
+
+    /// The MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Waits (at most 15 s) until every project in `live` has a live uplink, and the default
+    /// project's tools are listed if it is among them.
+    pub async fn wait_live(&self, live: &[&str]) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let ready = async {
+                let mut c = McpClient::connect(TokioConnect, &self.url()).await.ok()?;
+                let r = c
+                    .tools_call(json!(1), "list_projects", json!({}))
+                    .await
+                    .ok()?;
+                let s = &r["result"]["structuredContent"];
+                let projects = s["projects"].as_array()?;
+                let all_live = live.iter().all(|name| {
+                    projects
+                        .iter()
+                        .any(|p| p["name"] == *name && p["live"] == true)
+                });
+                let default_listed = match s["active"].as_str() {
+                    Some(d) if live.contains(&d) => {
+                        let tools = c.tools_list(json!(2), None).await.ok()?;
+                        tools["result"]["tools"].as_array()?.len() > 2
+                    }
+                    _ => true,
+                };
+                (all_live && default_listed).then_some(())
+            };
+            if ready.await.is_some() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the sleds {live:?} did not come up within 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Shuts the fleet and the gateway down, and checks that the gateway stopped cleanly.
+    pub async fn stop(self) {
+        self.fleet.shutdown().await;
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.server)
+            .await
+            .expect("the gateway stopped within 20 s")
+            .expect("the server task did not panic")
+            .expect("serve returned Ok");
+    }
 }

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use gateway_core::{ProjectSpec, Registry};
-use gateway_server::{serve, ServerOptions};
-use sled_sim::{Fleet, SledOptions};
+use gateway_tests::Stack;
+use sled_sim::SledOptions;
 use tokio::process::Command;
 
 /// The Python SDK version the checks were written against.
@@ -63,31 +62,14 @@ async fn python_with_sdk() -> PathBuf {
 async fn the_python_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
     gateway_tests::init_tracing();
     let python = python_with_sdk().await;
-    let names = ["alpha", "beta", "gamma"];
-    let specs = names
-        .iter()
-        .enumerate()
-        .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
-        .collect();
-    let registry = Registry::from_projects(specs, Some("alpha")).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        ServerOptions::new(registry, [9; 32]),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let projects: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
     let opts = SledOptions {
         latency: Duration::from_millis(300),
         ..SledOptions::default()
     };
-    let mut fleet = Fleet::spawn(&format!("http://{addr}"), &projects, opts);
-    // Let the sleds connect and report their tools.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let names = ["alpha", "beta", "gamma"];
+    let mut stack =
+        Stack::start(gateway_tests::registry(&names, Some("alpha")), &names, opts).await;
+    let addr = stack.addr;
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python_client.py");
     let mut child = Command::new(&python)
@@ -107,7 +89,7 @@ async fn the_python_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
         while let Some(line) = lines.next_line().await.expect("stdout is readable") {
             // The script listens for the stateless era's list_changed: change the tool list.
             if line == "LISTENING" {
-                assert!(fleet.stop("gamma"));
+                assert!(stack.fleet.stop("gamma"));
             }
             stdout.push_str(&line);
             stdout.push('\n');
@@ -126,9 +108,7 @@ async fn the_python_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
         "the Python SDK checks failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
-    fleet.shutdown().await;
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    stack.stop().await;
 }
 
 // The TypeScript SDK and the MCP Inspector CLI, on Node 22; Node and both packages come from
@@ -141,79 +121,26 @@ mod node;
 /// `latency` per call, over loopback.
 struct Abc {
     url: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-    fleet: Fleet,
+    stack: Stack,
 }
 
 impl Abc {
     async fn start(latency: Duration) -> Abc {
         let names = ["alpha", "beta", "gamma"];
-        let specs = names
-            .iter()
-            .enumerate()
-            .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
-            .collect();
-        let registry = Registry::from_projects(specs, Some("alpha")).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
-            listener,
-            ServerOptions::new(registry, [7; 32]),
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        let projects: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let opts = SledOptions {
             latency,
             ..SledOptions::default()
         };
-        let fleet = Fleet::spawn(&format!("http://{addr}"), &projects, opts);
-        let url = format!("http://{addr}/mcp");
-        // Until every sled is live and alpha's tools are listed.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            let ready = async {
-                let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &url)
-                    .await
-                    .ok()?;
-                let r = c
-                    .tools_call(serde_json::json!(1), "list_projects", serde_json::json!({}))
-                    .await
-                    .ok()?;
-                let projects = r["result"]["structuredContent"]["projects"]
-                    .as_array()?
-                    .clone();
-                let tools = c.tools_list(serde_json::json!(2), None).await.ok()?;
-                let listed = tools["result"]["tools"]
-                    .as_array()?
-                    .iter()
-                    .any(|t| t["name"] == "whoami");
-                (listed && projects.iter().all(|p| p["live"] == true)).then_some(())
-            };
-            if ready.await.is_some() {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the sleds did not come up within 15 s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let stack =
+            Stack::start(gateway_tests::registry(&names, Some("alpha")), &names, opts).await;
         Abc {
-            url,
-            stop,
-            server,
-            fleet,
+            url: stack.url(),
+            stack,
         }
     }
 
     async fn stop(self) {
-        self.fleet.shutdown().await;
-        let _ = self.stop.send(());
-        self.server.await.unwrap().unwrap();
+        self.stack.stop().await;
     }
 }
 

@@ -15,10 +15,8 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_core::{ProjectSpec, Registry};
-use gateway_server::{serve, ServerOptions};
-use serde_json::json;
-use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
+use gateway_tests::Stack;
+use sled_sim::SledOptions;
 use tokio::sync::Semaphore;
 
 /// The fixture project (the registry's default) and the ordinary one beside it.
@@ -127,38 +125,6 @@ async fn server_scenarios(node: &node::Node) -> Vec<String> {
         .collect()
 }
 
-/// Waits until both sleds are live and the fixture's tools are listed.
-async fn wait_live(url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let ready = async {
-            let mut c = McpClient::connect(TokioConnect, url).await.ok()?;
-            let r = c
-                .tools_call(json!(1), "list_projects", json!({}))
-                .await
-                .ok()?;
-            let projects = r["result"]["structuredContent"]["projects"]
-                .as_array()?
-                .clone();
-            let live = projects.iter().all(|p| p["live"] == json!(true));
-            let tools = c.tools_list(json!(2), None).await.ok()?;
-            let listed = tools["result"]["tools"]
-                .as_array()?
-                .iter()
-                .any(|t| t["name"] == "test_simple_text");
-            (live && listed).then_some(())
-        };
-        if ready.await.is_some() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the sleds did not come up within 15 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_official_conformance_suite_passes_except_the_baseline() {
     gateway_tests::init_tracing();
@@ -167,29 +133,13 @@ async fn the_official_conformance_suite_passes_except_the_baseline() {
     assert!(scenarios.len() >= 30, "few scenarios listed: {scenarios:?}");
     let baseline = baseline();
 
-    let specs = vec![
-        ProjectSpec::new(FIXTURE, "http://127.0.0.1:9101"),
-        ProjectSpec::new(ORDINARY, "http://127.0.0.1:9102"),
-    ];
-    let registry = Registry::from_projects(specs, Some(FIXTURE)).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        ServerOptions::new(registry, [8; 32]),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let registry = gateway_tests::registry(&[FIXTURE, ORDINARY], Some(FIXTURE));
     let opts = SledOptions {
         fixture_projects: vec![FIXTURE.to_owned()],
         ..SledOptions::default()
     };
-    let projects = vec![FIXTURE.to_owned(), ORDINARY.to_owned()];
-    let fleet = Fleet::spawn(&format!("http://{addr}"), &projects, opts);
-    let url = format!("http://{addr}/mcp");
-    wait_live(&url).await;
+    let stack = Stack::start(registry, &[FIXTURE, ORDINARY], opts).await;
+    let url = stack.url();
 
     let started = Instant::now();
     let gate = Arc::new(Semaphore::new(PARALLEL));
@@ -253,9 +203,7 @@ async fn the_official_conformance_suite_passes_except_the_baseline() {
     }
     let stale: Vec<&String> = baseline.keys().filter(|s| !scenarios.contains(s)).collect();
 
-    fleet.shutdown().await;
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    stack.stop().await;
 
     assert!(
         unexpected_failures.is_empty(),

@@ -4,10 +4,9 @@
 
 use std::time::Duration;
 
-use gateway_core::{ProjectSpec, Registry};
-use gateway_server::{serve, ServerOptions};
+use gateway_tests::Stack;
 use serde_json::{json, Value};
-use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
+use sled_sim::{McpClient, SledOptions, TokioConnect};
 
 /// What an input must get: the status, and the error's code and kind when the body is one.
 #[derive(Debug, Clone, Copy)]
@@ -633,30 +632,9 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_hostile_input_gets_its_exact_answer_and_the_gateway_keeps_serving() {
-    gateway_tests::init_tracing();
-    let specs = ["alpha", "beta", "gamma"]
-        .iter()
-        .enumerate()
-        .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
-        .collect();
-    let registry = Registry::from_projects(specs, Some("alpha")).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        ServerOptions::new(registry, [5; 32]),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let fleet = Fleet::spawn(
-        &format!("http://{addr}"),
-        &["alpha".to_owned(), "beta".to_owned()],
-        SledOptions::default(),
-    );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let url = format!("http://{addr}/mcp");
+    let registry = gateway_tests::registry(&["alpha", "beta", "gamma"], Some("alpha"));
+    let stack = Stack::start(registry, &["alpha", "beta"], SledOptions::default()).await;
+    let url = stack.url();
     let mut probe = McpClient::connect(TokioConnect, &url).await.unwrap();
     probe.initialize().await.unwrap();
     let session = probe.session_id().unwrap().to_owned();
@@ -750,7 +728,5 @@ async fn every_hostile_input_gets_its_exact_answer_and_the_gateway_keeps_serving
         .await
         .unwrap();
     assert_eq!(r["result"]["structuredContent"]["project"], "beta");
-    fleet.shutdown().await;
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    stack.stop().await;
 }
