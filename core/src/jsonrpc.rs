@@ -180,22 +180,23 @@ pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage>
 
 /// A success response around a raw result.
 pub(crate) fn ok_response(id: &str, result: &str) -> String {
-    let mut s = String::with_capacity(id.len() + result.len() + 32);
-    s.push_str(r#"{"jsonrpc":"2.0","id":"#);
-    s.push_str(id);
-    s.push_str(r#","result":"#);
-    s.push_str(result);
-    s.push('}');
-    s
+    response(id, "result", result)
 }
 
 /// An error response around a raw error object (a sled's, passed through).
 pub(crate) fn raw_error_response(id: &str, error: &str) -> String {
-    let mut s = String::with_capacity(id.len() + error.len() + 32);
+    response(id, "error", error)
+}
+
+/// `{"jsonrpc":"2.0","id":<id>,"<member>":<raw>}`, built around the raw texts.
+fn response(id: &str, member: &str, raw: &str) -> String {
+    let mut s = String::with_capacity(id.len() + raw.len() + 32);
     s.push_str(r#"{"jsonrpc":"2.0","id":"#);
     s.push_str(id);
-    s.push_str(r#","error":"#);
-    s.push_str(error);
+    s.push_str(",\"");
+    s.push_str(member);
+    s.push_str("\":");
+    s.push_str(raw);
     s.push('}');
     s
 }
