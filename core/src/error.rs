@@ -64,6 +64,25 @@ impl UplinkLoss {
     }
 }
 
+/// Which in-flight limit a refused call ran into (see `Config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallLimit {
+    /// `max_calls_per_session`: the calling session has this many calls pending.
+    Session,
+    /// `max_calls_per_sled`: the project's sled has this many calls pending.
+    Sled,
+}
+
+impl CallLimit {
+    /// The name of the setting, as `data.limit` carries it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CallLimit::Session => "max_calls_per_session",
+            CallLimit::Sled => "max_calls_per_sled",
+        }
+    }
+}
+
 /// A JSON-RPC error the gateway answers a request with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RpcError {
@@ -153,6 +172,14 @@ pub enum RpcError {
         tool: String,
         why: &'static str,
     },
+    /// Past a limit on calls in flight: the call was not sent, and may be retried later.
+    TooManyCalls {
+        project: String,
+        sled: String,
+        limit: CallLimit,
+        max: usize,
+        retry_after: Duration,
+    },
 }
 
 impl RpcError {
@@ -176,6 +203,7 @@ impl RpcError {
             RpcError::HeaderMismatch { .. } => code::HEADER_MISMATCH,
             RpcError::UnsupportedVersion { .. } => code::UNSUPPORTED_PROTOCOL_VERSION,
             RpcError::Timeout { .. } => code::REQUEST_TIMEOUT,
+            RpcError::TooManyCalls { .. } => code::SERVER_ERROR,
         }
     }
 
@@ -202,6 +230,7 @@ impl RpcError {
             RpcError::HeaderMismatch { .. } => "header_mismatch",
             RpcError::UnsupportedVersion { .. } => "unsupported_protocol_version",
             RpcError::UnknownTool { .. } => "unknown_tool",
+            RpcError::TooManyCalls { .. } => "too_many_calls",
         }
     }
 
@@ -257,6 +286,15 @@ impl RpcError {
                 crate::http::PROTOCOL_VERSIONS.join(", ")
             ),
             RpcError::UnknownTool { tool, why } => format!("Unknown tool: {tool}; {why}"),
+            RpcError::TooManyCalls { project, sled, limit, max, retry_after } => format!(
+                "Too many calls in flight: {} already has {max} calls pending ({}); the call to project '{project}' was not sent; retry after {} ms",
+                match limit {
+                    CallLimit::Session => "this session".to_owned(),
+                    CallLimit::Sled => format!("sled '{sled}'"),
+                },
+                limit.name(),
+                retry_after.as_millis()
+            ),
         }
     }
 
@@ -311,6 +349,18 @@ impl RpcError {
                 "waited_ms": u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
                 "outcome": "unknown",
             }),
+            RpcError::TooManyCalls {
+                project,
+                sled,
+                limit,
+                max,
+                retry_after,
+            } => json!({
+                "kind": kind, "project": project, "sled": sled,
+                "limit": limit.name(), "max": max,
+                "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                "outcome": "not_sent",
+            }),
         }
     }
 
@@ -358,6 +408,8 @@ pub enum HttpError {
     PayloadTooLarge { limit: usize },
     /// The body could not be read off the connection.
     BodyUnreadable,
+    /// `initialize` with `max_sessions` sessions live and none idle enough to evict.
+    TooManySessions { max: usize, retry_after: Duration },
 }
 
 impl HttpError {
@@ -374,6 +426,7 @@ impl HttpError {
             HttpError::ShuttingDown => 503,
             HttpError::PayloadTooLarge { .. } => 413,
             HttpError::BodyUnreadable => 400,
+            HttpError::TooManySessions { .. } => 503,
         }
     }
 
@@ -390,6 +443,7 @@ impl HttpError {
             HttpError::ShuttingDown => "shutting_down",
             HttpError::PayloadTooLarge { .. } => "payload_too_large",
             HttpError::BodyUnreadable => "body_unreadable",
+            HttpError::TooManySessions { .. } => "too_many_sessions",
         }
     }
 
@@ -422,6 +476,10 @@ impl HttpError {
                 "Payload too large: the request body is over the limit of {limit} bytes"
             ),
             HttpError::BodyUnreadable => "Bad request: the request body could not be read".into(),
+            HttpError::TooManySessions { max, retry_after } => format!(
+                "Service unavailable: the gateway holds its maximum of {max} sessions (max_sessions) and none is idle enough to end; retry after {} s, or end unused sessions with DELETE",
+                retry_secs(*retry_after)
+            ),
         }
     }
 
@@ -429,6 +487,9 @@ impl HttpError {
         match self {
             HttpError::MethodNotAllowed { allow, .. } => vec![("Allow", (*allow).into())],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
+            HttpError::TooManySessions { retry_after, .. } => {
+                vec![("Retry-After", retry_secs(*retry_after).to_string())]
+            }
             HttpError::UnknownSession
             | HttpError::MissingSession { .. }
             | HttpError::NotAcceptable { .. }
@@ -459,6 +520,15 @@ impl HttpError {
             body: Some(self.body()),
         }
     }
+}
+
+/// A `Retry-After` in whole seconds, rounded up, at least 1.
+fn retry_secs(d: Duration) -> u64 {
+    d.as_millis()
+        .div_ceil(1000)
+        .max(1)
+        .try_into()
+        .unwrap_or(u64::MAX)
 }
 
 fn names(v: &[String]) -> String {
@@ -615,6 +685,26 @@ mod tests {
                         "requests of protocol 2026-07-28 have no session: pass \"project\" per call",
                 },
             ),
+            (
+                "too_many_calls_session",
+                RpcError::TooManyCalls {
+                    project: "beta".into(),
+                    sled: "beta-sled".into(),
+                    limit: CallLimit::Session,
+                    max: 64,
+                    retry_after: Duration::from_millis(1000),
+                },
+            ),
+            (
+                "too_many_calls_sled",
+                RpcError::TooManyCalls {
+                    project: "beta".into(),
+                    sled: "beta-sled".into(),
+                    limit: CallLimit::Sled,
+                    max: 1024,
+                    retry_after: Duration::from_millis(1000),
+                },
+            ),
         ]
     }
 
@@ -652,6 +742,10 @@ mod tests {
                 got: "1999-01-01".into(),
             },
             HttpError::StreamConflict,
+            HttpError::TooManySessions {
+                max: 10_000,
+                retry_after: Duration::from_millis(1000),
+            },
         ];
         for (i, e) in all.iter().enumerate() {
             let body: Value = serde_json::from_str(&e.body()).unwrap();

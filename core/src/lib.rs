@@ -24,6 +24,7 @@ mod error;
 mod gateway;
 mod http;
 mod jsonrpc;
+mod metrics;
 mod registry;
 mod session;
 mod tools;
@@ -32,11 +33,12 @@ pub mod uplink;
 #[cfg(test)]
 mod tests;
 
-pub use error::{HttpError, RpcError, UplinkLoss};
+pub use error::{CallLimit, HttpError, RpcError, UplinkLoss};
 #[cfg(feature = "planted-bugs")]
 pub use gateway::PlantedBug;
 pub use gateway::{
     Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
 };
+pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
 pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError};
 pub use tools::GATEWAY_TOOLS;

@@ -105,6 +105,20 @@ impl Sessions {
         gone
     }
 
+    /// Ends the least recently used session that has no open stream and is not `busy`;
+    /// returns its id, or `None` when every session has a stream or is busy. A walk over the
+    /// table, done only when it is full.
+    pub(crate) fn evict_lru(&mut self, busy: impl Fn(&str) -> bool) -> Option<String> {
+        let id = self
+            .map
+            .iter()
+            .filter(|(id, s)| s.stream.is_none() && !busy(id))
+            .min_by_key(|(_, s)| s.last_seen)
+            .map(|(id, _)| id.clone())?;
+        self.map.remove(&id);
+        Some(id)
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }

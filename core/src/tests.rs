@@ -3,6 +3,7 @@
 
 mod gateway;
 mod interleavings;
+mod limits;
 mod modern;
 mod streams;
 mod surface;

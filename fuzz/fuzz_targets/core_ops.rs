@@ -46,7 +46,14 @@ fuzz_target!(|ops: Vec<Op>| {
         .map(|p| ProjectSpec::new(*p, "http://127.0.0.1:1"))
         .collect();
     let registry = Registry::from_projects(specs, Some("alpha")).unwrap();
-    let mut gw = Gateway::new(registry, Config::default(), [0; 32]);
+    // Small limits, so that sequences reach them: eviction, 503, too_many_calls.
+    let config = Config {
+        max_sessions: 4,
+        max_calls_per_session: 2,
+        max_calls_per_sled: 3,
+        ..Config::default()
+    };
+    let mut gw = Gateway::new(registry, config, [0; 32]);
     #[allow(clippy::disallowed_methods)]
     let mut now = Instant::now();
     let mut sessions: Vec<String> = Vec::new();
@@ -224,4 +231,16 @@ fuzz_target!(|ops: Vec<Op>| {
         }
     }
     assert!(waiting.is_empty(), "every request got a reply");
+    // Every forwarded call ended exactly once, and every refusal was counted.
+    let m = gw.metrics();
+    assert_eq!(m.stats.pending_calls, 0);
+    let count = |refused: bool| -> u64 {
+        m.calls
+            .iter()
+            .filter(|c| (c.outcome == gateway_core::Outcome::Refused) == refused)
+            .map(|c| c.count)
+            .sum()
+    };
+    assert_eq!(count(false), m.stats.calls_forwarded, "one outcome per forwarded call");
+    assert_eq!(count(true), m.stats.calls_refused);
 });

@@ -49,6 +49,11 @@ pub(crate) enum Command {
     },
     /// Start the shutdown sequence: grace period, then [`Input::Shutdown`].
     Shutdown,
+    /// A snapshot of the core's counts for `/metrics`; the asker renders it, so the driver
+    /// only copies numbers.
+    Metrics {
+        reply: tokio::sync::oneshot::Sender<gateway_core::Metrics>,
+    },
 }
 
 /// What the driver sends an HTTP handler: one whole answer, or a stream of events.
@@ -199,6 +204,10 @@ impl Driver {
                 if self.uplinks.remove(&uplink).is_some() {
                     self.gateway.handle(now(), Input::UplinkClosed { uplink });
                 }
+            }
+            Command::Metrics { reply } => {
+                // The asker may have gone; then nobody wants it.
+                let _ = reply.send(self.gateway.metrics());
             }
             Command::Shutdown => {
                 if self.phase == Phase::Running {

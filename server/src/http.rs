@@ -39,12 +39,34 @@ pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/mcp", get(mcp).post(mcp).delete(mcp))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route(gateway_core::uplink::UPLINK_PATH, get(uplink))
         .with_state(state)
 }
 
 async fn healthz() -> &'static str {
     "ok"
+}
+
+/// `GET /metrics`: the core's counts in the Prometheus text format. The driver hands over a
+/// snapshot and goes on; rendering happens here.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let snapshot = match state.cmd.send(Command::Metrics { reply: tx }).await {
+        Ok(()) => rx.await.ok(),
+        Err(_) => None,
+    };
+    match snapshot {
+        Some(m) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            )],
+            crate::metrics::render(&m),
+        )
+            .into_response(),
+        None => refusal(HttpError::ShuttingDown),
+    }
 }
 
 async fn uplink(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {

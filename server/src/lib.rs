@@ -39,6 +39,7 @@ use tokio::time::Instant;
 
 mod driver;
 mod http;
+pub mod metrics;
 pub mod stdio;
 mod uplink;
 
@@ -87,8 +88,8 @@ impl ServerOptions {
 /// crate docs) has run its course.
 ///
 /// Routes: `POST`/`GET`/`DELETE /mcp` (MCP Streamable HTTP, decided by the core),
-/// `GET /healthz` (`ok`), and `GET` [`gateway_core::uplink::UPLINK_PATH`] (the sleds' uplink
-/// WebSocket).
+/// `GET /healthz` (`ok`), `GET /metrics` (the Prometheus text format, see [`metrics`]), and
+/// `GET` [`gateway_core::uplink::UPLINK_PATH`] (the sleds' uplink WebSocket).
 pub async fn serve<L>(
     listener: L,
     opts: ServerOptions,

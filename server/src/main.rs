@@ -120,12 +120,31 @@ struct McpFlags {
     #[arg(long = "session-ttl-secs", value_name = "SECS", default_value_t = 1800,
           value_parser = clap::value_parser!(u64).range(1..))]
     session_ttl_secs: u64,
+    /// The most MCP sessions held at once; at the limit, initialize ends the least recently
+    /// used idle session, or gets 503 with Retry-After when none is idle.
+    #[arg(long = "max-sessions", value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions: u64,
+    /// The most calls one session may have in flight; past it a call gets a
+    /// `too_many_calls` error with `retry_after_ms`.
+    #[arg(long = "max-calls-per-session", value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_calls_per_session: u64,
+    /// The most calls one project's sled may have in flight; past it a call gets a
+    /// `too_many_calls` error with `retry_after_ms`.
+    #[arg(long = "max-calls-per-sled", value_name = "N", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_calls_per_sled: u64,
 }
 
 impl McpFlags {
     fn apply(&self, opts: &mut ServerOptions) {
         opts.core.allowed_origins = self.allow_origin.clone();
         opts.core.session_idle_ttl = Duration::from_secs(self.session_ttl_secs);
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        opts.core.max_sessions = size(self.max_sessions);
+        opts.core.max_calls_per_session = size(self.max_calls_per_session);
+        opts.core.max_calls_per_sled = size(self.max_calls_per_sled);
     }
 }
 

@@ -187,6 +187,32 @@ impl Gateway {
             .iter()
             .find(|v| **v == params.protocol_version)
             .unwrap_or(&PROTOCOL_VERSIONS[0]);
+        if self.sessions.len() >= self.config.max_sessions {
+            let busy = &self.session_calls;
+            match self.sessions.evict_lru(|id| busy.contains_key(id)) {
+                Some(_) => {
+                    self.counters.sessions_evicted += 1;
+                    tracing::info!(
+                        max = self.config.max_sessions,
+                        "session limit reached; the least recently used idle session ended"
+                    );
+                }
+                None => {
+                    self.counters.sessions_refused += 1;
+                    tracing::warn!(
+                        max = self.config.max_sessions,
+                        "session limit reached and no session is idle; initialize refused"
+                    );
+                    return self.http_error(
+                        token,
+                        HttpError::TooManySessions {
+                            max: self.config.max_sessions,
+                            retry_after: self.config.retry_after,
+                        },
+                    );
+                }
+            }
+        }
         let default = self.registry.default_project().map(str::to_owned);
         let session =
             self.sessions
@@ -225,12 +251,11 @@ impl Gateway {
             return;
         };
         if let Some(p) = self.pending.remove(&key) {
-            if let Pending::Call(Call {
-                progress: Some((gateway_token, _)),
-                ..
-            }) = &p
-            {
-                self.progress.remove(gateway_token);
+            if let Pending::Call(call) = &p {
+                if let Some((gateway_token, _)) = &call.progress {
+                    self.progress.remove(gateway_token);
+                }
+                self.call_ended(call, Outcome::Aborted, None);
             }
             self.timers
                 .remove(&(p.deadline(), Timer::Request(key.0, key.1)));
@@ -373,7 +398,7 @@ impl Gateway {
             project: call.project.clone(),
         }
         .response(Some(call.client_id.as_str()));
-        self.finish_call(call, body);
+        self.finish_call(call, body, Outcome::Cancelled, None);
     }
 
     /// Answers a `tools/call` now (`Ok(Some)`), or forwards it (`Ok(None)`).

@@ -22,9 +22,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::error::{HttpError, RpcError, UplinkLoss};
+use crate::error::{CallLimit, HttpError, RpcError, UplinkLoss};
 use crate::http::{self as headers, PROTOCOL_VERSIONS};
 use crate::jsonrpc::{self, ClientMessage, RawId};
+use crate::metrics::Outcome;
 use crate::registry::Registry;
 use crate::session::Sessions;
 use crate::tools::{self, CachedTool, LIST_PROJECTS, SWITCH_PROJECT};
@@ -163,6 +164,18 @@ pub struct Config {
     pub tools_page_size: usize,
     /// How many events of a session's GET stream are kept for `Last-Event-ID` resumption.
     pub replay_events: usize,
+    /// The most sessions held at once. At the limit, `initialize` ends the least recently used
+    /// idle session (no open GET stream, no call in flight); with none idle it gets 503 and
+    /// `Retry-After`.
+    pub max_sessions: usize,
+    /// The most calls one session may have in flight; past it a call is refused at once
+    /// (`too_many_calls`), never queued.
+    pub max_calls_per_session: usize,
+    /// The most calls (and the gateway's own requests) one sled may have in flight; past it a
+    /// call is refused at once (`too_many_calls`), never queued.
+    pub max_calls_per_sled: usize,
+    /// The retry hint given with a refusal by a limit (`retry_after_ms`, `Retry-After`).
+    pub retry_after: Duration,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -191,6 +204,10 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             tools_page_size: 2000,
             replay_events: 64,
+            max_sessions: 10_000,
+            max_calls_per_session: 64,
+            max_calls_per_sled: 1024,
+            retry_after: Duration::from_secs(1),
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -217,6 +234,12 @@ pub struct Stats {
     pub sessions_expired: u64,
     /// Open SSE streams (GET streams and streamed POST answers).
     pub open_streams: usize,
+    /// Idle sessions ended to make room under `max_sessions`.
+    pub sessions_evicted: u64,
+    /// `initialize`s refused at `max_sessions` (503).
+    pub sessions_refused: u64,
+    /// Calls refused by `max_calls_per_session` or `max_calls_per_sled`.
+    pub calls_refused: u64,
 }
 
 /// A sled's tool list is followed for at most this many pages.
@@ -264,6 +287,10 @@ pub struct Gateway {
     outputs: VecDeque<Output>,
     shutting_down: bool,
     counters: Counters,
+    /// Calls in flight per session id (entries at zero are removed).
+    session_calls: HashMap<String, usize>,
+    /// Calls by tool, project and outcome; latencies.
+    call_metrics: crate::metrics::CallMetrics,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -338,6 +365,9 @@ struct Call {
     /// The client's id, as it wrote it.
     client_id: RawId,
     project: String,
+    /// The metrics label: the tool's name if the project lists it, else `_unlisted`; the
+    /// method for a proxied request.
+    tool: String,
     sent_at: Instant,
     deadline: Instant,
     /// The calling session, for `notifications/cancelled`.
@@ -384,6 +414,9 @@ struct Counters {
     frames_invalid: u64,
     calls_cancelled: u64,
     sessions_expired: u64,
+    sessions_evicted: u64,
+    sessions_refused: u64,
+    calls_refused: u64,
 }
 
 /// How a forwarded call is answered.
@@ -434,6 +467,8 @@ impl Gateway {
             outputs: VecDeque::new(),
             shutting_down: false,
             counters: Counters::default(),
+            session_calls: HashMap::new(),
+            call_metrics: crate::metrics::CallMetrics::default(),
             #[cfg(feature = "planted-bugs")]
             shared_active: None,
         }
@@ -469,7 +504,15 @@ impl Gateway {
             calls_cancelled: self.counters.calls_cancelled,
             sessions_expired: self.counters.sessions_expired,
             open_streams: self.get_streams.len() + self.post_streams.len() + self.listens.len(),
+            sessions_evicted: self.counters.sessions_evicted,
+            sessions_refused: self.counters.sessions_refused,
+            calls_refused: self.counters.calls_refused,
         }
+    }
+
+    /// Everything the core counts, for a metrics endpoint.
+    pub fn metrics(&self) -> crate::Metrics {
+        self.call_metrics.snapshot(self.stats())
     }
 
     /// Whether `project`'s sled has a live uplink now.

@@ -114,6 +114,42 @@ impl Gateway {
             uplink: uplink_id,
             timeout,
         } = route;
+        let tool = self.tool_label(&project, method, &params);
+        let session = match caller {
+            Caller::Session(s) => Some(s.to_owned()),
+            Caller::Sessionless => None,
+        };
+        // Past a limit, refuse now: nothing queues behind a busy sled or session.
+        let sled_busy = self.uplinks.get(&uplink_id).map_or(0, |u| u.pending.len());
+        let session_busy = session
+            .as_deref()
+            .and_then(|s| self.session_calls.get(s))
+            .copied()
+            .unwrap_or(0);
+        let refused = if sled_busy >= self.config.max_calls_per_sled {
+            Some((CallLimit::Sled, self.config.max_calls_per_sled))
+        } else if session.is_some() && session_busy >= self.config.max_calls_per_session {
+            Some((CallLimit::Session, self.config.max_calls_per_session))
+        } else {
+            None
+        };
+        if let Some((limit, max)) = refused {
+            self.counters.calls_refused += 1;
+            self.call_metrics.count(&tool, &project, Outcome::Refused);
+            tracing::debug!(
+                project,
+                limit = limit.name(),
+                max,
+                "call refused by a limit"
+            );
+            return Err(RpcError::TooManyCalls {
+                sled: self.sled_of(&project),
+                project,
+                limit,
+                max,
+                retry_after: self.config.retry_after,
+            });
+        }
         let uplink = self
             .uplinks
             .get_mut(&uplink_id)
@@ -171,16 +207,16 @@ impl Gateway {
             self.progress
                 .insert(gateway_token.clone(), (uplink_id, rpc_id));
         }
-        let session = match caller {
-            Caller::Session(s) => Some(s.to_owned()),
-            Caller::Sessionless => None,
-        };
+        if let Some(s) = &session {
+            *self.session_calls.entry(s.clone()).or_insert(0) += 1;
+        }
         self.pending.insert(
             (uplink_id, rpc_id),
             Pending::Call(Call {
                 token,
                 client_id: id.clone(),
                 project,
+                tool,
                 sent_at: now,
                 deadline,
                 session,
@@ -200,6 +236,41 @@ impl Gateway {
             text,
         });
         Ok(None)
+    }
+
+    /// The metrics label of a forwarded request: a `tools/call`'s tool if its project's sled
+    /// lists it (else `_unlisted`: clients must not grow the label set), or the method.
+    fn tool_label(&self, project: &str, method: &str, params: &Map<String, Value>) -> String {
+        if method != "tools/call" {
+            return method.to_owned();
+        }
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        let listed = self
+            .projects
+            .get(project)
+            .and_then(|p| p.tools.as_deref())
+            .is_some_and(|ts| ts.iter().any(|t| t.name == name));
+        if listed {
+            name.to_owned()
+        } else {
+            "_unlisted".to_owned()
+        }
+    }
+
+    /// Books a call that left the pending table: its session's count, and the metrics.
+    pub(super) fn call_ended(&mut self, call: &Call, outcome: Outcome, took: Option<Duration>) {
+        if let Some(s) = &call.session {
+            if let Some(n) = self.session_calls.get_mut(s) {
+                *n -= 1;
+                if *n == 0 {
+                    self.session_calls.remove(s);
+                }
+            }
+        }
+        self.call_metrics.count(&call.tool, &call.project, outcome);
+        if let Some(took) = took {
+            self.call_metrics.observe(&call.project, took);
+        }
     }
 
     /// Resources, prompts and completion, forwarded to the project named by

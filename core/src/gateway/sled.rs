@@ -140,25 +140,31 @@ impl Gateway {
         match pending {
             Pending::Call(call) => {
                 let id = call.client_id.as_str();
-                let body = match (message.result, message.error) {
-                    (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => {
-                        jsonrpc::ok_response(id, &proxy::rewrite_prompts(result.get()))
-                    }
-                    (Some(result), None) if call.modern => {
-                        jsonrpc::ok_response(id, &modern::with_result_type(result.get()))
-                    }
-                    (Some(result), None) => jsonrpc::ok_response(id, result.get()),
+                let (body, outcome) = match (message.result, message.error) {
+                    (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => (
+                        jsonrpc::ok_response(id, &proxy::rewrite_prompts(result.get())),
+                        Outcome::Ok,
+                    ),
+                    (Some(result), None) if call.modern => (
+                        jsonrpc::ok_response(id, &modern::with_result_type(result.get())),
+                        Outcome::Ok,
+                    ),
+                    (Some(result), None) => (jsonrpc::ok_response(id, result.get()), Outcome::Ok),
                     (None, Some(error)) if error.get().starts_with('{') => {
-                        jsonrpc::raw_error_response(id, error.get())
+                        (jsonrpc::raw_error_response(id, error.get()), Outcome::Error)
                     }
                     _ => {
                         self.counters.frames_invalid += 1;
                         let project = call.project.clone();
                         let sled = self.sled_of(&project);
-                        RpcError::BadSledResponse { project, sled }.response(Some(id))
+                        (
+                            RpcError::BadSledResponse { project, sled }.response(Some(id)),
+                            Outcome::BadResponse,
+                        )
                     }
                 };
-                self.finish_call(call, body);
+                let took = now.saturating_duration_since(call.sent_at);
+                self.finish_call(call, body, outcome, Some(took));
             }
             Pending::ToolsList {
                 project,
@@ -407,7 +413,8 @@ impl Gateway {
                     waited: now.saturating_duration_since(call.sent_at),
                 };
                 let body = e.response(Some(call.client_id.as_str()));
-                self.finish_call(call, body);
+                let took = now.saturating_duration_since(call.sent_at);
+                self.finish_call(call, body, Outcome::Timeout, Some(took));
                 self.send_cancelled(
                     uplink,
                     rpc_id,
@@ -524,7 +531,7 @@ impl Gateway {
                     loss,
                 };
                 let body = e.response(Some(call.client_id.as_str()));
-                self.finish_call(call, body);
+                self.finish_call(call, body, Outcome::UplinkLost, None);
             }
         }
     }

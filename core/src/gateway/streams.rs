@@ -97,8 +97,16 @@ impl Gateway {
         }
     }
 
-    /// Answers a forwarded call: a JSON reply, or the last event of its stream.
-    pub(super) fn finish_call(&mut self, call: Call, body: String) {
+    /// Answers a forwarded call: a JSON reply, or the last event of its stream. `took` is the
+    /// latency to record, when the call ended by the sled's answer or the deadline.
+    pub(super) fn finish_call(
+        &mut self,
+        call: Call,
+        body: String,
+        outcome: Outcome,
+        took: Option<Duration>,
+    ) {
+        self.call_ended(&call, outcome, took);
         self.by_token.remove(&call.token);
         if let Some((gateway_token, _)) = &call.progress {
             self.progress.remove(gateway_token);

@@ -1,0 +1,184 @@
+//! `GET /metrics`: the core's counts ([`gateway_core::Metrics`]) in the Prometheus text
+//! exposition format (version 0.0.4), written by hand.
+//!
+//! Series:
+//!
+//! - `gateway_calls_total{tool,project,outcome}`: forwarded calls by how they ended (`ok`,
+//!   `error`, `bad_response`, `timeout`, `uplink_lost`, `cancelled`, `aborted`) and calls
+//!   `refused` by a limit;
+//! - `gateway_call_duration_seconds{project}`: histogram of forwarded calls' latency, for those
+//!   the sled answered or that timed out;
+//! - gauges `gateway_sessions`, `gateway_uplinks_live`, `gateway_calls_pending`,
+//!   `gateway_open_streams`;
+//! - counters `gateway_responses_dropped_total{reason="late"|"unknown"}`,
+//!   `gateway_frames_invalid_total`, `gateway_calls_forwarded_total`,
+//!   `gateway_sessions_expired_total`, `gateway_sessions_evicted_total`,
+//!   `gateway_sessions_refused_total`, `gateway_calls_refused_total`.
+
+use std::fmt::Write as _;
+
+use gateway_core::{Metrics, LATENCY_BUCKETS_SECONDS};
+
+/// The `Content-Type` of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The whole exposition.
+pub fn render(m: &Metrics) -> String {
+    let mut out = String::with_capacity(4096);
+    let s = &m.stats;
+    header(
+        &mut out,
+        "gateway_calls_total",
+        "counter",
+        "Calls forwarded to sleds (or refused by a limit), by tool, project and outcome.",
+    );
+    for c in &m.calls {
+        let _ = writeln!(
+            out,
+            "gateway_calls_total{{tool=\"{}\",project=\"{}\",outcome=\"{}\"}} {}",
+            escape(&c.tool),
+            escape(&c.project),
+            c.outcome.name(),
+            c.count
+        );
+    }
+    header(
+        &mut out,
+        "gateway_call_duration_seconds",
+        "histogram",
+        "Latency of forwarded calls that the sled answered or that timed out, by project.",
+    );
+    for (project, h) in &m.latency {
+        let project = escape(project);
+        for (le, n) in LATENCY_BUCKETS_SECONDS.iter().zip(&h.buckets) {
+            let _ = writeln!(
+                out,
+                "gateway_call_duration_seconds_bucket{{project=\"{project}\",le=\"{le}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "gateway_call_duration_seconds_bucket{{project=\"{project}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(
+            out,
+            "gateway_call_duration_seconds_sum{{project=\"{project}\"}} {}",
+            h.sum_seconds
+        );
+        let _ = writeln!(
+            out,
+            "gateway_call_duration_seconds_count{{project=\"{project}\"}} {}",
+            h.count
+        );
+    }
+    let gauges: [(&str, &str, usize); 4] = [
+        ("gateway_sessions", "Live MCP sessions.", s.sessions),
+        (
+            "gateway_uplinks_live",
+            "Projects whose sled has a live uplink.",
+            s.live_uplinks,
+        ),
+        (
+            "gateway_calls_pending",
+            "Calls forwarded and not yet answered.",
+            s.pending_calls,
+        ),
+        (
+            "gateway_open_streams",
+            "Open SSE streams (GET streams and streamed answers).",
+            s.open_streams,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        header(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    header(
+        &mut out,
+        "gateway_responses_dropped_total",
+        "counter",
+        "Responses from sleds dropped: late (after the call's deadline) or unknown (an id never sent).",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_responses_dropped_total{{reason=\"late\"}} {}",
+        s.responses_dropped_late
+    );
+    let _ = writeln!(
+        out,
+        "gateway_responses_dropped_total{{reason=\"unknown\"}} {}",
+        s.responses_dropped_unknown
+    );
+    let counters: [(&str, &str, u64); 7] = [
+        (
+            "gateway_frames_invalid_total",
+            "Uplink frames that were not valid protocol messages.",
+            s.frames_invalid,
+        ),
+        (
+            "gateway_calls_forwarded_total",
+            "Requests forwarded to sleds.",
+            s.calls_forwarded,
+        ),
+        (
+            "gateway_sessions_expired_total",
+            "Sessions ended by the idle TTL.",
+            s.sessions_expired,
+        ),
+        (
+            "gateway_sessions_evicted_total",
+            "Idle sessions ended to make room under max_sessions.",
+            s.sessions_evicted,
+        ),
+        (
+            "gateway_sessions_refused_total",
+            "initialize requests refused at max_sessions (503).",
+            s.sessions_refused,
+        ),
+        (
+            "gateway_calls_refused_total",
+            "Calls refused by max_calls_per_session or max_calls_per_sled.",
+            s.calls_refused,
+        ),
+        (
+            "gateway_calls_timed_out_total",
+            "Forwarded calls that reached their deadline.",
+            s.calls_timed_out,
+        ),
+    ];
+    for (name, help, v) in counters {
+        header(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    out
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// A label value: backslash, double quote and newline escaped.
+fn escape(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
