@@ -161,6 +161,39 @@ impl<C: Connect> McpClient<C> {
         body: Vec<u8>,
         headers: &[(&str, &str)],
     ) -> Result<(u16, HeaderMap, Bytes), ClientError> {
+        let request = self.build_request(method, body, headers)?;
+        let limit = self.timeout;
+        let exchange = async {
+            let sender = self.ready().await?;
+            let response = sender.send_request(request).await.map_err(hyper_err)?;
+            let (parts, body) = response.into_parts();
+            let bytes = body.collect().await.map_err(hyper_err)?.to_bytes();
+            Ok::<_, ClientError>((parts.status.as_u16(), parts.headers, bytes))
+        };
+        let result = match limit {
+            Some(limit) => match tokio::time::timeout(limit, exchange).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.sender = None;
+                    return Err(ClientError::Timeout(limit));
+                }
+            },
+            None => exchange.await,
+        };
+        if result.is_err() {
+            // The connection may be half-way through a response: start afresh next time.
+            self.sender = None;
+        }
+        result
+    }
+
+    /// The request [`McpClient::send_raw`] sends.
+    fn build_request(
+        &self,
+        method: Method,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<Request<Full<Bytes>>, ClientError> {
         let mut builder = Request::builder()
             .method(method)
             .uri(self.url.path.as_str());
@@ -196,32 +229,9 @@ impl<C: Connect> McpClient<C> {
                 map.insert(name, value(v)?);
             }
         }
-        let request = builder
+        builder
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let limit = self.timeout;
-        let exchange = async {
-            let sender = self.ready().await?;
-            let response = sender.send_request(request).await.map_err(hyper_err)?;
-            let (parts, body) = response.into_parts();
-            let bytes = body.collect().await.map_err(hyper_err)?.to_bytes();
-            Ok::<_, ClientError>((parts.status.as_u16(), parts.headers, bytes))
-        };
-        let result = match limit {
-            Some(limit) => match tokio::time::timeout(limit, exchange).await {
-                Ok(r) => r,
-                Err(_) => {
-                    self.sender = None;
-                    return Err(ClientError::Timeout(limit));
-                }
-            },
-            None => exchange.await,
-        };
-        if result.is_err() {
-            // The connection may be half-way through a response: start afresh next time.
-            self.sender = None;
-        }
-        result
+            .map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// POSTs `body` as is (see [`McpClient::send_raw`] for the headers); for tests that send
@@ -279,6 +289,116 @@ impl<C: Connect> McpClient<C> {
         Ok((response, headers))
     }
 
+    /// Sends a JSON-RPC request and reads its answer; when the answer is an event stream, each
+    /// request the server sends on it (e.g. `sampling/createMessage`) is answered as it comes
+    /// with the JSON-RPC response `answer` makes of it, POSTed on a connection of its own (the
+    /// stream holds this one). Returns the JSON-RPC response and every request seen, each with
+    /// the HTTP status its answer got (or why it got none). Under the client's timeout as a whole.
+    pub async fn request_answering(
+        &mut self,
+        id: Value,
+        method: &str,
+        params: Value,
+        answer: &mut (dyn FnMut(&Value) -> Value + Send),
+    ) -> Result<(Value, Vec<AnsweredRequest>), ClientError> {
+        let mut msg = json!({ "jsonrpc": "2.0", "id": id, "method": method });
+        if !params.is_null() {
+            msg["params"] = params;
+        }
+        let request = self.build_request(Method::POST, msg.to_string().into_bytes(), &[])?;
+        let limit = self.timeout;
+        let exchange = async {
+            let sender = self.ready().await?;
+            let response = sender.send_request(request).await.map_err(hyper_err)?;
+            let (parts, mut body) = response.into_parts();
+            let status = parts.status.as_u16();
+            let is_sse = parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+            if !(200..300).contains(&status) || !is_sse {
+                let bytes = body.collect().await.map_err(hyper_err)?.to_bytes();
+                if !(200..300).contains(&status) {
+                    return Err(ClientError::Http {
+                        status,
+                        body: String::from_utf8_lossy(&bytes).into_owned(),
+                    });
+                }
+                if bytes.is_empty() {
+                    return Err(ClientError::Protocol(format!(
+                        "HTTP {status} without a body in answer to request {method}"
+                    )));
+                }
+                return Ok((serde_json::from_slice(&bytes)?, Vec::new()));
+            }
+            let mut seen = Vec::new();
+            let mut buf = String::new();
+            let mut found: Option<Value> = None;
+            let mut fallback: Option<Value> = None;
+            while let Some(frame) = body.frame().await {
+                let frame = frame.map_err(hyper_err)?;
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                buf.push_str(&String::from_utf8_lossy(&data));
+                buf = buf.replace("\r\n", "\n");
+                while let Some(end) = buf.find("\n\n") {
+                    let event: String = buf.drain(..end + 2).collect();
+                    let Some(m) = sse_message(&event) else {
+                        continue;
+                    };
+                    let is_response = m.get("result").is_some() || m.get("error").is_some();
+                    if is_response && m.get("id") == Some(&id) {
+                        found = Some(m);
+                    } else if is_response {
+                        fallback = Some(m);
+                    } else if m.get("method").is_some() && m.get("id").is_some() {
+                        let reply = answer(&m);
+                        let answered = self.post_aside(reply.to_string().into_bytes()).await;
+                        seen.push(AnsweredRequest {
+                            request: m,
+                            answered: answered.map_err(|e| e.to_string()),
+                        });
+                    }
+                }
+            }
+            let response = found.or(fallback).ok_or_else(|| {
+                ClientError::Protocol("the event stream held no JSON-RPC response".to_owned())
+            })?;
+            Ok((response, seen))
+        };
+        let result = match limit {
+            Some(limit) => match tokio::time::timeout(limit, exchange).await {
+                Ok(r) => r,
+                Err(_) => Err(ClientError::Timeout(limit)),
+            },
+            None => exchange.await,
+        };
+        if result.is_err() {
+            self.sender = None;
+        }
+        result
+    }
+
+    /// POSTs `body` on a connection of its own; returns the HTTP status.
+    async fn post_aside(&self, body: Vec<u8>) -> Result<u16, ClientError> {
+        let stream = self.connector.connect(&self.host_port).await?;
+        let (mut sender, conn) = http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(hyper_err)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "MCP client side connection ended");
+            }
+        });
+        let request = self.build_request(Method::POST, body, &[])?;
+        let response = sender.send_request(request).await.map_err(hyper_err)?;
+        let status = response.status().as_u16();
+        response.into_body().collect().await.map_err(hyper_err)?;
+        Ok(status)
+    }
+
     /// Sends a JSON-RPC notification; returns the HTTP status (202 expected). A non-2xx status
     /// is [`ClientError::Http`].
     pub async fn notify(&mut self, method: &str, params: Value) -> Result<u16, ClientError> {
@@ -300,11 +420,16 @@ impl<C: Connect> McpClient<C> {
     /// `Mcp-Session-Id` and the negotiated version, then sends `notifications/initialized`.
     /// Returns the whole JSON-RPC response; a JSON-RPC error is [`ClientError::Protocol`].
     pub async fn initialize(&mut self) -> Result<Value, ClientError> {
+        self.initialize_with(json!({})).await
+    }
+
+    /// [`McpClient::initialize`] declaring the client's `capabilities` (e.g. `{"sampling": {}}`).
+    pub async fn initialize_with(&mut self, capabilities: Value) -> Result<Value, ClientError> {
         self.session_id = None;
         self.protocol_version = None;
         let params = json!({
             "protocolVersion": LATEST_PROTOCOL_VERSION,
-            "capabilities": {},
+            "capabilities": capabilities,
             "clientInfo": { "name": "sled-sim-client", "version": env!("CARGO_PKG_VERSION") },
         });
         let (response, headers) = self.exchange(json!(0), "initialize", params).await?;
@@ -360,6 +485,28 @@ impl<C: Connect> McpClient<C> {
         }
         Ok(status)
     }
+}
+
+/// A request the server sent on a call's event stream, and how the client's answer fared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnsweredRequest {
+    /// The JSON-RPC request as received.
+    pub request: Value,
+    /// The HTTP status of the POST that carried the answer, or why it got none.
+    pub answered: Result<u16, String>,
+}
+
+/// The JSON-RPC message in one SSE event (its `data:` lines), if any.
+fn sse_message(event: &str) -> Option<Value> {
+    let data: Vec<&str> = event
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+        .collect();
+    if data.is_empty() {
+        return None;
+    }
+    serde_json::from_str(&data.join("\n")).ok()
 }
 
 /// Picks the JSON-RPC response out of a `text/event-stream` body: the event whose data is a

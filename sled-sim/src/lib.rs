@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod model;
 pub mod net;
 pub mod script;
+pub mod sim_sled;
 pub mod uplink;
 
 pub use client::{ClientError, McpClient};

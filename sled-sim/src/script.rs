@@ -14,7 +14,11 @@
 //! send the same id on every request ([`IdMode::Fixed`]), as one widely used connector does.
 //! Projects are drawn with a skew towards two "hot" projects so that sessions collide. Every
 //! request carries a nonce unique in the run in `params._meta["sled-sim/nonce"]`, which the
-//! sled echoes.
+//! sled echoes. [`session_plan_with_surface`] (the simulation's) adds `resources/read` and
+//! `prompts/get story_brief` of the session's own stories (the project named in `_meta` or the
+//! `project` argument, or left to the default) and calls of [`Tool::Summarize`], whose sled asks
+//! the calling client for a sampling mid-call; about half those sessions declare `sampling` and
+//! answer it with [`sampling_answer`].
 //!
 //! # The per-session oracle
 //!
@@ -22,7 +26,10 @@
 //! that answers another request (id or nonce), a call served by a project the session's own
 //! history does not allow (the explicit `project`; else the session's last acknowledged switch,
 //! or after an ambiguous switch either candidate until a response settles it), an error shape
-//! the gateway does not document, a story that reads back wrong, a failed liveness probe.
+//! the gateway does not document, a story that reads back wrong (as a tool result, a resource
+//! or a prompt), a sampling request on a call that did not make it, a sampled result without
+//! this session's answer, a session without `sampling` that did not get -32601, a failed
+//! liveness probe.
 //! Client-side failures (no answer, connection lost) are *reported* as [`Outcome::Failed`] and
 //! left to the caller to judge, since only the caller knows which faults it injected.
 
@@ -34,8 +41,11 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use tokio::time::{sleep, sleep_until, Instant};
 
-use crate::client::{ClientError, McpClient};
+use crate::client::{AnsweredRequest, ClientError, McpClient};
 use crate::mcp::{NONCE_KEY, PROJECT_META_KEY};
+
+/// Where a `resources/read` names its project (the gateway's `_meta` key).
+pub const PROJECT_META: &str = "io.mcp-gateway/project";
 use crate::net::Connect;
 
 /// The project name the workload uses to check the unknown-project error.
@@ -60,6 +70,9 @@ pub enum Tool {
     Show { pick: u32 },
     /// Which project and sled answered.
     Whoami,
+    /// The simulation sled's tool that asks the client for a sampling mid-call
+    /// ([`crate::sim_sled`]); its result holds the client's answer.
+    Summarize,
 }
 
 impl Tool {
@@ -69,6 +82,7 @@ impl Tool {
             Tool::CreateStory => "create_story",
             Tool::Show { .. } => "show",
             Tool::Whoami => "whoami",
+            Tool::Summarize => crate::sim_sled::SUMMARIZE_TOOL,
         }
     }
 }
@@ -80,17 +94,35 @@ pub enum Target {
     Default,
     /// `project` names this project.
     Project(String),
-    /// For `show`: the project the picked story was created in.
+    /// For `show`, `resources/read` and `prompts/get`: the project the picked story was
+    /// created in.
     StoryProject,
 }
 
 /// One operation of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Switch { project: String },
-    Call { tool: Tool, target: Target },
+    Switch {
+        project: String,
+    },
+    Call {
+        tool: Tool,
+        target: Target,
+    },
     ToolsList,
     ListProjects,
+    /// `resources/read` of a story this session created (`pick` as for `show`), naming the
+    /// project in `_meta` ([`Target::StoryProject`]) or not ([`Target::Default`]).
+    ReadResource {
+        pick: u32,
+        target: Target,
+    },
+    /// `prompts/get story_brief` of a story this session created, with a `project` argument
+    /// ([`Target::StoryProject`]) or without ([`Target::Default`]).
+    GetPrompt {
+        pick: u32,
+        target: Target,
+    },
 }
 
 /// An operation and the think time before it.
@@ -106,6 +138,8 @@ pub struct SessionPlan {
     /// The session's index in the run (part of every nonce).
     pub index: usize,
     pub ids: IdMode,
+    /// Whether the session declares the `sampling` capability.
+    pub sampling: bool,
     pub steps: Vec<Step>,
 }
 
@@ -134,8 +168,19 @@ pub fn session_rng(seed: u64, index: usize) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(z ^ (z >> 31))
 }
 
-/// Draws the plan of session `index`.
+/// Draws the plan of session `index`: tools only (what any story sled serves).
 pub fn session_plan(w: &Workload, index: usize) -> SessionPlan {
+    plan(w, index, false)
+}
+
+/// Draws the plan of session `index` with the rest of the surface too: `resources/read` and
+/// `prompts/get` of its stories, and calls of [`Tool::Summarize`] (which needs the simulation's
+/// sled, [`crate::sim_sled::SimSled`]); about half the sessions declare `sampling`.
+pub fn session_plan_with_surface(w: &Workload, index: usize) -> SessionPlan {
+    plan(w, index, true)
+}
+
+fn plan(w: &Workload, index: usize, surface: bool) -> SessionPlan {
     let mut rng = session_rng(w.seed, index);
     let ids = if rng.random_range(0..100) < w.fixed_id_percent {
         IdMode::Fixed(rng.random_range(0..3))
@@ -147,10 +192,12 @@ pub fn session_plan(w: &Workload, index: usize) -> SessionPlan {
     let switch_weight: u32 = rng.random_range(5..40);
     let explicit_percent: u32 = rng.random_range(0..80);
     let think_max = u64::try_from(w.think_max.as_millis()).unwrap_or(u64::MAX);
+    let sampling = surface && rng.random_bool(0.5);
+    let extra: u32 = if surface { 12 } else { 0 };
     let mut steps = Vec::with_capacity(n);
     for _ in 0..n {
         let think = Duration::from_millis(rng.random_range(0..=think_max));
-        let roll = rng.random_range(0..100 + switch_weight);
+        let roll = rng.random_range(0..100 + switch_weight + extra);
         let op = if roll < switch_weight {
             Op::Switch {
                 project: pick_project(w, &mut rng),
@@ -159,10 +206,24 @@ pub fn session_plan(w: &Workload, index: usize) -> SessionPlan {
             match roll - switch_weight {
                 0..=4 => Op::ToolsList,
                 5..=11 => Op::ListProjects,
+                r @ 100..=108 => {
+                    let pick = rng.random();
+                    let target = if rng.random_range(0..100) < explicit_percent.max(60) {
+                        Target::StoryProject
+                    } else {
+                        Target::Default
+                    };
+                    if r < 104 {
+                        Op::ReadResource { pick, target }
+                    } else {
+                        Op::GetPrompt { pick, target }
+                    }
+                }
                 r => {
                     let tool = match r {
                         12..=51 => Tool::CreateStory,
                         52..=84 => Tool::Show { pick: rng.random() },
+                        100.. => Tool::Summarize,
                         _ => Tool::Whoami,
                     };
                     let explicit = rng.random_range(0..100) < explicit_percent;
@@ -181,7 +242,12 @@ pub fn session_plan(w: &Workload, index: usize) -> SessionPlan {
         };
         steps.push(Step { think, op });
     }
-    SessionPlan { index, ids, steps }
+    SessionPlan {
+        index,
+        ids,
+        sampling,
+        steps,
+    }
 }
 
 fn pick_project(w: &Workload, rng: &mut ChaCha8Rng) -> String {
@@ -236,6 +302,9 @@ pub struct Exchange {
     pub sent: Duration,
     pub received: Duration,
     pub outcome: Outcome,
+    /// Requests the gateway sent the session on this request's answer stream (a sled's
+    /// `sampling/createMessage`), each with how the session's answer fared.
+    pub requests: Vec<AnsweredRequest>,
 }
 
 /// What one session did and saw.
@@ -243,6 +312,8 @@ pub struct Exchange {
 pub struct SessionHistory {
     pub index: usize,
     pub ids: IdMode,
+    /// Whether the session declared the `sampling` capability.
+    pub sampling: bool,
     /// The session's first default project, as `list_projects` or the gateway's registry says.
     pub initial_default: Option<String>,
     /// When `initialize` succeeded, or `None` if it never did.
@@ -265,6 +336,16 @@ pub fn story_name(nonce: &str) -> String {
     format!("story {nonce}")
 }
 
+/// The text a session answers a sampling request with, on the exchange with `nonce`.
+pub fn sampling_answer(session: usize, nonce: &str) -> String {
+    format!("session {session} samples for {nonce}")
+}
+
+/// The story URI of `id` in `project`.
+pub fn story_uri(project: &str, id: &str) -> String {
+    format!("story://{project}/{id}")
+}
+
 /// Runs one session: connect, `initialize` (retried), then every step of the plan, then the
 /// probe. Never fails: whatever happens is in the history.
 pub async fn run_session<C: Connect>(
@@ -277,6 +358,7 @@ pub async fn run_session<C: Connect>(
     let mut history = SessionHistory {
         index: plan.index,
         ids: plan.ids,
+        sampling: plan.sampling,
         initial_default,
         initialized: None,
         init_failures: Vec::new(),
@@ -289,7 +371,12 @@ pub async fn run_session<C: Connect>(
                 .await
                 .map_err(|e| format!("connect: {e}"))?;
             c.set_timeout(Some(opts.client_timeout));
-            match c.initialize().await {
+            let capabilities = if plan.sampling {
+                json!({"sampling": {}})
+            } else {
+                json!({})
+            };
+            match c.initialize_with(capabilities).await {
                 Ok(_) => Ok(c),
                 Err(e) => Err(format!("initialize: {e}")),
             }
@@ -357,6 +444,30 @@ pub async fn run_session<C: Connect>(
                 json!({"name": "list_projects", "arguments": {}, "_meta": meta}),
             ),
             Op::ToolsList => ("tools/list", json!({ "_meta": meta })),
+            Op::ReadResource { pick, target } => {
+                let story = picked(&created, *pick);
+                let uri = match story {
+                    Some(s) => story_uri(&s.project, &s.id),
+                    None => story_uri(history.initial_default.as_deref().unwrap_or(""), "none-0"),
+                };
+                let mut meta = meta;
+                if let (Target::StoryProject, Some(s)) = (target, story) {
+                    meta[PROJECT_META] = json!(s.project);
+                }
+                ("resources/read", json!({"uri": uri, "_meta": meta}))
+            }
+            Op::GetPrompt { pick, target } => {
+                let story = picked(&created, *pick);
+                let mut arguments =
+                    json!({ "story_id": story.map_or("none-0".to_owned(), |s| s.id.clone()) });
+                if let (Target::StoryProject, Some(s)) = (target, story) {
+                    arguments["project"] = json!(s.project);
+                }
+                (
+                    "prompts/get",
+                    json!({"name": "story_brief", "arguments": arguments, "_meta": meta}),
+                )
+            }
             Op::Call { tool, target } => {
                 let mut arguments = match tool {
                     Tool::CreateStory => json!({
@@ -367,7 +478,7 @@ pub async fn run_session<C: Connect>(
                         let story = picked(&created, *pick);
                         json!({ "story_id": story.map_or("none-0".to_owned(), |s| s.id.clone()) })
                     }
-                    Tool::Whoami => json!({}),
+                    Tool::Whoami | Tool::Summarize => json!({}),
                 };
                 let project = match target {
                     Target::Default => None,
@@ -387,8 +498,26 @@ pub async fn run_session<C: Connect>(
             }
         };
         let sent = since(opts.epoch);
-        let outcome = match client.request(json!(id), method, params.clone()).await {
-            Ok(v) => Outcome::Response(v),
+        let session = plan.index;
+        let mut answer = |request: &Value| {
+            let text = sampling_answer(session, &nonce);
+            match request.get("method").and_then(Value::as_str) {
+                Some("sampling/createMessage") => json!({"jsonrpc": "2.0", "id": request["id"],
+                    "result": {"role": "assistant", "content": {"type": "text", "text": text},
+                        "model": "sled-sim-client", "stopReason": "endTurn"}}),
+                _ => json!({"jsonrpc": "2.0", "id": request["id"],
+                    "error": {"code": -32601, "message": "Method not found"}}),
+            }
+        };
+        let mut requests = Vec::new();
+        let answered = client
+            .request_answering(json!(id), method, params.clone(), &mut answer)
+            .await;
+        let outcome = match answered {
+            Ok((v, seen)) => {
+                requests = seen;
+                Outcome::Response(v)
+            }
             Err(e @ (ClientError::Timeout(_) | ClientError::Io(_) | ClientError::Http { .. })) => {
                 Outcome::Failed(e.to_string())
             }
@@ -425,6 +554,7 @@ pub async fn run_session<C: Connect>(
             sent,
             received,
             outcome,
+            requests,
         });
     }
     history
@@ -554,7 +684,168 @@ pub fn check_session(h: &SessionHistory, registered: &[String]) -> SessionReport
         if x.probe && (error.is_some() || result.is_some_and(|r| r["isError"] == json!(true))) {
             bad(Some(n), format!("liveness probe did not succeed: {v}"));
         }
+        // Requests from a sled reach only the session whose call made them, on that call.
+        let summarize = matches!(
+            x.op,
+            Op::Call {
+                tool: Tool::Summarize,
+                ..
+            }
+        );
+        let prompt_prefix = crate::sim_sled::sampling_prompt("", &x.nonce);
+        let prompt_prefix = prompt_prefix.trim_end();
+        for r in &x.requests {
+            let text = r.request["params"]["messages"][0]["content"]["text"]
+                .as_str()
+                .unwrap_or("");
+            if !summarize || !h.sampling {
+                bad(
+                    Some(n),
+                    format!(
+                        "a request reached an exchange that should get none (sampling declared: {}): {}",
+                        h.sampling, r.request
+                    ),
+                );
+            } else if r.request["method"] != json!("sampling/createMessage")
+                || !text.starts_with(prompt_prefix)
+            {
+                bad(
+                    Some(n),
+                    format!(
+                        "a sampling request of another call reached this one: {}",
+                        r.request
+                    ),
+                );
+            }
+        }
         match &x.op {
+            Op::ReadResource { .. } | Op::GetPrompt { .. } => {
+                let read = matches!(x.op, Op::ReadResource { .. });
+                let explicit: Option<String> = if read {
+                    x.params["_meta"][PROJECT_META].as_str()
+                } else {
+                    x.params["arguments"]["project"].as_str()
+                }
+                .map(str::to_owned);
+                let may: BTreeSet<String> = match &explicit {
+                    Some(p) => BTreeSet::from([p.clone()]),
+                    None => allowed.clone(),
+                };
+                let asked = if read {
+                    x.params["uri"]
+                        .as_str()
+                        .and_then(|u| u.rsplit_once('/'))
+                        .map_or("", |(_, id)| id)
+                } else {
+                    x.params["arguments"]["story_id"].as_str().unwrap_or("")
+                };
+                let story = created.iter().find(|c| c.id == asked);
+                let what = if read {
+                    "resources/read"
+                } else {
+                    "prompts/get"
+                };
+                let mut served: Option<String> = None;
+                if let Some(e) = error {
+                    let kind = e["data"]["kind"].as_str().unwrap_or("");
+                    let code = e["code"].as_i64().unwrap_or(0);
+                    let message = e["message"].as_str().unwrap_or("");
+                    // The sled's own "no such story" names the project that looked.
+                    let looked = if read && code == -32002 {
+                        between(message, "(project ", " lists")
+                    } else if !read && code == -32602 && kind.is_empty() {
+                        between(message, " in project ", " (")
+                    } else {
+                        None
+                    };
+                    if CALL_ERRORS.contains(&(kind, code)) {
+                        match e["data"]["project"].as_str() {
+                            Some(p) if may.contains(p) => served = Some(p.to_owned()),
+                            p => bad(
+                                Some(n),
+                                format!(
+                                    "{what} error names project {p:?}; this session's history allows {may:?}: {e}"
+                                ),
+                            ),
+                        }
+                    } else if let Some(p) = looked {
+                        if !may.contains(p) {
+                            bad(
+                                Some(n),
+                                format!(
+                                    "{what} of {asked} was answered by project {p}; this session's history allows {may:?}: {e}"
+                                ),
+                            );
+                        } else if story.is_some_and(|c| c.project == p) {
+                            bad(
+                                Some(n),
+                                format!(
+                                    "{what} of {asked}, created in {p}, says {p} lacks it: {e}"
+                                ),
+                            );
+                        }
+                        served = Some(p.to_owned());
+                    } else {
+                        bad(Some(n), format!("undocumented error for {what}: {e}"));
+                    }
+                } else if let Some(r) = result {
+                    let (project, id) = if read {
+                        let body: Value = r["contents"][0]["text"]
+                            .as_str()
+                            .and_then(|t| serde_json::from_str(t).ok())
+                            .unwrap_or(Value::Null);
+                        (
+                            body["project"].as_str().map(str::to_owned),
+                            body["story"]["id"].as_str().map(str::to_owned),
+                        )
+                    } else {
+                        let text = r["messages"][0]["content"]["text"].as_str().unwrap_or("");
+                        (
+                            between(text, "Project ", ": story ").map(str::to_owned),
+                            text.split_once(": story ")
+                                .and_then(|(_, rest)| rest.split(' ').next())
+                                .map(str::to_owned),
+                        )
+                    };
+                    match project.as_deref() {
+                        Some(p) if may.contains(p) => served = Some(p.to_owned()),
+                        p => bad(
+                            Some(n),
+                            format!(
+                                "{what} served by project {p:?}; this session's history allows {may:?} (explicit {explicit:?})"
+                            ),
+                        ),
+                    }
+                    if id.as_deref() != Some(asked)
+                        || story.is_none_or(|c| Some(c.project.as_str()) != project.as_deref())
+                    {
+                        bad(
+                            Some(n),
+                            format!(
+                                "{what} of {asked} (created in {:?}) answered story {id:?} of {project:?}",
+                                story.map(|c| &c.project)
+                            ),
+                        );
+                    }
+                    let meta = &r["_meta"];
+                    if meta[NONCE_KEY] != json!(x.nonce)
+                        || meta[PROJECT_META_KEY].as_str() != project.as_deref()
+                    {
+                        bad(
+                            Some(n),
+                            format!(
+                                "{what} answered with _meta {meta}, the request carried nonce {:?}",
+                                x.nonce
+                            ),
+                        );
+                    }
+                }
+                if explicit.is_none() {
+                    if let Some(p) = served {
+                        allowed = BTreeSet::from([p]);
+                    }
+                }
+            }
             Op::Switch { project } => match result {
                 Some(r) => {
                     let sc = &r["structuredContent"];
@@ -742,6 +1033,33 @@ pub fn check_session(h: &SessionHistory, registered: &[String]) -> SessionReport
                                 bad(Some(n), format!("whoami answered {sc}"));
                             }
                         }
+                        Tool::Summarize if h.sampling => {
+                            let want = sampling_answer(h.index, &x.nonce);
+                            if is_error || sc["summary"] != json!(want) {
+                                bad(
+                                    Some(n),
+                                    format!(
+                                        "summarize_story should hold {want:?}; it answered {sc}"
+                                    ),
+                                );
+                            }
+                            let round_trips: Vec<&Result<u16, String>> =
+                                x.requests.iter().map(|r| &r.answered).collect();
+                            if round_trips != [&Ok(202)] {
+                                bad(
+                                    Some(n),
+                                    format!("summarize_story succeeded after sampling round trips {round_trips:?}"),
+                                );
+                            }
+                        }
+                        Tool::Summarize => {
+                            if !is_error || sc["sampling_error"]["code"] != json!(-32601) {
+                                bad(
+                                    Some(n),
+                                    format!("summarize_story without the sampling capability answered {sc}"),
+                                );
+                            }
+                        }
                     }
                 }
                 if explicit.is_none() {
@@ -780,6 +1098,12 @@ pub fn check_session(h: &SessionHistory, registered: &[String]) -> SessionReport
     report
 }
 
+/// The text of `s` between the first `start` and the next `end`.
+fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let (_, rest) = s.split_once(start)?;
+    rest.split_once(end).map(|(mid, _)| mid)
+}
+
 fn candidates(target: &Target, allowed: &BTreeSet<String>) -> BTreeSet<String> {
     match target {
         Target::Project(p) => BTreeSet::from([p.clone()]),
@@ -796,7 +1120,8 @@ fn report_push(v: &mut Vec<Violation>, session: usize, exchange: Option<usize>, 
 }
 
 /// When `b`'s switch happened between `a`'s acknowledged switch and `a`'s next call that relied
-/// on it: the race story 1208 is about. Returns how many such interleavings the histories hold
+/// on it (a tool call, resource read or prompt get without a project): the race story 1208 is
+/// about. Returns how many such interleavings the histories hold
 /// (another session's successful switch to a *different* project, sent after `a`'s switch was
 /// answered and answered before `a`'s call was sent).
 pub fn interleavings(histories: &[SessionHistory]) -> usize {
@@ -824,6 +1149,14 @@ pub fn interleavings(histories: &[SessionHistory]) -> usize {
                 (Op::Switch { .. }, _) => last_switch = None,
                 (
                     Op::Call {
+                        target: Target::Default,
+                        ..
+                    }
+                    | Op::ReadResource {
+                        target: Target::Default,
+                        ..
+                    }
+                    | Op::GetPrompt {
                         target: Target::Default,
                         ..
                     }
@@ -892,6 +1225,104 @@ mod tests {
         )));
     }
 
+    #[test]
+    fn the_surface_is_drawn_only_when_asked() {
+        let w = workload(11);
+        let plain: Vec<SessionPlan> = (0..100).map(|i| session_plan(&w, i)).collect();
+        let full: Vec<SessionPlan> = (0..100).map(|i| session_plan_with_surface(&w, i)).collect();
+        let surface = |o: &Op| {
+            matches!(
+                o,
+                Op::ReadResource { .. }
+                    | Op::GetPrompt { .. }
+                    | Op::Call {
+                        tool: Tool::Summarize,
+                        ..
+                    }
+            )
+        };
+        assert!(plain
+            .iter()
+            .all(|p| !p.sampling && !p.steps.iter().any(|s| surface(&s.op))));
+        let ops: Vec<&Op> = full.iter().flat_map(|p| &p.steps).map(|s| &s.op).collect();
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            Op::ReadResource {
+                target: Target::StoryProject,
+                ..
+            }
+        )));
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            Op::GetPrompt {
+                target: Target::Default,
+                ..
+            }
+        )));
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            Op::Call {
+                tool: Tool::Summarize,
+                ..
+            }
+        )));
+        assert!(full.iter().any(|p| p.sampling) && full.iter().any(|p| !p.sampling));
+    }
+
+    #[test]
+    fn the_oracle_checks_reads_and_sampling() {
+        let registered = ["alpha".to_owned(), "beta".to_owned()];
+        let create = exchange(
+            Op::Call {
+                tool: Tool::CreateStory,
+                target: Target::Default,
+            },
+            json!({"name":"create_story","arguments":{}}),
+            json!({"jsonrpc":"2.0","id":1,"result":{
+                "structuredContent":{"project":"alpha","story":{"id":"alpha-1","name":"story s0.0"}},
+                "_meta":{NONCE_KEY:"s0.0",PROJECT_META_KEY:"alpha"}}}),
+        );
+        let read = |project: &str| {
+            let body = json!({"project": project, "story": {"id": "alpha-1"}}).to_string();
+            exchange(
+                Op::ReadResource {
+                    pick: 0,
+                    target: Target::Default,
+                },
+                json!({"uri":"story://alpha/alpha-1","_meta":{NONCE_KEY:"s0.0"}}),
+                json!({"jsonrpc":"2.0","id":1,"result":{"contents":[{"text": body}],
+                    "_meta":{NONCE_KEY:"s0.0",PROJECT_META_KEY:project}}}),
+            )
+        };
+        let ok = history(vec![create.clone(), read("alpha")]);
+        assert_eq!(check_session(&ok, &registered).violations, vec![]);
+        let wrong = history(vec![create.clone(), read("beta")]);
+        assert!(!check_session(&wrong, &registered).violations.is_empty());
+        // A session without `sampling` must see the -32601 refusal, and no request.
+        let summarize = |sc: Value| {
+            exchange(
+                Op::Call {
+                    tool: Tool::Summarize,
+                    target: Target::Default,
+                },
+                json!({"name":"summarize_story","arguments":{}}),
+                json!({"jsonrpc":"2.0","id":1,"result":{"structuredContent":sc,"isError":true,
+                    "_meta":{NONCE_KEY:"s0.0",PROJECT_META_KEY:"alpha"}}}),
+            )
+        };
+        let refused = summarize(
+            json!({"project":"alpha","sled":"alpha","sampling_error":{"code":-32601,"message":"m"}}),
+        );
+        assert_eq!(
+            check_session(&history(vec![refused.clone()]), &registered).violations,
+            vec![]
+        );
+        let mut sampled = history(vec![refused]);
+        sampled.sampling = true;
+        // Refused, and no round trip: two violations.
+        assert_eq!(check_session(&sampled, &registered).violations.len(), 2);
+    }
+
     fn exchange(op: Op, params: Value, response: Value) -> Exchange {
         Exchange {
             op,
@@ -902,6 +1333,7 @@ mod tests {
             sent: Duration::ZERO,
             received: Duration::ZERO,
             outcome: Outcome::Response(response),
+            requests: Vec::new(),
         }
     }
 
@@ -909,6 +1341,7 @@ mod tests {
         SessionHistory {
             index: 0,
             ids: IdMode::Fixed(1),
+            sampling: false,
             initial_default: Some("alpha".into()),
             initialized: Some(Duration::ZERO),
             init_failures: Vec::new(),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use gateway_core::PlantedBug;
 use gateway_tests::sim::{self, FaultMode, Report, Scenario};
-use sled_sim::script::Outcome;
+use sled_sim::script::{Op, Outcome, Tool};
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -159,6 +159,46 @@ fn sweep() {
         }
     }
     println!("outcomes: {kinds:?}");
+    // The surface beyond tools: reads, prompts, and sampling round trips through the gateway.
+    let mut surface: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for h in reports.iter().flat_map(|r| &r.histories) {
+        for x in &h.exchanges {
+            let Outcome::Response(v) = &x.outcome else {
+                continue;
+            };
+            let ok = v.get("result").is_some();
+            let key = match (&x.op, ok) {
+                (Op::ReadResource { .. }, true) => "resource reads answered",
+                (Op::ReadResource { .. }, false) => "resource reads with an error",
+                (Op::GetPrompt { .. }, true) => "prompt gets answered",
+                (Op::GetPrompt { .. }, false) => "prompt gets with an error",
+                (
+                    Op::Call {
+                        tool: Tool::Summarize,
+                        ..
+                    },
+                    true,
+                ) if v["result"]["isError"] != true => "sampling round trips",
+                (
+                    Op::Call {
+                        tool: Tool::Summarize,
+                        ..
+                    },
+                    true,
+                ) if !h.sampling => "sampling refused (-32601, no capability)",
+                (
+                    Op::Call {
+                        tool: Tool::Summarize,
+                        ..
+                    },
+                    _,
+                ) => "summarize_story otherwise",
+                _ => continue,
+            };
+            *surface.entry(key).or_default() += 1;
+        }
+    }
+    println!("surface: {surface:?}");
     if std::env::var_os("DST_VERBOSE").is_some() {
         for (r, s) in reports.iter().zip(&scenarios) {
             println!(

@@ -29,7 +29,8 @@ use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
 use sled_sim::net::GatewayAddr;
 use sled_sim::script::{self, RunOptions, SessionHistory};
-use sled_sim::uplink::{run_uplink, UplinkOptions};
+use sled_sim::sim_sled::SimSled;
+use sled_sim::uplink::{run_uplink_with, Backend, UplinkOptions};
 
 pub use net::{TurmoilConnect, TurmoilListener};
 pub use scenario::{Dir, Fault, FaultKind, FaultMode, Scenario};
@@ -93,7 +94,8 @@ fn gateway_options(s: &Scenario) -> ServerOptions {
     opts
 }
 
-/// One sled host's software: the uplink, reading its latency when it starts.
+/// One sled host's software: the uplink serving the story sled as a [`SimSled`] (which adds
+/// the tool that asks for sampling), reading its latency when it starts.
 fn sled_software(
     sled: SharedSled,
     latency_ms: Arc<AtomicU64>,
@@ -102,9 +104,15 @@ fn sled_software(
     name: String,
 ) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = turmoil::Result>>> {
     move || {
-        let sled = sled.clone();
+        let latency = Duration::from_millis(latency_ms.load(Ordering::Relaxed));
+        let backend = Backend::Handler(Arc::new(SimSled::new(
+            sled.clone(),
+            latency,
+            jitter,
+            seed ^ 0x1a7e_9c11,
+        )));
         let opts = UplinkOptions {
-            latency: Duration::from_millis(latency_ms.load(Ordering::Relaxed)),
+            latency,
             jitter,
             seed,
             sled_name: name.clone(),
@@ -114,7 +122,14 @@ fn sled_software(
         Box::pin(async move {
             let gateway = GatewayAddr::parse(&format!("http://gateway:{GATEWAY_PORT}"))
                 .expect("a valid gateway address");
-            run_uplink(TurmoilConnect, gateway, sled, opts, std::future::pending()).await;
+            run_uplink_with(
+                TurmoilConnect,
+                gateway,
+                backend,
+                opts,
+                std::future::pending(),
+            )
+            .await;
             Ok(())
         })
     }
@@ -291,7 +306,7 @@ fn simulate(
             let epoch = tokio::time::Instant::now();
             let mut tasks = Vec::new();
             for i in mine {
-                let plan = script::session_plan(&workload, i);
+                let plan = script::session_plan_with_surface(&workload, i);
                 let opts = RunOptions {
                     url: format!("http://gateway:{GATEWAY_PORT}/mcp"),
                     epoch,
