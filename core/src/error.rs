@@ -395,6 +395,8 @@ pub enum HttpError {
     UnsupportedProtocolVersion { got: String },
     /// A second GET stream for a session that already has one open.
     StreamConflict,
+    /// Client authentication is on and the request has no valid bearer token.
+    Unauthorized { presented: bool },
     /// A method `/mcp` does not serve.
     MethodNotAllowed {
         method: &'static str,
@@ -421,6 +423,7 @@ impl HttpError {
             HttpError::ForbiddenOrigin { .. } => 403,
             HttpError::UnsupportedProtocolVersion { .. } => 400,
             HttpError::StreamConflict => 409,
+            HttpError::Unauthorized { .. } => 401,
             HttpError::MethodNotAllowed { .. } => 405,
             HttpError::UnsupportedContentType { .. } => 415,
             HttpError::ShuttingDown => 503,
@@ -438,6 +441,7 @@ impl HttpError {
             HttpError::ForbiddenOrigin { .. } => "forbidden_origin",
             HttpError::UnsupportedProtocolVersion { .. } => "unsupported_protocol_version",
             HttpError::StreamConflict => "stream_conflict",
+            HttpError::Unauthorized { .. } => "unauthorized",
             HttpError::MethodNotAllowed { .. } => "method_not_allowed",
             HttpError::UnsupportedContentType { .. } => "unsupported_content_type",
             HttpError::ShuttingDown => "shutting_down",
@@ -464,6 +468,8 @@ impl HttpError {
                 crate::http::PROTOCOL_VERSIONS.join(", ")
             ),
             HttpError::StreamConflict => "Conflict: this session already has an open GET stream; close it before opening another".into(),
+            HttpError::Unauthorized { presented: false } => "Unauthorized: this gateway requires a bearer token (Authorization: Bearer <token>)".into(),
+            HttpError::Unauthorized { presented: true } => "Unauthorized: the bearer token is not valid for this gateway".into(),
             HttpError::MethodNotAllowed { method, allow } => format!(
                 "Method not allowed: {method} on /mcp for this protocol version; allowed: {allow}"
             ),
@@ -486,6 +492,13 @@ impl HttpError {
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         match self {
             HttpError::MethodNotAllowed { allow, .. } => vec![("Allow", (*allow).into())],
+            HttpError::Unauthorized { presented: false } => {
+                vec![("WWW-Authenticate", r#"Bearer realm="mcp-gateway""#.into())]
+            }
+            HttpError::Unauthorized { presented: true } => vec![(
+                "WWW-Authenticate",
+                r#"Bearer realm="mcp-gateway", error="invalid_token""#.into(),
+            )],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
             HttpError::TooManySessions { retry_after, .. } => {
                 vec![("Retry-After", retry_secs(*retry_after).to_string())]
@@ -746,6 +759,8 @@ mod tests {
                 max: 10_000,
                 retry_after: Duration::from_millis(1000),
             },
+            HttpError::Unauthorized { presented: false },
+            HttpError::Unauthorized { presented: true },
         ];
         for (i, e) in all.iter().enumerate() {
             let body: Value = serde_json::from_str(&e.body()).unwrap();

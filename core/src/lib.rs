@@ -40,5 +40,5 @@ pub use gateway::{
     Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
 };
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
-pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError};
+pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
 pub use tools::GATEWAY_TOOLS;

@@ -27,6 +27,33 @@ pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 const MAX_NAME_LEN: usize = 64;
 
+/// A credential: compared in constant time, and never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The secret itself, to send where it belongs (a hello, a header); never to log.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `given` is this secret, in time that does not depend on where they differ.
+    pub fn matches(&self, given: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        self.0.len() == given.len() && bool::from(self.0.as_bytes().ct_eq(given.as_bytes()))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
 /// Whether a project was adopted into the fleet or ships with the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum ProjectKind {
@@ -57,6 +84,8 @@ pub struct ProjectSpec {
     pub sled: String,
     /// Deadline of a call proxied to this project.
     pub call_timeout: Duration,
+    /// When set, the project's sled must present it in its hello.
+    pub token: Option<Secret>,
 }
 
 impl ProjectSpec {
@@ -71,6 +100,7 @@ impl ProjectSpec {
             host_path: None,
             kind: ProjectKind::Adopted,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            token: None,
         }
     }
 }
@@ -81,6 +111,8 @@ pub struct Registry {
     projects: Vec<ProjectSpec>,
     index: HashMap<String, usize>,
     default: Option<String>,
+    /// When not empty, every request to `/mcp` must carry one of these as a bearer token.
+    client_tokens: Vec<Secret>,
 }
 
 /// A `projects.toml` that was refused.
@@ -103,6 +135,8 @@ struct RawFile {
     default: Option<Spanned<String>>,
     call_timeout_ms: Option<Spanned<u64>>,
     #[serde(default)]
+    client_tokens: Vec<Spanned<String>>,
+    #[serde(default)]
     project: Vec<RawProject>,
 }
 
@@ -116,6 +150,7 @@ struct RawProject {
     kind: Option<ProjectKind>,
     sled: Option<Spanned<String>>,
     call_timeout_ms: Option<Spanned<u64>>,
+    token: Option<Spanned<String>>,
 }
 
 impl Registry {
@@ -171,8 +206,16 @@ impl Registry {
                 }
                 None => file_timeout,
             };
+            let token = match &p.token {
+                Some(t) => {
+                    check_token(t.get_ref()).map_err(|m| at(Some(t.span()), field("token"), m))?;
+                    Some(Secret::new(t.get_ref().clone()))
+                }
+                None => None,
+            };
             index.insert(name.clone(), i);
             projects.push(ProjectSpec {
+                token,
                 name: p.name.into_inner(),
                 url: p.url.into_inner(),
                 ssh_port: p.ssh_port,
@@ -197,10 +240,17 @@ impl Registry {
             Some(d) => Some(d.into_inner()),
             None => None,
         };
+        let mut client_tokens = Vec::with_capacity(raw.client_tokens.len());
+        for (i, t) in raw.client_tokens.iter().enumerate() {
+            check_token(t.get_ref())
+                .map_err(|m| at(Some(t.span()), Some(format!("client_tokens[{i}]")), m))?;
+            client_tokens.push(Secret::new(t.get_ref().clone()));
+        }
         Ok(Registry {
             projects,
             index,
             default,
+            client_tokens,
         })
     }
 
@@ -244,7 +294,19 @@ impl Registry {
             projects,
             index,
             default: default.map(str::to_owned),
+            client_tokens: Vec::new(),
         })
+    }
+
+    /// The same registry, requiring one of `tokens` as a bearer token on every request.
+    pub fn with_client_tokens(mut self, tokens: Vec<Secret>) -> Registry {
+        self.client_tokens = tokens;
+        self
+    }
+
+    /// The bearer tokens clients must present; none means no client authentication.
+    pub fn client_tokens(&self) -> &[Secret] {
+        &self.client_tokens
     }
 
     /// The project named `name`, and its position in the file.
@@ -293,6 +355,16 @@ fn check_name(name: &str) -> Result<(), String> {
         return Err(format!(
             "'{name}' has the character {c:?}: use letters, digits, '_', '.' and '-'"
         ));
+    }
+    Ok(())
+}
+
+fn check_token(token: &str) -> Result<(), String> {
+    if token.len() < 16 {
+        return Err("a token must be at least 16 characters long".into());
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("a token must not contain whitespace or control characters".into());
     }
     Ok(())
 }
@@ -406,7 +478,7 @@ call_timeout_ms = 5000
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\nsssh_port = 22\n",
-                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`",
+                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`",
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\n[[project]]\nname = \"a\"\nurl = \"http://y\"\n",

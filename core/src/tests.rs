@@ -1,6 +1,7 @@
 //! The core's test harness: a [`Gateway`] on a fake clock, with emulated clients and sleds
 //! that speak to it through `handle` and `poll_output` only (the quinn-proto `Pair` idea).
 
+mod auth;
 mod gateway;
 mod interleavings;
 mod limits;

@@ -43,6 +43,9 @@ pub enum Control {
         protocol: u32,
         project: String,
         sled: String,
+        /// The project's uplink token, when its registration requires one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
     },
     /// gateway → sled: the hello was accepted.
     Welcome { protocol: u32, heartbeat_ms: u64 },
@@ -77,6 +80,8 @@ pub enum CloseCode {
     ProtocolError = 4004,
     /// No hello arrived within the hello timeout.
     HelloTimeout = 4005,
+    /// The hello's token is missing or wrong for its project.
+    Unauthorized = 4006,
 }
 
 impl CloseCode {

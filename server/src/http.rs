@@ -117,6 +117,7 @@ async fn mcp(
         mcp_method: header_text(&headers, HeaderName::from_static("mcp-method")),
         mcp_name: header_text(&headers, HeaderName::from_static("mcp-name")),
         mcp_param_project: header_text(&headers, HeaderName::from_static("mcp-param-project")),
+        authorization: header_text(&headers, header::AUTHORIZATION),
         body,
     };
     let token = state.ids.next_http();

@@ -56,6 +56,8 @@ pub struct SledOptions {
     /// Projects served by the conformance [`Fixture`] instead of the story model (the
     /// latency knob does not apply to them).
     pub fixture_projects: Vec<String>,
+    /// The uplink token every sled of the fleet presents, if the gateway requires one.
+    pub uplink_token: Option<gateway_core::Secret>,
 }
 
 impl Default for SledOptions {
@@ -65,6 +67,7 @@ impl Default for SledOptions {
             latency: Duration::ZERO,
             jitter: Duration::ZERO,
             fixture_projects: Vec::new(),
+            uplink_token: None,
         }
     }
 }
@@ -123,6 +126,7 @@ impl Fleet {
                         jitter: opts.jitter,
                         seed: sled_seed(opts.seed, &project),
                         sled_name: project,
+                        token: opts.uplink_token.clone(),
                         ..UplinkOptions::default()
                     };
                     let mut rx = signal.subscribe();

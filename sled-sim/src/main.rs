@@ -52,6 +52,11 @@ struct Args {
     /// official MCP conformance suite calls) instead of the story model (repeatable).
     #[arg(long, value_name = "NAME", value_parser = parse_project)]
     fixture_project: Vec<String>,
+
+    /// The uplink token to present in each hello, when the gateway's projects.toml gives the
+    /// projects a `token` (read from this environment variable, so it stays out of `ps`).
+    #[arg(long, value_name = "ENV_VAR", default_value = "SLED_UPLINK_TOKEN")]
+    token_env: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -127,6 +132,10 @@ async fn main() -> ExitCode {
         latency: Duration::from_millis(args.latency_ms),
         jitter: Duration::from_millis(args.jitter_ms),
         fixture_projects: args.fixture_project.clone(),
+        uplink_token: std::env::var(&args.token_env)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(gateway_core::Secret::new),
     };
 
     // Bind the direct endpoints first, so a port clash fails before anything connects.

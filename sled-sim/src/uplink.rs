@@ -40,7 +40,8 @@ use crate::net::{Connect, GatewayAddr};
 /// together before the attempt counts as failed.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// After an `UnknownProject` close the sled waits this many times `backoff_max` before retrying.
+/// After an `UnknownProject` or `Unauthorized` close the sled waits this many times
+/// `backoff_max` before retrying.
 pub const UNKNOWN_PROJECT_BACKOFF_FACTOR: u32 = 6;
 
 /// How a sled's uplink behaves.
@@ -58,6 +59,8 @@ pub struct UplinkOptions {
     pub backoff_min: Duration,
     /// The longest reconnect delay.
     pub backoff_max: Duration,
+    /// The project's uplink token, sent in the hello when its registration requires one.
+    pub token: Option<gateway_core::Secret>,
 }
 
 impl Default for UplinkOptions {
@@ -69,6 +72,7 @@ impl Default for UplinkOptions {
             sled_name: "sled".to_owned(),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            token: None,
         }
     }
 }
@@ -375,13 +379,17 @@ fn request_delay(opts: &UplinkOptions, rng: &mut ChaCha8Rng) -> Duration {
 }
 
 fn close_name(code: u16) -> &'static str {
-    const NAMES: [(CloseCode, &str); 6] = [
+    const NAMES: [(CloseCode, &str); 7] = [
         (CloseCode::GoingAway, "going away"),
         (CloseCode::Replaced, "replaced by another connection"),
         (CloseCode::HeartbeatTimeout, "heartbeat timeout"),
         (CloseCode::UnknownProject, "unknown project"),
         (CloseCode::ProtocolError, "protocol error"),
         (CloseCode::HelloTimeout, "hello timeout"),
+        (
+            CloseCode::Unauthorized,
+            "unauthorized: missing or wrong uplink token",
+        ),
     ];
     NAMES
         .iter()
@@ -439,7 +447,9 @@ pub async fn run_uplink_with<C: Connect>(
                 }
                 let mut delay = backoff_delay(&opts, failures, &mut rng);
                 failures = failures.saturating_add(1);
-                let unknown_project = close_code == Some(CloseCode::UnknownProject.code());
+                // Refused for who it is: retrying soon would be refused the same way.
+                let unknown_project = close_code == Some(CloseCode::UnknownProject.code())
+                    || close_code == Some(CloseCode::Unauthorized.code());
                 if unknown_project {
                     delay = opts
                         .backoff_max
@@ -485,6 +495,7 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         protocol: PROTOCOL_VERSION,
         project: project.clone(),
         sled: opts.sled_name.clone(),
+        token: opts.token.as_ref().map(|t| t.expose().to_owned()),
     };
     let attempt = async {
         let stream = connector

@@ -83,7 +83,8 @@ async fn fixture_tools_talk_to_the_gateway_mid_call() {
         Control::Hello {
             protocol: PROTOCOL_VERSION,
             project: "conf".into(),
-            sled: "conf-sled".into()
+            sled: "conf-sled".into(),
+            token: None,
         }
     );
     let welcome = Control::Welcome {

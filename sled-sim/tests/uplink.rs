@@ -127,6 +127,7 @@ async fn hello_welcome_ping_and_calls() {
                 protocol: PROTOCOL_VERSION,
                 project: "alpha".into(),
                 sled: "alpha-sled".into(),
+                token: None,
             }
         );
         send_control(&mut ws, welcome(5_000)).await;

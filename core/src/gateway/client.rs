@@ -26,6 +26,17 @@ impl Gateway {
         if self.shutting_down {
             return self.http_error(token, HttpError::ShuttingDown);
         }
+        let tokens = self.registry.client_tokens();
+        if !tokens.is_empty() {
+            let given = request.authorization.as_deref().and_then(|a| {
+                a.strip_prefix("Bearer ")
+                    .or_else(|| a.strip_prefix("bearer "))
+            });
+            if !given.is_some_and(|g| tokens.iter().any(|t| t.matches(g.trim()))) {
+                let presented = request.authorization.is_some();
+                return self.http_error(token, HttpError::Unauthorized { presented });
+            }
+        }
         if !headers::origin_allowed(request.origin.as_deref(), &self.config.allowed_origins) {
             let origin = request.origin.unwrap_or_default();
             tracing::warn!(origin, "request from a browser origin that is not allowed");

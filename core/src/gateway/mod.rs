@@ -71,6 +71,8 @@ pub struct HttpRequest {
     pub mcp_name: Option<String>,
     /// `Mcp-Param-Project` (2026-07-28): the `project` argument, mirrored by the client.
     pub mcp_param_project: Option<String>,
+    /// `Authorization`. Used only to let the request in; never forwarded to a sled.
+    pub authorization: Option<String>,
     pub body: Vec<u8>,
 }
 

@@ -70,12 +70,14 @@ impl Gateway {
                     protocol,
                     project,
                     sled,
-                }) if awaiting_hello => self.on_hello(now, id, protocol, project, sled),
+                    token,
+                }) if awaiting_hello => self.on_hello(now, id, protocol, project, sled, token),
                 Ok(Control::Pong { .. }) if !awaiting_hello => {}
+                // Named by kind only: a frame's text may hold a token.
                 Ok(other) => self.invalid_frame(
                     id,
                     awaiting_hello,
-                    &format!("unexpected control frame {}", other.to_text()),
+                    &format!("unexpected control frame '{}'", control_kind(&other)),
                 ),
                 Err(e) => {
                     self.invalid_frame(id, awaiting_hello, &format!("bad control frame: {e}"))
@@ -255,6 +257,7 @@ impl Gateway {
         protocol: u32,
         project: String,
         sled: String,
+        token: Option<String>,
     ) {
         if protocol != PROTOCOL_VERSION {
             return self.close_uplink(
@@ -278,6 +281,22 @@ impl Gateway {
                     self.registered().join(", ")
                 ),
             );
+        }
+        let (_, spec) = self.registry.get(&project).expect("checked just above");
+        if let Some(required) = &spec.token {
+            if !token.as_deref().is_some_and(|t| required.matches(t)) {
+                let why = if token.is_none() {
+                    "no token"
+                } else {
+                    "a wrong token"
+                };
+                tracing::warn!(uplink = id.0, project, sled, "uplink refused: {why}");
+                return self.close_uplink(
+                    id,
+                    CloseCode::Unauthorized,
+                    format!("project '{project}' requires its uplink token; the hello had {why}"),
+                );
+            }
         }
         let state = self
             .projects
@@ -557,6 +576,17 @@ impl Gateway {
         self.registry
             .get(project)
             .map_or_else(|| project.to_owned(), |(_, p)| p.sled.clone())
+    }
+}
+
+/// A control frame's kind, for logs.
+fn control_kind(c: &Control) -> &'static str {
+    match c {
+        Control::Hello { .. } => "hello",
+        Control::Welcome { .. } => "welcome",
+        Control::Ping { .. } => "ping",
+        Control::Pong { .. } => "pong",
+        Control::Closing { .. } => "closing",
     }
 }
 

@@ -45,6 +45,7 @@ pub(crate) async fn connect(
         protocol: PROTOCOL_VERSION,
         project: project.clone(),
         sled: project.clone(),
+        token: None,
     };
     ws.send(Message::text(hello.to_text())).await?;
     loop {

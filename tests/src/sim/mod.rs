@@ -118,6 +118,7 @@ fn sled_software(
             sled_name: name.clone(),
             backoff_min: Duration::from_millis(50),
             backoff_max: BACKOFF_MAX,
+            token: None,
         };
         Box::pin(async move {
             let gateway = GatewayAddr::parse(&format!("http://gateway:{GATEWAY_PORT}"))
