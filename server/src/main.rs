@@ -33,6 +33,9 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
         gateway stdio --url http://127.0.0.1:7878/mcp # for stdio-only MCP clients"
 )]
 struct Cli {
+    /// Log lines as JSON objects (one per line, for log shippers) instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -152,15 +155,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The stdio bridge's stderr usually lands in an MCP client's log: quieter, no colours.
     let stdio = matches!(cli.command, Command::Stdio { .. });
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(if stdio { "warn" } else { "info" })
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(!stdio)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if stdio { "warn" } else { "info" })
+    });
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if cli.log_json {
+        logs.json().init();
+    } else {
+        logs.with_ansi(!stdio).init();
+    }
     match cli.command {
         Command::Stdio { url } => run_stdio(&url),
         Command::Serve {
