@@ -42,6 +42,8 @@ pub enum UplinkLoss {
     HeartbeatTimeout,
     /// The gateway is shutting down.
     Shutdown,
+    /// The project was removed from the registry (a reload of projects.toml).
+    Unregistered,
 }
 
 impl UplinkLoss {
@@ -51,6 +53,7 @@ impl UplinkLoss {
             UplinkLoss::Replaced => "its uplink was replaced by a newer connection",
             UplinkLoss::HeartbeatTimeout => "its uplink missed its heartbeats",
             UplinkLoss::Shutdown => "the gateway is shutting down",
+            UplinkLoss::Unregistered => "the project was removed from projects.toml",
         }
     }
 
@@ -60,6 +63,7 @@ impl UplinkLoss {
             UplinkLoss::Replaced => "replaced",
             UplinkLoss::HeartbeatTimeout => "heartbeat_timeout",
             UplinkLoss::Shutdown => "shutdown",
+            UplinkLoss::Unregistered => "unregistered",
         }
     }
 }
@@ -649,6 +653,14 @@ mod tests {
                     project: "beta".into(),
                     sled: "beta".into(),
                     loss: UplinkLoss::Shutdown,
+                },
+            ),
+            (
+                "uplink_lost_unregistered",
+                RpcError::UplinkLost {
+                    project: "beta".into(),
+                    sled: "beta".into(),
+                    loss: UplinkLoss::Unregistered,
                 },
             ),
             (

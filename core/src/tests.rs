@@ -6,6 +6,7 @@ mod gateway;
 mod interleavings;
 mod limits;
 mod modern;
+mod reload;
 mod streams;
 mod surface;
 

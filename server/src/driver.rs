@@ -54,6 +54,8 @@ pub(crate) enum Command {
     Metrics {
         reply: tokio::sync::oneshot::Sender<gateway_core::Metrics>,
     },
+    /// A new registry, from a changed projects.toml.
+    Reload(Box<gateway_core::Registry>),
 }
 
 /// What the driver sends an HTTP handler: one whole answer, or a stream of events.
@@ -204,6 +206,10 @@ impl Driver {
                 if self.uplinks.remove(&uplink).is_some() {
                     self.gateway.handle(now(), Input::UplinkClosed { uplink });
                 }
+            }
+            Command::Reload(registry) => {
+                let registry = *registry;
+                self.gateway.handle(now(), Input::Reload { registry });
             }
             Command::Metrics { reply } => {
                 // The asker may have gone; then nobody wants it.

@@ -40,6 +40,7 @@ use tokio::time::Instant;
 mod driver;
 mod http;
 pub mod metrics;
+mod reload;
 pub mod stdio;
 mod uplink;
 
@@ -69,6 +70,9 @@ pub struct ServerOptions {
     pub shutdown_grace: Duration,
     /// The largest `/mcp` request body accepted; larger ones get 413.
     pub max_body_bytes: usize,
+    /// The projects.toml to reload on SIGHUP or when it changes, with the text `registry`
+    /// was parsed from; `None`: no reloading.
+    pub reload_from: Option<(std::path::PathBuf, String)>,
 }
 
 impl ServerOptions {
@@ -80,6 +84,7 @@ impl ServerOptions {
             seed,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            reload_from: None,
         }
     }
 }
@@ -105,6 +110,7 @@ where
         seed,
         shutdown_grace,
         max_body_bytes,
+        reload_from,
     } = opts;
     let gateway = gateway_core::Gateway::new(registry, core, seed);
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
@@ -116,6 +122,10 @@ where
         let _alive = driver_alive;
         driver::run(gateway, cmd_rx, shutdown_grace).await;
     });
+    // The watcher holds a sender of the driver's: it is stopped when shutdown starts, so the
+    // driver can end once the connections have.
+    let watcher = reload_from
+        .map(|(path, text)| tokio::spawn(reload::watch(path, Some(text), cmd_tx.clone())));
 
     let state = http::AppState {
         cmd: cmd_tx.clone(),
@@ -147,6 +157,9 @@ where
         r = &mut server => { served = Some(r); None }
         s = started_rx => s.ok(),
     };
+    if let Some(w) = &watcher {
+        w.abort();
+    }
     let give_up = started.unwrap_or_else(Instant::now) + shutdown_grace + SHUTDOWN_LINGER;
     // Phase 2: axum waits for open HTTP connections, the driver for every connection task.
     let served = match served {

@@ -173,14 +173,14 @@ fn main() -> ExitCode {
             listen,
             mcp,
         } => {
-            let registry = match load_registry(&config) {
+            let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
                 Err(message) => {
                     eprintln!("gateway: {message}");
                     return ExitCode::from(2);
                 }
             };
-            run(serve(registry, listen, mcp))
+            run(serve(registry, (config, text), listen, mcp))
         }
         Command::Demo {
             listen,
@@ -242,7 +242,8 @@ fn run(main_task: impl std::future::Future<Output = Result<(), String>>) -> Exit
     }
 }
 
-fn load_registry(path: &std::path::Path) -> Result<Registry, String> {
+/// The registry in `path`, and the text it was parsed from.
+fn load_registry(path: &std::path::Path) -> Result<(Registry, String), String> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -251,7 +252,9 @@ fn load_registry(path: &std::path::Path) -> Result<Registry, String> {
         Err(e) => return Err(format!("cannot read config file {}: {e}", path.display())),
     };
     // The error names file:line:column and the field.
-    Registry::parse(&path.display().to_string(), &text).map_err(|e| e.to_string())
+    let registry =
+        Registry::parse(&path.display().to_string(), &text).map_err(|e| e.to_string())?;
+    Ok((registry, text))
 }
 
 async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
@@ -264,7 +267,12 @@ async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
     Ok((listener, addr))
 }
 
-async fn serve(registry: Registry, listen: SocketAddr, mcp: McpFlags) -> Result<(), String> {
+async fn serve(
+    registry: Registry,
+    reload_from: (std::path::PathBuf, String),
+    listen: SocketAddr,
+    mcp: McpFlags,
+) -> Result<(), String> {
     let (listener, addr) = bind(listen).await?;
     log_registry(&registry);
     if registry.is_empty() {
@@ -274,6 +282,8 @@ async fn serve(registry: Registry, listen: SocketAddr, mcp: McpFlags) -> Result<
         gateway_core::uplink::UPLINK_PATH);
     let mut opts = ServerOptions::new(registry, rand::random());
     mcp.apply(&mut opts);
+    // projects.toml is re-read on SIGHUP and whenever it changes.
+    opts.reload_from = Some(reload_from);
     gateway_server::serve(listener, opts, shutdown_signal())
         .await
         .map_err(|e| e.to_string())

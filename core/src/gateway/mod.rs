@@ -115,6 +115,10 @@ pub enum Input {
     /// requests are refused (503); an uplink opened afterwards is closed at once with
     /// `GoingAway`.
     Shutdown,
+    /// A new registry (projects.toml changed). Added projects are routable at once; a removed
+    /// project's uplink is closed and its pending calls fail with `uplink_lost`, reason
+    /// `unregistered`; sessions and the other uplinks are kept.
+    Reload { registry: Registry },
 }
 
 /// A decision for the driver to carry out.
@@ -541,6 +545,7 @@ impl Gateway {
                 self.drop_uplink(uplink, UplinkLoss::Closed, None);
             }
             Input::Shutdown => self.on_shutdown(),
+            Input::Reload { registry } => self.on_reload(registry),
         }
     }
 

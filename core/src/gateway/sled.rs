@@ -555,6 +555,44 @@ impl Gateway {
         }
     }
 
+    pub(super) fn on_reload(&mut self, registry: Registry) {
+        let removed: Vec<String> = self
+            .registry
+            .names()
+            .filter(|n| registry.get(n).is_none())
+            .map(str::to_owned)
+            .collect();
+        for project in &removed {
+            if let Some(uplink) = self.projects.get(project).and_then(|p| p.uplink) {
+                self.drop_uplink(
+                    uplink,
+                    UplinkLoss::Unregistered,
+                    Some((
+                        CloseCode::UnknownProject,
+                        format!("project '{project}' is no longer registered"),
+                    )),
+                );
+            }
+            self.projects.remove(project);
+            self.subscriptions.retain(|(p, _), _| p != project);
+        }
+        for name in registry.names() {
+            self.projects.entry(name.to_owned()).or_default();
+        }
+        let added = registry
+            .names()
+            .filter(|n| self.registry.get(n).is_none())
+            .count();
+        tracing::info!(
+            projects = registry.len(),
+            added,
+            removed = removed.len(),
+            "registry reloaded"
+        );
+        self.registry = registry;
+        self.modern_listing = None;
+    }
+
     pub(super) fn on_shutdown(&mut self) {
         self.shutting_down = true;
         self.end_listens();

@@ -1,0 +1,65 @@
+//! Reloading projects.toml: on SIGHUP, and when the file's contents change (checked every
+//! two seconds). A file that does not parse is refused with its file:line:field error and the
+//! registry in force stays; one that parses goes to the core, which adds and removes projects
+//! without dropping sessions or healthy uplinks.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::driver::Command;
+
+/// How often the file is read to see whether it changed.
+const POLL: Duration = Duration::from_secs(2);
+
+/// Watches `path` until the driver goes away. `loaded` is the text the gateway started with.
+pub(crate) async fn watch(path: PathBuf, loaded: Option<String>, cmd: mpsc::Sender<Command>) {
+    let mut last = loaded;
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let forced = match hup.as_mut() {
+            Some(h) => tokio::select! {
+                _ = h.recv() => true,
+                () = tokio::time::sleep(POLL) => false,
+            },
+            None => {
+                tokio::time::sleep(POLL).await;
+                false
+            }
+        };
+        #[cfg(not(unix))]
+        let forced = {
+            tokio::time::sleep(POLL).await;
+            false
+        };
+        let text = match tokio::fs::read_to_string(&path).await {
+            Ok(t) => t,
+            Err(e) => {
+                if forced {
+                    tracing::error!(path = %path.display(), "cannot read projects.toml ({e}); the registry in force stays");
+                }
+                continue;
+            }
+        };
+        if !forced && last.as_deref() == Some(text.as_str()) {
+            continue;
+        }
+        let shown = path.display().to_string();
+        match gateway_core::Registry::parse(&shown, &text) {
+            Ok(registry) => {
+                tracing::info!(path = %shown, projects = registry.len(), "projects.toml reloaded");
+                if cmd.send(Command::Reload(Box::new(registry))).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => tracing::error!("projects.toml refused: {e}; the registry in force stays"),
+        }
+        last = Some(text);
+        if cmd.is_closed() {
+            return;
+        }
+    }
+}
