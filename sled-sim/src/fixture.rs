@@ -276,16 +276,9 @@ impl Fixture {
             return None;
         };
         let empty = Map::new();
-        let params = match obj.get("params") {
-            Some(Value::Object(p)) => p,
-            None | Some(Value::Null) => &empty,
-            Some(_) => {
-                return Some(error_response(
-                    id,
-                    codes::INVALID_PARAMS,
-                    "Invalid params: params must be an object",
-                ))
-            }
+        let params = match crate::mcp::params_object(obj, &empty) {
+            Ok(p) => p,
+            Err((code, message)) => return Some(error_response(id, code, message)),
         };
         let outcome = match method {
             "initialize" => Ok(self.initialize(params)),

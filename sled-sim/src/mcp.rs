@@ -238,23 +238,9 @@ impl Sled {
             ));
         }
         let empty = Map::new();
-        let params = match obj.get("params") {
-            None | Some(Value::Null) => &empty,
-            Some(Value::Object(p)) => p,
-            Some(Value::Array(_)) => {
-                return Some(error_response(
-                    id,
-                    codes::INVALID_PARAMS,
-                    "Invalid params: MCP params must be an object, not an array",
-                ));
-            }
-            Some(_) => {
-                return Some(error_response(
-                    id,
-                    codes::INVALID_REQUEST,
-                    "Invalid Request: params must be an object",
-                ));
-            }
+        let params = match params_object(obj, &empty) {
+            Ok(p) => p,
+            Err((code, message)) => return Some(error_response(id, code, message)),
         };
         let outcome = match method {
             "initialize" => Ok(self.initialize(params)),
@@ -715,6 +701,26 @@ fn object_schema(properties: Value, required: &[&str]) -> Value {
         "required": required,
         "additionalProperties": false,
     })
+}
+
+/// A request's `params` as an object (absent or `null`: `empty`), or the error code and
+/// message a malformed one gets. Shared by every backend a sled serves.
+pub(crate) fn params_object<'a>(
+    obj: &'a Map<String, Value>,
+    empty: &'a Map<String, Value>,
+) -> Result<&'a Map<String, Value>, (i64, &'static str)> {
+    match obj.get("params") {
+        None | Some(Value::Null) => Ok(empty),
+        Some(Value::Object(p)) => Ok(p),
+        Some(Value::Array(_)) => Err((
+            codes::INVALID_PARAMS,
+            "Invalid params: MCP params must be an object, not an array",
+        )),
+        Some(_) => Err((
+            codes::INVALID_REQUEST,
+            "Invalid Request: params must be an object",
+        )),
+    }
 }
 
 /// The prompts every emulated project serves.

@@ -131,37 +131,22 @@ impl Gateway {
                 self.reply(token, 202, Vec::new(), None)
             }
             ClientMessage::Request { id, method, params } => {
+                let mode = CallMode {
+                    stream_ok,
+                    modern: false,
+                };
                 let answer = match method.as_str() {
                     "ping" => Ok(Some("{}".to_owned())),
                     "tools/list" => self.tools_list(caller, params).map(Some),
-                    "tools/call" => self.tools_call(
-                        now,
-                        token,
-                        caller,
-                        &id,
-                        params,
-                        CallMode {
-                            stream_ok,
-                            modern: false,
-                        },
-                    ),
+                    "tools/call" => self.tools_call(now, token, caller, &id, params, mode),
                     // A 2026-07-28 client probing for the stateless era without the header.
                     "server/discover" => Ok(Some(self.discover())),
                     // Log messages reach only the session whose call produced them; the level
                     // is the session's own.
                     "logging/setLevel" => self.set_log_level(caller, params).map(Some),
-                    m if proxy::PROXIED_METHODS.contains(&m) => self.proxy_method(
-                        now,
-                        token,
-                        caller,
-                        &id,
-                        m,
-                        params,
-                        CallMode {
-                            stream_ok,
-                            modern: false,
-                        },
-                    ),
+                    m if proxy::PROXIED_METHODS.contains(&m) => {
+                        self.proxy_method(now, token, caller, &id, m, params, mode)
+                    }
                     _ => Err(RpcError::MethodNotFound { method }),
                 };
                 match answer {

@@ -15,8 +15,16 @@ struct Envelope<'a> {
     meta: Option<Map<String, Value>>,
     #[serde(borrow, default)]
     name: Option<&'a RawValue>,
+    /// Only `project` is read here; the other arguments are skipped, not built (tools/call
+    /// parses them once, when it forwards).
     #[serde(default)]
-    arguments: Option<Map<String, Value>>,
+    arguments: Option<ProjectArgument>,
+}
+
+#[derive(Deserialize)]
+struct ProjectArgument {
+    #[serde(default)]
+    project: Option<Value>,
 }
 
 impl Gateway {
@@ -147,7 +155,7 @@ impl Gateway {
             let project = envelope
                 .arguments
                 .as_ref()
-                .and_then(|a| a.get("project"))
+                .and_then(|a| a.project.as_ref())
                 .and_then(Value::as_str);
             if let Some(h) = request.mcp_param_project.as_deref() {
                 if headers::decode_header_value(h).as_deref() != project {
