@@ -23,6 +23,7 @@
 mod error;
 mod gateway;
 mod http;
+pub mod identity;
 mod jsonrpc;
 mod metrics;
 mod registry;
@@ -37,8 +38,10 @@ pub use error::{CallLimit, HttpError, RpcError, UplinkLoss};
 #[cfg(feature = "planted-bugs")]
 pub use gateway::PlantedBug;
 pub use gateway::{
-    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, Stats, UplinkId,
+    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId,
+    ProbeOutcome, Stats, UplinkId,
 };
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
 pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
+pub use identity::{Pin, Pins, PinsError};
 pub use tools::GATEWAY_TOOLS;

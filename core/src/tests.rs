@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::{
-    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProjectSpec,
-    Registry, UplinkId,
+    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId,
+    ProjectSpec, Registry, UplinkId,
 };
 
 pub(crate) struct Harness {
@@ -33,6 +33,10 @@ pub(crate) struct Harness {
     /// SSE events sent on each open or closed stream, with their ids.
     pub(crate) streams: HashMap<HttpToken, Vec<(Option<u64>, Value)>>,
     pub(crate) streams_closed: Vec<HttpToken>,
+    /// HTTP probes asked for and not yet answered by the test, oldest first.
+    pub(crate) probes: Vec<(ProbeId, String, String)>,
+    /// Every pin file the gateway asked to save, oldest first.
+    pub(crate) saved_pins: Vec<String>,
 }
 
 /// The tools an emulated sled reports.
@@ -68,6 +72,8 @@ impl Harness {
             closed: HashMap::new(),
             streams: HashMap::new(),
             streams_closed: Vec::new(),
+            probes: Vec::new(),
+            saved_pins: Vec::new(),
         }
     }
 
@@ -124,6 +130,16 @@ impl Harness {
                     let v: Value = serde_json::from_str(&data).expect("events are JSON");
                     let events = self.streams.get_mut(&token).expect("an open stream");
                     events.push((id, v));
+                }
+                Output::Probe {
+                    probe,
+                    project,
+                    url,
+                    timeout: _,
+                } => self.probes.push((probe, project, url)),
+                Output::SavePins { text } => {
+                    crate::Pins::parse(&text).expect("the gateway saves pin files it can read");
+                    self.saved_pins.push(text);
                 }
                 Output::StreamClose { token } => {
                     assert!(

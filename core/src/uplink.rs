@@ -6,7 +6,11 @@
 //! sled sends responses and notifications). The sequence:
 //!
 //! 1. sled → gateway: `{"uplink":"hello","protocol":1,"project":"alpha","sled":"alpha-sled"}`,
-//!    within [`crate::Config::hello_timeout`] of the connection opening.
+//!    within [`crate::Config::hello_timeout`] of the connection opening, with `"token"` when
+//!    the project requires one and `"key"` (its Ed25519 public key) when the sled has an
+//!    identity. With a key, the gateway sends `{"uplink":"challenge","nonce":…}` and the sled
+//!    answers `{"uplink":"proof","signature":…}`; the key is then checked against the
+//!    project's pin (see [`crate::identity`]).
 //! 2. gateway → sled: `{"uplink":"welcome","protocol":1,"heartbeat_ms":5000}`, or a
 //!    `closing` frame and a WebSocket close with one of the [`CloseCode`]s.
 //! 3. gateway → sled: a `tools/list` request (repeated with `cursor` while the sled returns a
@@ -21,6 +25,9 @@
 //!    `{"uplink":"pong","seq":N}`. Any frame from the sled counts as a sign of life; silence for
 //!    [`crate::Config::heartbeat_timeout`] closes the uplink. A sled that hears nothing from the
 //!    gateway for three heartbeats reconnects.
+//! 6. sled → gateway: `{"uplink":"event","seq":N,"kind":"story_moved","story":"alpha-3"}`, the
+//!    sled's CRDT event relay (a `sync` event at least every few seconds when nothing else
+//!    happens). The gateway reports a project whose relay went quiet as stale.
 
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +53,26 @@ pub enum Control {
         /// The project's uplink token, when its registration requires one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// The sled's Ed25519 public key (32 bytes, standard base64), when it has an identity.
+        /// The gateway then sends a [`Control::Challenge`] before anything else.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
+    /// gateway → sled, after a hello with a `key`: prove you hold its private half by signing
+    /// [`crate::identity::challenge_message`] of your project and this nonce (32 random bytes,
+    /// standard base64).
+    Challenge { nonce: String },
+    /// sled → gateway: the Ed25519 signature (64 bytes, standard base64) of the challenge.
+    Proof { signature: String },
+    /// sled → gateway, at any time on a live uplink: one event of the sled's CRDT event relay
+    /// (`kind`: `story_created`, `story_moved`, `story_blocked`, `test_failed`, `sync` …).
+    /// The gateway keeps the newest event time per project to report relay staleness.
+    Event {
+        /// The sled's own sequence number of the event.
+        seq: u64,
+        kind: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        story: Option<String>,
     },
     /// gateway → sled: the hello was accepted.
     Welcome { protocol: u32, heartbeat_ms: u64 },
@@ -82,6 +109,9 @@ pub enum CloseCode {
     HelloTimeout = 4005,
     /// The hello's token is missing or wrong for its project.
     Unauthorized = 4006,
+    /// The sled's identity was refused: its key differs from the project's pinned key, it
+    /// presented none while one is pinned (or required), or its proof did not verify.
+    IdentityRefused = 4007,
 }
 
 impl CloseCode {

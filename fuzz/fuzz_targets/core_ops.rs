@@ -205,7 +205,10 @@ fuzz_target!(|ops: Vec<Op>| {
                         }
                     }
                 }
-                Output::UplinkClose { .. } => {}
+                Output::UplinkClose { .. } | Output::Probe { .. } => {}
+                Output::SavePins { text } => {
+                    gateway_core::Pins::parse(&text).expect("the gateway writes pin files it can read");
+                }
                 Output::StreamOpen { token } => {
                     assert!(waiting.contains(&token), "a stream answers a waiting request");
                     streams.insert(token);

@@ -163,7 +163,10 @@ fn drain(gw: &mut Gateway, waiting: &mut HashSet<HttpToken>, last_ids: &mut [Opt
                     }
                 }
             }
-            Output::StreamOpen { .. } | Output::UplinkClose { .. } => {}
+            Output::StreamOpen { .. } | Output::UplinkClose { .. } | Output::Probe { .. } => {}
+            Output::SavePins { text } => {
+                gateway_core::Pins::parse(&text).expect("the gateway writes pin files it can read");
+            }
         }
     }
 }

@@ -315,6 +315,7 @@ impl Driver {
                         let _ = tx.try_send(Outbound::Close { code, reason });
                     }
                 }
+                Output::Probe { .. } | Output::SavePins { .. } => {}
             }
         }
     }

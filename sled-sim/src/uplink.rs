@@ -496,6 +496,7 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         project: project.clone(),
         sled: opts.sled_name.clone(),
         token: opts.token.as_ref().map(|t| t.expose().to_owned()),
+        key: None,
     };
     let attempt = async {
         let stream = connector

@@ -85,6 +85,7 @@ async fn fixture_tools_talk_to_the_gateway_mid_call() {
             project: "conf".into(),
             sled: "conf-sled".into(),
             token: None,
+            key: None,
         }
     );
     let welcome = Control::Welcome {

@@ -128,6 +128,7 @@ async fn hello_welcome_ping_and_calls() {
                 project: "alpha".into(),
                 sled: "alpha-sled".into(),
                 token: None,
+                key: None,
             }
         );
         send_control(&mut ws, welcome(5_000)).await;

@@ -10,6 +10,7 @@
 //! session sweep.
 
 mod client;
+mod fleet;
 mod modern;
 mod proxy;
 mod sled;
@@ -35,6 +36,19 @@ use crate::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
 /// requests still waiting for a reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HttpToken(pub u64);
+
+/// An HTTP health probe the gateway asked for ([`Output::Probe`]), named by the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProbeId(pub u64);
+
+/// How an HTTP health probe ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// The project's `url` answered a `GET` with this HTTP status.
+    Status(u16),
+    /// No HTTP answer: the connection failed, or the driver's own timeout fired. Says why.
+    Failed(String),
+}
 
 /// One uplink WebSocket connection, named by the driver; never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -119,6 +133,9 @@ pub enum Input {
     /// project's uplink is closed and its pending calls fail with `uplink_lost`, reason
     /// `unregistered`; sessions and the other uplinks are kept.
     Reload { registry: Registry },
+    /// An HTTP health probe asked for by [`Output::Probe`] ended. Unknown or late probes
+    /// (past the probe's deadline, which the core keeps itself) are ignored.
+    ProbeDone { probe: ProbeId, outcome: ProbeOutcome },
 }
 
 /// A decision for the driver to carry out.
@@ -148,6 +165,18 @@ pub enum Output {
         code: u16,
         reason: String,
     },
+    /// `GET` the project's `url` and report the status with [`Input::ProbeDone`]; give up
+    /// after `timeout` (the core also stops waiting then). For projects without a live uplink.
+    Probe {
+        probe: ProbeId,
+        project: String,
+        url: String,
+        timeout: Duration,
+    },
+    /// The pinned sled keys changed: replace the pin file's content with `text` (atomically:
+    /// write a temporary file, then rename it over the old one). The text is the whole file,
+    /// so a later `SavePins` supersedes an earlier one that was not written yet.
+    SavePins { text: String },
 }
 
 /// Settings of the state machine that are not per project.
@@ -182,6 +211,19 @@ pub struct Config {
     pub max_calls_per_sled: usize,
     /// The retry hint given with a refusal by a limit (`retry_after_ms`, `Retry-After`).
     pub retry_after: Duration,
+    /// How often a project without a live uplink has its `url` probed over HTTP for
+    /// `gateway_health` (zero: never).
+    pub probe_interval: Duration,
+    /// A probe without an answer after this long counts as failed.
+    pub probe_timeout: Duration,
+    /// A project whose sled sent no relay event for this long has a stale relay.
+    pub relay_stale_after: Duration,
+    /// Refuse sleds that present no identity key (close 4007), pinned or not.
+    pub require_identity: bool,
+    /// `aggregate_pipeline_status`: the default overall deadline (a call may ask for less).
+    pub fanout_timeout: Duration,
+    /// `aggregate_pipeline_status`: the default deadline of each sled's answer.
+    pub fanout_sled_timeout: Duration,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -214,6 +256,12 @@ impl Default for Config {
             max_calls_per_session: 64,
             max_calls_per_sled: 1024,
             retry_after: Duration::from_secs(1),
+            probe_interval: Duration::from_secs(10),
+            probe_timeout: Duration::from_secs(2),
+            relay_stale_after: Duration::from_secs(30),
+            require_identity: false,
+            fanout_timeout: Duration::from_secs(5),
+            fanout_sled_timeout: Duration::from_secs(2),
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -297,6 +345,8 @@ pub struct Gateway {
     session_calls: HashMap<String, usize>,
     /// Calls by tool, project and outcome; latencies.
     call_metrics: crate::metrics::CallMetrics,
+    /// Pinned sled keys (trust on first use), as in the pin file.
+    pins: crate::identity::Pins,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -475,6 +525,7 @@ impl Gateway {
             counters: Counters::default(),
             session_calls: HashMap::new(),
             call_metrics: crate::metrics::CallMetrics::default(),
+            pins: crate::identity::Pins::default(),
             #[cfg(feature = "planted-bugs")]
             shared_active: None,
         }
@@ -546,6 +597,7 @@ impl Gateway {
             }
             Input::Shutdown => self.on_shutdown(),
             Input::Reload { registry } => self.on_reload(registry),
+            Input::ProbeDone { probe, outcome } => self.on_probe_done(now, probe, outcome),
         }
     }
 

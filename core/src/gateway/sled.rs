@@ -71,6 +71,7 @@ impl Gateway {
                     project,
                     sled,
                     token,
+                    key: _,
                 }) if awaiting_hello => self.on_hello(now, id, protocol, project, sled, token),
                 Ok(Control::Pong { .. }) if !awaiting_hello => {}
                 // Named by kind only: a frame's text may hold a token.
@@ -625,6 +626,9 @@ fn control_kind(c: &Control) -> &'static str {
         Control::Ping { .. } => "ping",
         Control::Pong { .. } => "pong",
         Control::Closing { .. } => "closing",
+        Control::Challenge { .. } => "challenge",
+        Control::Proof { .. } => "proof",
+        Control::Event { .. } => "event",
     }
 }
 

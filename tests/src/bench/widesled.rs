@@ -46,6 +46,7 @@ pub(crate) async fn connect(
         project: project.clone(),
         sled: project.clone(),
         token: None,
+        key: None,
     };
     ws.send(Message::text(hello.to_text())).await?;
     loop {
