@@ -47,7 +47,7 @@ pub enum UplinkLoss {
 }
 
 impl UplinkLoss {
-    fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             UplinkLoss::Closed => "its uplink closed",
             UplinkLoss::Replaced => "its uplink was replaced by a newer connection",

@@ -41,7 +41,7 @@ pub use gateway::{
     Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId,
     ProbeOutcome, Stats, UplinkId,
 };
+pub use identity::{Pin, Pins, PinsError};
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
 pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
-pub use identity::{Pin, Pins, PinsError};
 pub use tools::GATEWAY_TOOLS;

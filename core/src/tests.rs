@@ -2,6 +2,7 @@
 //! that speak to it through `handle` and `poll_output` only (the quinn-proto `Pair` idea).
 
 mod auth;
+mod fleet;
 mod gateway;
 mod interleavings;
 mod limits;

@@ -13,10 +13,19 @@ use serde_json::{json, Map, Value};
 
 /// Names of the gateway's own tools. They are answered by the gateway, and a sled tool with
 /// one of these names is not listed.
-pub const GATEWAY_TOOLS: &[&str] = &[SWITCH_PROJECT, LIST_PROJECTS];
+pub const GATEWAY_TOOLS: &[&str] = &[
+    SWITCH_PROJECT,
+    LIST_PROJECTS,
+    GATEWAY_HEALTH,
+    AGGREGATE_PIPELINE_STATUS,
+    FLEET_IDENTITY,
+];
 
 pub(crate) const SWITCH_PROJECT: &str = "switch_project";
 pub(crate) const LIST_PROJECTS: &str = "list_projects";
+pub(crate) const GATEWAY_HEALTH: &str = "gateway_health";
+pub(crate) const AGGREGATE_PIPELINE_STATUS: &str = "aggregate_pipeline_status";
+pub(crate) const FLEET_IDENTITY: &str = "fleet_identity";
 
 /// The description of the injected `project` property.
 const PROJECT_PROPERTY_DESCRIPTION: &str = "Registered project to run this call on (list_projects names them). Omit it to use this session's default project (set by switch_project).";
@@ -42,6 +51,42 @@ pub(crate) fn gateway_tool_definitions() -> Vec<String> {
             "title": "List registered projects",
             "description": "Every registered project: name, url, ssh_port, host_path, kind (adopted or built-in), its sled, whether its uplink is live now, and `active` for this session's own default project. No probing: what the gateway already knows.",
             "inputSchema": { "type": "object", "properties": {}, "additionalProperties": false }
+        }),
+        json!({
+            "name": GATEWAY_HEALTH,
+            "title": "Fleet health",
+            "description": "Every registered project: up, down, stale or unknown, with the reasons. From the sled's uplink heartbeat (time since it was last heard), or for a project without an uplink from polling its url over HTTP; and the staleness of the sled's CRDT event relay against its threshold. `summary` names the projects in each state.",
+            "inputSchema": { "type": "object", "properties": {}, "additionalProperties": false },
+            "annotations": { "readOnlyHint": true }
+        }),
+        json!({
+            "name": AGGREGATE_PIPELINE_STATUS,
+            "title": "Pipeline status across the fleet",
+            "description": "Stage counts and blocked and failing items of every registered project, asked of all sleds in parallel, each with its own deadline, answered within one overall deadline even when sleds are down or slow. `not_answered` names every project that did not answer and why (no_uplink, timed_out, error); `totals` sums the fleet.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "timeout_ms": { "type": "integer", "minimum": 1, "maximum": 60000, "description": "Overall deadline in milliseconds (default 5000)." },
+                    "per_project_timeout_ms": { "type": "integer", "minimum": 1, "maximum": 60000, "description": "Each sled's deadline in milliseconds (default 2000, at most the overall deadline)." }
+                },
+                "additionalProperties": false
+            },
+            "annotations": { "readOnlyHint": true }
+        }),
+        json!({
+            "name": FLEET_IDENTITY,
+            "title": "Sled identities",
+            "description": "Per project: the sled key pinned on first use against the key its live sled proved it holds, and the last refused attempt (another key, or none) with its reason. With action \"repin\" and a project, pins that project to the key last refused for it (optionally naming that key to be sure); nothing else ever changes a pin.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "action": { "type": "string", "enum": ["show", "repin"], "description": "\"show\" (the default) or \"repin\"." },
+                    "project": { "type": "string", "description": "The project to show, or to re-pin (required with repin)." },
+                    "key": { "type": "string", "description": "With repin: the refused key you expect to pin (base64); refused if it is not the one last refused." }
+                },
+                "additionalProperties": false
+            },
+            "annotations": { "destructiveHint": false }
         }),
     ];
     defs.iter().map(Value::to_string).collect()

@@ -38,7 +38,15 @@ enum Op {
 }
 
 const PROJECTS: [&str; 3] = ["alpha", "beta", "gamma"];
-const TOOLS: [&str; 4] = ["show", "switch_project", "list_projects", "create_story"];
+const TOOLS: [&str; 7] = [
+    "show",
+    "switch_project",
+    "list_projects",
+    "create_story",
+    "aggregate_pipeline_status",
+    "gateway_health",
+    "fleet_identity",
+];
 
 fuzz_target!(|ops: Vec<Op>| {
     let specs = PROJECTS

@@ -243,6 +243,9 @@ impl Gateway {
             return;
         }
         self.post_streams.remove(&token);
+        if self.abort_fanout(token) {
+            return;
+        }
         let Some(key) = self.by_token.remove(&token) else {
             return;
         };
@@ -419,6 +422,11 @@ impl Gateway {
             }
             SWITCH_PROJECT => return self.switch_project(caller, &arguments).map(Some),
             LIST_PROJECTS => return self.list_projects(caller, &arguments).map(Some),
+            GATEWAY_HEALTH => return self.gateway_health(now, &arguments).map(Some),
+            FLEET_IDENTITY => return self.fleet_identity(now, &arguments).map(Some),
+            AGGREGATE_PIPELINE_STATUS => {
+                return self.aggregate_pipeline_status(now, token, id, modern, &arguments)
+            }
             _ => {}
         }
         let tool = params.name;
@@ -627,7 +635,7 @@ pub(super) fn is_json(content_type: Option<&str>) -> bool {
 }
 
 /// Refuses arguments a gateway tool does not take.
-fn only_arguments(
+pub(super) fn only_arguments(
     tool: &str,
     arguments: &Map<String, Value>,
     allowed: &[&str],
@@ -653,7 +661,7 @@ fn only_arguments(
 }
 
 /// A tool result whose text is the structured content, serialised.
-fn tool_result(structured: Value) -> String {
+pub(super) fn tool_result(structured: Value) -> String {
     json!({
         "content": [{ "type": "text", "text": structured.to_string() }],
         "structuredContent": structured,

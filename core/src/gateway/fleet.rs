@@ -1,8 +1,108 @@
-//! The fleet: sled identity pins, health (heartbeats, HTTP probes, relay staleness) and the
-//! fan-out of `aggregate_pipeline_status`.
+//! The fleet: sled identity pins (story 1206), health (heartbeats, HTTP probes of projects
+//! without an uplink, relay staleness) and the fan-out of `aggregate_pipeline_status`.
+//!
+//! Everything here is a decision on the `now` it is given: the driver carries out
+//! [`Output::Probe`] and [`Output::SavePins`], and reports probes back with
+//! [`Input::ProbeDone`].
+
+use std::collections::BTreeMap;
+
+use rand_chacha::rand_core::RngCore;
 
 use super::*;
-use crate::identity::Pins;
+use crate::identity::{self, Pin, Pins};
+
+/// The sled tool `aggregate_pipeline_status` calls on every project.
+pub(super) const PIPELINE_TOOL: &str = "pipeline_status";
+
+/// The longest overall deadline a caller may ask of `aggregate_pipeline_status`.
+const MAX_FANOUT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Relay event kinds are kept for display only; longer ones are cut.
+const MAX_EVENT_KIND: usize = 64;
+
+/// A refused identity: the latest attempt for a project, kept for `fleet_identity`.
+#[derive(Debug, Clone)]
+pub(super) struct Refusal {
+    /// The key presented (None: none was).
+    pub(super) key: Option<String>,
+    pub(super) sled: String,
+    pub(super) reason: String,
+    pub(super) at: Instant,
+    /// Attempts in a row with this key.
+    pub(super) attempts: u64,
+}
+
+/// A finished HTTP probe.
+#[derive(Debug, Clone)]
+pub(super) struct ProbeRecord {
+    pub(super) at: Instant,
+    pub(super) took: Duration,
+    pub(super) outcome: ProbeOutcome,
+}
+
+impl ProbeRecord {
+    /// An HTTP answer below 500 means the project's server is there.
+    fn ok(&self) -> bool {
+        matches!(self.outcome, ProbeOutcome::Status(s) if s < 500)
+    }
+}
+
+/// What the gateway knows of a project's health beyond its uplink.
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    /// When its current uplink went live.
+    pub(super) connected_at: Option<Instant>,
+    /// The last frame from its last uplink, kept when the uplink goes.
+    pub(super) last_seen: Option<Instant>,
+    /// The newest relay event.
+    pub(super) last_event: Option<Instant>,
+    pub(super) last_event_kind: Option<String>,
+    pub(super) events: u64,
+    /// A probe in flight.
+    pub(super) probing: Option<ProbeId>,
+    /// The last probe since the project last lost its uplink.
+    pub(super) probe: Option<ProbeRecord>,
+    /// The latest refused identity.
+    pub(super) refused: Option<Refusal>,
+}
+
+/// One `aggregate_pipeline_status` call, waiting for its sleds.
+#[derive(Debug)]
+pub(super) struct Fanout {
+    token: HttpToken,
+    client_id: RawId,
+    modern: bool,
+    started: Instant,
+    deadline: Instant,
+    per_sled: Duration,
+    parts: BTreeMap<String, Part>,
+    waiting: usize,
+}
+
+#[derive(Debug)]
+enum Part {
+    Waiting {
+        uplink: UplinkId,
+        rpc_id: u64,
+    },
+    Answered {
+        took: Duration,
+        status: Value,
+    },
+    Failed {
+        reason: &'static str,
+        detail: String,
+    },
+}
+
+/// An HTTP probe in flight.
+#[derive(Debug)]
+pub(super) struct Probe {
+    project: String,
+    sent: Instant,
+    deadline: Instant,
+}
 
 impl Gateway {
     /// Loads the pins kept from an earlier run (the pin file). Call before the first event.
@@ -10,5 +110,1043 @@ impl Gateway {
         self.pins = pins;
     }
 
-    pub(super) fn on_probe_done(&mut self, _now: Instant, _probe: ProbeId, _outcome: ProbeOutcome) {}
+    /// The pins in force.
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    // ---- identity ----
+
+    /// After a hello (its token already checked): a sled with a key is challenged; one without
+    /// is accepted unless its project has a pin or identity is required.
+    pub(super) fn hello_identity(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: String,
+        sled: String,
+        key: Option<String>,
+    ) {
+        let Some(key) = key else {
+            if self.pins.get(&project).is_some() {
+                let reason = format!(
+                    "project '{project}' has a pinned identity key and the hello presented none"
+                );
+                return self.refuse_identity(now, id, &project, sled, None, reason);
+            }
+            if self.config.require_identity {
+                let reason =
+                    "this gateway requires every sled to present an identity key".to_owned();
+                return self.refuse_identity(now, id, &project, sled, None, reason);
+            }
+            return self.accept_uplink(now, id, project, sled, None);
+        };
+        let verifying = match identity::parse_key(&key) {
+            Ok(k) => k,
+            Err(e) => {
+                let reason = format!("the hello's key is unusable: {e}");
+                return self.refuse_identity(now, id, &project, sled, None, reason);
+            }
+        };
+        let mut nonce = [0u8; 32];
+        self.rng.fill_bytes(&mut nonce);
+        let challenge = Control::Challenge {
+            nonce: identity::encode_bytes(&nonce),
+        };
+        if let Some(uplink) = self.uplinks.get_mut(&id) {
+            uplink.state = UplinkState::AwaitingProof(Box::new(Proving {
+                project,
+                sled,
+                key,
+                verifying,
+                nonce,
+            }));
+            self.outputs.push_back(Output::UplinkSend {
+                uplink: id,
+                text: challenge.to_text(),
+            });
+        }
+    }
+
+    /// The sled's signature of its challenge: verified, then its key is checked against the
+    /// project's pin (or pinned, the first time).
+    pub(super) fn on_proof(&mut self, now: Instant, id: UplinkId, signature: &str) {
+        let Some(uplink) = self.uplinks.get_mut(&id) else {
+            return;
+        };
+        let proving = match std::mem::replace(&mut uplink.state, UplinkState::AwaitingHello) {
+            UplinkState::AwaitingProof(p) => *p,
+            other => {
+                uplink.state = other;
+                return;
+            }
+        };
+        let Proving {
+            project,
+            sled,
+            key,
+            verifying,
+            nonce,
+        } = proving;
+        if let Err(e) = identity::verify_challenge(&verifying, &project, &nonce, signature) {
+            let reason = format!("the identity proof failed: {e}");
+            return self.refuse_identity(now, id, &project, sled, Some(key), reason);
+        }
+        if self.registry.get(&project).is_none() {
+            // Unregistered by a reload while it was proving itself.
+            return self.close_uplink(
+                id,
+                CloseCode::UnknownProject,
+                format!("project '{project}' is no longer registered"),
+            );
+        }
+        match self.pins.get(&project) {
+            Some(pin) if pin.key == key => {}
+            Some(pin) => {
+                let reason = format!(
+                    "project '{project}' is pinned to key {}; this sled presented {key}",
+                    pin.key
+                );
+                return self.refuse_identity(now, id, &project, sled, Some(key), reason);
+            }
+            None => {
+                tracing::info!(project, sled, key, "sled identity pinned on first use");
+                self.pins.pins.insert(
+                    project.clone(),
+                    Pin {
+                        key: key.clone(),
+                        sled: sled.clone(),
+                    },
+                );
+                self.save_pins();
+            }
+        }
+        self.accept_uplink(now, id, project, sled, Some(key));
+    }
+
+    fn refuse_identity(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: &str,
+        sled: String,
+        key: Option<String>,
+        reason: String,
+    ) {
+        tracing::warn!(
+            uplink = id.0,
+            project,
+            sled,
+            "sled identity refused: {reason}"
+        );
+        if let Some(state) = self.projects.get_mut(project) {
+            let attempts = match &state.health.refused {
+                Some(r) if r.key == key => r.attempts + 1,
+                _ => 1,
+            };
+            state.health.refused = Some(Refusal {
+                key,
+                sled,
+                reason: reason.clone(),
+                at: now,
+                attempts,
+            });
+        }
+        self.close_uplink(id, CloseCode::IdentityRefused, reason);
+    }
+
+    fn save_pins(&mut self) {
+        self.outputs.push_back(Output::SavePins {
+            text: self.pins.to_toml(),
+        });
+    }
+
+    /// `fleet_identity`: every project's pinned key against its live sled's, and refused
+    /// attempts; or, with `action: "repin"`, a re-pin of one project to its refused key.
+    pub(super) fn fleet_identity(
+        &mut self,
+        now: Instant,
+        arguments: &Map<String, Value>,
+    ) -> Result<String, RpcError> {
+        client::only_arguments(FLEET_IDENTITY, arguments, &["action", "project", "key"])?;
+        let bad = |detail: String| RpcError::InvalidParams {
+            method: FLEET_IDENTITY.into(),
+            detail,
+        };
+        let action = match arguments.get("action") {
+            None => "show",
+            Some(Value::String(a)) if a == "show" || a == "repin" => a.as_str(),
+            Some(other) => {
+                return Err(bad(format!(
+                    "`action` must be \"show\" or \"repin\", not {other}"
+                )))
+            }
+        };
+        let project = match arguments.get("project") {
+            None => None,
+            Some(Value::String(p)) if self.registry.get(p).is_some() => Some(p.clone()),
+            Some(Value::String(p)) => {
+                return Err(RpcError::UnknownProject {
+                    project: p.clone(),
+                    registered: self.registered(),
+                })
+            }
+            Some(_) => return Err(bad("`project` must be a string".into())),
+        };
+        let key = match arguments.get("key") {
+            None => None,
+            Some(Value::String(k)) => Some(k.clone()),
+            Some(_) => return Err(bad("`key` must be a string".into())),
+        };
+        if action == "repin" {
+            let Some(project) = project else {
+                return Err(bad(
+                    "a re-pin must name its project: {\"action\":\"repin\",\"project\":\"<name>\"}"
+                        .into(),
+                ));
+            };
+            return self.repin(&project, key.as_deref());
+        }
+        if key.is_some() {
+            return Err(bad("`key` is only taken with action \"repin\"".into()));
+        }
+        let mut rows = Vec::new();
+        let mut summary: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for spec in self.registry.projects() {
+            if project.as_deref().is_some_and(|p| p != spec.name) {
+                continue;
+            }
+            let state = &self.projects[&spec.name];
+            let live = state.uplink.and_then(|u| self.uplinks.get(&u));
+            let pinned = self.pins.get(&spec.name);
+            let status = match (live, pinned) {
+                (None, _) => "offline",
+                (Some(u), Some(p)) if u.key.as_deref() == Some(p.key.as_str()) => "verified",
+                (Some(u), None) if u.key.is_none() => "unsigned",
+                // Cannot happen: a live uplink's key is its project's pin.
+                (Some(_), _) => "mismatch",
+            };
+            summary.entry(status).or_default().push(spec.name.clone());
+            let refused = state.health.refused.as_ref().map(|r| {
+                summary
+                    .entry("refused")
+                    .or_default()
+                    .push(spec.name.clone());
+                json!({
+                    "key": r.key,
+                    "sled": r.sled,
+                    "reason": r.reason,
+                    "attempts": r.attempts,
+                    "last_ms_ago": millis(now.saturating_duration_since(r.at)),
+                })
+            });
+            rows.push(json!({
+                "project": spec.name,
+                "sled": spec.sled,
+                "status": status,
+                "pinned": pinned.map(|p| &p.key),
+                "live": live.and_then(|u| u.key.as_ref()),
+                "refused": refused,
+            }));
+        }
+        Ok(client::tool_result(json!({
+            "projects": rows,
+            "summary": summary,
+            "require_identity": self.config.require_identity,
+        })))
+    }
+
+    fn repin(&mut self, project: &str, key: Option<&str>) -> Result<String, RpcError> {
+        let bad = |detail: String| RpcError::InvalidParams {
+            method: FLEET_IDENTITY.into(),
+            detail,
+        };
+        let state = self
+            .projects
+            .get_mut(project)
+            .expect("registered projects have a state");
+        let Some(Refusal {
+            key: Some(refused),
+            sled,
+            ..
+        }) = state.health.refused.clone()
+        else {
+            return Err(bad(format!(
+                "project '{project}' has no refused key to re-pin to: a re-pin accepts the key of the last sled refused for it (fleet_identity shows it)"
+            )));
+        };
+        if let Some(k) = key {
+            if k != refused {
+                return Err(bad(format!(
+                    "the key given is not the one last refused for project '{project}' ({refused}); nothing changed"
+                )));
+            }
+        }
+        state.health.refused = None;
+        let live = state.uplink;
+        let previous = self
+            .pins
+            .pins
+            .insert(
+                project.to_owned(),
+                Pin {
+                    key: refused.clone(),
+                    sled: sled.clone(),
+                },
+            )
+            .map(|p| p.key);
+        tracing::warn!(
+            project,
+            previous,
+            key = refused,
+            "project re-pinned on request"
+        );
+        self.save_pins();
+        // A live uplink's key is always its project's pin: one with the old key goes.
+        let mut closed = false;
+        if let Some(u) = live {
+            if self.uplinks.get(&u).and_then(|u| u.key.as_deref()) != Some(refused.as_str()) {
+                closed = true;
+                self.close_uplink(
+                    u,
+                    CloseCode::IdentityRefused,
+                    format!("project '{project}' was re-pinned to another key"),
+                );
+            }
+        }
+        Ok(client::tool_result(json!({
+            "action": "repin",
+            "project": project,
+            "previous": previous,
+            "pinned": refused,
+            "sled": sled,
+            "closed_live_uplink": closed,
+            "note": "the sled presenting the pinned key is accepted at its next connection",
+        })))
+    }
+
+    // ---- relay ----
+
+    pub(super) fn on_relay_event(&mut self, now: Instant, id: UplinkId, kind: &str) {
+        let Some(project) = self.live_project(id) else {
+            return;
+        };
+        if let Some(state) = self.projects.get_mut(&project) {
+            let h = &mut state.health;
+            h.last_event = Some(now);
+            h.events += 1;
+            let mut kind = kind.to_owned();
+            if kind.len() > MAX_EVENT_KIND {
+                let mut end = MAX_EVENT_KIND;
+                while !kind.is_char_boundary(end) {
+                    end -= 1;
+                }
+                kind.truncate(end);
+            }
+            h.last_event_kind = Some(kind);
+        }
+    }
+
+    // ---- probes ----
+
+    /// Remembers the time of the latest event, and arms the probe round the first time.
+    pub(super) fn see_time(&mut self, now: Instant) {
+        self.now = Some(self.now.map_or(now, |n| n.max(now)));
+        self.arm_probes(now);
+    }
+
+    fn arm_probes(&mut self, now: Instant) {
+        if self.probes_armed || self.shutting_down || self.config.probe_interval.is_zero() {
+            return;
+        }
+        self.probes_armed = true;
+        self.timers
+            .insert((now + self.config.probe_interval, Timer::ProbeRound));
+    }
+
+    pub(super) fn on_probe_round(&mut self, now: Instant) {
+        self.probes_armed = false;
+        if self.shutting_down {
+            return;
+        }
+        let due: Vec<String> = self
+            .registry
+            .projects()
+            .iter()
+            .filter(|p| !p.url.is_empty())
+            .filter(|p| {
+                self.projects
+                    .get(&p.name)
+                    .is_some_and(|s| s.uplink.is_none() && s.health.probing.is_none())
+            })
+            .map(|p| p.name.clone())
+            .collect();
+        for project in due {
+            self.start_probe(now, project);
+        }
+        self.arm_probes(now);
+    }
+
+    /// Asks the driver to probe a project's url now.
+    pub(super) fn start_probe(&mut self, now: Instant, project: String) {
+        if self.shutting_down || self.config.probe_interval.is_zero() {
+            return;
+        }
+        let Some((_, spec)) = self.registry.get(&project) else {
+            return;
+        };
+        if spec.url.is_empty() {
+            return;
+        }
+        let url = spec.url.clone();
+        let Some(state) = self.projects.get_mut(&project) else {
+            return;
+        };
+        if state.health.probing.is_some() {
+            return;
+        }
+        let probe = ProbeId(self.next_probe);
+        self.next_probe += 1;
+        state.health.probing = Some(probe);
+        let deadline = now + self.config.probe_timeout;
+        self.probes.insert(
+            probe,
+            Probe {
+                project: project.clone(),
+                sent: now,
+                deadline,
+            },
+        );
+        self.timers.insert((deadline, Timer::Probe(probe)));
+        self.outputs.push_back(Output::Probe {
+            probe,
+            project,
+            url,
+            timeout: self.config.probe_timeout,
+        });
+    }
+
+    pub(super) fn on_probe_done(&mut self, now: Instant, probe: ProbeId, outcome: ProbeOutcome) {
+        let Some(p) = self.probes.remove(&probe) else {
+            return;
+        };
+        self.timers.remove(&(p.deadline, Timer::Probe(probe)));
+        self.end_probe(now, probe, p, outcome);
+    }
+
+    pub(super) fn on_probe_deadline(&mut self, now: Instant, probe: ProbeId) {
+        let Some(p) = self.probes.remove(&probe) else {
+            return;
+        };
+        let outcome = ProbeOutcome::Failed(format!(
+            "no answer within {} ms",
+            millis(self.config.probe_timeout)
+        ));
+        self.end_probe(now, probe, p, outcome);
+    }
+
+    fn end_probe(&mut self, now: Instant, probe: ProbeId, p: Probe, outcome: ProbeOutcome) {
+        let Some(state) = self.projects.get_mut(&p.project) else {
+            return;
+        };
+        if state.health.probing != Some(probe) {
+            return;
+        }
+        state.health.probing = None;
+        tracing::debug!(project = p.project, ?outcome, "health probe ended");
+        state.health.probe = Some(ProbeRecord {
+            at: now,
+            took: now.saturating_duration_since(p.sent),
+            outcome,
+        });
+    }
+
+    /// Forgets probes and their timers (shutdown).
+    pub(super) fn stop_probes(&mut self) {
+        for (probe, p) in std::mem::take(&mut self.probes) {
+            self.timers.remove(&(p.deadline, Timer::Probe(probe)));
+        }
+        self.timers.retain(|(_, t)| *t != Timer::ProbeRound);
+        self.probes_armed = false;
+    }
+
+    // ---- gateway_health ----
+
+    pub(super) fn gateway_health(
+        &self,
+        now: Instant,
+        arguments: &Map<String, Value>,
+    ) -> Result<String, RpcError> {
+        client::only_arguments(GATEWAY_HEALTH, arguments, &[])?;
+        let stale_heartbeat = self.config.heartbeat_interval * 2;
+        let threshold = self.config.relay_stale_after;
+        let mut rows = Vec::new();
+        let mut summary: BTreeMap<&str, Vec<String>> = ["up", "down", "stale", "unknown"]
+            .into_iter()
+            .map(|s| (s, Vec::new()))
+            .collect();
+        for spec in self.registry.projects() {
+            let state = &self.projects[&spec.name];
+            let h = &state.health;
+            let uplink = state.uplink.and_then(|u| self.uplinks.get(&u));
+            let mut reasons: Vec<String> = Vec::new();
+            let heard = uplink.map(|u| u.last_rx).or(h.last_seen);
+            // The relay, measured from its newest event, or from the connection when the sled
+            // has sent none since.
+            let relay_since = match (h.last_event, h.connected_at, uplink.is_some()) {
+                (Some(e), _, _) => Some(e),
+                (None, Some(c), true) => Some(c),
+                (None, _, _) => None,
+            };
+            let relay_age = relay_since.map(|t| now.saturating_duration_since(t));
+            let relay_status = match relay_age {
+                None => "none",
+                Some(age) if age > threshold => "stale",
+                Some(_) => "fresh",
+            };
+            let (status, via) = match uplink {
+                Some(u) => {
+                    let silent = now.saturating_duration_since(u.last_rx);
+                    if silent > stale_heartbeat {
+                        reasons.push(format!(
+                            "no heartbeat for {} ms (expected every {} ms)",
+                            millis(silent),
+                            millis(self.config.heartbeat_interval)
+                        ));
+                    }
+                    if relay_status == "stale" {
+                        let age = relay_age.unwrap_or_default();
+                        reasons.push(match h.last_event {
+                            Some(_) => format!(
+                                "relay: no event for {} ms (threshold {} ms)",
+                                millis(age),
+                                millis(threshold)
+                            ),
+                            None => format!(
+                                "relay: no event since the sled connected {} ms ago (threshold {} ms)",
+                                millis(age),
+                                millis(threshold)
+                            ),
+                        });
+                    }
+                    (if reasons.is_empty() { "up" } else { "stale" }, "uplink")
+                }
+                None => match &h.probe {
+                    Some(p) if p.ok() => {
+                        reasons.push(format!(
+                            "no uplink; its url answered HTTP {} {} ms ago",
+                            probe_status(&p.outcome),
+                            millis(now.saturating_duration_since(p.at))
+                        ));
+                        ("up", "http")
+                    }
+                    Some(p) => {
+                        reasons.push(format!(
+                            "no uplink, and probing its url failed: {}",
+                            probe_detail(&p.outcome)
+                        ));
+                        ("down", "http")
+                    }
+                    None => match (
+                        h.last_seen,
+                        spec.url.is_empty() || self.config.probe_interval.is_zero(),
+                    ) {
+                        (Some(seen), _) => {
+                            reasons.push(format!(
+                                "uplink lost; last heard {} ms ago{}",
+                                millis(now.saturating_duration_since(seen)),
+                                if h.probing.is_some() {
+                                    "; probing its url"
+                                } else {
+                                    ""
+                                }
+                            ));
+                            ("down", "uplink")
+                        }
+                        (None, true) => {
+                            reasons.push("no uplink, and no url to probe".into());
+                            ("down", "none")
+                        }
+                        (None, false) => {
+                            reasons.push("no uplink yet; its url has not been probed yet".into());
+                            ("unknown", "none")
+                        }
+                    },
+                },
+            };
+            summary.entry(status).or_default().push(spec.name.clone());
+            rows.push(json!({
+                "project": spec.name,
+                "sled": spec.sled,
+                "status": status,
+                "via": via,
+                "reasons": reasons,
+                "uplink": uplink.is_some(),
+                "last_heartbeat_ms_ago": heard.map(|t| millis(now.saturating_duration_since(t))),
+                "connected_ms_ago": uplink.and(h.connected_at).map(|t| millis(now.saturating_duration_since(t))),
+                "probe": h.probe.as_ref().map(|p| json!({
+                    "url": spec.url,
+                    "ok": p.ok(),
+                    "status": match p.outcome { ProbeOutcome::Status(s) => Some(s), ProbeOutcome::Failed(_) => None },
+                    "error": match &p.outcome { ProbeOutcome::Failed(e) => Some(e), ProbeOutcome::Status(_) => None },
+                    "ms_ago": millis(now.saturating_duration_since(p.at)),
+                    "took_ms": millis(p.took),
+                })),
+                "relay": {
+                    "status": relay_status,
+                    "last_event_ms_ago": h.last_event.map(|t| millis(now.saturating_duration_since(t))),
+                    "last_kind": h.last_event_kind,
+                    "events": h.events,
+                    "threshold_ms": millis(threshold),
+                },
+            }));
+        }
+        Ok(client::tool_result(json!({
+            "projects": rows,
+            "summary": summary,
+            "heartbeat_ms": millis(self.config.heartbeat_interval),
+            "probe_interval_ms": millis(self.config.probe_interval),
+        })))
+    }
+
+    // ---- aggregate_pipeline_status ----
+
+    /// Sends `pipeline_status` to every registered project's sled at once; answers when all
+    /// have answered or failed, or at the overall deadline, naming every project that did not
+    /// answer and why.
+    pub(super) fn aggregate_pipeline_status(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        id: &RawId,
+        modern: bool,
+        arguments: &Map<String, Value>,
+    ) -> Result<Option<String>, RpcError> {
+        client::only_arguments(
+            AGGREGATE_PIPELINE_STATUS,
+            arguments,
+            &["timeout_ms", "per_project_timeout_ms"],
+        )?;
+        let ms = |name: &str, default: Duration| -> Result<Duration, RpcError> {
+            match arguments.get(name) {
+                None => Ok(default),
+                Some(v) => match v.as_u64() {
+                    Some(n) if n >= 1 && Duration::from_millis(n) <= MAX_FANOUT_TIMEOUT => {
+                        Ok(Duration::from_millis(n))
+                    }
+                    _ => Err(RpcError::InvalidParams {
+                        method: AGGREGATE_PIPELINE_STATUS.into(),
+                        detail: format!(
+                            "`{name}` must be a whole number of milliseconds from 1 to {}, not {v}",
+                            millis(MAX_FANOUT_TIMEOUT)
+                        ),
+                    }),
+                },
+            }
+        };
+        let overall = ms("timeout_ms", self.config.fanout_timeout)?;
+        let per_sled = ms(
+            "per_project_timeout_ms",
+            self.config.fanout_sled_timeout.min(overall),
+        )?
+        .min(overall);
+        let fanout_id = self.next_fanout;
+        self.next_fanout += 1;
+        let mut parts = BTreeMap::new();
+        let mut waiting = 0;
+        let names: Vec<String> = self.registry.names().map(str::to_owned).collect();
+        for project in names {
+            let part = self.send_pipeline_status(now, fanout_id, &project, per_sled);
+            if matches!(part, Part::Waiting { .. }) {
+                waiting += 1;
+            }
+            parts.insert(project, part);
+        }
+        let fanout = Fanout {
+            token,
+            client_id: id.clone(),
+            modern,
+            started: now,
+            deadline: now + overall,
+            per_sled,
+            parts,
+            waiting,
+        };
+        if waiting == 0 {
+            return Ok(Some(fanout_result(now, &fanout, overall)));
+        }
+        self.timers
+            .insert((fanout.deadline, Timer::Fanout(fanout_id)));
+        self.fanout_by_token.insert(token, fanout_id);
+        self.fanouts.insert(fanout_id, (fanout, overall));
+        Ok(None)
+    }
+
+    fn send_pipeline_status(
+        &mut self,
+        now: Instant,
+        fanout: u64,
+        project: &str,
+        per_sled: Duration,
+    ) -> Part {
+        let state = &self.projects[project];
+        let Some(uplink_id) = state.uplink else {
+            let sled = self.sled_of(project);
+            return Part::Failed {
+                reason: "no_uplink",
+                detail: format!("sled '{sled}' is not connected"),
+            };
+        };
+        if state
+            .tools
+            .as_ref()
+            .is_some_and(|ts| !ts.iter().any(|t| t.name == PIPELINE_TOOL))
+        {
+            return Part::Failed {
+                reason: "error",
+                detail: format!("the sled does not list a `{PIPELINE_TOOL}` tool"),
+            };
+        }
+        let uplink = self
+            .uplinks
+            .get_mut(&uplink_id)
+            .expect("a project's live uplink exists");
+        if uplink.pending.len() >= self.config.max_calls_per_sled {
+            self.counters.calls_refused += 1;
+            self.call_metrics
+                .count(PIPELINE_TOOL, project, Outcome::Refused);
+            return Part::Failed {
+                reason: "error",
+                detail: format!(
+                    "the sled has {} calls in flight, its limit (max_calls_per_sled)",
+                    self.config.max_calls_per_sled
+                ),
+            };
+        }
+        let rpc_id = uplink.next_id;
+        uplink.next_id += 1;
+        uplink.pending.insert(rpc_id);
+        let deadline = now + per_sled;
+        self.pending.insert(
+            (uplink_id, rpc_id),
+            Pending::FanoutPart {
+                fanout,
+                project: project.to_owned(),
+                sent_at: now,
+                deadline,
+            },
+        );
+        self.timers
+            .insert((deadline, Timer::Request(uplink_id, rpc_id)));
+        self.counters.calls_forwarded += 1;
+        let params = json!({ "name": PIPELINE_TOOL, "arguments": {} }).to_string();
+        self.outputs.push_back(Output::UplinkSend {
+            uplink: uplink_id,
+            text: jsonrpc::request(rpc_id, "tools/call", &params),
+        });
+        Part::Waiting {
+            uplink: uplink_id,
+            rpc_id,
+        }
+    }
+
+    /// A sled's answer to its part of a fan-out (its pending entry already removed).
+    pub(super) fn on_fanout_answer(
+        &mut self,
+        now: Instant,
+        fanout: u64,
+        project: String,
+        sent_at: Instant,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+    ) {
+        let took = now.saturating_duration_since(sent_at);
+        let (part, outcome) = match (result, error) {
+            (Some(r), None) => match parse_pipeline_status(r.get()) {
+                Ok(status) => (Part::Answered { took, status }, Outcome::Ok),
+                Err(detail) => (
+                    Part::Failed {
+                        reason: "error",
+                        detail,
+                    },
+                    Outcome::Error,
+                ),
+            },
+            (None, Some(e)) => {
+                let message = serde_json::from_str::<Value>(e.get())
+                    .ok()
+                    .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_else(|| e.get().to_owned());
+                (
+                    Part::Failed {
+                        reason: "error",
+                        detail: format!("the sled answered with an error: {message}"),
+                    },
+                    Outcome::Error,
+                )
+            }
+            _ => {
+                self.counters.frames_invalid += 1;
+                (
+                    Part::Failed {
+                        reason: "error",
+                        detail: "the sled's response had neither a result nor an error".into(),
+                    },
+                    Outcome::BadResponse,
+                )
+            }
+        };
+        self.call_metrics.count(PIPELINE_TOOL, &project, outcome);
+        self.call_metrics.observe(&project, took);
+        self.settle_part(now, fanout, &project, part);
+    }
+
+    /// A fan-out part that will get no answer: its sled's deadline passed or its uplink went.
+    pub(super) fn fail_fanout_part(
+        &mut self,
+        now: Instant,
+        fanout: u64,
+        project: &str,
+        reason: &'static str,
+        detail: String,
+        outcome: Outcome,
+    ) {
+        self.call_metrics.count(PIPELINE_TOOL, project, outcome);
+        self.settle_part(now, fanout, project, Part::Failed { reason, detail });
+    }
+
+    pub(super) fn fanout_sled_timeout(&self, fanout: u64) -> Duration {
+        self.fanouts
+            .get(&fanout)
+            .map_or(Duration::ZERO, |(f, _)| f.per_sled)
+    }
+
+    fn settle_part(&mut self, now: Instant, fanout: u64, project: &str, part: Part) {
+        let Some((f, _)) = self.fanouts.get_mut(&fanout) else {
+            return;
+        };
+        let Some(slot) = f.parts.get_mut(project) else {
+            return;
+        };
+        if !matches!(slot, Part::Waiting { .. }) {
+            return;
+        }
+        *slot = part;
+        f.waiting -= 1;
+        if f.waiting == 0 {
+            self.finish_fanout(now, fanout);
+        }
+    }
+
+    /// The overall deadline: every sled still waited for is given up on.
+    pub(super) fn on_fanout_deadline(&mut self, now: Instant, fanout: u64) {
+        let Some((f, overall)) = self.fanouts.get_mut(&fanout) else {
+            return;
+        };
+        let overall = *overall;
+        let late: Vec<(String, UplinkId, u64)> = f
+            .parts
+            .iter()
+            .filter_map(|(p, part)| match part {
+                Part::Waiting { uplink, rpc_id } => Some((p.clone(), *uplink, *rpc_id)),
+                _ => None,
+            })
+            .collect();
+        for (project, uplink, rpc_id) in late {
+            self.forget_request(uplink, rpc_id);
+            self.send_cancelled(
+                uplink,
+                rpc_id,
+                "the gateway's overall deadline for aggregate_pipeline_status passed",
+            );
+            if let Some((f, _)) = self.fanouts.get_mut(&fanout) {
+                if let Some(slot) = f.parts.get_mut(&project) {
+                    *slot = Part::Failed {
+                        reason: "timed_out",
+                        detail: format!(
+                            "no answer before the overall deadline of {} ms",
+                            millis(overall)
+                        ),
+                    };
+                    f.waiting -= 1;
+                }
+            }
+            self.counters.calls_timed_out += 1;
+            self.call_metrics
+                .count(PIPELINE_TOOL, &project, Outcome::Timeout);
+        }
+        self.finish_fanout(now, fanout);
+    }
+
+    fn finish_fanout(&mut self, now: Instant, fanout: u64) {
+        let Some((f, overall)) = self.fanouts.remove(&fanout) else {
+            return;
+        };
+        self.timers.remove(&(f.deadline, Timer::Fanout(fanout)));
+        self.fanout_by_token.remove(&f.token);
+        let result = fanout_result(now, &f, overall);
+        let body = if f.modern {
+            jsonrpc::ok_response(f.client_id.as_str(), &modern::with_result_type(&result))
+        } else {
+            jsonrpc::ok_response(f.client_id.as_str(), &result)
+        };
+        self.reply(f.token, 200, Vec::new(), Some(body));
+    }
+
+    /// The client of a fan-out went away: its sleds' requests are cancelled.
+    pub(super) fn abort_fanout(&mut self, token: HttpToken) -> bool {
+        let Some(fanout) = self.fanout_by_token.remove(&token) else {
+            return false;
+        };
+        let Some((f, _)) = self.fanouts.remove(&fanout) else {
+            return true;
+        };
+        self.timers.remove(&(f.deadline, Timer::Fanout(fanout)));
+        for (project, part) in f.parts {
+            if let Part::Waiting { uplink, rpc_id } = part {
+                self.forget_request(uplink, rpc_id);
+                self.send_cancelled(uplink, rpc_id, "the client went away");
+                self.call_metrics
+                    .count(PIPELINE_TOOL, &project, Outcome::Aborted);
+            }
+        }
+        true
+    }
+
+    /// Removes a request from the pending table, its uplink's set and its deadline timer.
+    fn forget_request(&mut self, uplink: UplinkId, rpc_id: u64) {
+        if let Some(p) = self.pending.remove(&(uplink, rpc_id)) {
+            self.timers
+                .remove(&(p.deadline(), Timer::Request(uplink, rpc_id)));
+        }
+        if let Some(u) = self.uplinks.get_mut(&uplink) {
+            u.pending.remove(&rpc_id);
+        }
+    }
+}
+
+/// A sled's identity while it proves it holds its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Proving {
+    project: String,
+    sled: String,
+    /// The key as presented (base64).
+    key: String,
+    verifying: ed25519_dalek::VerifyingKey,
+    nonce: [u8; 32],
+}
+
+/// A `pipeline_status` tool result, reduced to what the aggregate shows.
+fn parse_pipeline_status(result: &str) -> Result<Value, String> {
+    let v: Value = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
+    if v.get("isError").and_then(Value::as_bool) == Some(true) {
+        let text = v["content"][0]["text"].as_str().unwrap_or("(no text)");
+        return Err(format!("{PIPELINE_TOOL} failed at the sled: {text}"));
+    }
+    let structured = match v.get("structuredContent") {
+        Some(s @ Value::Object(_)) => s.clone(),
+        _ => v["content"][0]["text"]
+            .as_str()
+            .and_then(|t| serde_json::from_str::<Value>(t).ok())
+            .filter(Value::is_object)
+            .ok_or_else(|| {
+                format!("{PIPELINE_TOOL} answered without structured content or a JSON text")
+            })?,
+    };
+    let stages = match structured.get("stages") {
+        Some(Value::Object(m)) if m.values().all(|n| n.as_u64().is_some()) => m.clone(),
+        _ => {
+            return Err(format!(
+                "{PIPELINE_TOOL}'s answer has no `stages` object of counts"
+            ))
+        }
+    };
+    let list = |k: &str| match structured.get(k) {
+        Some(Value::Array(a)) => Ok(a.clone()),
+        None => Ok(Vec::new()),
+        Some(_) => Err(format!("{PIPELINE_TOOL}'s `{k}` is not a list")),
+    };
+    Ok(json!({
+        "total": structured.get("total").and_then(Value::as_u64).unwrap_or_else(|| stages.values().filter_map(Value::as_u64).sum()),
+        "stages": stages,
+        "blocked": list("blocked")?,
+        "failing": list("failing")?,
+    }))
+}
+
+fn fanout_result(now: Instant, f: &Fanout, overall: Duration) -> String {
+    let mut projects = Vec::new();
+    let mut not_answered = Vec::new();
+    let mut stages: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut stories, mut blocked, mut failing, mut answered) = (0u64, 0usize, 0usize, 0usize);
+    for (project, part) in &f.parts {
+        match part {
+            Part::Answered { took, status } => {
+                answered += 1;
+                stories += status["total"].as_u64().unwrap_or(0);
+                if let Some(m) = status["stages"].as_object() {
+                    for (stage, n) in m {
+                        *stages.entry(stage.clone()).or_default() += n.as_u64().unwrap_or(0);
+                    }
+                }
+                blocked += status["blocked"].as_array().map_or(0, Vec::len);
+                failing += status["failing"].as_array().map_or(0, Vec::len);
+                let mut row =
+                    json!({ "project": project, "status": "ok", "took_ms": millis(*took) });
+                if let (Some(row), Some(s)) = (row.as_object_mut(), status.as_object()) {
+                    row.extend(s.clone());
+                }
+                projects.push(row);
+            }
+            Part::Failed { reason, detail } => {
+                projects.push(json!({ "project": project, "status": reason, "detail": detail }));
+                not_answered
+                    .push(json!({ "project": project, "reason": reason, "detail": detail }));
+            }
+            Part::Waiting { .. } => {
+                // Only finished fan-outs are reported; the overall deadline settles every part.
+                projects.push(
+                    json!({ "project": project, "status": "timed_out", "detail": "no answer yet" }),
+                );
+                not_answered.push(
+                    json!({ "project": project, "reason": "timed_out", "detail": "no answer yet" }),
+                );
+            }
+        }
+    }
+    let result = json!({
+        "projects": projects,
+        "not_answered": not_answered,
+        "totals": {
+            "registered": f.parts.len(),
+            "answered": answered,
+            "not_answered": f.parts.len() - answered,
+            "stories": stories,
+            "stages": stages,
+            "blocked": blocked,
+            "failing": failing,
+        },
+        "deadline_ms": { "overall": millis(overall), "per_project": millis(f.per_sled) },
+        "took_ms": millis(now.saturating_duration_since(f.started)),
+    });
+    client::tool_result(result)
+}
+
+fn probe_status(o: &ProbeOutcome) -> String {
+    match o {
+        ProbeOutcome::Status(s) => s.to_string(),
+        ProbeOutcome::Failed(_) => "-".into(),
+    }
+}
+
+fn probe_detail(o: &ProbeOutcome) -> String {
+    match o {
+        ProbeOutcome::Status(s) => format!("HTTP {s}"),
+        ProbeOutcome::Failed(e) => e.clone(),
+    }
+}
+
+/// Whole milliseconds, for JSON.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -29,7 +29,10 @@ use crate::jsonrpc::{self, ClientMessage, RawId};
 use crate::metrics::Outcome;
 use crate::registry::Registry;
 use crate::session::Sessions;
-use crate::tools::{self, CachedTool, LIST_PROJECTS, SWITCH_PROJECT};
+use crate::tools::{
+    self, CachedTool, AGGREGATE_PIPELINE_STATUS, FLEET_IDENTITY, GATEWAY_HEALTH, LIST_PROJECTS,
+    SWITCH_PROJECT,
+};
 use crate::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
 
 /// An HTTP request to `/mcp`, named by the driver. The driver picks any token unique among the
@@ -135,7 +138,10 @@ pub enum Input {
     Reload { registry: Registry },
     /// An HTTP health probe asked for by [`Output::Probe`] ended. Unknown or late probes
     /// (past the probe's deadline, which the core keeps itself) are ignored.
-    ProbeDone { probe: ProbeId, outcome: ProbeOutcome },
+    ProbeDone {
+        probe: ProbeId,
+        outcome: ProbeOutcome,
+    },
 }
 
 /// A decision for the driver to carry out.
@@ -347,6 +353,20 @@ pub struct Gateway {
     call_metrics: crate::metrics::CallMetrics,
     /// Pinned sled keys (trust on first use), as in the pin file.
     pins: crate::identity::Pins,
+    /// The latest `now` given, for decisions made where no event carries one (an uplink's
+    /// loss found while handling another event).
+    now: Option<Instant>,
+    /// Challenge nonces (a stream of its own from the seed).
+    rng: rand_chacha::ChaCha20Rng,
+    /// Whether the probe round timer is armed.
+    probes_armed: bool,
+    next_probe: u64,
+    /// HTTP probes in flight.
+    probes: HashMap<ProbeId, fleet::Probe>,
+    /// `aggregate_pipeline_status` calls waiting for sleds, with their overall deadline.
+    fanouts: HashMap<u64, (fleet::Fanout, Duration)>,
+    fanout_by_token: HashMap<HttpToken, u64>,
+    next_fanout: u64,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -362,6 +382,8 @@ struct ProjectState {
     listing: Option<String>,
     /// Bumped at every new refresh, so an older refresh's pages are ignored.
     refresh: u64,
+    /// Heartbeats, probes, relay and identity, for the fleet tools.
+    health: fleet::Health,
 }
 
 impl ProjectState {
@@ -392,12 +414,18 @@ struct Uplink {
     pending: BTreeSet<u64>,
     /// The armed hello or heartbeat timer.
     timer: Option<Instant>,
+    /// The identity key the sled proved it holds (base64), once live.
+    key: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum UplinkState {
     AwaitingHello,
-    Live { project: String },
+    /// The hello named a key; the sled must sign the challenge.
+    AwaitingProof(Box<fleet::Proving>),
+    Live {
+        project: String,
+    },
 }
 
 #[derive(Debug)]
@@ -410,6 +438,13 @@ enum Pending {
         refresh: u64,
         page: u32,
         tools: Vec<Value>,
+        deadline: Instant,
+    },
+    /// One sled's `pipeline_status` for an `aggregate_pipeline_status`.
+    FanoutPart {
+        fanout: u64,
+        project: String,
+        sent_at: Instant,
         deadline: Instant,
     },
 }
@@ -446,7 +481,9 @@ struct Call {
 impl Pending {
     fn deadline(&self) -> Instant {
         match self {
-            Pending::Call(Call { deadline, .. }) | Pending::ToolsList { deadline, .. } => *deadline,
+            Pending::Call(Call { deadline, .. })
+            | Pending::ToolsList { deadline, .. }
+            | Pending::FanoutPart { deadline, .. } => *deadline,
         }
     }
 }
@@ -459,6 +496,12 @@ enum Timer {
     Uplink(UplinkId),
     /// Ends sessions idle past the TTL.
     SessionSweep,
+    /// Probes the projects without an uplink.
+    ProbeRound,
+    /// The deadline of an HTTP probe.
+    Probe(ProbeId),
+    /// The overall deadline of an `aggregate_pipeline_status`.
+    Fanout(u64),
 }
 
 #[derive(Debug, Default)]
@@ -526,6 +569,20 @@ impl Gateway {
             session_calls: HashMap::new(),
             call_metrics: crate::metrics::CallMetrics::default(),
             pins: crate::identity::Pins::default(),
+            rng: {
+                use rand_chacha::rand_core::SeedableRng;
+                let mut rng = rand_chacha::ChaCha20Rng::from_seed(seed);
+                // Session ids use stream 0 of the same seed.
+                rng.set_stream(1);
+                rng
+            },
+            probes_armed: false,
+            now: None,
+            next_probe: 0,
+            probes: HashMap::new(),
+            fanouts: HashMap::new(),
+            fanout_by_token: HashMap::new(),
+            next_fanout: 0,
             #[cfg(feature = "planted-bugs")]
             shared_active: None,
         }
@@ -586,6 +643,7 @@ impl Gateway {
 
     /// Takes one event in.
     pub fn handle(&mut self, now: Instant, input: Input) {
+        self.see_time(now);
         match input {
             Input::Http { token, request } => self.on_http(now, token, request),
             Input::HttpAborted { token } => self.on_http_aborted(token),
@@ -603,6 +661,7 @@ impl Gateway {
 
     /// Fires every timer due at `now` (pass the current time, not the deadline).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.see_time(now);
         while let Some(&(at, timer)) = self.timers.first() {
             if at > now {
                 break;
@@ -612,6 +671,9 @@ impl Gateway {
                 Timer::Request(uplink, id) => self.on_request_deadline(now, uplink, id),
                 Timer::Uplink(uplink) => self.on_uplink_timer(now, uplink),
                 Timer::SessionSweep => self.on_session_sweep(now),
+                Timer::ProbeRound => self.on_probe_round(now),
+                Timer::Probe(probe) => self.on_probe_deadline(now, probe),
+                Timer::Fanout(fanout) => self.on_fanout_deadline(now, fanout),
             }
         }
     }

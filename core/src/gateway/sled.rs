@@ -23,6 +23,7 @@ impl Gateway {
                 ping_seq: 0,
                 pending: BTreeSet::new(),
                 timer: Some(at),
+                key: None,
             },
         );
         self.timers.insert((at, Timer::Uplink(id)));
@@ -45,11 +46,11 @@ impl Gateway {
             len,
             "binary frame on an uplink; the protocol is text frames"
         );
-        if uplink.state == UplinkState::AwaitingHello {
+        if !matches!(uplink.state, UplinkState::Live { .. }) {
             self.close_uplink(
                 id,
                 CloseCode::ProtocolError,
-                "expected a hello text frame first".into(),
+                "expected a hello or proof text frame first".into(),
             );
         }
     }
@@ -59,7 +60,9 @@ impl Gateway {
             return;
         };
         uplink.last_rx = now;
-        let awaiting_hello = uplink.state == UplinkState::AwaitingHello;
+        let awaiting_hello = !matches!(uplink.state, UplinkState::Live { .. });
+        let expects_hello = uplink.state == UplinkState::AwaitingHello;
+        let expects_proof = matches!(uplink.state, UplinkState::AwaitingProof(_));
         let message = match jsonrpc::parse_object(text.as_bytes()) {
             Ok(m) => m,
             Err(e) => return self.invalid_frame(id, awaiting_hello, &e.message()),
@@ -71,9 +74,15 @@ impl Gateway {
                     project,
                     sled,
                     token,
-                    key: _,
-                }) if awaiting_hello => self.on_hello(now, id, protocol, project, sled, token),
+                    key,
+                }) if expects_hello => self.on_hello(now, id, protocol, project, sled, token, key),
+                Ok(Control::Proof { signature }) if expects_proof => {
+                    self.on_proof(now, id, &signature)
+                }
                 Ok(Control::Pong { .. }) if !awaiting_hello => {}
+                Ok(Control::Event { kind, .. }) if !awaiting_hello => {
+                    self.on_relay_event(now, id, &kind)
+                }
                 // Named by kind only: a frame's text may hold a token.
                 Ok(other) => self.invalid_frame(
                     id,
@@ -87,7 +96,12 @@ impl Gateway {
             return;
         }
         if awaiting_hello {
-            return self.invalid_frame(id, true, "expected a hello control frame first");
+            let expected = if expects_proof { "proof" } else { "hello" };
+            return self.invalid_frame(
+                id,
+                true,
+                &format!("expected a {expected} control frame first"),
+            );
         }
         if let Some(method) = message.method {
             let method: String = serde_json::from_str(method.get()).unwrap_or_default();
@@ -141,6 +155,14 @@ impl Gateway {
             u.pending.remove(&rid);
         }
         match pending {
+            Pending::FanoutPart {
+                fanout,
+                project,
+                sent_at,
+                ..
+            } => {
+                self.on_fanout_answer(now, fanout, project, sent_at, message.result, message.error)
+            }
             Pending::Call(call) => {
                 let id = call.client_id.as_str();
                 let (body, outcome) = match (message.result, message.error) {
@@ -251,6 +273,7 @@ impl Gateway {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn on_hello(
         &mut self,
         now: Instant,
@@ -259,6 +282,7 @@ impl Gateway {
         project: String,
         sled: String,
         token: Option<String>,
+        key: Option<String>,
     ) {
         if protocol != PROTOCOL_VERSION {
             return self.close_uplink(
@@ -299,6 +323,26 @@ impl Gateway {
                 );
             }
         }
+        self.hello_identity(now, id, project, sled, key);
+    }
+
+    /// Makes a sled that passed every check its project's uplink: an older one is replaced,
+    /// the sled is welcomed and its tools are fetched.
+    pub(super) fn accept_uplink(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: String,
+        sled: String,
+        key: Option<String>,
+    ) {
+        if self.registry.get(&project).is_none() {
+            return self.close_uplink(
+                id,
+                CloseCode::UnknownProject,
+                format!("project '{project}' is no longer registered"),
+            );
+        }
         let state = self
             .projects
             .get_mut(&project)
@@ -326,8 +370,11 @@ impl Gateway {
             .expect("registered projects have a state");
         state.uplink = Some(id);
         state.set_tools(None);
+        state.health.connected_at = Some(now);
+        state.health.probe = None;
         self.modern_listing = None;
         let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
+        uplink.key = key;
         uplink.state = UplinkState::Live {
             project: project.clone(),
         };
@@ -352,7 +399,7 @@ impl Gateway {
     pub(super) fn live_project(&self, id: UplinkId) -> Option<String> {
         match &self.uplinks.get(&id)?.state {
             UplinkState::Live { project } => Some(project.clone()),
-            UplinkState::AwaitingHello => None,
+            UplinkState::AwaitingHello | UplinkState::AwaitingProof(_) => None,
         }
     }
 
@@ -444,6 +491,28 @@ impl Gateway {
             Pending::ToolsList { project, .. } => {
                 tracing::warn!(project, "tools/list to the sled timed out");
             }
+            Pending::FanoutPart {
+                fanout, project, ..
+            } => {
+                self.counters.calls_timed_out += 1;
+                let waited = self.fanout_sled_timeout(fanout);
+                self.fail_fanout_part(
+                    now,
+                    fanout,
+                    &project,
+                    "timed_out",
+                    format!(
+                        "no answer within its deadline of {} ms",
+                        fleet::millis(waited)
+                    ),
+                    Outcome::Timeout,
+                );
+                self.send_cancelled(
+                    uplink,
+                    rpc_id,
+                    "the gateway's deadline for this call expired",
+                );
+            }
         }
     }
 
@@ -458,6 +527,13 @@ impl Gateway {
                     id,
                     CloseCode::HelloTimeout,
                     "no hello within the hello timeout".into(),
+                );
+            }
+            UplinkState::AwaitingProof(_) => {
+                self.close_uplink(
+                    id,
+                    CloseCode::HelloTimeout,
+                    "no identity proof within the hello timeout".into(),
                 );
             }
             UplinkState::Live { .. } => {
@@ -520,11 +596,16 @@ impl Gateway {
                 reason,
             });
         }
+        let mut probe_now = None;
         if let UplinkState::Live { project } = &uplink.state {
             if let Some(state) = self.projects.get_mut(project) {
                 if state.uplink == Some(id) {
                     tracing::info!(uplink = id.0, project, "uplink gone");
                     state.uplink = None;
+                    state.health.last_seen = Some(uplink.last_rx);
+                    state.health.connected_at = None;
+                    probe_now = (loss != UplinkLoss::Shutdown && loss != UplinkLoss::Unregistered)
+                        .then(|| project.clone());
                     let had_tools = state.set_tools(None).is_some();
                     state.refresh += 1;
                     self.modern_listing = None;
@@ -544,15 +625,35 @@ impl Gateway {
             };
             self.timers
                 .remove(&(pending.deadline(), Timer::Request(id, rpc_id)));
-            if let Pending::Call(call) = pending {
-                let e = RpcError::UplinkLost {
-                    project: call.project.clone(),
-                    sled: self.sled_of(&call.project),
-                    loss,
-                };
-                let body = e.response(Some(call.client_id.as_str()));
-                self.finish_call(call, body, Outcome::UplinkLost, None);
+            match pending {
+                Pending::Call(call) => {
+                    let e = RpcError::UplinkLost {
+                        project: call.project.clone(),
+                        sled: self.sled_of(&call.project),
+                        loss,
+                    };
+                    let body = e.response(Some(call.client_id.as_str()));
+                    self.finish_call(call, body, Outcome::UplinkLost, None);
+                }
+                Pending::FanoutPart {
+                    fanout, project, ..
+                } => {
+                    let now = self.now.unwrap_or(uplink.last_rx);
+                    self.fail_fanout_part(
+                        now,
+                        fanout,
+                        &project,
+                        "error",
+                        format!("the sled did not answer: {}", loss.describe()),
+                        Outcome::UplinkLost,
+                    );
+                }
+                Pending::ToolsList { .. } => {}
             }
+        }
+        // Find out at once whether the project's server is still there.
+        if let (Some(project), Some(now)) = (probe_now, self.now) {
+            self.start_probe(now, project);
         }
     }
 
@@ -596,6 +697,7 @@ impl Gateway {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutting_down = true;
+        self.stop_probes();
         self.end_listens();
         let streams: BTreeSet<HttpToken> = self.get_streams.keys().copied().collect();
         for token in streams {

@@ -21,7 +21,7 @@ fn initialize_then_tools_list_merges_default_project_tools() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["switch_project", "list_projects"]);
+    assert_eq!(names, crate::GATEWAY_TOOLS);
     h.connect_sled("alpha");
     let after = h.rpc(Some(&s), json!(2), "tools/list", json!({}));
     insta::assert_json_snapshot!("merged_tools_list", after);
@@ -516,18 +516,25 @@ fn sled_tool_pages_and_list_changed() {
             .map(|t| t["name"].as_str().unwrap().to_owned())
             .collect()
     };
-    assert_eq!(names(&mut h), ["switch_project", "list_projects", "a", "b"]);
+    let with = |extra: &[&str]| -> Vec<String> {
+        crate::GATEWAY_TOOLS
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect()
+    };
+    assert_eq!(names(&mut h), with(&["a", "b"]));
     h.sled_says(
         u,
         json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
     );
     let f = h.take_frames(u);
     h.sled_says(u, json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"tools":[{"name":"c","inputSchema":{"type":"object"}}]}}));
-    assert_eq!(names(&mut h), ["switch_project", "list_projects", "c"]);
+    assert_eq!(names(&mut h), with(&["c"]));
     h.handle(Input::UplinkClosed { uplink: u });
     assert_eq!(
         names(&mut h),
-        ["switch_project", "list_projects"],
+        with(&[]),
         "a gone sled's tools are not listed"
     );
 }
@@ -547,7 +554,11 @@ fn a_tool_that_declares_project_gets_it_forwarded() {
         json!({"jsonrpc":"2.0","id":f[1]["id"],"result":{"tools":[own.clone()]}}),
     );
     let r = h.rpc(None, json!(1), "tools/list", json!({}));
-    assert_eq!(r["result"]["tools"][2], own, "schema untouched");
+    assert_eq!(
+        r["result"]["tools"][crate::GATEWAY_TOOLS.len()],
+        own,
+        "schema untouched"
+    );
     h.call(None, json!(2), "own", json!({"project":"alpha","x":1}));
     h.call(None, json!(3), "other", json!({"project":"alpha","x":1}));
     let f = h.take_frames(u);

@@ -87,10 +87,18 @@ fn discover_and_the_same_tools_list_for_everyone() {
         .collect();
     assert_eq!(
         names,
-        ["list_projects", "show", "create_story", "beta_only"],
+        [
+            "list_projects",
+            "gateway_health",
+            "aggregate_pipeline_status",
+            "fleet_identity",
+            "show",
+            "create_story",
+            "beta_only"
+        ],
         "no switch_project; each name once"
     );
-    let show = &l["result"]["tools"][1];
+    let show = &l["result"]["tools"][4];
     assert_eq!(
         show["inputSchema"]["properties"]["project"]["x-mcp-header"],
         "Project"

@@ -327,9 +327,17 @@ fn long_tool_lists_are_paginated() {
     }
     assert_eq!(
         names,
-        ["switch_project", "list_projects", "show", "create_story"]
+        [
+            "switch_project",
+            "list_projects",
+            "gateway_health",
+            "aggregate_pipeline_status",
+            "fleet_identity",
+            "show",
+            "create_story"
+        ]
     );
-    assert_eq!(pages, 2);
+    assert_eq!(pages, 3);
     let r = h.rpc(None, json!(1), "tools/list", json!({"cursor": "bogus"}));
     assert_eq!(r["error"]["code"], -32602);
 }
