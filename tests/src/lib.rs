@@ -94,7 +94,8 @@ impl Stack {
                 let default_listed = match s["active"].as_str() {
                     Some(d) if live.contains(&d) => {
                         let tools = c.tools_list(json!(2), None).await.ok()?;
-                        tools["result"]["tools"].as_array()?.len() > 2
+                        tools["result"]["tools"].as_array()?.len()
+                            > gateway_core::GATEWAY_TOOLS.len()
                     }
                     _ => true,
                 };
