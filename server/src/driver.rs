@@ -7,13 +7,21 @@
 //!
 //! **Architecture Invariant:** the driver never awaits anything but its command channel and its
 //! timers. Answers and frames go out with `try_send` on bounded channels, so one slow peer
-//! cannot stall the gateway: a stream or uplink whose queue is full is cut off.
+//! cannot stall the gateway: a stream or uplink whose queue is full is cut off. HTTP probes run
+//! in tasks of their own and come back as [`Command::ProbeDone`]; pins go to the pin writer
+//! through a `watch`.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use gateway_core::{Gateway, HttpReply, HttpRequest, HttpToken, Input, Output, UplinkId};
+use std::sync::Arc;
+
+use gateway_core::{
+    Gateway, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId, ProbeOutcome, UplinkId,
+};
 use tokio::sync::mpsc;
+
+use crate::fleet::{PinSink, Prober};
 use tokio::time::Instant;
 
 /// What a connection task asks of the driver.
@@ -56,6 +64,20 @@ pub(crate) enum Command {
     },
     /// A new registry, from a changed projects.toml.
     Reload(Box<gateway_core::Registry>),
+    /// An HTTP health probe the driver started for [`Output::Probe`] ended.
+    ProbeDone {
+        probe: ProbeId,
+        outcome: ProbeOutcome,
+    },
+}
+
+/// How the driver carries out the fleet's outputs.
+pub(crate) struct FleetIo {
+    pub(crate) prober: Arc<dyn Prober>,
+    /// The driver's own command channel, for probe results. Weak, so that it does not keep
+    /// the driver alive: the driver ends when every connection task has.
+    pub(crate) commands: mpsc::WeakSender<Command>,
+    pub(crate) pins: PinSink,
 }
 
 /// What the driver sends an HTTP handler: one whole answer, or a stream of events.
@@ -110,11 +132,18 @@ struct Driver {
     uplinks: HashMap<UplinkId, mpsc::Sender<Outbound>>,
     grace: Duration,
     phase: Phase,
+    fleet: FleetIo,
 }
 
 /// Runs the gateway until every sender of `commands` is gone.
-pub(crate) async fn run(gateway: Gateway, mut commands: mpsc::Receiver<Command>, grace: Duration) {
+pub(crate) async fn run(
+    gateway: Gateway,
+    mut commands: mpsc::Receiver<Command>,
+    grace: Duration,
+    fleet: FleetIo,
+) {
     let mut d = Driver {
+        fleet,
         gateway,
         http: HashMap::new(),
         get_streams: std::collections::HashSet::new(),
@@ -211,6 +240,10 @@ impl Driver {
                 let registry = *registry;
                 self.gateway.handle(now(), Input::Reload { registry });
             }
+            Command::ProbeDone { probe, outcome } => {
+                self.gateway
+                    .handle(now(), Input::ProbeDone { probe, outcome });
+            }
             Command::Metrics { reply } => {
                 // The asker may have gone; then nobody wants it.
                 let _ = reply.send(self.gateway.metrics());
@@ -231,6 +264,22 @@ impl Driver {
             self.phase = Phase::Stopped;
             self.gateway.handle(now(), Input::Shutdown);
         }
+    }
+
+    /// Starts an HTTP probe in a task of its own; its outcome comes back as
+    /// [`Command::ProbeDone`]. The task applies the timeout itself, so it ends by then.
+    fn start_probe(&self, probe: ProbeId, project: String, url: String, timeout: Duration) {
+        tracing::debug!(probe = probe.0, %project, %url, "probing");
+        let running = self.fleet.prober.probe(&url, timeout);
+        let commands = self.fleet.commands.clone();
+        tokio::spawn(async move {
+            let outcome = running.await;
+            tracing::debug!(probe = probe.0, %project, ?outcome, "probe ended");
+            // The driver may be gone (shutdown); then nobody wants the outcome.
+            if let Some(tx) = commands.upgrade() {
+                let _ = tx.send(Command::ProbeDone { probe, outcome }).await;
+            }
+        });
     }
 
     /// Sends one message of a stream; a client that is gone or too far behind is cut off
@@ -315,7 +364,13 @@ impl Driver {
                         let _ = tx.try_send(Outbound::Close { code, reason });
                     }
                 }
-                Output::Probe { .. } | Output::SavePins { .. } => {}
+                Output::Probe {
+                    probe,
+                    project,
+                    url,
+                    timeout,
+                } => self.start_probe(probe, project, url, timeout),
+                Output::SavePins { text } => self.fleet.pins.save(text),
             }
         }
     }

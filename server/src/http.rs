@@ -33,6 +33,8 @@ pub(crate) struct AppState {
     pub(crate) cmd: mpsc::Sender<Command>,
     pub(crate) ids: Arc<Ids>,
     pub(crate) max_body_bytes: usize,
+    /// The server's own counts, for `/metrics`.
+    pub(crate) counters: Arc<crate::fleet::ServerCounters>,
 }
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -62,7 +64,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
             )],
-            crate::metrics::render(&m),
+            crate::metrics::render(&m, &state.counters),
         )
             .into_response(),
         None => refusal(HttpError::ShuttingDown),

@@ -28,6 +28,16 @@
 //! 4. the driver keeps answering (the core refuses new requests) until every connection task has
 //!    ended, and [`serve`] returns. Should a peer hold a connection open past
 //!    `shutdown_grace` + [`SHUTDOWN_LINGER`], `serve` stops waiting for it and returns anyway.
+//! 5. with a pin file, the last pins the core asked to save are written before `serve` returns.
+//!
+//! # Fleet
+//!
+//! The core asks for HTTP health probes ([`gateway_core::Output::Probe`]): each runs in a task
+//! of its own through [`ServerOptions::prober`] and reports back through the driver's command
+//! channel. It asks for the pin file to be saved ([`gateway_core::Output::SavePins`]): with
+//! [`ServerOptions::pin_file`], one writer task replaces the file atomically (see
+//! [`fleet::write_pins_atomically`]); without, the pins live in memory only. A pin file is
+//! read when `serve` starts, before any event; one that does not parse is an error.
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -37,7 +47,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+pub use fleet::{HttpProber, Prober};
+
 mod driver;
+pub mod fleet;
 mod http;
 pub mod metrics;
 mod reload;
@@ -60,7 +73,7 @@ pub const SHUTDOWN_LINGER: Duration = Duration::from_secs(5);
 const COMMAND_QUEUE: usize = 1024;
 
 /// Everything [`serve`] needs besides a listener and a shutdown signal.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerOptions {
     pub registry: gateway_core::Registry,
     pub core: gateway_core::Config,
@@ -73,6 +86,28 @@ pub struct ServerOptions {
     /// The projects.toml to reload on SIGHUP or when it changes, with the text `registry`
     /// was parsed from; `None`: no reloading.
     pub reload_from: Option<(std::path::PathBuf, String)>,
+    /// Carries out the core's HTTP health probes. Default: [`HttpProber`] over tokio TCP; a
+    /// simulation gives one over its own network.
+    pub prober: Arc<dyn Prober>,
+    /// Where sled identity pins are kept across restarts: read when [`serve`] starts (a missing
+    /// file means no pins yet; one that does not parse is an error), replaced atomically
+    /// whenever the core changes a pin. `None`: pins are kept in memory only.
+    pub pin_file: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("registry", &self.registry)
+            .field("core", &self.core)
+            .field("seed", &"..")
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("reload_from", &self.reload_from.as_ref().map(|(p, _)| p))
+            .field("prober", &"dyn Prober")
+            .field("pin_file", &self.pin_file)
+            .finish()
+    }
 }
 
 impl ServerOptions {
@@ -85,6 +120,8 @@ impl ServerOptions {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reload_from: None,
+            prober: Arc::new(HttpProber(sled_sim::net::TokioConnect)),
+            pin_file: None,
         }
     }
 }
@@ -111,16 +148,42 @@ where
         shutdown_grace,
         max_body_bytes,
         reload_from,
+        prober,
+        pin_file,
     } = opts;
-    let gateway = gateway_core::Gateway::new(registry, core, seed);
+    let mut gateway = gateway_core::Gateway::new(registry, core, seed);
+    let counters = Arc::new(fleet::ServerCounters::default());
+    // The pins from an earlier run go in before any event, so no sled is pinned anew by
+    // mistake; a pin file that cannot be used stops the server rather than forget them.
+    let (pins, pin_writer) = match pin_file {
+        Some(path) => {
+            match fleet::load_pins(&path)? {
+                Some(pins) => {
+                    tracing::info!(path = %path.display(), pinned = pins.pins.len(), "pin file loaded");
+                    gateway.load_pins(pins);
+                }
+                None => {
+                    tracing::info!(path = %path.display(), "no pin file yet; sleds are pinned on first use");
+                }
+            }
+            let (sink, task) = fleet::spawn_pin_writer(path, counters.clone());
+            (sink, Some(task))
+        }
+        None => (fleet::PinSink::Memory, None),
+    };
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+    let fleet_io = driver::FleetIo {
+        prober,
+        commands: cmd_tx.downgrade(),
+        pins,
+    };
 
     // Dropped when the driver task ends, whichever way: a driver that died before shutdown
     // (a bug in the core) takes the server down with it instead of leaving it answering 503.
     let (driver_alive, driver_gone) = oneshot::channel::<()>();
     let driver = tokio::spawn(async move {
         let _alive = driver_alive;
-        driver::run(gateway, cmd_rx, shutdown_grace).await;
+        driver::run(gateway, cmd_rx, shutdown_grace, fleet_io).await;
     });
     // The watcher holds a sender of the driver's: it is stopped when shutdown starts, so the
     // driver can end once the connections have.
@@ -131,6 +194,7 @@ where
         cmd: cmd_tx.clone(),
         ids: Arc::new(Ids::default()),
         max_body_bytes,
+        counters,
     };
     let app = http::router(state);
 
@@ -181,6 +245,13 @@ where
             Ok(())
         }
     };
+    // The driver is gone, and with it the pin sink: the writer writes the last pins it was
+    // handed, if any, and ends.
+    if let Some(writer) = pin_writer {
+        if let Err(e) = writer.await {
+            tracing::error!(error = %e, "the pin file writer failed");
+        }
+    }
     if let Err(e) = driven {
         if e.is_panic() {
             return Err(std::io::Error::other(format!(

@@ -7,9 +7,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use gateway_core::{ProjectSpec, Registry};
+use gateway_core::{Config, Registry};
 use gateway_server::ServerOptions;
 use tokio::net::TcpListener;
+
+mod demo;
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 
@@ -52,7 +54,9 @@ enum Command {
     ///     url = "http://127.0.0.1:9101"
     ///
     /// Point MCP clients at http://LISTEN/mcp and each project's sled at ws://LISTEN/uplink.
-    /// Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s to finish.
+    /// Sleds' identity keys are pinned on first use in pins.toml beside the config file
+    /// (--pin-file). Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s to
+    /// finish.
     #[command(verbatim_doc_comment)]
     Serve {
         /// The projects.toml to load.
@@ -63,6 +67,8 @@ enum Command {
         listen: SocketAddr,
         #[command(flatten)]
         mcp: McpFlags,
+        #[command(flatten)]
+        fleet: FleetFlags,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -85,6 +91,8 @@ enum Command {
         latency_ms: Option<u64>,
         #[command(flatten)]
         mcp: McpFlags,
+        #[command(flatten)]
+        faults: demo::DemoFaults,
     },
     /// Bridge a stdio MCP client to a gateway: newline-delimited JSON-RPC on stdin and stdout.
     ///
@@ -140,6 +148,73 @@ struct McpFlags {
     max_calls_per_sled: u64,
 }
 
+/// Settings of the fleet tools (`gateway_health`, `aggregate_pipeline_status`,
+/// `fleet_identity`) for `gateway serve`.
+#[derive(Debug, clap::Args)]
+struct FleetFlags {
+    /// Where sled identity keys are pinned on first use and kept across restarts (default:
+    /// pins.toml in the directory of --config). A missing file means nothing is pinned yet; a
+    /// file that does not parse stops the gateway. Written atomically on every change.
+    #[arg(long = "pin-file", value_name = "PATH")]
+    pin_file: Option<PathBuf>,
+    /// Refuse sleds that present no identity key (close 4007), pinned or not.
+    #[arg(long = "require-identity")]
+    require_identity: bool,
+    /// How often a project without a live uplink has its url probed over HTTP for
+    /// gateway_health, in milliseconds (0: never).
+    #[arg(long = "probe-interval-ms", value_name = "MS",
+          default_value_t = millis(Config::default().probe_interval))]
+    probe_interval_ms: u64,
+    /// A probe without an HTTP answer after this many milliseconds counts as failed.
+    #[arg(long = "probe-timeout-ms", value_name = "MS",
+          default_value_t = millis(Config::default().probe_timeout),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    probe_timeout_ms: u64,
+    /// A sled that sent no relay event for this many milliseconds has a stale relay.
+    #[arg(long = "relay-stale-ms", value_name = "MS",
+          default_value_t = millis(Config::default().relay_stale_after),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    relay_stale_ms: u64,
+    /// aggregate_pipeline_status: the default overall deadline, in milliseconds.
+    #[arg(long = "fanout-timeout-ms", value_name = "MS",
+          default_value_t = millis(Config::default().fanout_timeout),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    fanout_timeout_ms: u64,
+    /// aggregate_pipeline_status: the default deadline of each sled's answer, in milliseconds.
+    #[arg(long = "fanout-sled-timeout-ms", value_name = "MS",
+          default_value_t = millis(Config::default().fanout_sled_timeout),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    fanout_sled_timeout_ms: u64,
+}
+
+/// A duration in whole milliseconds, for flag defaults.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl FleetFlags {
+    /// Applies the flags; `config` is the projects.toml, beside which the pin file lives by
+    /// default.
+    fn apply(&self, opts: &mut ServerOptions, config: &std::path::Path) {
+        opts.pin_file = Some(
+            self.pin_file
+                .clone()
+                .unwrap_or_else(|| default_pin_file(config)),
+        );
+        opts.core.require_identity = self.require_identity;
+        opts.core.probe_interval = Duration::from_millis(self.probe_interval_ms);
+        opts.core.probe_timeout = Duration::from_millis(self.probe_timeout_ms);
+        opts.core.relay_stale_after = Duration::from_millis(self.relay_stale_ms);
+        opts.core.fanout_timeout = Duration::from_millis(self.fanout_timeout_ms);
+        opts.core.fanout_sled_timeout = Duration::from_millis(self.fanout_sled_timeout_ms);
+    }
+}
+
+/// `pins.toml` in the directory of the projects.toml.
+fn default_pin_file(config: &std::path::Path) -> PathBuf {
+    config.with_file_name("pins.toml")
+}
+
 impl McpFlags {
     fn apply(&self, opts: &mut ServerOptions) {
         opts.core.allowed_origins = self.allow_origin.clone();
@@ -172,6 +247,7 @@ fn main() -> ExitCode {
             config,
             listen,
             mcp,
+            fleet,
         } => {
             let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
@@ -180,7 +256,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            run(serve(registry, (config, text), listen, mcp))
+            run(serve(registry, (config, text), listen, mcp, fleet))
         }
         Command::Demo {
             listen,
@@ -188,7 +264,15 @@ fn main() -> ExitCode {
             seed,
             latency_ms,
             mcp,
-        } => run(demo(listen, projects.into(), seed, latency_ms, mcp)),
+            faults,
+        } => run(demo::run(
+            listen,
+            projects.into(),
+            seed,
+            latency_ms,
+            mcp,
+            faults,
+        )),
     }
 }
 
@@ -272,6 +356,7 @@ async fn serve(
     reload_from: (std::path::PathBuf, String),
     listen: SocketAddr,
     mcp: McpFlags,
+    fleet: FleetFlags,
 ) -> Result<(), String> {
     let (listener, addr) = bind(listen).await?;
     log_registry(&registry);
@@ -282,6 +367,7 @@ async fn serve(
         gateway_core::uplink::UPLINK_PATH);
     let mut opts = ServerOptions::new(registry, rand::random());
     mcp.apply(&mut opts);
+    fleet.apply(&mut opts, &reload_from.0);
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
     gateway_server::serve(listener, opts, shutdown_signal())
@@ -304,89 +390,6 @@ fn log_registry(registry: &Registry) {
         default = registry.default_project().unwrap_or("(none)"),
         "registry loaded"
     );
-}
-
-async fn demo(
-    listen: SocketAddr,
-    n: usize,
-    seed: u64,
-    latency_ms: Option<u64>,
-    mcp: McpFlags,
-) -> Result<(), String> {
-    let names = sled_sim::demo_project_names(n);
-    let projects = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| ProjectSpec::new(name.clone(), format!("http://127.0.0.1:{}", 9101 + i)))
-        .collect();
-    let registry = Registry::from_projects(projects, names.first().map(String::as_str))
-        .map_err(|e| format!("demo registry: {e}"))?;
-
-    let (listener, addr) = bind(listen).await?;
-    log_registry(&registry);
-    tracing::info!(%addr, "gateway listening");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut opts = ServerOptions::new(registry, rand::random());
-    mcp.apply(&mut opts);
-    let server = tokio::spawn(gateway_server::serve(listener, opts, async {
-        let _ = stop_rx.await;
-    }));
-
-    let mut sled_opts = sled_sim::SledOptions {
-        seed,
-        ..Default::default()
-    };
-    if let Some(ms) = latency_ms {
-        sled_opts.latency = Duration::from_millis(ms);
-    }
-    sled_opts.jitter = Duration::ZERO;
-    let fleet = sled_sim::Fleet::spawn(&format!("http://{addr}"), &names, sled_opts);
-
-    print!("{}", demo_instructions(addr, &names));
-
-    shutdown_signal().await;
-    let _ = stop_tx.send(());
-    let served = match server.await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("the gateway task failed: {e}")),
-    };
-    fleet.shutdown().await;
-    served
-}
-
-/// What the demo prints: the MCP URL and a curl session to paste.
-fn demo_instructions(addr: SocketAddr, names: &[String]) -> String {
-    let second = names
-        .get(1)
-        .or(names.first())
-        .map_or("alpha", String::as_str);
-    let json =
-        "-H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream'";
-    let version = "-H 'MCP-Protocol-Version: 2025-11-25'";
-    format!(
-        r#"
-MCP gateway demo: {n} projects ({list}), each with an emulated sled.
-
-  MCP endpoint: http://{addr}/mcp
-
-1. Start a session (note the Mcp-Session-Id header in the answer):
-
-  curl -si http://{addr}/mcp {json} -d '{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"curl","version":"0"}}}}}}'
-
-2. Finish the handshake and call a project's tool, naming the project in the arguments:
-
-  curl -si http://{addr}/mcp {json} {version} -H 'Mcp-Session-Id: <id from above>' -d '{{"jsonrpc":"2.0","method":"notifications/initialized"}}'
-  curl -s http://{addr}/mcp {json} {version} -H 'Mcp-Session-Id: <id from above>' -d '{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"create_story","arguments":{{"name":"Try the gateway","acceptance_criteria":["it answers"],"project":"{second}"}}}}}}'
-
-3. List the projects without a session:
-
-  curl -s http://{addr}/mcp {json} -d '{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"list_projects","arguments":{{}}}}}}'
-
-Ctrl-C stops the gateway and the sleds.
-"#,
-        n = names.len(),
-        list = names.join(", "),
-    )
 }
 
 /// Resolves on Ctrl-C, or SIGTERM on Unix.
@@ -444,9 +447,117 @@ mod tests {
     #[test]
     fn demo_instructions_name_the_second_project() {
         let names = vec!["alpha".to_owned(), "beta".to_owned()];
-        let text = demo_instructions("127.0.0.1:7878".parse().unwrap(), &names);
+        let plan = demo::Plan::new(&names, &demo::DemoFaults::default()).unwrap();
+        let text = demo::instructions("127.0.0.1:7878".parse().unwrap(), &names, &plan, None);
         assert!(text.contains("http://127.0.0.1:7878/mcp"));
         assert!(text.contains(r#""project":"beta""#));
         assert!(text.contains(r#""name":"list_projects""#));
+    }
+
+    #[test]
+    fn serve_fleet_flags_reach_the_config() {
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "/etc/gw/projects.toml",
+            "--require-identity",
+            "--probe-interval-ms",
+            "0",
+            "--probe-timeout-ms",
+            "1500",
+            "--relay-stale-ms",
+            "60000",
+            "--fanout-timeout-ms",
+            "7000",
+            "--fanout-sled-timeout-ms",
+            "3000",
+        ])
+        .unwrap();
+        let Command::Serve { config, fleet, .. } = cli.command else {
+            panic!("not serve");
+        };
+        let mut opts = ServerOptions::new(Registry::from_projects(vec![], None).unwrap(), [0; 32]);
+        fleet.apply(&mut opts, &config);
+        assert_eq!(
+            opts.pin_file.as_deref(),
+            Some(std::path::Path::new("/etc/gw/pins.toml"))
+        );
+        assert!(opts.core.require_identity);
+        assert_eq!(opts.core.probe_interval, Duration::ZERO);
+        assert_eq!(opts.core.probe_timeout, Duration::from_millis(1500));
+        assert_eq!(opts.core.relay_stale_after, Duration::from_secs(60));
+        assert_eq!(opts.core.fanout_timeout, Duration::from_secs(7));
+        assert_eq!(opts.core.fanout_sled_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn serve_fleet_flags_default_to_the_core_and_the_config_directory() {
+        let cli = Cli::try_parse_from(["gateway", "serve", "--config", "projects.toml"]).unwrap();
+        let Command::Serve { config, fleet, .. } = cli.command else {
+            panic!("not serve");
+        };
+        let mut opts = ServerOptions::new(Registry::from_projects(vec![], None).unwrap(), [0; 32]);
+        let before = opts.core.clone();
+        fleet.apply(&mut opts, &config);
+        assert_eq!(opts.core, before);
+        assert_eq!(
+            opts.pin_file.as_deref(),
+            Some(std::path::Path::new("pins.toml"))
+        );
+
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "a/projects.toml",
+            "--pin-file",
+            "/var/lib/gw/pins.toml",
+        ])
+        .unwrap();
+        let Command::Serve { config, fleet, .. } = cli.command else {
+            panic!("not serve");
+        };
+        fleet.apply(&mut opts, &config);
+        assert_eq!(
+            opts.pin_file.as_deref(),
+            Some(std::path::Path::new("/var/lib/gw/pins.toml"))
+        );
+        let e = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "p.toml",
+            "--probe-timeout-ms",
+            "0",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn demo_fault_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "demo",
+            "--projects",
+            "50",
+            "--stopped",
+            "delta,zeta",
+            "--slow",
+            "eta=4000",
+            "--stalled",
+            "theta",
+            "--impostor",
+            "iota",
+        ])
+        .unwrap();
+        let Command::Demo { faults, .. } = cli.command else {
+            panic!("not demo");
+        };
+        let names = sled_sim::demo_project_names(50);
+        let plan = demo::Plan::new(&names, &faults).unwrap();
+        assert_eq!(plan.modes["zeta"], demo::Mode::Stopped);
+        assert_eq!(plan.slow["eta"], Duration::from_secs(4));
     }
 }

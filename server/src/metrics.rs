@@ -13,17 +13,21 @@
 //! - counters `gateway_responses_dropped_total{reason="late"|"unknown"}`,
 //!   `gateway_frames_invalid_total`, `gateway_calls_forwarded_total`,
 //!   `gateway_sessions_expired_total`, `gateway_sessions_evicted_total`,
-//!   `gateway_sessions_refused_total`, `gateway_calls_refused_total`.
+//!   `gateway_sessions_refused_total`, `gateway_calls_refused_total`;
+//! - counted by the server itself ([`crate::fleet::ServerCounters`]):
+//!   `gateway_pin_file_write_errors_total`.
 
 use std::fmt::Write as _;
 
 use gateway_core::{Metrics, LATENCY_BUCKETS_SECONDS};
 
+use crate::fleet::ServerCounters;
+
 /// The `Content-Type` of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// The whole exposition.
-pub fn render(m: &Metrics) -> String {
+/// The whole exposition: the core's counts and the server's own.
+pub fn render(m: &Metrics, server: &ServerCounters) -> String {
     let mut out = String::with_capacity(4096);
     let s = &m.stats;
     header(
@@ -151,6 +155,19 @@ pub fn render(m: &Metrics) -> String {
         header(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
     }
+    header(
+        &mut out,
+        "gateway_pin_file_write_errors_total",
+        "counter",
+        "Writes of the pin file that failed (the pins stay in memory).",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_pin_file_write_errors_total {}",
+        server
+            .pin_file_write_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
     out
 }
 
