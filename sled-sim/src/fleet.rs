@@ -1,6 +1,6 @@
 //! A fleet of emulated sleds: one uplink per project, for the gateway's demo and for tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use tracing::{error, warn};
 
 use crate::fixture::Fixture;
+use crate::identity::{impostor_key, sled_key};
 use crate::mcp::{SharedSled, Sled};
 use crate::net::{Connect, GatewayAddr, TokioConnect};
 use crate::uplink::{run_uplink_with, Backend, UplinkOptions};
@@ -58,6 +59,47 @@ pub struct SledOptions {
     pub fixture_projects: Vec<String>,
     /// The uplink token every sled of the fleet presents, if the gateway requires one.
     pub uplink_token: Option<gateway_core::Secret>,
+    /// Whether each sled proves an identity on connect: it signs with
+    /// [`sled_key`]`(seed, project)` (the fleet seed). False: hellos name no key.
+    pub identity: bool,
+    /// Projects whose sleds present [`impostor_key`]`(seed, project)` instead of their own key
+    /// (even when `identity` is false): the gateway refuses them once the real key is pinned.
+    pub wrong_key: BTreeSet<String>,
+    /// Per-project latency, instead of `latency`.
+    pub latency_overrides: BTreeMap<String, Duration>,
+    /// Projects whose sleds stall their event relay: they serve calls and pongs but send no
+    /// `event` frame.
+    pub stalled_relay: BTreeSet<String>,
+    /// How often each sled sends a `sync` event.
+    pub relay_interval: Duration,
+}
+
+impl SledOptions {
+    /// The uplink options of `project`'s sled.
+    pub fn uplink_options(&self, project: &str) -> UplinkOptions {
+        let identity = if self.wrong_key.contains(project) {
+            Some(impostor_key(self.seed, project))
+        } else if self.identity {
+            Some(sled_key(self.seed, project))
+        } else {
+            None
+        };
+        UplinkOptions {
+            latency: self
+                .latency_overrides
+                .get(project)
+                .copied()
+                .unwrap_or(self.latency),
+            jitter: self.jitter,
+            seed: sled_seed(self.seed, project),
+            sled_name: project.to_owned(),
+            token: self.uplink_token.clone(),
+            identity,
+            relay_interval: self.relay_interval,
+            stall_relay: self.stalled_relay.contains(project),
+            ..UplinkOptions::default()
+        }
+    }
 }
 
 impl Default for SledOptions {
@@ -68,6 +110,11 @@ impl Default for SledOptions {
             jitter: Duration::ZERO,
             fixture_projects: Vec::new(),
             uplink_token: None,
+            identity: true,
+            wrong_key: BTreeSet::new(),
+            latency_overrides: BTreeMap::new(),
+            stalled_relay: BTreeSet::new(),
+            relay_interval: Duration::from_secs(5),
         }
     }
 }
@@ -120,15 +167,7 @@ impl Fleet {
                 let signal = shutdown.clone();
                 let opts = opts.clone();
                 Some(Arc::new(move |sled: &Backend| {
-                    let project = sled.project_name().to_owned();
-                    let uplink_opts = UplinkOptions {
-                        latency: opts.latency,
-                        jitter: opts.jitter,
-                        seed: sled_seed(opts.seed, &project),
-                        sled_name: project,
-                        token: opts.uplink_token.clone(),
-                        ..UplinkOptions::default()
-                    };
+                    let uplink_opts = opts.uplink_options(sled.project_name());
                     let mut rx = signal.subscribe();
                     let stop = async move {
                         // Also ends when the fleet is dropped (the sender goes away).
@@ -248,6 +287,49 @@ mod tests {
         assert_eq!(names[23], "omega");
         assert_eq!(names[24], "project-25");
         assert_eq!(names[26], "project-27");
+    }
+
+    #[test]
+    fn uplink_options_follow_the_fleet_options() {
+        let mut opts = SledOptions {
+            seed: 9,
+            latency: Duration::from_millis(10),
+            relay_interval: Duration::from_millis(250),
+            ..SledOptions::default()
+        };
+        opts.wrong_key.insert("beta".into());
+        opts.stalled_relay.insert("gamma".into());
+        opts.latency_overrides
+            .insert("gamma".into(), Duration::from_millis(700));
+        let alpha = opts.uplink_options("alpha");
+        assert_eq!(alpha.identity, Some(sled_key(9, "alpha")));
+        assert_eq!(alpha.seed, sled_seed(9, "alpha"));
+        assert_eq!(alpha.sled_name, "alpha");
+        assert_eq!(alpha.latency, Duration::from_millis(10));
+        assert_eq!(alpha.relay_interval, Duration::from_millis(250));
+        assert!(!alpha.stall_relay);
+        assert_eq!(
+            opts.uplink_options("beta").identity,
+            Some(impostor_key(9, "beta"))
+        );
+        let gamma = opts.uplink_options("gamma");
+        assert_eq!(gamma.latency, Duration::from_millis(700));
+        assert!(gamma.stall_relay);
+        opts.identity = false;
+        assert_eq!(opts.uplink_options("alpha").identity, None);
+        assert_eq!(
+            opts.uplink_options("beta").identity,
+            Some(impostor_key(9, "beta"))
+        );
+        // Debug never shows the private key.
+        let shown = format!("{:?}", SledOptions::default().uplink_options("alpha"));
+        let secret = sled_key(0, "alpha").to_bytes();
+        assert!(shown.contains("SigningKey"), "{shown}");
+        assert!(!shown.contains(&format!("{secret:?}")), "{shown}");
+        assert!(
+            !shown.contains(format!("{:?}", &secret[..8]).trim_end_matches(']')),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! and connects out to the gateway over a WebSocket uplink ([`uplink::run_uplink`]); it can also
 //! serve MCP directly over HTTP ([`http::router`]). [`client::McpClient`] drives a gateway (or a
 //! sled) over Streamable HTTP, and [`fleet::Fleet`] runs one sled per project. [`script`] plays
-//! seeded client sessions against a gateway and judges every response.
+//! seeded client sessions against a gateway and judges every response. Each sled can prove an
+//! Ed25519 identity on connect ([`identity::sled_key`]) and relays CRDT events up its uplink.
 //!
 //! Networking is generic over [`net::Connect`], time is only `tokio::time`, randomness only a
 //! seeded RNG, and nothing observable depends on hash order: the same code runs as a host in a
@@ -14,6 +15,7 @@ pub mod client;
 pub mod fixture;
 pub mod fleet;
 pub mod http;
+pub mod identity;
 pub mod mcp;
 pub mod model;
 pub mod net;
@@ -24,6 +26,7 @@ pub mod uplink;
 pub use client::{ClientError, McpClient};
 pub use fixture::Fixture;
 pub use fleet::{demo_project_names, Fleet, SledOptions};
+pub use identity::{impostor_key, sled_key};
 pub use mcp::{SharedSled, Sled, SledConfig};
 pub use model::{Project, Stage, Story, Todo};
 pub use net::{Connect, GatewayAddr, HttpUrl, TokioConnect, UrlError};

@@ -1,5 +1,6 @@
 //! `sled-sim`: run emulated sleds against a real gateway until Ctrl-C.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -44,9 +45,37 @@ struct Args {
     #[arg(long, value_name = "MS", default_value_t = 0)]
     jitter_ms: u64,
 
-    /// Also serve project i's MCP directly at http://127.0.0.1:(P+i)/mcp.
+    /// Also serve project i's MCP directly at http://127.0.0.1:(P+i)/mcp (and a health check,
+    /// GET / → 200 {"project": …, "status": "ok"}, at http://127.0.0.1:(P+i)/).
     #[arg(long, value_name = "P")]
     direct_port_base: Option<u16>,
+
+    /// With --direct-port-base: the direct ports accept connections and requests but never
+    /// answer (an endpoint that has hung, for the gateway's health-probe timeouts).
+    #[arg(long, requires = "direct_port_base")]
+    http_silent: bool,
+
+    /// Present no identity: hellos name no Ed25519 key (a gateway that requires identities
+    /// refuses the sleds with close 4007). By default each sled signs the gateway's challenge
+    /// with a key derived from --seed and its project name.
+    #[arg(long, conflicts_with = "wrong_key")]
+    no_identity: bool,
+
+    /// Present an impostor key for every project this process runs (a key derived like the
+    /// real one but from another domain): once the real keys are pinned, the gateway refuses
+    /// these sleds with close 4007 and they retry with a long backoff.
+    #[arg(long)]
+    wrong_key: bool,
+
+    /// Stall the CRDT event relay: the sleds keep answering calls and heartbeats but send no
+    /// event frames, so the gateway should report their relay as stale.
+    #[arg(long)]
+    stall_relay: bool,
+
+    /// How often each sled sends a `sync` event on its uplink (the CRDT anti-entropy tick),
+    /// in milliseconds; 0 sends none (events after mutating calls still go out).
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    relay_interval_ms: u64,
 
     /// A project to serve with the conformance fixture (the tools, resources and prompts the
     /// official MCP conformance suite calls) instead of the story model (repeatable).
@@ -127,6 +156,13 @@ async fn main() -> ExitCode {
         Some(n) => demo_project_names(usize::from(n)),
         None => args.project.clone(),
     };
+    let every_project = || -> BTreeSet<String> {
+        projects
+            .iter()
+            .chain(&args.fixture_project)
+            .cloned()
+            .collect()
+    };
     let opts = SledOptions {
         seed: args.seed,
         latency: Duration::from_millis(args.latency_ms),
@@ -136,6 +172,19 @@ async fn main() -> ExitCode {
             .ok()
             .filter(|t| !t.is_empty())
             .map(gateway_core::Secret::new),
+        identity: !args.no_identity,
+        wrong_key: if args.wrong_key {
+            every_project()
+        } else {
+            BTreeSet::new()
+        },
+        stalled_relay: if args.stall_relay {
+            every_project()
+        } else {
+            BTreeSet::new()
+        },
+        relay_interval: Duration::from_millis(args.relay_interval_ms),
+        ..SledOptions::default()
     };
 
     // Bind the direct endpoints first, so a port clash fails before anything connects.
@@ -171,12 +220,21 @@ async fn main() -> ExitCode {
         let Some(sled) = fleet.sled(&project) else {
             continue;
         };
-        println!("{project}: direct MCP at http://{addr}/mcp");
         let mut rx = stop_rx.clone();
+        let stop = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        if args.http_silent {
+            println!("{project}: direct endpoint at http://{addr}/ accepts but never answers");
+            servers.push(tokio::spawn(async move {
+                if let Err(e) = sled_sim::http::serve_silent(listener, stop).await {
+                    error!(project = %project, error = %e, "silent direct endpoint failed");
+                }
+            }));
+            continue;
+        }
+        println!("{project}: direct MCP at http://{addr}/mcp");
         servers.push(tokio::spawn(async move {
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
             if let Err(e) = sled_sim::http::serve(listener, sled, stop).await {
                 error!(project = %project, error = %e, "direct MCP endpoint failed");
             }

@@ -8,6 +8,13 @@
 //! (log messages), and requests of their own (sampling, elicitation) whose answers come back
 //! over the same uplink.
 //!
+//! With an identity ([`UplinkOptions::identity`]) the hello names the sled's Ed25519 public key
+//! and the sled answers the gateway's `challenge` with a `proof`. Once welcomed, the uplink
+//! relays the sled's CRDT events as `event` frames: a `sync` every
+//! [`UplinkOptions::relay_interval`] and, for the story model, one per successful mutating
+//! `tools/call` (`story_created`, `story_moved`, `story_blocked`, `test_failed`,
+//! `story_updated`), numbered by one counter that survives reconnects.
+//!
 //! Only `tokio::time` is used for time and only a seeded RNG for jitter, so the same code runs
 //! deterministically inside a simulation.
 
@@ -17,8 +24,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ed25519_dalek::SigningKey;
 use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
+use gateway_core::identity::{encode_key, sign_challenge};
 use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -36,12 +45,12 @@ use tracing::{debug, error, info, warn};
 use crate::mcp::SharedSled;
 use crate::net::{Connect, GatewayAddr};
 
-/// How long connecting, the WebSocket upgrade, `hello` and the wait for `welcome` may take
-/// together before the attempt counts as failed.
+/// How long connecting, the WebSocket upgrade, `hello`, the identity challenge and the wait for
+/// `welcome` may take together before the attempt counts as failed.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// After an `UnknownProject` or `Unauthorized` close the sled waits this many times
-/// `backoff_max` before retrying.
+/// After an `UnknownProject`, `Unauthorized` or `IdentityRefused` close the sled waits this many
+/// times `backoff_max` before retrying.
 pub const UNKNOWN_PROJECT_BACKOFF_FACTOR: u32 = 6;
 
 /// How a sled's uplink behaves.
@@ -61,6 +70,15 @@ pub struct UplinkOptions {
     pub backoff_max: Duration,
     /// The project's uplink token, sent in the hello when its registration requires one.
     pub token: Option<gateway_core::Secret>,
+    /// The sled's identity: its public key goes in the hello and it signs the gateway's
+    /// challenge. `None`: a hello without a key, and a challenge from the gateway is a protocol
+    /// error (the sled hangs up and counts a failed attempt). Debug prints only the public key.
+    pub identity: Option<SigningKey>,
+    /// How often a welcomed uplink sends a `sync` event (the CRDT anti-entropy tick); zero
+    /// sends none.
+    pub relay_interval: Duration,
+    /// A stalled relay: the uplink serves calls and pongs as usual but sends no `event` frame.
+    pub stall_relay: bool,
 }
 
 impl Default for UplinkOptions {
@@ -73,8 +91,86 @@ impl Default for UplinkOptions {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             token: None,
+            identity: None,
+            relay_interval: Duration::from_secs(5),
+            stall_relay: false,
         }
     }
+}
+
+/// The sled's CRDT event relay: one sequence for every connection of one uplink.
+#[derive(Clone)]
+struct Relay {
+    /// The last `seq` sent. Locked while an event is numbered and queued, so the frames go out
+    /// in `seq` order.
+    seq: Arc<Mutex<u64>>,
+    stalled: bool,
+}
+
+impl Relay {
+    fn new(stalled: bool) -> Self {
+        Relay {
+            seq: Arc::default(),
+            stalled,
+        }
+    }
+
+    /// Numbers an event and queues its frame (nothing when the relay is stalled).
+    fn send(&self, tx: &mpsc::UnboundedSender<Message>, kind: &str, story: Option<String>) {
+        if self.stalled {
+            return;
+        }
+        let mut seq = self
+            .seq
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *seq += 1;
+        let event = Control::Event {
+            seq: *seq,
+            kind: kind.to_owned(),
+            story,
+        };
+        let _ = tx.send(Message::text(event.to_text()));
+    }
+}
+
+/// The relay event of one story-model request and its response: for a successful (not
+/// `isError`) mutating `tools/call`, the event's kind and the story it touched.
+fn story_event(msg: &Value, resp: &Value) -> Option<(&'static str, Option<String>)> {
+    if msg.get("method").and_then(Value::as_str) != Some("tools/call") {
+        return None;
+    }
+    let result = resp.get("result")?;
+    if result.get("isError").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    let args = msg.pointer("/params/arguments");
+    let content = result.get("structuredContent");
+    let kind = match msg.pointer("/params/name").and_then(Value::as_str)? {
+        "create_story" => "story_created",
+        "move_story" => "story_moved",
+        "block_story" => "story_blocked",
+        "record_test_result" => {
+            let passed = content
+                .and_then(|c| c.get("passed"))
+                .or_else(|| args.and_then(|a| a.get("passed")))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if passed {
+                "story_updated"
+            } else {
+                "test_failed"
+            }
+        }
+        "update_story" | "add_todo" | "complete_todo" | "unblock_story" => "story_updated",
+        _ => return None,
+    };
+    let story = content
+        .and_then(|c| c.pointer("/story/id").or_else(|| c.get("story_id")))
+        .or_else(|| args.and_then(|a| a.get("story_id")))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Some((kind, story))
 }
 
 /// How one connection attempt ended.
@@ -379,7 +475,7 @@ fn request_delay(opts: &UplinkOptions, rng: &mut ChaCha8Rng) -> Duration {
 }
 
 fn close_name(code: u16) -> &'static str {
-    const NAMES: [(CloseCode, &str); 7] = [
+    const NAMES: [(CloseCode, &str); 8] = [
         (CloseCode::GoingAway, "going away"),
         (CloseCode::Replaced, "replaced by another connection"),
         (CloseCode::HeartbeatTimeout, "heartbeat timeout"),
@@ -390,6 +486,7 @@ fn close_name(code: u16) -> &'static str {
             CloseCode::Unauthorized,
             "unauthorized: missing or wrong uplink token",
         ),
+        (CloseCode::IdentityRefused, "identity refused"),
     ];
     NAMES
         .iter()
@@ -422,12 +519,14 @@ pub async fn run_uplink_with<C: Connect>(
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let project = sled.project_name().to_owned();
     let mut failures: u32 = 0;
+    let relay = Relay::new(opts.stall_relay);
     loop {
         let outcome = connect_once(
             &connector,
             &gateway,
             &sled,
             &opts,
+            &relay,
             &mut rng,
             shutdown.as_mut(),
         )
@@ -448,15 +547,20 @@ pub async fn run_uplink_with<C: Connect>(
                 let mut delay = backoff_delay(&opts, failures, &mut rng);
                 failures = failures.saturating_add(1);
                 // Refused for who it is: retrying soon would be refused the same way.
+                let identity_refused = close_code == Some(CloseCode::IdentityRefused.code());
                 let unknown_project = close_code == Some(CloseCode::UnknownProject.code())
                     || close_code == Some(CloseCode::Unauthorized.code());
-                if unknown_project {
+                if unknown_project || identity_refused {
                     delay = opts
                         .backoff_max
                         .max(opts.backoff_min)
                         .saturating_mul(UNKNOWN_PROJECT_BACKOFF_FACTOR);
                 }
                 match failure {
+                    Some(reason) if identity_refused => error!(
+                        project = %project, gateway = %gateway, retry_in = ?delay,
+                        "identity refused: {reason}; retrying with a long backoff"
+                    ),
                     Some(reason) if unknown_project => error!(
                         project = %project, gateway = %gateway, %reason, retry_in = ?delay,
                         "the gateway does not know this project; retrying with a long backoff"
@@ -486,17 +590,22 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
     gateway: &GatewayAddr,
     sled: &Backend,
     opts: &UplinkOptions,
+    relay: &Relay,
     rng: &mut ChaCha8Rng,
     mut shutdown: Pin<&mut F>,
 ) -> Outcome {
     let project = sled.project_name().to_owned();
     let url = gateway.uplink_url();
+    let key = opts
+        .identity
+        .as_ref()
+        .map(|k| encode_key(&k.verifying_key()));
     let hello = Control::Hello {
         protocol: PROTOCOL_VERSION,
         project: project.clone(),
         sled: opts.sled_name.clone(),
         token: opts.token.as_ref().map(|t| t.expose().to_owned()),
-        key: None,
+        key: key.clone(),
     };
     let attempt = async {
         let stream = connector
@@ -513,7 +622,7 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
             tokio_tungstenite::client_async_with_config(url.as_str(), stream, Some(config))
                 .await
                 .map_err(|e| (format!("WebSocket upgrade at {url}: {e}"), None))?;
-        let heartbeat_ms = handshake(&mut ws, &hello, &project).await?;
+        let heartbeat_ms = handshake(&mut ws, &hello, &project, opts.identity.as_ref()).await?;
         Ok((ws, heartbeat_ms))
     };
     let result = tokio::select! {
@@ -537,16 +646,28 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
             };
         }
     };
-    info!(project = %project, gateway = %gateway, heartbeat_ms, "uplink connected");
-    serve(ws, heartbeat_ms, sled, opts, rng, shutdown).await
+    let key = key.as_deref().unwrap_or("none");
+    info!(project = %project, gateway = %gateway, heartbeat_ms, key, "uplink connected");
+    serve(ws, heartbeat_ms, sled, opts, relay, rng, shutdown).await
 }
 
-/// Sends `hello` and waits for `welcome`. Returns the heartbeat period, or why it failed and
-/// the close code if the gateway closed the connection.
+/// Hangs up on a gateway that broke the handshake (best effort).
+async fn hang_up<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>, why: &str) {
+    let frame = CloseFrame {
+        code: WsCloseCode::Protocol,
+        reason: why.to_owned().into(),
+    };
+    let _ = timeout(Duration::from_millis(500), ws.close(Some(frame))).await;
+}
+
+/// Sends `hello`, answers a `challenge` with a `proof` signed by `identity`, and waits for
+/// `welcome`. Returns the heartbeat period, or why it failed and the close code if the gateway
+/// closed the connection (for `IdentityRefused`, the reason is just the gateway's).
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     ws: &mut WebSocketStream<S>,
     hello: &Control,
     project: &str,
+    identity: Option<&SigningKey>,
 ) -> Result<u64, (String, Option<u16>)> {
     ws.send(Message::text(hello.to_text()))
         .await
@@ -590,6 +711,28 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                         .await
                         .map_err(|e| (format!("sending pong: {e}"), None))?;
                 }
+                Frame::Control(Control::Challenge { nonce }) => {
+                    let Some(key) = identity else {
+                        hang_up(ws, "a challenge, but the hello named no key").await;
+                        return Err((
+                            "protocol error: the gateway sent a challenge, but this sled has no \
+                             identity (its hello named no key)"
+                                .to_owned(),
+                            None,
+                        ));
+                    };
+                    let signature = match sign_challenge(key, project, &nonce) {
+                        Ok(signature) => signature,
+                        Err(e) => {
+                            hang_up(ws, "a malformed challenge").await;
+                            return Err((format!("protocol error: bad challenge: {e}"), None));
+                        }
+                    };
+                    debug!(project, "answering the identity challenge");
+                    ws.send(Message::text(Control::Proof { signature }.to_text()))
+                        .await
+                        .map_err(|e| (format!("sending proof: {e}"), None))?;
+                }
                 Frame::Control(other) => {
                     warn!(project, frame = ?other, "unexpected control frame before welcome");
                 }
@@ -609,6 +752,14 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 };
                 // Best effort: complete the closing handshake.
                 let _ = timeout(Duration::from_millis(500), ws.close(None)).await;
+                if code == Some(CloseCode::IdentityRefused.code()) {
+                    let reason = if reason.is_empty() {
+                        "no reason given".to_owned()
+                    } else {
+                        reason
+                    };
+                    return Err((reason, code));
+                }
                 let kind = code.map_or("none", close_name);
                 return Err((
                     format!("closed before welcome (code {code:?}, {kind}): {reason}"),
@@ -637,6 +788,7 @@ async fn serve<S, F>(
     heartbeat_ms: u64,
     backend: &Backend,
     opts: &UplinkOptions,
+    relay: &Relay,
     rng: &mut ChaCha8Rng,
     mut shutdown: Pin<&mut F>,
 ) -> Outcome
@@ -689,7 +841,25 @@ where
     // `notifications/cancelled` stops them before they are applied.
     let mut waiting: BTreeMap<u64, tokio::task::AbortHandle> = BTreeMap::new();
     let mut closing: Option<(u16, String)> = None;
+    // The relay's anti-entropy tick: a `sync` event every `relay_interval`, the first one
+    // interval after welcome.
+    let mut sync = (!relay.stalled && !opts.relay_interval.is_zero())
+        .then(|| Instant::now().checked_add(opts.relay_interval))
+        .flatten()
+        .map(|first| {
+            let mut ticks = tokio::time::interval_at(first, opts.relay_interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticks
+        });
     loop {
+        let sync_due = async {
+            match sync.as_mut() {
+                Some(ticks) => {
+                    ticks.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         let idle = async {
             match deadline {
                 Some(d) => sleep_until(d).await,
@@ -724,6 +894,7 @@ where
                 }
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            () = sync_due => relay.send(&tx, "sync", None),
             msg = stream.next() => {
                 let msg = match msg {
                     Some(Ok(msg)) => msg,
@@ -767,7 +938,7 @@ where
                                 }
                             } else {
                                 match backend {
-                                    Backend::Story(sled) => serve_story(sled, msg, opts, rng, &tx, &mut tasks, &mut waiting),
+                                    Backend::Story(sled) => serve_story(sled, msg, opts, relay, rng, &tx, &mut tasks, &mut waiting),
                                     Backend::Handler(handler) => {
                                         let id = msg.get("id").and_then(Value::as_u64);
                                         let ctx = CallContext {
@@ -793,9 +964,15 @@ where
                     Message::Binary(_) => warn!(project = %project, "binary frame ignored"),
                     Message::Close(frame) => {
                         let code = frame.as_ref().map(|f| u16::from(f.code)).or_else(|| closing_code(&closing));
-                        let reason = frame.as_ref().map(|f| f.reason.to_string()).unwrap_or_default();
+                        let reason = match (&frame, &closing) {
+                            (Some(f), _) if !f.reason.is_empty() => f.reason.to_string(),
+                            (_, Some((_, r))) => r.clone(),
+                            _ => String::new(),
+                        };
                         let kind = code.map_or("none", close_name);
-                        if code == Some(CloseCode::UnknownProject.code()) {
+                        if code == Some(CloseCode::IdentityRefused.code()) {
+                            error!(project = %project, ?code, "identity refused: {reason}");
+                        } else if code == Some(CloseCode::UnknownProject.code()) {
                             error!(project = %project, ?code, kind, %reason,
                                 "the gateway no longer knows this project");
                         } else {
@@ -816,11 +993,14 @@ where
 }
 
 /// One request for the story-model sled: answered at once, or (for a `tools/call` when the
-/// latency knob is set) by a task that waits it out, sending progress halfway when asked.
+/// latency knob is set) by a task that waits it out, sending progress halfway when asked. A
+/// successful mutating call's relay event follows its response.
+#[allow(clippy::too_many_arguments)]
 fn serve_story(
     sled: &SharedSled,
     msg: Value,
     opts: &UplinkOptions,
+    relay: &Relay,
     rng: &mut ChaCha8Rng,
     tx: &mpsc::UnboundedSender<Message>,
     tasks: &mut JoinSet<()>,
@@ -836,13 +1016,12 @@ fn serve_story(
         Duration::ZERO
     };
     if delay.is_zero() {
-        if let Some(resp) = sled.handle(&msg) {
-            let _ = tx.send(Message::text(resp.to_string()));
-        }
+        answer_story(sled, &msg, tx, relay);
         return;
     }
     let sled = sled.clone();
     let tx = tx.clone();
+    let relay = relay.clone();
     let id = msg.get("id").and_then(Value::as_u64);
     // A call that asked for progress hears of it halfway through.
     let progress_token = msg.pointer("/params/_meta/progressToken").cloned();
@@ -859,12 +1038,26 @@ fn serve_story(
         } else {
             sleep(delay).await;
         }
-        if let Some(resp) = sled.handle(&msg) {
-            let _ = tx.send(Message::text(resp.to_string()));
-        }
+        answer_story(&sled, &msg, &tx, &relay);
     });
     if let Some(id) = id {
         waiting.insert(id, handle);
+    }
+}
+
+/// Runs one request against the story-model sled and sends its response, then the relay event
+/// of a successful mutating call.
+fn answer_story(
+    sled: &SharedSled,
+    msg: &Value,
+    tx: &mpsc::UnboundedSender<Message>,
+    relay: &Relay,
+) {
+    if let Some(resp) = sled.handle(msg) {
+        let _ = tx.send(Message::text(resp.to_string()));
+        if let Some((kind, story)) = story_event(msg, &resp) {
+            relay.send(tx, kind, story);
+        }
     }
 }
 

@@ -181,3 +181,72 @@ async fn raw_requests_and_reconnects() {
     .await
     .expect("test timed out");
 }
+
+/// Sends one raw HTTP/1.1 request and reads the whole answer (the server closes after it).
+async fn raw_request(addr: SocketAddr, request: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[tokio::test]
+async fn get_root_is_a_health_check() {
+    tokio::time::timeout(LIMIT, async {
+        let sled = SharedSled::new(Sled::seeded("gamma", 2));
+        let (addr, server) = serve(sled).await;
+        let answer = raw_request(
+            addr,
+            "GET / HTTP/1.1\r\nHost: sled\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{head}"
+        );
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body, json!({"project": "gamma", "status": "ok"}));
+        server.abort();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn the_silent_router_accepts_and_never_answers() {
+    tokio::time::timeout(LIMIT, async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(sled_sim::http::serve_silent(listener, async {
+            let _ = stopped.await;
+        }));
+        for request in [
+            "GET / HTTP/1.1\r\nHost: sled\r\nConnection: close\r\n\r\n",
+            "POST /mcp HTTP/1.1\r\nHost: sled\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            "GET /anything/else HTTP/1.1\r\nHost: sled\r\nConnection: close\r\n\r\n",
+        ] {
+            // The connection is accepted; the answer never comes.
+            let waited =
+                tokio::time::timeout(Duration::from_millis(300), raw_request(addr, request)).await;
+            assert!(waited.is_err(), "{request:?} was answered: {waited:?}");
+        }
+        // The McpClient's own timeout fires too.
+        let mut client = McpClient::connect(TokioConnect, &format!("http://{addr}/mcp"))
+            .await
+            .unwrap();
+        client.set_timeout(Some(Duration::from_millis(200)));
+        assert!(client.initialize().await.is_err());
+        let _ = stop.send(());
+        // Held requests keep a graceful shutdown waiting; the caller bounds it.
+        let _ = tokio::time::timeout(Duration::from_millis(200), server).await;
+    })
+    .await
+    .expect("test timed out");
+}

@@ -4,14 +4,18 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
+use gateway_core::identity::{encode_key, parse_key, verify_challenge};
 use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION, UPLINK_PATH};
 use serde_json::{json, Value};
 use sled_sim::fleet::{Fleet, SledOptions};
 use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
 use sled_sim::net::{GatewayAddr, TokioConnect};
-use sled_sim::uplink::{run_uplink, UplinkOptions};
+use sled_sim::uplink::{run_uplink, run_uplink_with, Backend, UplinkOptions};
+use sled_sim::{impostor_key, sled_key, Fixture};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::time::{timeout, Instant};
@@ -49,12 +53,22 @@ async fn accept(listener: &TcpListener) -> (Ws, String, String) {
 
 /// The next text frame as JSON (skipping WebSocket pings/pongs); `None` when the connection
 /// ends or a close frame arrives.
-async fn next_json(ws: &mut Ws) -> Option<Value> {
+async fn next_frame(ws: &mut Ws) -> Option<Value> {
     loop {
         match ws.next().await? {
             Ok(Message::Text(t)) => return Some(serde_json::from_str(&t).unwrap()),
             Ok(Message::Close(_)) | Err(_) => return None,
             Ok(_) => {}
+        }
+    }
+}
+
+/// Like [`next_frame`], skipping the relay's `event` frames too.
+async fn next_json(ws: &mut Ws) -> Option<Value> {
+    loop {
+        let frame = next_frame(ws).await?;
+        if frame["uplink"] != "event" {
+            return Some(frame);
         }
     }
 }
@@ -329,10 +343,19 @@ async fn fleet_connects_stops_and_shuts_down() {
         let mut conns = std::collections::BTreeMap::new();
         for _ in 0..3 {
             let (mut ws, _, _) = accept(&listener).await;
-            let Control::Hello { project, sled, .. } = expect_hello(&mut ws).await else {
+            let Control::Hello {
+                project, sled, key, ..
+            } = expect_hello(&mut ws).await
+            else {
                 panic!("not a hello");
             };
             assert_eq!(project, sled);
+            // A fleet's sleds have identities by default, derived from the fleet seed; a
+            // gateway that sends no challenge welcomes them all the same.
+            assert_eq!(
+                key,
+                Some(encode_key(&sled_key(0, &project).verifying_key()))
+            );
             send_control(&mut ws, welcome(5_000)).await;
             conns.insert(project, ws);
         }
@@ -398,4 +421,495 @@ async fn fleet_with_bad_gateway_starts_nothing() {
     assert!(fleet.sled("alpha").is_some());
     assert!(!fleet.is_running("alpha"));
     fleet.shutdown().await;
+}
+
+/// Closes the connection the way the gateway refuses a sled: `closing`, then a close frame.
+async fn refuse(ws: &mut Ws, code: CloseCode, reason: &str) {
+    send_control(
+        ws,
+        Control::Closing {
+            code: code.code(),
+            reason: reason.into(),
+        },
+    )
+    .await;
+    ws.close(Some(CloseFrame {
+        code: WsCloseCode::from(code.code()),
+        reason: reason.to_owned().into(),
+    }))
+    .await
+    .unwrap();
+}
+
+/// Sends a challenge and checks the proof: a signature of the challenge by the hello's key.
+async fn challenge(ws: &mut Ws, project: &str, key: &str, nonce: [u8; 32]) {
+    send_control(
+        ws,
+        Control::Challenge {
+            nonce: BASE64.encode(nonce),
+        },
+    )
+    .await;
+    let proof: Control = serde_json::from_value(next_frame(ws).await.unwrap()).unwrap();
+    let Control::Proof { signature } = proof else {
+        panic!("expected a proof, got {proof:?}");
+    };
+    let key = parse_key(key).unwrap();
+    verify_challenge(&key, project, &nonce, &signature).expect("the proof verifies");
+    // Worth nothing for another nonce or project.
+    assert!(verify_challenge(&key, project, &[0; 32], &signature).is_err());
+    assert!(verify_challenge(&key, "other", &nonce, &signature).is_err());
+}
+
+#[tokio::test]
+async fn identity_answers_the_challenge_then_is_welcomed() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::seeded("alpha", 1));
+        let opts = UplinkOptions {
+            identity: Some(sled_key(7, "alpha")),
+            ..fast("alpha-sled")
+        };
+        let mut running = start(&listener, sled, opts);
+
+        let (mut ws, _, _) = accept(&listener).await;
+        let Control::Hello { key, token, .. } = expect_hello(&mut ws).await else {
+            panic!("not a hello");
+        };
+        assert_eq!(token, None);
+        let key = key.expect("the hello names the sled's key");
+        assert_eq!(key, encode_key(&sled_key(7, "alpha").verifying_key()));
+        assert_ne!(key, encode_key(&impostor_key(7, "alpha").verifying_key()));
+        challenge(&mut ws, "alpha", &key, [42; 32]).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        send_control(&mut ws, Control::Ping { seq: 1 }).await;
+        assert_eq!(
+            next_json(&mut ws).await.unwrap(),
+            json!({"uplink":"pong","seq":1})
+        );
+
+        // After a lost connection the same key proves itself to a fresh nonce.
+        drop(ws);
+        let (mut ws, _, _) = accept(&listener).await;
+        let Control::Hello { key: again, .. } = expect_hello(&mut ws).await else {
+            panic!("not a hello");
+        };
+        assert_eq!(again.as_deref(), Some(key.as_str()));
+        challenge(&mut ws, "alpha", &key, [7; 32]).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        send(&mut ws, json!({"jsonrpc":"2.0","id":1,"method":"ping"})).await;
+        assert_eq!(next_json(&mut ws).await.unwrap()["id"], 1);
+
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn a_challenge_without_identity_fails_the_attempt() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::seeded("beta", 1));
+        let mut running = start(&listener, sled, fast("beta"));
+
+        let (mut ws, _, _) = accept(&listener).await;
+        let Control::Hello { key, .. } = expect_hello(&mut ws).await else {
+            panic!("not a hello");
+        };
+        assert_eq!(key, None);
+        send_control(
+            &mut ws,
+            Control::Challenge {
+                nonce: BASE64.encode([1u8; 32]),
+            },
+        )
+        .await;
+        // The sled hangs up rather than answer (a protocol error on its side)...
+        let close = loop {
+            match ws.next().await {
+                Some(Ok(Message::Close(frame))) => break frame,
+                Some(Ok(Message::Text(t))) => panic!("the sled answered a challenge: {t}"),
+                Some(Ok(_)) => {}
+                other => panic!("expected a close, got {other:?}"),
+            }
+        };
+        assert_eq!(close.map(|f| f.code), Some(WsCloseCode::Protocol));
+        // ...and tries again after an ordinary backoff.
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        send_control(&mut ws, Control::Ping { seq: 3 }).await;
+        assert_eq!(
+            next_json(&mut ws).await.unwrap(),
+            json!({"uplink":"pong","seq":3})
+        );
+
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn identity_refused_backs_off_like_unauthorized() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::seeded("gamma", 1));
+        let opts = UplinkOptions {
+            identity: Some(impostor_key(0, "gamma")),
+            ..fast("gamma")
+        };
+        let mut running = start(&listener, sled, opts);
+        // The long backoff: 6 × backoff_max (20 ms) = 120 ms; the ordinary one is at most 20 ms.
+        let long = Duration::from_millis(100);
+
+        // 4006 before welcome.
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        refuse(&mut ws, CloseCode::Unauthorized, "wrong token").await;
+        let refused = Instant::now();
+        let (mut ws, _, _) = accept(&listener).await;
+        assert!(refused.elapsed() >= long, "{:?}", refused.elapsed());
+
+        // 4007 after the proof: the same long wait.
+        let Control::Hello { key, .. } = expect_hello(&mut ws).await else {
+            panic!("not a hello");
+        };
+        challenge(&mut ws, "gamma", &key.unwrap(), [5; 32]).await;
+        refuse(
+            &mut ws,
+            CloseCode::IdentityRefused,
+            "the key differs from the pinned key",
+        )
+        .await;
+        let refused = Instant::now();
+        let (mut ws, _, _) = accept(&listener).await;
+        assert!(refused.elapsed() >= long, "{:?}", refused.elapsed());
+
+        // 4007 on a live uplink (the pin changed under it): the same.
+        let Control::Hello { key, .. } = expect_hello(&mut ws).await else {
+            panic!("not a hello");
+        };
+        challenge(&mut ws, "gamma", &key.unwrap(), [6; 32]).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        refuse(&mut ws, CloseCode::IdentityRefused, "repinned").await;
+        let refused = Instant::now();
+        let (mut ws, _, _) = accept(&listener).await;
+        assert!(refused.elapsed() >= long, "{:?}", refused.elapsed());
+        expect_hello(&mut ws).await;
+
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// The next relay event, as (seq, kind, story), skipping `sync` ones unless `sync` is set.
+async fn next_event(ws: &mut Ws, sync: bool) -> (u64, String, Option<String>) {
+    loop {
+        let frame = next_frame(ws).await.expect("the uplink stays open");
+        if frame["uplink"] != "event" {
+            continue;
+        }
+        let Control::Event { seq, kind, story } = serde_json::from_value(frame).unwrap() else {
+            unreachable!()
+        };
+        if sync || kind != "sync" {
+            return (seq, kind, story);
+        }
+    }
+}
+
+fn call(id: u64, name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":arguments}})
+}
+
+/// Sends a call and returns its response, then the relay events (not `sync`) that arrived
+/// after it, up to the pong of a ping sent once the response was in.
+async fn call_and_events(
+    ws: &mut Ws,
+    id: u64,
+    name: &str,
+    arguments: Value,
+) -> (Value, Vec<Value>) {
+    send(ws, call(id, name, arguments)).await;
+    let response = loop {
+        let frame = next_frame(ws).await.expect("the uplink stays open");
+        if frame["id"] == id {
+            break frame;
+        }
+        assert!(
+            frame["uplink"] == "event" && frame["kind"] == "sync",
+            "before the response: {frame}"
+        );
+    };
+    send_control(ws, Control::Ping { seq: id }).await;
+    let mut events = Vec::new();
+    loop {
+        let frame = next_frame(ws).await.expect("the uplink stays open");
+        if frame == json!({"uplink":"pong","seq":id}) {
+            return (response, events);
+        }
+        assert_eq!(frame["uplink"], "event", "{frame}");
+        if frame["kind"] != "sync" {
+            events.push(frame);
+        }
+    }
+}
+
+#[tokio::test]
+async fn relay_sends_sync_ticks_and_an_event_per_mutation() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::new(Project::new("alpha"), "alpha", 5));
+        let interval = Duration::from_millis(150);
+        let opts = UplinkOptions {
+            relay_interval: interval,
+            ..fast("alpha")
+        };
+        let mut running = start(&listener, sled, opts);
+
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        let welcomed = Instant::now();
+        // The anti-entropy tick: sync events, one interval apart.
+        assert_eq!(next_event(&mut ws, true).await, (1, "sync".into(), None));
+        assert!(welcomed.elapsed() >= interval, "{:?}", welcomed.elapsed());
+        assert_eq!(next_event(&mut ws, true).await, (2, "sync".into(), None));
+        assert!(
+            welcomed.elapsed() >= interval * 2,
+            "{:?}",
+            welcomed.elapsed()
+        );
+
+        // Each successful mutating call: its response, then its event naming the story.
+        let cases = [
+            (
+                "create_story",
+                json!({"name":"s","acceptance_criteria":["a"]}),
+                Some("story_created"),
+            ),
+            (
+                "move_story",
+                json!({"story_id":"alpha-1","stage":"in_progress"}),
+                Some("story_moved"),
+            ),
+            (
+                "block_story",
+                json!({"story_id":"alpha-1","reason":"waiting"}),
+                Some("story_blocked"),
+            ),
+            (
+                "unblock_story",
+                json!({"story_id":"alpha-1"}),
+                Some("story_updated"),
+            ),
+            (
+                "record_test_result",
+                json!({"story_id":"alpha-1","test":"t1","passed":false}),
+                Some("test_failed"),
+            ),
+            (
+                "record_test_result",
+                json!({"story_id":"alpha-1","test":"t1","passed":true}),
+                Some("story_updated"),
+            ),
+            (
+                "add_todo",
+                json!({"story_id":"alpha-1","text":"do it"}),
+                Some("story_updated"),
+            ),
+            (
+                "update_story",
+                json!({"story_id":"alpha-1","name":"renamed"}),
+                Some("story_updated"),
+            ),
+            // Reads and failed calls relay nothing.
+            ("show", json!({"story_id":"alpha-1"}), None),
+            (
+                "move_story",
+                json!({"story_id":"alpha-99","stage":"in_progress"}),
+                None,
+            ),
+            ("create_story", json!({}), None),
+        ];
+        let mut last_seq = 2;
+        for (i, (tool, args, kind)) in cases.into_iter().enumerate() {
+            let id = 10 + i as u64;
+            let (response, events) = call_and_events(&mut ws, id, tool, args).await;
+            assert!(response.get("result").is_some(), "{response}");
+            match kind {
+                Some(kind) => {
+                    assert_eq!(response["result"].get("isError"), None, "{response}");
+                    assert_eq!(events.len(), 1, "{tool}: {events:?}");
+                    assert_eq!(events[0]["kind"], kind, "{tool}");
+                    assert_eq!(events[0]["story"], "alpha-1", "{tool}");
+                    let seq = events[0]["seq"].as_u64().unwrap();
+                    assert!(seq > last_seq, "{seq} after {last_seq}");
+                    last_seq = seq;
+                }
+                None => assert!(events.is_empty(), "{tool}: {events:?}"),
+            }
+        }
+
+        // The sequence carries on across a reconnect.
+        drop(ws);
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        let (_, events) = call_and_events(
+            &mut ws,
+            1,
+            "create_story",
+            json!({"name":"t","acceptance_criteria":[]}),
+        )
+        .await;
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0]["story"], "alpha-2");
+        assert!(events[0]["seq"].as_u64().unwrap() > last_seq);
+
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn relay_events_follow_delayed_calls() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::new(Project::new("alpha"), "alpha", 5));
+        let opts = UplinkOptions {
+            latency: Duration::from_millis(20),
+            ..fast("alpha")
+        };
+        let mut running = start(&listener, sled, opts);
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        let (response, events) = call_and_events(
+            &mut ws,
+            1,
+            "create_story",
+            json!({"name":"slow","acceptance_criteria":[]}),
+        )
+        .await;
+        assert_eq!(
+            response["result"]["structuredContent"]["story"]["id"],
+            "alpha-1"
+        );
+        assert_eq!(
+            events,
+            vec![json!({"uplink":"event","seq":1,"kind":"story_created","story":"alpha-1"})]
+        );
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn a_stalled_relay_sends_no_events_but_serves() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sled = SharedSled::new(Sled::new(Project::new("alpha"), "alpha", 5));
+        let opts = UplinkOptions {
+            relay_interval: Duration::from_millis(20),
+            stall_relay: true,
+            ..fast("alpha")
+        };
+        let mut running = start(&listener, sled.clone(), opts);
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        let started = Instant::now();
+        let mut id = 0;
+        // Well past ten sync intervals: calls and pings answered, and no event frame at all.
+        while started.elapsed() < Duration::from_millis(300) {
+            id += 1;
+            let (response, events) = call_and_events(
+                &mut ws,
+                id,
+                "create_story",
+                json!({"name": format!("s{id}"), "acceptance_criteria":[]}),
+            )
+            .await;
+            assert_eq!(
+                response["result"]["structuredContent"]["story"]["id"],
+                format!("alpha-{id}")
+            );
+            assert!(events.is_empty(), "{events:?}");
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        // Nothing was queued behind the last pong either.
+        send_control(&mut ws, Control::Ping { seq: 999 }).await;
+        assert_eq!(
+            next_frame(&mut ws).await.unwrap(),
+            json!({"uplink":"pong","seq":999})
+        );
+        assert_eq!(sled.with(|s| s.project().stories.len()), id as usize);
+
+        running.stop.take().unwrap().send(()).unwrap();
+        running.task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test]
+async fn a_handler_backend_relays_only_sync_ticks() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let gateway = GatewayAddr::parse(&format!("http://{addr}")).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let opts = UplinkOptions {
+            relay_interval: Duration::from_millis(40),
+            ..fast("conf")
+        };
+        let backend = Backend::Handler(Arc::new(Fixture::new("conf")));
+        let task = tokio::spawn(run_uplink_with(
+            TokioConnect,
+            gateway,
+            backend,
+            opts,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let (mut ws, _, _) = accept(&listener).await;
+        expect_hello(&mut ws).await;
+        send_control(&mut ws, welcome(5_000)).await;
+        send(
+            &mut ws,
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
+        )
+        .await;
+        let mut kinds = Vec::new();
+        let mut answered = false;
+        while kinds.len() < 3 {
+            let frame = next_frame(&mut ws).await.unwrap();
+            if frame["id"] == 1 {
+                answered = true;
+            } else if frame["uplink"] == "event" {
+                kinds.push((frame["seq"].as_u64().unwrap(), frame["kind"].clone()));
+            }
+        }
+        assert!(answered);
+        assert_eq!(
+            kinds,
+            vec![(1, json!("sync")), (2, json!("sync")), (3, json!("sync"))]
+        );
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    })
+    .await
+    .expect("test timed out");
 }
