@@ -11,65 +11,20 @@
 //! that seed (printing its scenario and every violation), and `DST_LOG=debug` adds the logs of
 //! every host.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gateway_core::PlantedBug;
+use gateway_tests::sim::runner::{env_u64, run_parallel, seeds, threads};
 use gateway_tests::sim::{self, FaultMode, Report, Scenario};
 use sled_sim::script::{Op, Outcome, Tool};
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-/// The seeds a test runs: only `DST_SEED` when set, else `default` seeds from 0
-/// (`DST_SEEDS` overrides the count when `sized`).
-fn seeds(default: u64, sized: bool) -> Vec<u64> {
-    if let Some(seed) = env_u64("DST_SEED") {
-        return vec![seed];
-    }
-    let n = if sized {
-        env_u64("DST_SEEDS").unwrap_or(default)
-    } else {
-        default
-    };
-    (0..n).collect()
-}
-
-fn threads() -> usize {
-    env_u64("DST_THREADS")
-        .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-        .max(1)
-}
-
 /// Runs `scenarios` on every core, each thread with its own simulations; reports in order.
 fn run_all(scenarios: Vec<Scenario>) -> Vec<Report> {
-    let next = AtomicUsize::new(0);
-    let reports: Mutex<Vec<Option<Report>>> = Mutex::new(vec![None; scenarios.len()]);
-    std::thread::scope(|scope| {
-        for _ in 0..threads().min(scenarios.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(s) = scenarios.get(i) else { break };
-                let r = sim::run(s);
-                reports.lock().unwrap()[i] = Some(r);
-            });
-        }
-    });
-    reports
-        .into_inner()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.expect("every scenario ran"))
-        .collect()
+    run_parallel(&scenarios, sim::run)
 }
 
 fn replay_command(test: &str, seed: u64) -> String {
-    format!(
-        "DST_SEED={seed} cargo test -p gateway-tests --test simulation {test} -- --exact --nocapture"
-    )
+    sim::runner::replay_command("simulation", test, seed)
 }
 
 fn describe_failure(test: &str, s: &Scenario, r: &Report) -> String {

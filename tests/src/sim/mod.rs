@@ -1,4 +1,5 @@
-//! The deterministic simulation harness (the tests are in `tests/tests/simulation.rs`).
+//! The deterministic simulation harness (the tests are in `tests/tests/simulation.rs`; the fleet
+//! tools' scenarios are in [`fleet`], their tests in `tests/tests/fleet_sim.rs`).
 //!
 //! One seed is one run under turmoil: the real gateway server (`gateway_server::serve` on a
 //! turmoil listener) on host `gateway`, one real sled uplink (`sled_sim::run_uplink`) per project
@@ -13,8 +14,10 @@
 //! clock) are not part of the trace. The trace hash covers every request, response and its
 //! simulated timing, and every sled's final stories.
 
+pub mod fleet;
 pub mod net;
 pub mod oracle;
+pub mod runner;
 pub mod scenario;
 
 use std::collections::BTreeMap;
@@ -83,6 +86,10 @@ fn gateway_options(s: &Scenario) -> ServerOptions {
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&s.seed.to_le_bytes());
     let mut opts = ServerOptions::new(registry, seed);
+    // Health probes go over turmoil's network (the default prober would dial real TCP); pins
+    // live in memory.
+    opts.prober = Arc::new(gateway_server::HttpProber(TurmoilConnect));
+    opts.pin_file = None;
     opts.core = Config {
         heartbeat_interval: HEARTBEAT_INTERVAL,
         heartbeat_timeout: HEARTBEAT_TIMEOUT,
@@ -119,6 +126,11 @@ fn sled_software(
             backoff_min: Duration::from_millis(50),
             backoff_max: BACKOFF_MAX,
             token: None,
+            // The sweep's sleds present no identity and relay no events, as before the fleet
+            // tools; `fleet.rs` runs those.
+            identity: None,
+            relay_interval: Duration::ZERO,
+            stall_relay: false,
         };
         Box::pin(async move {
             let gateway = GatewayAddr::parse(&format!("http://gateway:{GATEWAY_PORT}"))

@@ -1,0 +1,68 @@
+//! Running seeds: which seeds a test runs (`DST_SEED`, `DST_SEEDS`), on how many threads
+//! (`DST_THREADS`), and the command that replays one. Shared by `tests/tests/simulation.rs` and
+//! `tests/tests/fleet_sim.rs`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// An environment variable as a number, if set and numeric.
+pub fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// The seeds a test runs: only `DST_SEED` when set, else `default` seeds from 0
+/// (`DST_SEEDS` overrides the count when `sized`).
+pub fn seeds(default: u64, sized: bool) -> Vec<u64> {
+    if let Some(seed) = env_u64("DST_SEED") {
+        return vec![seed];
+    }
+    let n = if sized {
+        env_u64("DST_SEEDS").unwrap_or(default)
+    } else {
+        default
+    };
+    (0..n).collect()
+}
+
+/// Whether `DST_SEED` names one seed to replay.
+pub fn replaying() -> bool {
+    env_u64("DST_SEED").is_some()
+}
+
+/// Threads to run seeds on: `DST_THREADS`, else one per core.
+pub fn threads() -> usize {
+    env_u64("DST_THREADS")
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1)
+}
+
+/// Runs `run` on every item, on [`threads`] threads (each run builds its own simulation);
+/// the results in the items' order.
+pub fn run_parallel<I: Sync, R: Send>(items: &[I], run: impl Fn(&I) -> R + Sync) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..threads().min(items.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = run(item);
+                results.lock().unwrap_or_else(|p| p.into_inner())[i] = Some(r);
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect()
+}
+
+/// The command that replays `seed` of test `test` in the test binary `binary`.
+pub fn replay_command(binary: &str, test: &str, seed: u64) -> String {
+    format!(
+        "DST_SEED={seed} cargo test -p gateway-tests --test {binary} {test} -- --exact --nocapture"
+    )
+}

@@ -1,0 +1,168 @@
+//! The fleet tools in the deterministic simulation (the harness is `gateway_tests::sim::fleet`):
+//! the real gateway, real sled uplinks and an MCP client on turmoil hosts.
+//!
+//! - `fanout_with_slow_and_dead_sleds`: `aggregate_pipeline_status` with sleds that are slow,
+//!   never started, crashed before or during the call, or powered off during it.
+//! - `impostor_is_refused_until_repinned`: a second sled with another key for a pinned project.
+//! - `stalled_relays_show_stale`: `gateway_health` with stalled relays, a crash, a project that
+//!   never connected.
+//! - `fleet_same_seed_same_trace`: one seed of each, run twice, gives the same trace.
+//!
+//! Each test runs `DST_SEEDS` seeds (a handful by default) on every core. A failing seed prints
+//! `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only that seed and prints
+//! its scenario and the client's trace; `DST_LOG=debug` adds every host's logs.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use gateway_tests::sim::fleet::{
+    run_fanout, run_impostor, run_relay, FanoutScenario, FleetReport, ImpostorScenario,
+    RelayScenario,
+};
+use gateway_tests::sim::runner::{replay_command, replaying, run_parallel, seeds, threads};
+
+/// Runs `run` over the test's seeds, prints what happened, and fails with every failing seed.
+fn sweep<S: Sync>(
+    test: &str,
+    default_seeds: u64,
+    draw: impl Fn(u64) -> S,
+    run: impl Fn(&S) -> FleetReport + Sync,
+) {
+    let scenarios: Vec<S> = seeds(default_seeds, true).into_iter().map(draw).collect();
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run);
+    let wall = started.elapsed();
+    let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
+    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &reports {
+        for (k, n) in &r.coverage {
+            *coverage.entry(k.clone()).or_default() += n;
+        }
+    }
+    println!(
+        "{test}: {} seeds in {:.2} s wall on {} threads ({:.0} simulated s); slowest seed {:.2} s",
+        reports.len(),
+        wall.as_secs_f64(),
+        threads(),
+        simulated,
+        reports
+            .iter()
+            .map(|r| r.wall.as_secs_f64())
+            .fold(0.0, f64::max),
+    );
+    if !coverage.is_empty() {
+        println!("{test}: coverage {coverage:?}");
+    }
+    if replaying() {
+        let r = &reports[0];
+        println!("{}", r.scenario);
+        println!(
+            "trace hash {:016x}, simulated {:?}",
+            r.trace_hash, r.sim_time
+        );
+        for line in &r.trace {
+            println!("  {line}");
+        }
+    }
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| {
+            format!(
+                "DST_SEED={}\n{}\n  replay: {}\n  - {}",
+                r.seed,
+                r.scenario,
+                replay_command("fleet_sim", test, r.seed),
+                r.violations.join("\n  - ")
+            )
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn fanout_with_slow_and_dead_sleds() {
+    sweep(
+        "fanout_with_slow_and_dead_sleds",
+        64,
+        FanoutScenario::draw,
+        run_fanout,
+    );
+}
+
+#[test]
+fn impostor_is_refused_until_repinned() {
+    sweep(
+        "impostor_is_refused_until_repinned",
+        32,
+        ImpostorScenario::draw,
+        run_impostor,
+    );
+}
+
+#[test]
+fn stalled_relays_show_stale() {
+    sweep(
+        "stalled_relays_show_stale",
+        48,
+        RelayScenario::draw,
+        run_relay,
+    );
+}
+
+#[test]
+fn fleet_same_seed_same_trace() {
+    let seed = gateway_tests::sim::runner::env_u64("DST_SEED").unwrap_or(3);
+    type Run = Box<dyn Fn() -> FleetReport + Sync>;
+    let runs: Vec<(&str, Run)> = vec![
+        (
+            "fan-out",
+            Box::new(move || run_fanout(&FanoutScenario::draw(seed))),
+        ),
+        (
+            "impostor",
+            Box::new(move || run_impostor(&ImpostorScenario::draw(seed))),
+        ),
+        (
+            "relay",
+            Box::new(move || run_relay(&RelayScenario::draw(seed))),
+        ),
+    ];
+    let twice: Vec<usize> = (0..runs.len()).chain(0..runs.len()).collect();
+    let reports = run_parallel(&twice, |i| runs[*i].1());
+    let (a, b) = reports.split_at(runs.len());
+    for ((name, _), (x, y)) in runs.iter().zip(a.iter().zip(b)) {
+        assert!(
+            !x.trace.is_empty(),
+            "the {name} run of seed {seed} recorded nothing"
+        );
+        if x.trace != y.trace || x.trace_hash != y.trace_hash || x.sim_time != y.sim_time {
+            let first = x
+                .trace
+                .iter()
+                .zip(&y.trace)
+                .position(|(l, r)| l != r)
+                .unwrap_or(x.trace.len().min(y.trace.len()));
+            panic!(
+                "the {name} run of seed {seed} is not deterministic (traces {:016x} and {:016x}, simulated {:?} and {:?}); first difference at line {first}:\n  {:?}\n  {:?}\nreplay: {}",
+                x.trace_hash,
+                y.trace_hash,
+                x.sim_time,
+                y.sim_time,
+                x.trace.get(first),
+                y.trace.get(first),
+                replay_command("fleet_sim", "fleet_same_seed_same_trace", seed)
+            );
+        }
+        assert_eq!(
+            x.violations, y.violations,
+            "the {name} run of seed {seed}: same trace, different verdicts"
+        );
+    }
+}
