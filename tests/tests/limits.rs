@@ -70,7 +70,9 @@ async fn a_slow_sled_at_its_limit_refuses_at_once_and_delays_no_other_sled() {
     let mut c = McpClient::connect(TokioConnect, &url).await.unwrap();
     loop {
         let tools = c.tools_list(json!(1), None).await.unwrap();
-        if tools["result"]["tools"].as_array().map_or(0, Vec::len) > gateway_core::GATEWAY_TOOLS.len() {
+        if tools["result"]["tools"].as_array().map_or(0, Vec::len)
+            > gateway_core::GATEWAY_TOOLS.len()
+        {
             break;
         }
         assert!(
