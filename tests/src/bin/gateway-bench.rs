@@ -43,6 +43,9 @@ enum Run {
     Scale,
     /// tools/list when projects expose --wide-tools tools.
     ToolsList,
+    /// aggregate_pipeline_status across --fanout-sleds sleds against each sled's own answer
+    /// time.
+    Fanout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,7 +70,7 @@ impl Mode {
 #[command(name = "gateway-bench")]
 struct Args {
     /// Which runs (repeatable, or comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_values = ["compare", "scale", "tools-list"])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["compare", "scale", "tools-list", "fanout"])]
     run: Vec<Run>,
     /// Concurrent client sessions, one level per value.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
@@ -105,6 +108,17 @@ struct Args {
     /// Projects with --wide-tools tools in the tools/list run.
     #[arg(long, default_value_t = 4)]
     wide_projects: usize,
+    /// Sleds (projects) in the fanout run.
+    #[arg(long, default_value_t = 1000)]
+    fanout_sleds: u16,
+    /// Each sled's answer time in the fanout run (plus up to --fanout-jitter-ms).
+    #[arg(long, default_value_t = 20)]
+    fanout_latency_ms: u64,
+    #[arg(long, default_value_t = 20)]
+    fanout_jitter_ms: u64,
+    /// aggregate_pipeline_status calls measured in the fanout run.
+    #[arg(long, default_value_t = 20)]
+    fanout_calls: usize,
     /// nginx worker_processes.
     #[arg(long, default_value = "auto")]
     nginx_workers: String,
@@ -173,11 +187,9 @@ async fn run(args: &Args) -> Res<()> {
     if args.run.contains(&Run::Scale) {
         scale(args, &tmp, &mut targets).await?;
     }
-    targets.lines.push((
-        "aggregate_pipeline_status over 1,000 projects ≤ 2 × slowest sled".to_owned(),
-        None,
-        "skipped: the tool does not exist yet (fleet issue)".to_owned(),
-    ));
+    if args.run.contains(&Run::Fanout) {
+        fanout(args, &tmp, &mut targets).await?;
+    }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
         let verdict = match met {
@@ -281,6 +293,18 @@ fn start_sleds(
     n: u16,
     direct_base: Option<u16>,
 ) -> Res<Proc> {
+    start_sleds_with(args, tmp, tag, gateway, n, direct_base, &[])
+}
+
+fn start_sleds_with(
+    args: &Args,
+    tmp: &TempDir,
+    tag: &str,
+    gateway: SocketAddr,
+    n: u16,
+    direct_base: Option<u16>,
+    extra: &[String],
+) -> Res<Proc> {
     let mut argv = vec![
         bin_path(&args.sled_bin, "sled-sim")?.display().to_string(),
         "--gateway".into(),
@@ -288,6 +312,7 @@ fn start_sleds(
         "--projects".into(),
         n.to_string(),
     ];
+    argv.extend(extra.iter().cloned());
     if let Some(p) = direct_base {
         argv.extend(["--direct-port-base".into(), p.to_string()]);
     }
@@ -1171,6 +1196,136 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
         format!("VmHWM {hwm:.1} MiB, VmRSS {:.1} MiB", mib("VmRSS")),
     ));
     drop(kept);
+    drop(sleds);
+    drop(gw);
+    Ok(())
+}
+
+/// One sessionless `tools/call` through the gateway; its parsed answer and time.
+async fn timed_call(
+    c: &mut Conn,
+    id: u64,
+    tool: &str,
+    arguments: &str,
+) -> Res<(serde_json::Value, Duration)> {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}}}}}"#
+    );
+    let t = Instant::now();
+    let a = c
+        .post("/mcp", Bytes::from(body))
+        .await
+        .map_err(|e| e.to_string())?;
+    let took = t.elapsed();
+    let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|e| e.to_string())?;
+    Ok((v, took))
+}
+
+async fn fanout(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
+    let m = args.fanout_sleds;
+    let names = sled_sim::demo_project_names(usize::from(m));
+    let projects: Vec<(String, String)> = names
+        .iter()
+        .map(|n| (n.clone(), "http://127.0.0.1:9".to_owned()))
+        .collect();
+    println!(
+        "\n## aggregate_pipeline_status: {m} sleds, each answering in {}–{} ms\n",
+        args.fanout_latency_ms,
+        args.fanout_latency_ms + args.fanout_jitter_ms
+    );
+    let (mut gw, addr) = start_gateway(args, tmp, "fanout", &projects)?;
+    let extra = [
+        "--latency-ms".to_owned(),
+        args.fanout_latency_ms.to_string(),
+        "--jitter-ms".to_owned(),
+        args.fanout_jitter_ms.to_string(),
+    ];
+    let mut sleds = start_sleds_with(args, tmp, "fanout", addr, m, None, &extra)?;
+    wait_live(
+        addr,
+        names.len(),
+        Duration::from_secs(120),
+        &mut [&mut gw, &mut sleds],
+    )
+    .await?;
+    // Each sled's own answer time: pipeline_status on every project, 16 at a time.
+    let workers = 16usize;
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let mine: Vec<String> = names.iter().skip(w).step_by(workers).cloned().collect();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
+            let mut times = Vec::new();
+            for (i, p) in mine.iter().enumerate() {
+                let (v, took) = timed_call(
+                    &mut c,
+                    i as u64,
+                    "pipeline_status",
+                    &format!(r#"{{"project":"{p}"}}"#),
+                )
+                .await?;
+                if v["result"]["structuredContent"]["stages"].is_null() {
+                    return Err(format!("pipeline_status on {p} failed: {v}"));
+                }
+                times.push(took);
+            }
+            Ok::<_, String>(times)
+        }));
+    }
+    let mut singles = new_hist();
+    for t in tasks {
+        for took in t.await.map_err(|e| e.to_string())?? {
+            singles.saturating_record(took.as_nanos() as u64);
+        }
+    }
+    let slowest = Duration::from_nanos(singles.max());
+    println!(
+        "single sled, through the gateway: {} calls, p50 {:.1} ms, p99 {:.1} ms, slowest {:.1} ms",
+        singles.len(),
+        singles.value_at_quantile(0.5) as f64 / 1e6,
+        singles.value_at_quantile(0.99) as f64 / 1e6,
+        slowest.as_secs_f64() * 1e3
+    );
+    let cpu0 = cpu_secs(gw.pid());
+    let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
+    let mut agg = new_hist();
+    let mut short = 0;
+    for i in 0..args.fanout_calls {
+        let (v, took) = timed_call(&mut c, i as u64, "aggregate_pipeline_status", "{}").await?;
+        let answered = v["result"]["structuredContent"]["totals"]["answered"]
+            .as_u64()
+            .unwrap_or(0);
+        if answered != u64::from(m) {
+            short += 1;
+            if v["result"].is_null() {
+                return Err(format!("aggregate_pipeline_status failed: {v}"));
+            }
+            println!(
+                "  call {i}: only {answered} of {m} answered: {}",
+                v["result"]["structuredContent"]["not_answered"]
+            );
+        }
+        agg.saturating_record(took.as_nanos() as u64);
+    }
+    let cpu = (cpu_secs(gw.pid()) - cpu0) / args.fanout_calls as f64;
+    let p50 = agg.value_at_quantile(0.5) as f64 / 1e6;
+    let worst = agg.max() as f64 / 1e6;
+    println!(
+        "aggregate_pipeline_status over {m}: {} calls, p50 {p50:.1} ms, p99 {:.1} ms, max {worst:.1} ms, gateway CPU {:.1} ms per call, {short} calls with projects missing",
+        agg.len(),
+        agg.value_at_quantile(0.99) as f64 / 1e6,
+        cpu * 1e3
+    );
+    let ratio = worst / (slowest.as_secs_f64() * 1e3);
+    println!("ratio (slowest aggregate / slowest single sled): {ratio:.2}");
+    targets.lines.push((
+        format!("aggregate_pipeline_status over {m} projects ≤ 2 × the slowest single sled"),
+        Some(ratio <= 2.0 && short == 0),
+        format!(
+            "aggregate max {worst:.1} ms (p50 {p50:.1}) vs slowest single sled {:.1} ms: {ratio:.2}×",
+            slowest.as_secs_f64() * 1e3
+        ),
+    ));
     drop(sleds);
     drop(gw);
     Ok(())
