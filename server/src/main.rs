@@ -38,6 +38,12 @@ struct Cli {
     /// Log lines as JSON objects (one per line, for log shippers) instead of text.
     #[arg(long, global = true)]
     log_json: bool,
+    /// Runtime threads for `serve` and `demo`. 1 runs everything on one thread (tokio's
+    /// current-thread runtime: no cross-thread wake-ups); N > 1 runs N workers. Unset: one
+    /// thread on hosts with at most 2 CPUs (measured faster there, see BENCHMARKS.md), else
+    /// one worker per CPU.
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    worker_threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
@@ -256,7 +262,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            run(serve(registry, (config, text), listen, mcp, fleet))
+            run(
+                cli.worker_threads,
+                serve(registry, (config, text), listen, mcp, fleet),
+            )
         }
         Command::Demo {
             listen,
@@ -265,14 +274,10 @@ fn main() -> ExitCode {
             latency_ms,
             mcp,
             faults,
-        } => run(demo::run(
-            listen,
-            projects.into(),
-            seed,
-            latency_ms,
-            mcp,
-            faults,
-        )),
+        } => run(
+            cli.worker_threads,
+            demo::run(listen, projects.into(), seed, latency_ms, mcp, faults),
+        ),
     }
 }
 
@@ -308,9 +313,37 @@ fn run_stdio(url: &str) -> ExitCode {
     }
 }
 
+/// The runtime's threads when `--worker-threads` is not given: on a host with at most 2 CPUs
+/// one thread, since there every call's hops between tasks (HTTP handler, driver, uplink) would
+/// otherwise wake another thread, and the gateway shares those CPUs with its clients and sleds;
+/// on larger hosts one worker per CPU.
+fn default_threads(cpus: usize) -> usize {
+    if cpus <= 2 {
+        1
+    } else {
+        cpus
+    }
+}
+
 /// Runs `main_task` on a tokio runtime; an error is printed and exits 1.
-fn run(main_task: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    let rt = match tokio::runtime::Runtime::new() {
+fn run(
+    worker_threads: Option<u16>,
+    main_task: impl std::future::Future<Output = Result<(), String>>,
+) -> ExitCode {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = worker_threads.map_or_else(|| default_threads(cpus), usize::from);
+    let rt = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    };
+    tracing::debug!(threads, cpus, "runtime");
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gateway: cannot start the runtime: {e}");
@@ -441,6 +474,24 @@ mod tests {
         assert!(
             text.contains("--url") && text.contains("127.0.0.1:1"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_on_small_hosts() {
+        assert_eq!(default_threads(1), 1);
+        assert_eq!(default_threads(2), 1);
+        assert_eq!(default_threads(8), 8);
+        let cli = Cli::try_parse_from(["gateway", "--worker-threads", "4", "demo"]).unwrap();
+        assert_eq!(cli.worker_threads, Some(4));
+        let cli = Cli::try_parse_from(["gateway", "demo", "--worker-threads", "1"]).unwrap();
+        assert_eq!(cli.worker_threads, Some(1));
+        assert!(Cli::try_parse_from(["gateway", "--worker-threads", "0", "demo"]).is_err());
+        assert_eq!(
+            Cli::try_parse_from(["gateway", "demo"])
+                .unwrap()
+                .worker_threads,
+            None
         );
     }
 

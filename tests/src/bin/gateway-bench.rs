@@ -125,6 +125,9 @@ struct Args {
     /// The gateway binary (default: next to this one).
     #[arg(long)]
     gateway_bin: Option<PathBuf>,
+    /// The gateway's `--worker-threads` (1: a current-thread runtime; unset: the gateway's default).
+    #[arg(long)]
+    gateway_threads: Option<usize>,
     /// The sled-sim binary (default: next to this one).
     #[arg(long)]
     sled_bin: Option<PathBuf>,
@@ -271,6 +274,9 @@ fn start_gateway(
         "--listen".into(),
         addr.to_string(),
     ]);
+    if let Some(n) = args.gateway_threads {
+        argv.extend(["--worker-threads".into(), n.to_string()]);
+    }
     let grace = if wrapped { 60 } else { 15 };
     let mut gw = Proc::spawn(
         "gateway",
