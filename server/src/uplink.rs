@@ -60,26 +60,61 @@ pub(crate) async fn drive<I, O, E>(
     tracing::info!(uplink = uplink.0, "uplink opened");
     let why = loop {
         tokio::select! {
-            out = rx.recv() => match out {
-                Some(Outbound::Text(text)) => {
-                    if let Err(e) = outgoing.send(Message::Text(text.into())).await {
-                        break format!("send failed: {e}");
+            out = rx.recv() => {
+                // Everything already queued goes out with one flush: under load a burst of
+                // calls to one sled costs one write, not one per frame.
+                let mut next = out;
+                // What ended the burst: nothing (the queue is empty), a close, or the
+                // driver's end (`Some(None)`).
+                let mut ended: Option<Option<Outbound>> = None;
+                let mut failed = None;
+                loop {
+                    match next.take() {
+                        Some(Outbound::Text(text)) => {
+                            if let Err(e) = outgoing.feed(Message::Text(text.into())).await {
+                                failed = Some(format!("send failed: {e}"));
+                                break;
+                            }
+                            match rx.try_recv() {
+                                Ok(more) => next = Some(more),
+                                Err(mpsc::error::TryRecvError::Empty) => break,
+                                Err(mpsc::error::TryRecvError::Disconnected) => {
+                                    ended = Some(None);
+                                    break;
+                                }
+                            }
+                        }
+                        other => {
+                            ended = Some(other);
+                            break;
+                        }
                     }
                 }
-                Some(Outbound::Close { code, reason }) => {
-                    // The core has closed it and forgotten it: no UplinkClosed.
-                    if let Err(e) = close(&mut incoming, &mut outgoing, code, &reason).await {
-                        tracing::debug!(uplink = uplink.0, error = %e, "close frame not sent");
+                if failed.is_none() {
+                    if let Err(e) = outgoing.flush().await {
+                        failed = Some(format!("send failed: {e}"));
                     }
-                    return;
                 }
-                None => {
-                    // The driver dropped us (queue overflow) or is gone; it already knows.
-                    tracing::info!(uplink = uplink.0, code = CODE_CUT_OFF, "uplink cut off");
-                    let _ = close(&mut incoming, &mut outgoing, CODE_CUT_OFF, "uplink cut off").await;
-                    return;
+                if let Some(why) = failed {
+                    break why;
                 }
-            },
+                match ended {
+                    None | Some(Some(Outbound::Text(_))) => {}
+                    Some(Some(Outbound::Close { code, reason })) => {
+                        // The core has closed it and forgotten it: no UplinkClosed.
+                        if let Err(e) = close(&mut incoming, &mut outgoing, code, &reason).await {
+                            tracing::debug!(uplink = uplink.0, error = %e, "close frame not sent");
+                        }
+                        return;
+                    }
+                    Some(None) => {
+                        // The driver dropped us (queue overflow) or is gone; it already knows.
+                        tracing::info!(uplink = uplink.0, code = CODE_CUT_OFF, "uplink cut off");
+                        let _ = close(&mut incoming, &mut outgoing, CODE_CUT_OFF, "uplink cut off").await;
+                        return;
+                    }
+                }
+            }
             frame = incoming.next() => match frame {
                 Some(Ok(Message::Text(text))) => {
                     let text = text.as_str().to_owned();
@@ -237,6 +272,86 @@ mod tests {
         );
         // The core closed it: the task must not report UplinkClosed.
         assert!(cmd_rx.recv().await.is_none());
+    }
+
+    /// What a [`Recording`] sink saw.
+    #[derive(Debug, PartialEq)]
+    enum SinkEvent {
+        Fed(Message),
+        Flushed,
+    }
+
+    /// A sink that records every message and every flush.
+    struct Recording(mpsc::UnboundedSender<SinkEvent>);
+
+    impl Sink<Message> for Recording {
+        type Error = Infallible;
+        fn poll_ready(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn start_send(self: std::pin::Pin<&mut Self>, msg: Message) -> Result<(), Infallible> {
+            let _ = self.0.send(SinkEvent::Fed(msg));
+            Ok(())
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            let _ = self.0.send(SinkEvent::Flushed);
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Frames the driver queued while the task was busy go out with one flush (one socket
+    /// write), and a close queued behind them still goes out after them.
+    #[tokio::test(start_paused = true)]
+    async fn queued_frames_share_one_flush() {
+        let (cmd_tx, mut cmd_rx) = mpsc::channel(16);
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(drive(
+            UplinkId(3),
+            Box::pin(stream::pending::<Result<Message, Infallible>>()),
+            Recording(out_tx),
+            cmd_tx,
+        ));
+        let Some(Command::UplinkOpened { tx, .. }) = cmd_rx.recv().await else {
+            panic!("expected UplinkOpened");
+        };
+        for text in ["a", "b", "c"] {
+            tx.try_send(Outbound::Text(text.into())).unwrap();
+        }
+        tx.try_send(Outbound::Close {
+            code: 4001,
+            reason: "replaced".into(),
+        })
+        .unwrap();
+        task.await.unwrap();
+        let mut seen = Vec::new();
+        while let Some(e) = out_rx.recv().await {
+            seen.push(e);
+        }
+        assert_eq!(
+            seen[..4],
+            [
+                SinkEvent::Fed(Message::Text("a".into())),
+                SinkEvent::Fed(Message::Text("b".into())),
+                SinkEvent::Fed(Message::Text("c".into())),
+                SinkEvent::Flushed,
+            ]
+        );
+        assert!(
+            matches!(&seen[4], SinkEvent::Fed(Message::Close(Some(f))) if f.code == 4001),
+            "{seen:?}"
+        );
     }
 
     /// The sled closing reports UplinkClosed.
