@@ -662,9 +662,31 @@ pub(super) fn only_arguments(
 
 /// A tool result whose text is the structured content, serialised.
 pub(super) fn tool_result(structured: Value) -> String {
-    json!({
-        "content": [{ "type": "text", "text": structured.to_string() }],
-        "structuredContent": structured,
-    })
-    .to_string()
+    // Serialised once: the text content is that serialisation, escaped as a JSON string.
+    // Keys in serde_json's (sorted) order, as `json!` would write them.
+    let raw = structured.to_string();
+    let text = serde_json::to_string(&raw).expect("a string serialises");
+    format!(r#"{{"content":[{{"text":{text},"type":"text"}}],"structuredContent":{raw}}}"#)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-assembled tool result is byte for byte what `json!` would write.
+    #[test]
+    fn tool_result_matches_json_macro() {
+        for structured in [
+            json!({}),
+            json!({"b": [1, 2], "a": "quote \" backslash \\ newline \n tab \t é 🚀", "c": null}),
+            json!({"nested": {"z": {"y": "</script>"}, "x": 1.5}}),
+        ] {
+            let expected = json!({
+                "content": [{ "type": "text", "text": structured.to_string() }],
+                "structuredContent": structured,
+            })
+            .to_string();
+            assert_eq!(tool_result(structured), expected);
+        }
+    }
 }

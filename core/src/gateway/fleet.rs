@@ -755,8 +755,9 @@ impl Gateway {
         let mut parts = BTreeMap::new();
         let mut waiting = 0;
         let names: Vec<String> = self.registry.names().map(str::to_owned).collect();
+        let params = json!({ "name": PIPELINE_TOOL, "arguments": {} }).to_string();
         for project in names {
-            let part = self.send_pipeline_status(now, fanout_id, &project, per_sled);
+            let part = self.send_pipeline_status(now, fanout_id, &project, per_sled, &params);
             if matches!(part, Part::Waiting { .. }) {
                 waiting += 1;
             }
@@ -773,7 +774,7 @@ impl Gateway {
             waiting,
         };
         if waiting == 0 {
-            return Ok(Some(fanout_result(now, &fanout, overall)));
+            return Ok(Some(fanout_result(now, fanout, overall)));
         }
         self.timers
             .insert((fanout.deadline, Timer::Fanout(fanout_id)));
@@ -788,6 +789,7 @@ impl Gateway {
         fanout: u64,
         project: &str,
         per_sled: Duration,
+        params: &str,
     ) -> Part {
         let state = &self.projects[project];
         let Some(uplink_id) = state.uplink else {
@@ -839,10 +841,9 @@ impl Gateway {
         self.timers
             .insert((deadline, Timer::Request(uplink_id, rpc_id)));
         self.counters.calls_forwarded += 1;
-        let params = json!({ "name": PIPELINE_TOOL, "arguments": {} }).to_string();
         self.outputs.push_back(Output::UplinkSend {
             uplink: uplink_id,
-            text: jsonrpc::request(rpc_id, "tools/call", &params),
+            text: jsonrpc::request(rpc_id, "tools/call", params),
         });
         Part::Waiting {
             uplink: uplink_id,
@@ -984,13 +985,14 @@ impl Gateway {
         };
         self.timers.remove(&(f.deadline, Timer::Fanout(fanout)));
         self.fanout_by_token.remove(&f.token);
-        let result = fanout_result(now, &f, overall);
-        let body = if f.modern {
-            jsonrpc::ok_response(f.client_id.as_str(), &modern::with_result_type(&result))
+        let (token, client_id, modern) = (f.token, f.client_id.clone(), f.modern);
+        let result = fanout_result(now, f, overall);
+        let body = if modern {
+            jsonrpc::ok_response(client_id.as_str(), &modern::with_result_type(&result))
         } else {
-            jsonrpc::ok_response(f.client_id.as_str(), &result)
+            jsonrpc::ok_response(client_id.as_str(), &result)
         };
-        self.reply(f.token, 200, Vec::new(), Some(body));
+        self.reply(token, 200, Vec::new(), Some(body));
     }
 
     /// The client of a fan-out went away: its sleds' requests are cancelled.
@@ -1038,13 +1040,13 @@ pub(super) struct Proving {
 
 /// A `pipeline_status` tool result, reduced to what the aggregate shows.
 fn parse_pipeline_status(result: &str) -> Result<Value, String> {
-    let v: Value = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
+    let mut v: Value = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
     if v.get("isError").and_then(Value::as_bool) == Some(true) {
         let text = v["content"][0]["text"].as_str().unwrap_or("(no text)");
         return Err(format!("{PIPELINE_TOOL} failed at the sled: {text}"));
     }
-    let structured = match v.get("structuredContent") {
-        Some(s @ Value::Object(_)) => s.clone(),
+    let mut structured = match v.get_mut("structuredContent") {
+        Some(s @ Value::Object(_)) => s.take(),
         _ => v["content"][0]["text"]
             .as_str()
             .and_then(|t| serde_json::from_str::<Value>(t).ok())
@@ -1053,33 +1055,39 @@ fn parse_pipeline_status(result: &str) -> Result<Value, String> {
                 format!("{PIPELINE_TOOL} answered without structured content or a JSON text")
             })?,
     };
-    let stages = match structured.get("stages") {
-        Some(Value::Object(m)) if m.values().all(|n| n.as_u64().is_some()) => m.clone(),
+    let stages = match structured.get_mut("stages") {
+        Some(Value::Object(m)) if m.values().all(|n| n.as_u64().is_some()) => std::mem::take(m),
         _ => {
             return Err(format!(
                 "{PIPELINE_TOOL}'s answer has no `stages` object of counts"
             ))
         }
     };
-    let list = |k: &str| match structured.get(k) {
-        Some(Value::Array(a)) => Ok(a.clone()),
+    let mut list = |k: &str| match structured.get_mut(k) {
+        Some(Value::Array(a)) => Ok(std::mem::take(a)),
         None => Ok(Vec::new()),
         Some(_) => Err(format!("{PIPELINE_TOOL}'s `{k}` is not a list")),
     };
-    Ok(json!({
-        "total": structured.get("total").and_then(Value::as_u64).unwrap_or_else(|| stages.values().filter_map(Value::as_u64).sum()),
-        "stages": stages,
-        "blocked": list("blocked")?,
-        "failing": list("failing")?,
-    }))
+    let (blocked, failing) = (list("blocked")?, list("failing")?);
+    let total = structured
+        .get("total")
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| stages.values().filter_map(Value::as_u64).sum());
+    let mut status = Map::new();
+    status.insert("total".into(), total.into());
+    status.insert("stages".into(), Value::Object(stages));
+    status.insert("blocked".into(), Value::Array(blocked));
+    status.insert("failing".into(), Value::Array(failing));
+    Ok(Value::Object(status))
 }
 
-fn fanout_result(now: Instant, f: &Fanout, overall: Duration) -> String {
+fn fanout_result(now: Instant, f: Fanout, overall: Duration) -> String {
     let mut projects = Vec::new();
     let mut not_answered = Vec::new();
     let mut stages: BTreeMap<String, u64> = BTreeMap::new();
     let (mut stories, mut blocked, mut failing, mut answered) = (0u64, 0usize, 0usize, 0usize);
-    for (project, part) in &f.parts {
+    let registered = f.parts.len();
+    for (project, part) in f.parts {
         match part {
             Part::Answered { took, status } => {
                 answered += 1;
@@ -1091,12 +1099,14 @@ fn fanout_result(now: Instant, f: &Fanout, overall: Duration) -> String {
                 }
                 blocked += status["blocked"].as_array().map_or(0, Vec::len);
                 failing += status["failing"].as_array().map_or(0, Vec::len);
-                let mut row =
-                    json!({ "project": project, "status": "ok", "took_ms": millis(*took) });
-                if let (Some(row), Some(s)) = (row.as_object_mut(), status.as_object()) {
-                    row.extend(s.clone());
-                }
-                projects.push(row);
+                let mut row = match status {
+                    Value::Object(m) => m,
+                    _ => Map::new(),
+                };
+                row.insert("project".into(), Value::String(project));
+                row.insert("status".into(), "ok".into());
+                row.insert("took_ms".into(), millis(took).into());
+                projects.push(Value::Object(row));
             }
             Part::Failed { reason, detail } => {
                 projects.push(json!({ "project": project, "status": reason, "detail": detail }));
@@ -1114,13 +1124,12 @@ fn fanout_result(now: Instant, f: &Fanout, overall: Duration) -> String {
             }
         }
     }
-    let result = json!({
-        "projects": projects,
-        "not_answered": not_answered,
+    // `json!` deep-copies every interpolated value; the two long lists are moved in instead.
+    let mut result = json!({
         "totals": {
-            "registered": f.parts.len(),
+            "registered": registered,
             "answered": answered,
-            "not_answered": f.parts.len() - answered,
+            "not_answered": registered - answered,
             "stories": stories,
             "stages": stages,
             "blocked": blocked,
@@ -1129,6 +1138,10 @@ fn fanout_result(now: Instant, f: &Fanout, overall: Duration) -> String {
         "deadline_ms": { "overall": millis(overall), "per_project": millis(f.per_sled) },
         "took_ms": millis(now.saturating_duration_since(f.started)),
     });
+    if let Value::Object(m) = &mut result {
+        m.insert("projects".into(), Value::Array(projects));
+        m.insert("not_answered".into(), Value::Array(not_answered));
+    }
     client::tool_result(result)
 }
 
