@@ -131,6 +131,10 @@ struct Args {
     /// The sled-sim binary (default: next to this one).
     #[arg(long)]
     sled_bin: Option<PathBuf>,
+    /// Extra arguments for every sled-sim the bench starts, split at spaces
+    /// (e.g. `--sled-args=--stall-relay`).
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    sled_args: String,
     #[arg(long, default_value = "nginx")]
     nginx_bin: PathBuf,
     /// Run the gateway under this command, e.g. "valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out".
@@ -319,6 +323,7 @@ fn start_sleds_with(
         n.to_string(),
     ];
     argv.extend(extra.iter().cloned());
+    argv.extend(args.sled_args.split_whitespace().map(str::to_owned));
     if let Some(p) = direct_base {
         argv.extend(["--direct-port-base".into(), p.to_string()]);
     }
