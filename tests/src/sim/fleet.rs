@@ -43,13 +43,11 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
-use sled_sim::net::GatewayAddr;
-use sled_sim::uplink::{run_uplink_with, Backend, UplinkOptions, UNKNOWN_PROJECT_BACKOFF_FACTOR};
+use sled_sim::uplink::{Backend, UplinkOptions, UNKNOWN_PROJECT_BACKOFF_FACTOR};
 use sled_sim::{impostor_key, sled_key, McpClient};
 
-use super::{Fnv, TurmoilConnect, TurmoilListener};
+use super::{Fnv, TurmoilConnect, TurmoilListener, GATEWAY_PORT};
 
-const GATEWAY_PORT: u16 = 80;
 const MCP_URL: &str = "http://gateway:80/mcp";
 /// The gateway's heartbeats in these scenarios: a partitioned sled is found out only after
 /// `HEARTBEAT_TIMEOUT`, longer than any fan-out deadline drawn here.
@@ -129,19 +127,7 @@ fn sled_software(sled: SharedSled, opts: UplinkOptions) -> impl Fn() -> HostFutu
     move || {
         let backend = Backend::Story(sled.clone());
         let opts = opts.clone();
-        Box::pin(async move {
-            let gateway = GatewayAddr::parse(&format!("http://gateway:{GATEWAY_PORT}"))
-                .expect("a valid gateway address");
-            run_uplink_with(
-                TurmoilConnect,
-                gateway,
-                backend,
-                opts,
-                std::future::pending(),
-            )
-            .await;
-            Ok(())
-        })
+        Box::pin(super::sled_host(backend, opts))
     }
 }
 

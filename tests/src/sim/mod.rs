@@ -132,20 +132,24 @@ fn sled_software(
             relay_interval: Duration::ZERO,
             stall_relay: false,
         };
-        Box::pin(async move {
-            let gateway = GatewayAddr::parse(&format!("http://gateway:{GATEWAY_PORT}"))
-                .expect("a valid gateway address");
-            run_uplink_with(
-                TurmoilConnect,
-                gateway,
-                backend,
-                opts,
-                std::future::pending(),
-            )
-            .await;
-            Ok(())
-        })
+        Box::pin(sled_host(backend, opts))
     }
+}
+
+/// A sled host's life: `backend` behind a real uplink to the simulated gateway, reconnecting
+/// as `opts` say, until the host is crashed.
+pub(crate) async fn sled_host(backend: Backend, opts: UplinkOptions) -> turmoil::Result {
+    let gateway = GatewayAddr::parse(&format!("http://gateway:{GATEWAY_PORT}"))
+        .expect("a valid gateway address");
+    run_uplink_with(
+        TurmoilConnect,
+        gateway,
+        backend,
+        opts,
+        std::future::pending(),
+    )
+    .await;
+    Ok(())
 }
 
 /// Turns on tracing output when `DST_LOG` is set (e.g. `DST_LOG=debug`), for replays.
