@@ -939,13 +939,19 @@ async fn list_walk(c: &mut Conn, id: &mut u64) -> Res<(u32, usize, usize, Durati
     }
 }
 
+/// `(name, url)` rows for projects.toml. The url is the discard port: these sleds are reached
+/// through their uplinks only, and a probe of it fails at once.
+fn registered(names: &[String]) -> Vec<(String, String)> {
+    names
+        .iter()
+        .map(|n| (n.clone(), "http://127.0.0.1:9".to_owned()))
+        .collect()
+}
+
 async fn tools_list(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     let n = args.wide_projects.max(1);
     let names: Vec<String> = (0..n).map(|i| format!("wide-{i}")).collect();
-    let projects: Vec<(String, String)> = names
-        .iter()
-        .map(|n| (n.clone(), "http://127.0.0.1:9".to_owned()))
-        .collect();
+    let projects = registered(&names);
     println!(
         "\n## tools/list: {n} projects with {} tools each (emulated sleds in the bench)\n",
         args.wide_tools
@@ -1091,10 +1097,7 @@ async fn tools_list(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()
 async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     let m = args.scale_sleds;
     let names = sled_sim::demo_project_names(usize::from(m));
-    let projects: Vec<(String, String)> = names
-        .iter()
-        .map(|n| (n.clone(), "http://127.0.0.1:9".to_owned()))
-        .collect();
+    let projects = registered(&names);
     println!(
         "\n## Scale: {m} sleds, {} idle sessions (one open connection each: {})\n",
         args.idle_sessions, args.idle_connections
@@ -1270,10 +1273,7 @@ async fn timed_call(
 async fn fanout(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     let m = args.fanout_sleds;
     let names = sled_sim::demo_project_names(usize::from(m));
-    let projects: Vec<(String, String)> = names
-        .iter()
-        .map(|n| (n.clone(), "http://127.0.0.1:9".to_owned()))
-        .collect();
+    let projects = registered(&names);
     println!(
         "\n## aggregate_pipeline_status: {m} sleds, each answering in {}–{} ms\n",
         args.fanout_latency_ms,
