@@ -389,11 +389,7 @@ fn finish(
             t
         }
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_default();
+            let msg = super::runner::panic_message(&*panic);
             violations.push(format!("the simulation panicked: {msg}"));
             Duration::ZERO
         }

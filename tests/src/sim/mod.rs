@@ -198,11 +198,7 @@ pub fn run(s: &Scenario) -> Report {
             t
         }
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_default();
+            let msg = runner::panic_message(&*panic);
             violations.push(format!("the simulation panicked: {msg}"));
             Duration::ZERO
         }

@@ -66,3 +66,12 @@ pub fn replay_command(binary: &str, test: &str, seed: u64) -> String {
         "DST_SEED={seed} cargo test -p gateway-tests --test {binary} {test} -- --exact --nocapture"
     )
 }
+
+/// The text a panic was raised with (empty when it was not a string).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
