@@ -182,6 +182,10 @@ pub fn load_pins(path: &Path) -> std::io::Result<Option<gateway_core::Pins>> {
 pub struct ServerCounters {
     /// Pin file writes that failed.
     pub pin_file_write_errors: AtomicU64,
+    /// HTTP connections open now (uplink WebSockets leave this count when they upgrade).
+    pub http_connections_open: AtomicU64,
+    /// HTTP connections closed for waiting longer than the idle timeout for a request head.
+    pub http_idle_closed: AtomicU64,
 }
 
 /// The driver's end of the pin file: hands the latest text to the writer task.

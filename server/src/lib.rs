@@ -8,6 +8,9 @@
 //!
 //! - One *driver* task owns the [`gateway_core::Gateway`] by `&mut` (see `driver.rs`). It is the
 //!   only place that calls `handle`, `handle_timeout` and `poll_*`.
+//! - HTTP connections are accepted in `accept.rs` (hyper's HTTP/1 with a timer, so idle
+//!   keep-alive connections close after [`ServerOptions::http_idle_timeout`]) and routed by
+//!   axum.
 //! - Connection tasks (axum handlers for `/mcp`, one task per uplink WebSocket) talk to it over
 //!   one bounded command channel, and get their answers over a oneshot (HTTP) or a per-uplink
 //!   channel of outbound frames.
@@ -18,8 +21,8 @@
 //!
 //! When the `shutdown` future given to [`serve`] resolves:
 //!
-//! 1. the listener stops accepting and axum lets open HTTP connections finish the request they
-//!    are serving (idle keep-alive connections close);
+//! 1. the listener stops accepting and open HTTP connections finish the request they are
+//!    serving (idle keep-alive connections close; see `accept.rs`);
 //! 2. the driver gives the HTTP requests still waiting for an answer up to
 //!    [`ServerOptions::shutdown_grace`] to be answered;
 //! 3. then (or as soon as none is waiting) it feeds [`gateway_core::Input::Shutdown`] to the core,
@@ -49,6 +52,7 @@ use tokio::time::Instant;
 
 pub use fleet::{HttpProber, Prober};
 
+mod accept;
 mod driver;
 pub mod fleet;
 mod http;
@@ -65,6 +69,10 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
 /// The largest message accepted on an uplink WebSocket: 16 MiB.
 pub const MAX_UPLINK_MESSAGE_BYTES: usize = 16 << 20;
+
+/// The default of [`ServerOptions::http_idle_timeout`]: nginx's `keepalive_timeout` is 75 s,
+/// MCP clients' own pools let connections go after 5 s (httpx) to 4 s (undici).
+pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long past the grace period [`serve`] waits for connections that will not close.
 pub const SHUTDOWN_LINGER: Duration = Duration::from_secs(5);
@@ -93,6 +101,9 @@ pub struct ServerOptions {
     /// file means no pins yet; one that does not parse is an error), replaced atomically
     /// whenever the core changes a pin. `None`: pins are kept in memory only.
     pub pin_file: Option<std::path::PathBuf>,
+    /// How long an HTTP connection may wait for the head of its next request (idle between
+    /// requests, or sending its headers) before it is closed; `None`: never closed for that.
+    pub http_idle_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -106,6 +117,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("reload_from", &self.reload_from.as_ref().map(|(p, _)| p))
             .field("prober", &"dyn Prober")
             .field("pin_file", &self.pin_file)
+            .field("http_idle_timeout", &self.http_idle_timeout)
             .finish()
     }
 }
@@ -122,6 +134,7 @@ impl ServerOptions {
             reload_from: None,
             prober: Arc::new(HttpProber(sled_sim::net::TokioConnect)),
             pin_file: None,
+            http_idle_timeout: Some(DEFAULT_HTTP_IDLE_TIMEOUT),
         }
     }
 }
@@ -150,6 +163,7 @@ where
         reload_from,
         prober,
         pin_file,
+        http_idle_timeout,
     } = opts;
     let mut gateway = gateway_core::Gateway::new(registry, core, seed);
     let counters = Arc::new(fleet::ServerCounters::default());
@@ -194,7 +208,7 @@ where
         cmd: cmd_tx.clone(),
         ids: Arc::new(Ids::default()),
         max_body_bytes,
-        counters,
+        counters: counters.clone(),
     };
     let app = http::router(state);
 
@@ -213,29 +227,23 @@ where
         let _ = started_tx.send(Instant::now());
     };
 
-    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
-    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
-    let mut served = None;
+    let server = accept::serve_http(listener, app, http_idle_timeout, counters, signal);
+    let mut server = std::pin::pin!(server);
+    let mut served = false;
     // Phase 1: serve until shutdown starts.
     let started = tokio::select! {
-        r = &mut server => { served = Some(r); None }
+        () = &mut server => { served = true; None }
         s = started_rx => s.ok(),
     };
     if let Some(w) = &watcher {
         w.abort();
     }
     let give_up = started.unwrap_or_else(Instant::now) + shutdown_grace + SHUTDOWN_LINGER;
-    // Phase 2: axum waits for open HTTP connections, the driver for every connection task.
-    let served = match served {
-        Some(r) => r,
-        None => match tokio::time::timeout_at(give_up, server).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!("HTTP connections still open after the grace period; not waiting");
-                Ok(())
-            }
-        },
-    };
+    // Phase 2: open HTTP connections finish their requests, the driver waits for every
+    // connection task.
+    if !served && tokio::time::timeout_at(give_up, server).await.is_err() {
+        tracing::warn!("HTTP connections still open after the grace period; not waiting");
+    }
     let driver_abort = driver.abort_handle();
     let driven = match tokio::time::timeout_at(give_up, driver).await {
         Ok(r) => r,
@@ -259,7 +267,7 @@ where
             )));
         }
     }
-    served
+    Ok(())
 }
 
 /// Names the driver's requests and uplinks. Connection tasks take them from here so they know

@@ -152,6 +152,12 @@ struct McpFlags {
     #[arg(long = "max-calls-per-sled", value_name = "N", default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_calls_per_sled: u64,
+    /// Close an HTTP connection that waits this many seconds for its next request (idle
+    /// keep-alive, or headers sent too slowly); 0: never. A connection serving a call or an
+    /// SSE stream is not idle.
+    #[arg(long = "http-idle-timeout-secs", value_name = "SECS",
+          default_value_t = gateway_server::DEFAULT_HTTP_IDLE_TIMEOUT.as_secs())]
+    http_idle_timeout_secs: u64,
 }
 
 /// Settings of the fleet tools (`gateway_health`, `aggregate_pipeline_status`,
@@ -229,6 +235,8 @@ impl McpFlags {
         opts.core.max_sessions = size(self.max_sessions);
         opts.core.max_calls_per_session = size(self.max_calls_per_session);
         opts.core.max_calls_per_sled = size(self.max_calls_per_sled);
+        opts.http_idle_timeout = (self.http_idle_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.http_idle_timeout_secs));
     }
 }
 
@@ -540,6 +548,34 @@ mod tests {
         assert_eq!(opts.core.relay_stale_after, Duration::from_secs(60));
         assert_eq!(opts.core.fanout_timeout, Duration::from_secs(7));
         assert_eq!(opts.core.fanout_sled_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn http_idle_timeout_flag_sets_or_disables_the_timeout() {
+        let opts_for = |args: &[&str]| {
+            let cli = Cli::try_parse_from(
+                ["gateway", "serve", "--config", "p.toml"]
+                    .iter()
+                    .chain(args),
+            )
+            .unwrap();
+            let Command::Serve { mcp, .. } = cli.command else {
+                panic!("not serve");
+            };
+            let mut opts =
+                ServerOptions::new(Registry::from_projects(vec![], None).unwrap(), [0; 32]);
+            mcp.apply(&mut opts);
+            opts.http_idle_timeout
+        };
+        assert_eq!(
+            opts_for(&[]),
+            Some(gateway_server::DEFAULT_HTTP_IDLE_TIMEOUT)
+        );
+        assert_eq!(
+            opts_for(&["--http-idle-timeout-secs", "5"]),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(opts_for(&["--http-idle-timeout-secs", "0"]), None);
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!   `gateway_sessions_expired_total`, `gateway_sessions_evicted_total`,
 //!   `gateway_sessions_refused_total`, `gateway_calls_refused_total`;
 //! - counted by the server itself ([`crate::fleet::ServerCounters`]):
-//!   `gateway_pin_file_write_errors_total`.
+//!   `gateway_pin_file_write_errors_total`, `gateway_http_connections_open` (gauge),
+//!   `gateway_http_idle_closed_total`.
 
 use std::fmt::Write as _;
 
@@ -161,12 +162,33 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
         "counter",
         "Writes of the pin file that failed (the pins stay in memory).",
     );
+    let load = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Relaxed);
     let _ = writeln!(
         out,
         "gateway_pin_file_write_errors_total {}",
-        server
-            .pin_file_write_errors
-            .load(std::sync::atomic::Ordering::Relaxed)
+        load(&server.pin_file_write_errors)
+    );
+    header(
+        &mut out,
+        "gateway_http_connections_open",
+        "gauge",
+        "HTTP connections open (an uplink leaves the count when it upgrades to a WebSocket).",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_http_connections_open {}",
+        load(&server.http_connections_open)
+    );
+    header(
+        &mut out,
+        "gateway_http_idle_closed_total",
+        "counter",
+        "HTTP connections closed after waiting longer than the idle timeout for a request.",
+    );
+    let _ = writeln!(
+        out,
+        "gateway_http_idle_closed_total {}",
+        load(&server.http_idle_closed)
     );
     out
 }
