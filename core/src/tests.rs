@@ -30,6 +30,8 @@ pub(crate) struct Harness {
     pub(crate) replies: HashMap<HttpToken, HttpReply>,
     /// Frames sent to each uplink, oldest first.
     pub(crate) frames: HashMap<UplinkId, Vec<Value>>,
+    /// Every frame's text as the gateway wrote it, never taken.
+    pub(crate) frame_texts: HashMap<UplinkId, Vec<String>>,
     pub(crate) closed: HashMap<UplinkId, (u16, String)>,
     /// SSE events sent on each open or closed stream, with their ids.
     pub(crate) streams: HashMap<HttpToken, Vec<(Option<u64>, Value)>>,
@@ -70,6 +72,7 @@ impl Harness {
             next_uplink: 0,
             replies: HashMap::new(),
             frames: HashMap::new(),
+            frame_texts: HashMap::new(),
             closed: HashMap::new(),
             streams: HashMap::new(),
             streams_closed: Vec::new(),
@@ -113,6 +116,7 @@ impl Harness {
                     );
                     let v: Value = serde_json::from_str(&text).expect("the gateway sends JSON");
                     self.frames.entry(uplink).or_default().push(v);
+                    self.frame_texts.entry(uplink).or_default().push(text);
                 }
                 Output::UplinkClose {
                     uplink,

@@ -2,13 +2,20 @@
 
 use super::*;
 
+/// `tools/call` params. The arguments stay raw: the gateway's own tools read them as a
+/// `Map`, a project's tool only has `project` taken out and the rest passed on as written.
 #[derive(Deserialize)]
 struct CallParams<'a> {
     name: String,
-    #[serde(default)]
-    arguments: Option<Map<String, Value>>,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<&'a RawValue>,
+}
+
+/// Reads raw `tools/call` arguments as `T` (absent: `{}`), failing as invalid params.
+fn call_arguments<'a, T: Deserialize<'a>>(arguments: Option<&'a RawValue>) -> Result<T, RpcError> {
+    jsonrpc::params_of("tools/call", arguments)
 }
 
 #[derive(Deserialize)]
@@ -412,41 +419,66 @@ impl Gateway {
     ) -> Result<Option<String>, RpcError> {
         let CallMode { stream_ok, modern } = mode;
         let params: CallParams = jsonrpc::params_of("tools/call", params)?;
-        let mut arguments = params.arguments.unwrap_or_default();
-        match params.name.as_str() {
-            SWITCH_PROJECT if modern => {
-                return Err(RpcError::UnknownTool {
+        let gateway_tool = [
+            SWITCH_PROJECT,
+            LIST_PROJECTS,
+            GATEWAY_HEALTH,
+            FLEET_IDENTITY,
+            AGGREGATE_PIPELINE_STATUS,
+        ]
+        .contains(&params.name.as_str());
+        if gateway_tool {
+            let arguments: Map<String, Value> = call_arguments(params.arguments)?;
+            return match params.name.as_str() {
+                SWITCH_PROJECT if modern => Err(RpcError::UnknownTool {
                     tool: SWITCH_PROJECT.into(),
                     why: "requests of protocol 2026-07-28 have no session to keep a default in: pass \"project\" in each call's arguments",
-                })
-            }
-            SWITCH_PROJECT => return self.switch_project(caller, &arguments).map(Some),
-            LIST_PROJECTS => return self.list_projects(caller, &arguments).map(Some),
-            GATEWAY_HEALTH => return self.gateway_health(now, &arguments).map(Some),
-            FLEET_IDENTITY => return self.fleet_identity(now, &arguments).map(Some),
-            AGGREGATE_PIPELINE_STATUS => {
-                return self.aggregate_pipeline_status(now, token, id, modern, &arguments)
-            }
-            _ => {}
+                }),
+                SWITCH_PROJECT => self.switch_project(caller, &arguments).map(Some),
+                LIST_PROJECTS => self.list_projects(caller, &arguments).map(Some),
+                GATEWAY_HEALTH => self.gateway_health(now, &arguments).map(Some),
+                FLEET_IDENTITY => self.fleet_identity(now, &arguments).map(Some),
+                _ => self.aggregate_pipeline_status(now, token, id, modern, &arguments),
+            };
         }
+        // A project's tool: its arguments are looked at only for `project`.
+        let mut arguments: BTreeMap<String, &RawValue> = call_arguments(params.arguments)?;
+        let explicit = match arguments.get("project") {
+            Some(p) => Some(call_arguments::<Value>(Some(p))?),
+            None => None,
+        };
         let tool = params.name;
-        let route = self.route(arguments.get("project"), caller, &tool)?;
-        let declares_project = self
+        let route = self.route(explicit.as_ref(), caller, &tool)?;
+        let listed = self
             .projects
             .get(&route.project)
             .and_then(|s| s.tools.as_deref())
-            .and_then(|ts| ts.iter().find(|t| t.name == tool))
-            .is_some_and(|t| t.declares_project);
-        if !declares_project {
+            .and_then(|ts| ts.iter().find(|t| t.name == tool));
+        if !listed.is_some_and(|t| t.declares_project) {
             arguments.remove("project");
         }
-        let mut forward = Map::new();
-        forward.insert("name".into(), Value::String(tool));
-        forward.insert("arguments".into(), Value::Object(arguments));
-        if let Some(meta) = params.meta {
-            let meta: Value = serde_json::from_str(meta.get()).expect("params were parsed as JSON");
-            forward.insert("_meta".into(), meta);
+        // The metrics label: the tool if the sled lists it (clients must not grow the set).
+        let label = match listed {
+            Some(_) => tool.clone(),
+            None => "_unlisted".to_owned(),
+        };
+        #[derive(serde::Serialize)]
+        struct Forwarded<'a> {
+            name: &'a str,
+            arguments: &'a BTreeMap<String, &'a RawValue>,
         }
+        let object = serde_json::to_string(&Forwarded {
+            name: &tool,
+            arguments: &arguments,
+        })
+        .map_err(|e| RpcError::InvalidParams {
+            method: "tools/call".into(),
+            detail: jsonrpc::clean_serde_message(&e),
+        })?;
+        let meta = match params.meta {
+            Some(m) => Some(call_arguments::<Value>(Some(m))?),
+            None => None,
+        };
         self.forward(
             now,
             token,
@@ -455,7 +487,8 @@ impl Gateway {
             CallMode { stream_ok, modern },
             route,
             "tools/call",
-            forward,
+            proxy::Outgoing { object, meta },
+            label,
             proxy::Rewrite::None,
         )
     }

@@ -16,7 +16,7 @@ mod proxy;
 mod sled;
 mod streams;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -337,7 +337,7 @@ pub struct Gateway {
     /// Whether the session-expiry sweep timer is armed.
     sweep_armed: bool,
     /// Open stateless-era `subscriptions/listen` streams, with the id of the listen request.
-    listens: std::collections::BTreeMap<HttpToken, RawId>,
+    listens: BTreeMap<HttpToken, RawId>,
     /// Sessions subscribed to each (project, resource URI).
     subscriptions: std::collections::BTreeMap<(String, String), BTreeSet<String>>,
     /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).

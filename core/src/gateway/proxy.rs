@@ -29,6 +29,24 @@ const SERVER_REQUESTS: &[(&str, &str)] = &[
     ("roots/list", "roots"),
 ];
 
+/// A forwarded request's params: a JSON object's text, without `_meta`, and the `_meta` the
+/// client sent (if any), which [`Gateway::forward`] rewrites and adds.
+pub(super) struct Outgoing {
+    pub(super) object: String,
+    pub(super) meta: Option<Value>,
+}
+
+impl Outgoing {
+    /// `params` as they are, but for `_meta`, which is taken out.
+    pub(super) fn from_map(mut params: Map<String, Value>) -> Outgoing {
+        let meta = params.remove("_meta");
+        Outgoing {
+            object: Value::Object(params).to_string(),
+            meta,
+        }
+    }
+}
+
 /// A forwarded request's destination.
 pub(super) struct Route {
     pub(super) project: String,
@@ -95,7 +113,8 @@ impl Gateway {
 
     /// Sends a request up its route's uplink under a new id of the gateway's, and remembers
     /// whom to answer. The client's progress token is swapped for one of the gateway's, and a
-    /// stateless client's protocol fields stay at the gateway.
+    /// stateless client's protocol fields stay at the gateway. `tool` is the call's metrics
+    /// label.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn forward(
         &mut self,
@@ -106,7 +125,8 @@ impl Gateway {
         mode: CallMode,
         route: Route,
         method: &str,
-        mut params: Map<String, Value>,
+        params: Outgoing,
+        tool: String,
         rewrite: Rewrite,
     ) -> Result<Option<String>, RpcError> {
         let Route {
@@ -114,7 +134,10 @@ impl Gateway {
             uplink: uplink_id,
             timeout,
         } = route;
-        let tool = self.tool_label(&project, method, &params);
+        let Outgoing {
+            object: mut params,
+            mut meta,
+        } = params;
         let session = match caller {
             Caller::Session(s) => Some(s.to_owned()),
             Caller::Sessionless => None,
@@ -161,7 +184,7 @@ impl Gateway {
             _ => rpc_id,
         };
         uplink.next_id = uplink.next_id.max(rpc_id + 1);
-        let progress = match params.get_mut("_meta") {
+        let progress = match meta.as_mut() {
             None => None,
             Some(Value::Object(meta)) => {
                 if mode.modern {
@@ -184,9 +207,6 @@ impl Gateway {
                     }
                     None => None,
                 };
-                if meta.is_empty() {
-                    params.remove("_meta");
-                }
                 progress
             }
             Some(_) => {
@@ -196,7 +216,19 @@ impl Gateway {
                 })
             }
         };
-        let text = jsonrpc::request(rpc_id, method, &Value::Object(params).to_string());
+        // `_meta` goes in last, unless the rewrite left it empty.
+        if let Some(Value::Object(meta)) =
+            meta.filter(|m| m.as_object().is_some_and(|m| !m.is_empty()))
+        {
+            params.pop();
+            if params.len() > 1 {
+                params.push(',');
+            }
+            params.push_str("\"_meta\":");
+            params.push_str(&Value::Object(meta).to_string());
+            params.push('}');
+        }
+        let text = jsonrpc::request(rpc_id, method, &params);
         let uplink = self
             .uplinks
             .get_mut(&uplink_id)
@@ -236,25 +268,6 @@ impl Gateway {
             text,
         });
         Ok(None)
-    }
-
-    /// The metrics label of a forwarded request: a `tools/call`'s tool if its project's sled
-    /// lists it (else `_unlisted`: clients must not grow the label set), or the method.
-    fn tool_label(&self, project: &str, method: &str, params: &Map<String, Value>) -> String {
-        if method != "tools/call" {
-            return method.to_owned();
-        }
-        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
-        let listed = self
-            .projects
-            .get(project)
-            .and_then(|p| p.tools.as_deref())
-            .is_some_and(|ts| ts.iter().any(|t| t.name == name));
-        if listed {
-            name.to_owned()
-        } else {
-            "_unlisted".to_owned()
-        }
     }
 
     /// Books a call that left the pending table: its session's count, and the metrics.
@@ -299,11 +312,6 @@ impl Gateway {
                 }
             }
         }
-        if let Some(Value::Object(meta)) = params.get("_meta") {
-            if meta.is_empty() {
-                params.remove("_meta");
-            }
-        }
         let route = self.route(explicit.as_ref(), caller, method)?;
         let rewrite = match method {
             "prompts/list" => Rewrite::PromptsList,
@@ -327,7 +335,18 @@ impl Gateway {
             }
             _ => Rewrite::None,
         };
-        self.forward(now, token, caller, id, mode, route, method, params, rewrite)
+        self.forward(
+            now,
+            token,
+            caller,
+            id,
+            mode,
+            route,
+            method,
+            Outgoing::from_map(params),
+            method.to_owned(),
+            rewrite,
+        )
     }
 
     /// A sled's request for the client of one of its calls: relayed on that call's stream

@@ -570,6 +570,80 @@ fn a_tool_that_declares_project_gets_it_forwarded() {
 }
 
 #[test]
+fn a_project_tools_arguments_reach_the_sled_as_written() {
+    let mut h = Harness::new();
+    let u = h.connect_sled("beta");
+    // Numbers a JSON value would round, escapes it would rewrite, spacing it would drop.
+    let arguments = r#"{"project":"beta","big":123456789012345678901234567890,"x":1.50,"s":"caf\u00e9 \"q\"","nested":{"a":[1, 2 ,{}]}}"#;
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"show","arguments":{arguments}}}}}"#
+    );
+    h.send(HttpMethod::Post, None, &body);
+    let text = h.frame_texts[&u].last().unwrap().clone();
+    h.take_frames(u);
+    for member in [
+        r#""big":123456789012345678901234567890"#,
+        r#""x":1.50"#,
+        r#""s":"caf\u00e9 \"q\"""#,
+        r#""nested":{"a":[1, 2 ,{}]}"#,
+    ] {
+        assert!(text.contains(member), "{member} not in {text}");
+    }
+    let frame: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(frame["method"], "tools/call");
+    assert_eq!(frame["params"]["name"], "show");
+    assert_eq!(frame["params"]["arguments"]["s"], "café \"q\"");
+    assert!(
+        frame["params"]["arguments"].get("project").is_none(),
+        "{text}"
+    );
+    assert!(frame["params"].get("_meta").is_none(), "{text}");
+
+    // No arguments (or null) is `{}`; arguments that are not an object are invalid params.
+    let session = h.initialize();
+    let r = h.rpc(
+        Some(&session),
+        json!(0),
+        "tools/call",
+        json!({"name":"switch_project","arguments":{"project":"beta"}}),
+    );
+    assert!(r["result"].is_object(), "{r}");
+    for (arguments, forwarded) in [
+        ("null", true),
+        ("{}", true),
+        ("[1]", false),
+        ("\"x\"", false),
+    ] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{{"name":"show","arguments":{arguments}}}}}"#
+        );
+        let t = h.send(HttpMethod::Post, Some(&session), &body);
+        if forwarded {
+            let f = h.take_frames(u);
+            assert_eq!(
+                f.last().unwrap()["params"]["arguments"],
+                json!({}),
+                "{arguments}"
+            );
+            assert!(!h.replies.contains_key(&t), "{arguments} answered at once");
+        } else {
+            let r = h.reply_json(t).unwrap();
+            assert_eq!(r["error"]["code"], -32602, "{arguments}: {r}");
+            let message = r["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.ends_with("expected a map"), "{r}");
+        }
+    }
+    // A gateway tool reads its arguments the same way.
+    let r = h.rpc(
+        None,
+        json!(9),
+        "tools/call",
+        json!({"name":"list_projects","arguments":[1]}),
+    );
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+}
+
+#[test]
 fn the_same_id_from_two_sessions_comes_back_to_each() {
     let mut h = Harness::new();
     let (a, b) = (h.initialize(), h.initialize());
