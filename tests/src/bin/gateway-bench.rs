@@ -102,6 +102,10 @@ struct Args {
     /// Keep one open HTTP connection per idle session (else they are opened over a few).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     idle_connections: bool,
+    /// The scale run's gateway closes HTTP connections idle this long (its
+    /// --http-idle-timeout-secs); the run then waits for the open idle connections to go.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    scale_idle_timeout_secs: u64,
     /// Tools per project in the tools/list run.
     #[arg(long, default_value_t = 1000)]
     wide_tools: usize,
@@ -249,6 +253,7 @@ fn start_gateway(
     tmp: &TempDir,
     tag: &str,
     projects: &[(String, String)],
+    extra: &[String],
 ) -> Res<(Proc, SocketAddr)> {
     let mut toml = format!("default = \"{}\"\n", projects[0].0);
     for (name, url) in projects {
@@ -281,6 +286,7 @@ fn start_gateway(
     if let Some(n) = args.gateway_threads {
         argv.extend(["--worker-threads".into(), n.to_string()]);
     }
+    argv.extend(extra.iter().cloned());
     let grace = if wrapped { 60 } else { 15 };
     let mut gw = Proc::spawn(
         "gateway",
@@ -714,7 +720,7 @@ async fn compare(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
         "\n## Compare: {m} sleds, sessions {:?}, {} s per phase, warmup {} calls/session\n",
         args.sessions, args.duration_secs, args.warmup
     );
-    let (mut gw, gw_addr) = start_gateway(args, tmp, "compare", &projects)?;
+    let (mut gw, gw_addr) = start_gateway(args, tmp, "compare", &projects, &[])?;
     // The sleds (fresh for each phase) live at direct_base + i.
     let nginx = if args.modes.contains(&Mode::Nginx) {
         Some(start_nginx(args, tmp, &names, direct_base)?)
@@ -956,7 +962,7 @@ async fn tools_list(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()
         "\n## tools/list: {n} projects with {} tools each (emulated sleds in the bench)\n",
         args.wide_tools
     );
-    let (mut gw, addr) = start_gateway(args, tmp, "tools-list", &projects)?;
+    let (mut gw, addr) = start_gateway(args, tmp, "tools-list", &projects, &[])?;
     let tools = Arc::new(widesled::tools_result(args.wide_tools).to_string());
     println!("one sled's tools/list result: {} KiB", tools.len() / 1024);
     let mut sled_tasks = Vec::new();
@@ -1102,7 +1108,14 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
         "\n## Scale: {m} sleds, {} idle sessions (one open connection each: {})\n",
         args.idle_sessions, args.idle_connections
     );
-    let (mut gw, addr) = start_gateway(args, tmp, "scale", &projects)?;
+    let idle_timeout = args.scale_idle_timeout_secs;
+    let (mut gw, addr) = start_gateway(
+        args,
+        tmp,
+        "scale",
+        &projects,
+        &["--http-idle-timeout-secs".into(), idle_timeout.to_string()],
+    )?;
     let pid = gw.pid();
     let mib = |field| vm_kib(pid, field) as f64 / 1024.0;
     println!("| stage | VmRSS MiB | VmHWM MiB | gateway CPU s | seconds |");
@@ -1164,6 +1177,7 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     // The harsher variant: every idle session also keeps an open keep-alive connection of its
     // own (a ping on it, then nothing).
     let mut kept = Vec::new();
+    let mut held = 0;
     if args.idle_connections {
         let t = Instant::now();
         let mut tasks = Vec::new();
@@ -1198,6 +1212,26 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
             cpu_secs(pid),
             t.elapsed().as_secs_f64()
         );
+        // The gateway closes them once idle past its timeout (the scrape is the one left).
+        let t = Instant::now();
+        let until = t + Duration::from_secs(idle_timeout + 30);
+        let open = loop {
+            let open = metric(addr, "gateway_http_connections_open").await?;
+            if open <= 1.0 || Instant::now() > until {
+                break open;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let closed = metric(addr, "gateway_http_idle_closed_total").await?;
+        println!(
+            "| after the {idle_timeout} s idle timeout: {open} HTTP connections open, {closed} closed idle | {:.1} | {:.1} | {:.2} | {:.1} |",
+            mib("VmRSS"),
+            mib("VmHWM"),
+            cpu_secs(pid),
+            t.elapsed().as_secs_f64()
+        );
+        held = kept.len();
+        kept.clear();
     }
     // The fleet still answers: a short bounded burst of calls on random projects.
     let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
@@ -1236,10 +1270,7 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     ));
     if args.idle_connections {
         targets.lines.push((
-            format!(
-                "… with an open idle HTTP connection per session ({} connections)",
-                kept.len()
-            ),
+            format!("… with an open idle HTTP connection per session ({held} connections)"),
             Some(hwm <= 128.0),
             format!("VmHWM {hwm:.1} MiB"),
         ));
@@ -1248,6 +1279,24 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     drop(sleds);
     drop(gw);
     Ok(())
+}
+
+/// A series' value from the gateway's `GET /metrics`, over a connection of its own.
+async fn metric(gateway: SocketAddr, name: &str) -> Res<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(gateway)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)
+        .await
+        .map_err(|e| e.to_string())?;
+    raw.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .ok_or_else(|| format!("no {name} in the gateway's /metrics"))
 }
 
 /// One sessionless `tools/call` through the gateway; its parsed answer and time.
@@ -1279,7 +1328,7 @@ async fn fanout(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
         args.fanout_latency_ms,
         args.fanout_latency_ms + args.fanout_jitter_ms
     );
-    let (mut gw, addr) = start_gateway(args, tmp, "fanout", &projects)?;
+    let (mut gw, addr) = start_gateway(args, tmp, "fanout", &projects, &[])?;
     let extra = [
         "--latency-ms".to_owned(),
         args.fanout_latency_ms.to_string(),
