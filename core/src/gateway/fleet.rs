@@ -218,7 +218,7 @@ impl Gateway {
                         sled: sled.clone(),
                     },
                 );
-                self.save_pins();
+                self.save_pins_soon(now);
             }
         }
         self.accept_uplink(now, id, project, sled, Some(key));
@@ -255,7 +255,24 @@ impl Gateway {
         self.close_uplink(id, CloseCode::IdentityRefused, reason);
     }
 
-    fn save_pins(&mut self) {
+    /// Saves the pins by [`Config::pin_save_delay`] from now, with whatever else changes
+    /// until then: one save (of the whole file) for a fleet pinned in a burst.
+    fn save_pins_soon(&mut self, now: Instant) {
+        if self.config.pin_save_delay.is_zero() {
+            return self.save_pins_now();
+        }
+        if self.pins_save_at.is_none() {
+            let at = now + self.config.pin_save_delay;
+            self.timers.insert((at, Timer::SavePins));
+            self.pins_save_at = Some(at);
+        }
+    }
+
+    /// Saves the pins now; a save that was due later is then not needed.
+    pub(super) fn save_pins_now(&mut self) {
+        if let Some(at) = self.pins_save_at.take() {
+            self.timers.remove(&(at, Timer::SavePins));
+        }
         self.outputs.push_back(Output::SavePins {
             text: self.pins.to_toml(),
         });
@@ -401,7 +418,7 @@ impl Gateway {
             key = refused,
             "project re-pinned on request"
         );
-        self.save_pins();
+        self.save_pins_now();
         // A live uplink's key is always its project's pin: one with the old key goes.
         let mut closed = false;
         if let Some(u) = live {

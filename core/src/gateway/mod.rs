@@ -230,6 +230,10 @@ pub struct Config {
     pub fanout_timeout: Duration,
     /// `aggregate_pipeline_status`: the default deadline of each sled's answer.
     pub fanout_sled_timeout: Duration,
+    /// How long a sled's first-use pin may wait before the pin file is saved, so that a fleet
+    /// connecting at once is saved a few times rather than once per sled (each save is the
+    /// whole file). A re-pin, and shutdown, save at once. Zero: every pin at once.
+    pub pin_save_delay: Duration,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -268,6 +272,7 @@ impl Default for Config {
             require_identity: false,
             fanout_timeout: Duration::from_secs(5),
             fanout_sled_timeout: Duration::from_secs(2),
+            pin_save_delay: Duration::from_millis(500),
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -353,6 +358,8 @@ pub struct Gateway {
     call_metrics: crate::metrics::CallMetrics,
     /// Pinned sled keys (trust on first use), as in the pin file.
     pins: crate::identity::Pins,
+    /// When the pins changed since the last `SavePins` are due to be saved.
+    pins_save_at: Option<Instant>,
     /// The latest `now` given, for decisions made where no event carries one (an uplink's
     /// loss found while handling another event).
     now: Option<Instant>,
@@ -502,6 +509,8 @@ enum Timer {
     Probe(ProbeId),
     /// The overall deadline of an `aggregate_pipeline_status`.
     Fanout(u64),
+    /// Saves the pins changed since the last save.
+    SavePins,
 }
 
 #[derive(Debug, Default)]
@@ -569,6 +578,7 @@ impl Gateway {
             session_calls: HashMap::new(),
             call_metrics: crate::metrics::CallMetrics::default(),
             pins: crate::identity::Pins::default(),
+            pins_save_at: None,
             rng: {
                 use rand_chacha::rand_core::SeedableRng;
                 let mut rng = rand_chacha::ChaCha20Rng::from_seed(seed);
@@ -674,6 +684,10 @@ impl Gateway {
                 Timer::ProbeRound => self.on_probe_round(now),
                 Timer::Probe(probe) => self.on_probe_deadline(now, probe),
                 Timer::Fanout(fanout) => self.on_fanout_deadline(now, fanout),
+                Timer::SavePins => {
+                    self.pins_save_at = None;
+                    self.save_pins_now();
+                }
             }
         }
     }

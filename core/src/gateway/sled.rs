@@ -697,6 +697,9 @@ impl Gateway {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutting_down = true;
+        if self.pins_save_at.is_some() {
+            self.save_pins_now();
+        }
         self.stop_probes();
         self.end_listens();
         let streams: BTreeSet<HttpToken> = self.get_streams.keys().copied().collect();

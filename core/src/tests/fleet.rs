@@ -68,6 +68,9 @@ fn the_first_key_is_pinned_an_impostor_is_refused_and_shown_and_only_a_repin_cha
     let mut h = Harness::new();
     let (real, f) = h.hello_signed("alpha", &key(1), "alpha");
     assert_eq!(f[0]["uplink"], "welcome");
+    assert!(h.saved_pins.is_empty(), "saved after the delay");
+    let delay = h.gw.config_mut().pin_save_delay;
+    h.advance_alive(delay, &[real]);
     assert_eq!(h.saved_pins.len(), 1, "pinned on first use");
     let pins = Pins::parse(&h.saved_pins[0]).unwrap();
     assert_eq!(
@@ -224,6 +227,8 @@ fn a_pinned_project_refuses_no_key_a_bad_proof_and_a_late_proof() {
     let (u, f) = h.hello_signed("beta", &key(5), "beta");
     assert_eq!(f[0]["uplink"], "welcome");
     assert!(!h.closed.contains_key(&u));
+    let delay = h.gw.config_mut().pin_save_delay;
+    h.advance_alive(delay * 2, &[u]);
     assert!(h.saved_pins.is_empty());
     // Unsigned sleds of unpinned projects are accepted unless identity is required.
     let a = h.connect_sled("alpha");
@@ -540,4 +545,49 @@ fn the_overall_deadline_bounds_the_answer_and_a_lost_uplink_or_client_ends_its_p
     h.handle(Input::Shutdown);
     assert!(h.reply_json(t).is_some());
     assert_eq!(h.gw.poll_timeout(), None);
+}
+
+#[test]
+fn a_fleet_pinned_in_a_burst_is_saved_once_and_shutdown_saves_what_is_pending() {
+    let mut h = Harness::new();
+    let delay = h.gw.config_mut().pin_save_delay;
+    assert!(!delay.is_zero());
+    for (i, p) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
+        let (_, f) = h.hello_signed(p, &key(10 + i as u8), p);
+        assert_eq!(f[0]["uplink"], "welcome");
+        h.advance(delay / 4);
+    }
+    assert!(h.saved_pins.is_empty(), "{:?}", h.saved_pins);
+    h.advance(delay);
+    assert_eq!(h.saved_pins.len(), 1, "one save for the burst");
+    let pins = Pins::parse(&h.saved_pins[0]).unwrap();
+    for (i, p) in ["alpha", "beta", "gamma"].into_iter().enumerate() {
+        assert_eq!(
+            pins.get(p).unwrap().key,
+            encode_key(&key(10 + i as u8).verifying_key())
+        );
+    }
+    // Nothing changed since: no further save, however long.
+    h.advance(delay * 10);
+    assert_eq!(h.saved_pins.len(), 1);
+
+    // A pin still waiting for its save when shutdown starts is saved then.
+    let mut h = Harness::new();
+    h.hello_signed("alpha", &key(1), "alpha");
+    assert!(h.saved_pins.is_empty());
+    h.handle(Input::Shutdown);
+    assert_eq!(h.saved_pins.len(), 1);
+    assert!(Pins::parse(&h.saved_pins[0])
+        .unwrap()
+        .get("alpha")
+        .is_some());
+    h.advance(delay * 2);
+    assert_eq!(h.saved_pins.len(), 1, "the timer went with the save");
+
+    // With no delay, every pin is saved at once.
+    let mut h = Harness::new();
+    h.gw.config_mut().pin_save_delay = Duration::ZERO;
+    h.hello_signed("alpha", &key(1), "alpha");
+    h.hello_signed("beta", &key(2), "beta");
+    assert_eq!(h.saved_pins.len(), 2);
 }
