@@ -697,9 +697,19 @@ pub(super) fn only_arguments(
 pub(super) fn tool_result(structured: Value) -> String {
     // Serialised once: the text content is that serialisation, escaped as a JSON string.
     // Keys in serde_json's (sorted) order, as `json!` would write them.
-    let raw = structured.to_string();
-    let text = serde_json::to_string(&raw).expect("a string serialises");
-    format!(r#"{{"content":[{{"text":{text},"type":"text"}}],"structuredContent":{raw}}}"#)
+    tool_result_raw(&structured.to_string())
+}
+
+/// [`tool_result`] of a structured result already serialised (`raw` must be a JSON object).
+pub(super) fn tool_result_raw(raw: &str) -> String {
+    let text = Value::from(raw).to_string();
+    let mut out = String::with_capacity(text.len() + raw.len() + 64);
+    out.push_str(r#"{"content":[{"text":"#);
+    out.push_str(&text);
+    out.push_str(r#","type":"text"}],"structuredContent":"#);
+    out.push_str(raw);
+    out.push('}');
+    out
 }
 
 #[cfg(test)]

@@ -86,14 +86,23 @@ enum Part {
         uplink: UplinkId,
         rpc_id: u64,
     },
-    Answered {
-        took: Duration,
-        status: Value,
-    },
+    Answered(Answered),
     Failed {
         reason: &'static str,
         detail: String,
     },
+}
+
+/// A sled's pipeline status, taken apart when it arrives: its row of the answer, already
+/// serialised, and what it adds to the fleet's totals. The rows are then only joined when the
+/// last sled has answered.
+#[derive(Debug)]
+pub(super) struct Answered {
+    row: String,
+    total: u64,
+    stages: Map<String, Value>,
+    blocked: usize,
+    failing: usize,
 }
 
 /// An HTTP probe in flight.
@@ -880,8 +889,8 @@ impl Gateway {
     ) {
         let took = now.saturating_duration_since(sent_at);
         let (part, outcome) = match (result, error) {
-            (Some(r), None) => match parse_pipeline_status(r.get()) {
-                Ok(status) => (Part::Answered { took, status }, Outcome::Ok),
+            (Some(r), None) => match parse_pipeline_status(r.get(), &project, took) {
+                Ok(answered) => (Part::Answered(answered), Outcome::Ok),
                 Err(detail) => (
                     Part::Failed {
                         reason: "error",
@@ -1056,7 +1065,7 @@ pub(super) struct Proving {
 }
 
 /// A `pipeline_status` tool result, reduced to what the aggregate shows.
-fn parse_pipeline_status(result: &str) -> Result<Value, String> {
+fn parse_pipeline_status(result: &str, project: &str, took: Duration) -> Result<Answered, String> {
     let mut v: Value = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
     if v.get("isError").and_then(Value::as_bool) == Some(true) {
         let text = v["content"][0]["text"].as_str().unwrap_or("(no text)");
@@ -1090,76 +1099,83 @@ fn parse_pipeline_status(result: &str) -> Result<Value, String> {
         .get("total")
         .and_then(Value::as_u64)
         .unwrap_or_else(|| stages.values().filter_map(Value::as_u64).sum());
-    let mut status = Map::new();
-    status.insert("total".into(), total.into());
-    status.insert("stages".into(), Value::Object(stages));
-    status.insert("blocked".into(), Value::Array(blocked));
-    status.insert("failing".into(), Value::Array(failing));
-    Ok(Value::Object(status))
+    let (n_blocked, n_failing) = (blocked.len(), failing.len());
+    let mut row = Map::new();
+    row.insert("project".into(), project.into());
+    row.insert("status".into(), "ok".into());
+    row.insert("took_ms".into(), millis(took).into());
+    row.insert("total".into(), total.into());
+    row.insert("blocked".into(), Value::Array(blocked));
+    row.insert("failing".into(), Value::Array(failing));
+    row.insert("stages".into(), Value::Object(stages.clone()));
+    let text = Value::Object(row).to_string();
+    Ok(Answered {
+        row: text,
+        total,
+        stages,
+        blocked: n_blocked,
+        failing: n_failing,
+    })
 }
 
 fn fanout_result(now: Instant, f: Fanout, overall: Duration) -> String {
-    let mut projects = Vec::new();
+    let mut rows: Vec<String> = Vec::with_capacity(f.parts.len());
     let mut not_answered = Vec::new();
     let mut stages: BTreeMap<String, u64> = BTreeMap::new();
     let (mut stories, mut blocked, mut failing, mut answered) = (0u64, 0usize, 0usize, 0usize);
     let registered = f.parts.len();
     for (project, part) in f.parts {
-        match part {
-            Part::Answered { took, status } => {
+        let (reason, detail) = match part {
+            Part::Answered(a) => {
                 answered += 1;
-                stories += status["total"].as_u64().unwrap_or(0);
-                if let Some(m) = status["stages"].as_object() {
-                    for (stage, n) in m {
-                        *stages.entry(stage.clone()).or_default() += n.as_u64().unwrap_or(0);
-                    }
+                stories += a.total;
+                for (stage, n) in &a.stages {
+                    *stages.entry(stage.clone()).or_default() += n.as_u64().unwrap_or(0);
                 }
-                blocked += status["blocked"].as_array().map_or(0, Vec::len);
-                failing += status["failing"].as_array().map_or(0, Vec::len);
-                let mut row = match status {
-                    Value::Object(m) => m,
-                    _ => Map::new(),
-                };
-                row.insert("project".into(), Value::String(project));
-                row.insert("status".into(), "ok".into());
-                row.insert("took_ms".into(), millis(took).into());
-                projects.push(Value::Object(row));
+                blocked += a.blocked;
+                failing += a.failing;
+                rows.push(a.row);
+                continue;
             }
-            Part::Failed { reason, detail } => {
-                projects.push(json!({ "project": project, "status": reason, "detail": detail }));
-                not_answered
-                    .push(json!({ "project": project, "reason": reason, "detail": detail }));
-            }
-            Part::Waiting { .. } => {
-                // Only finished fan-outs are reported; the overall deadline settles every part.
-                projects.push(
-                    json!({ "project": project, "status": "timed_out", "detail": "no answer yet" }),
-                );
-                not_answered.push(
-                    json!({ "project": project, "reason": "timed_out", "detail": "no answer yet" }),
-                );
-            }
-        }
+            Part::Failed { reason, detail } => (reason, detail),
+            // Only finished fan-outs are reported; the overall deadline settles every part.
+            Part::Waiting { .. } => ("timed_out", "no answer yet".to_owned()),
+        };
+        rows.push(json!({ "project": project, "status": reason, "detail": detail }).to_string());
+        not_answered.push(json!({ "project": project, "reason": reason, "detail": detail }));
     }
-    // `json!` deep-copies every interpolated value; the two long lists are moved in instead.
-    let mut result = json!({
-        "totals": {
-            "registered": registered,
-            "answered": answered,
-            "not_answered": registered - answered,
-            "stories": stories,
-            "stages": stages,
-            "blocked": blocked,
-            "failing": failing,
-        },
-        "deadline_ms": { "overall": millis(overall), "per_project": millis(f.per_sled) },
-        "took_ms": millis(now.saturating_duration_since(f.started)),
+    let totals = json!({
+        "registered": registered,
+        "answered": answered,
+        "not_answered": registered - answered,
+        "stories": stories,
+        "stages": stages,
+        "blocked": blocked,
+        "failing": failing,
     });
-    if let Value::Object(m) = &mut result {
-        m.insert("projects".into(), Value::Array(projects));
-        m.insert("not_answered".into(), Value::Array(not_answered));
+    let deadlines = json!({ "overall": millis(overall), "per_project": millis(f.per_sled) });
+    let not_answered = Value::Array(not_answered).to_string();
+    let took = millis(now.saturating_duration_since(f.started));
+    // The object by hand around the rows serialised as they came (keys in serde_json's sorted
+    // order, as a `Value` would write them): the last answer only joins them.
+    let mut out = String::with_capacity(rows.iter().map(|r| r.len() + 1).sum::<usize>() + 512);
+    out.push_str(r#"{"deadline_ms":"#);
+    out.push_str(&deadlines.to_string());
+    out.push_str(r#","not_answered":"#);
+    out.push_str(&not_answered);
+    out.push_str(r#","projects":["#);
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(row);
     }
-    client::tool_result(result)
+    out.push_str(r#"],"took_ms":"#);
+    out.push_str(&took.to_string());
+    out.push_str(r#","totals":"#);
+    out.push_str(&totals.to_string());
+    out.push('}');
+    client::tool_result_raw(&out)
 }
 
 fn probe_status(o: &ProbeOutcome) -> String {

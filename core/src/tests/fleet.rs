@@ -467,6 +467,37 @@ fn pipeline_status_fans_out_and_names_every_project_that_did_not_answer() {
     assert_eq!(s["totals"]["blocked"], 1);
     assert_eq!(s["totals"]["stories"], 9);
     assert_eq!(s["took_ms"], 1000);
+    // Every project has its row, answered or not, and the text block is the same object.
+    let rows: Vec<(&str, &str)> = s["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["project"].as_str().unwrap(),
+                p["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    assert_eq!(
+        rows.iter().filter(|(_, st)| *st == "ok").count(),
+        2,
+        "{rows:?}"
+    );
+    let answered = s["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["status"] == "ok")
+        .unwrap();
+    assert!(
+        answered["stages"].is_object() && answered["took_ms"].is_u64(),
+        "{answered}"
+    );
+    let text: Value =
+        serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(&text, s);
     // Gamma was told to stop.
     let c = h.take_frames(gamma);
     assert_eq!(c[0]["method"], "notifications/cancelled");
