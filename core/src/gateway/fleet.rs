@@ -100,7 +100,7 @@ enum Part {
 pub(super) struct Answered {
     row: String,
     total: u64,
-    stages: Map<String, Value>,
+    stages: BTreeMap<String, u64>,
     blocked: usize,
     failing: usize,
 }
@@ -1064,53 +1064,92 @@ pub(super) struct Proving {
     nonce: [u8; 32],
 }
 
-/// A `pipeline_status` tool result, reduced to what the aggregate shows.
+/// The members of a `pipeline_status` tool result the aggregate reads, each kept raw.
+#[derive(Deserialize)]
+struct ToolAnswer<'a> {
+    #[serde(borrow, default, rename = "isError")]
+    is_error: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "structuredContent")]
+    structured: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+/// A sled's pipeline status object, each member kept raw.
+#[derive(Deserialize)]
+struct StatusMembers<'a> {
+    #[serde(borrow, default)]
+    stages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    blocked: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    failing: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    total: Option<&'a RawValue>,
+}
+
+/// The text of a tool result's first content block, if it has one.
+fn first_text(content: Option<&RawValue>) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Block {
+        text: Option<String>,
+    }
+    let blocks: Vec<Block> = serde_json::from_str(content?.get()).ok()?;
+    blocks.into_iter().next()?.text
+}
+
+/// A `pipeline_status` tool result, reduced to what the aggregate shows: the sled's `stages`,
+/// `blocked` and `failing` go into the row as the sled wrote them, read only to be counted.
 fn parse_pipeline_status(result: &str, project: &str, took: Duration) -> Result<Answered, String> {
-    let mut v: Value = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
-    if v.get("isError").and_then(Value::as_bool) == Some(true) {
-        let text = v["content"][0]["text"].as_str().unwrap_or("(no text)");
+    let answer: ToolAnswer = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
+    if answer.is_error.is_some_and(|e| e.get() == "true") {
+        let text = first_text(answer.content).unwrap_or_else(|| "(no text)".into());
         return Err(format!("{PIPELINE_TOOL} failed at the sled: {text}"));
     }
-    let mut structured = match v.get_mut("structuredContent") {
-        Some(s @ Value::Object(_)) => s.take(),
-        _ => v["content"][0]["text"]
-            .as_str()
-            .and_then(|t| serde_json::from_str::<Value>(t).ok())
-            .filter(Value::is_object)
-            .ok_or_else(|| {
-                format!("{PIPELINE_TOOL} answered without structured content or a JSON text")
-            })?,
-    };
-    let stages = match structured.get_mut("stages") {
-        Some(Value::Object(m)) if m.values().all(|n| n.as_u64().is_some()) => std::mem::take(m),
-        _ => {
-            return Err(format!(
-                "{PIPELINE_TOOL}'s answer has no `stages` object of counts"
-            ))
+    let is_object = |s: &str| s.trim_start().starts_with('{');
+    match answer.structured.filter(|s| is_object(s.get())) {
+        Some(s) => status_row(s.get(), project, took),
+        None => {
+            let unreadable =
+                || format!("{PIPELINE_TOOL} answered without structured content or a JSON text");
+            let text = first_text(answer.content).ok_or_else(unreadable)?;
+            if !is_object(&text) || serde_json::from_str::<&RawValue>(&text).is_err() {
+                return Err(unreadable());
+            }
+            status_row(&text, project, took)
         }
+    }
+}
+
+/// The row and counts of one status object's text.
+fn status_row(status: &str, project: &str, took: Duration) -> Result<Answered, String> {
+    let m: StatusMembers =
+        serde_json::from_str(status).map_err(|e| format!("{PIPELINE_TOOL}'s status: {e}"))?;
+    let stages: BTreeMap<String, u64> =
+        m.stages
+            .and_then(|s| serde_json::from_str(s.get()).ok())
+            .ok_or_else(|| format!("{PIPELINE_TOOL}'s answer has no `stages` object of counts"))?;
+    let list = |raw: Option<&RawValue>, k: &str| match raw {
+        None => Ok(("[]".to_owned(), 0)),
+        Some(r) => serde_json::from_str::<Vec<&RawValue>>(r.get())
+            .map(|items| (r.get().to_owned(), items.len()))
+            .map_err(|_| format!("{PIPELINE_TOOL}'s `{k}` is not a list")),
     };
-    let mut list = |k: &str| match structured.get_mut(k) {
-        Some(Value::Array(a)) => Ok(std::mem::take(a)),
-        None => Ok(Vec::new()),
-        Some(_) => Err(format!("{PIPELINE_TOOL}'s `{k}` is not a list")),
-    };
-    let (blocked, failing) = (list("blocked")?, list("failing")?);
-    let total = structured
-        .get("total")
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| stages.values().filter_map(Value::as_u64).sum());
-    let (n_blocked, n_failing) = (blocked.len(), failing.len());
-    let mut row = Map::new();
-    row.insert("project".into(), project.into());
-    row.insert("status".into(), "ok".into());
-    row.insert("took_ms".into(), millis(took).into());
-    row.insert("total".into(), total.into());
-    row.insert("blocked".into(), Value::Array(blocked));
-    row.insert("failing".into(), Value::Array(failing));
-    row.insert("stages".into(), Value::Object(stages.clone()));
-    let text = Value::Object(row).to_string();
+    let (blocked, n_blocked) = list(m.blocked, "blocked")?;
+    let (failing, n_failing) = list(m.failing, "failing")?;
+    let total = m
+        .total
+        .and_then(|t| serde_json::from_str::<u64>(t.get()).ok())
+        .unwrap_or_else(|| stages.values().fold(0u64, |sum, n| sum.saturating_add(*n)));
+    // In serde_json's (sorted) key order, as the other rows are.
+    let row = format!(
+        r#"{{"blocked":{blocked},"failing":{failing},"project":{},"stages":{},"status":"ok","took_ms":{},"total":{total}}}"#,
+        Value::from(project),
+        json!(stages),
+        millis(took),
+    );
     Ok(Answered {
-        row: text,
+        row,
         total,
         stages,
         blocked: n_blocked,
@@ -1128,9 +1167,11 @@ fn fanout_result(now: Instant, f: Fanout, overall: Duration) -> String {
         let (reason, detail) = match part {
             Part::Answered(a) => {
                 answered += 1;
-                stories += a.total;
+                // Saturating: the counts are a sled's to choose.
+                stories = stories.saturating_add(a.total);
                 for (stage, n) in &a.stages {
-                    *stages.entry(stage.clone()).or_default() += n.as_u64().unwrap_or(0);
+                    let sum = stages.entry(stage.clone()).or_default();
+                    *sum = sum.saturating_add(*n);
                 }
                 blocked += a.blocked;
                 failing += a.failing;
@@ -1195,4 +1236,78 @@ fn probe_detail(o: &ProbeOutcome) -> String {
 /// Whole milliseconds, for JSON.
 pub(super) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(result: Value) -> Result<(Value, Answered), String> {
+        let a = parse_pipeline_status(&result.to_string(), "alpha", Duration::from_millis(7))?;
+        let row: Value = serde_json::from_str(&a.row).expect("a row is JSON");
+        Ok((row, a))
+    }
+
+    #[test]
+    fn a_pipeline_status_becomes_a_row_and_its_counts() {
+        let status = json!({"total": 5, "stages": {"backlog": 3, "done": 2},
+            "blocked": [{"id": "s1"}], "failing": [], "extra": "dropped"});
+        let (row, a) = parse(json!({"content": [{"type": "text", "text": "…"}],
+            "structuredContent": status}))
+        .unwrap();
+        assert_eq!(
+            row,
+            json!({"project": "alpha", "status": "ok", "took_ms": 7, "total": 5,
+                "stages": {"backlog": 3, "done": 2}, "blocked": [{"id": "s1"}], "failing": []})
+        );
+        assert_eq!((a.total, a.blocked, a.failing), (5, 1, 0));
+        assert_eq!(a.stages.get("backlog"), Some(&3));
+
+        // No total: the stages' sum. No lists: empty. Only a JSON text: read from the text.
+        let text = json!({"stages": {"backlog": 1, "review": 4}}).to_string();
+        let (row, a) = parse(json!({"content": [{"type": "text", "text": text}]})).unwrap();
+        assert_eq!(a.total, 5);
+        assert_eq!(row["blocked"], json!([]));
+        assert_eq!(row["failing"], json!([]));
+        // A structuredContent that is not an object falls back to the text too.
+        let (_, a) = parse(json!({"content": [{"type": "text", "text": text}],
+            "structuredContent": [1]}))
+        .unwrap();
+        assert_eq!(a.total, 5);
+    }
+
+    #[test]
+    fn a_pipeline_status_that_cannot_be_read_is_an_error_naming_why() {
+        let err = |result: Value| parse(result).expect_err("an error");
+        assert!(
+            err(json!({"isError": true, "content": [{"type": "text", "text": "db down"}]}))
+                .contains("failed at the sled: db down")
+        );
+        assert!(
+            err(json!({"content": [{"type": "text", "text": "not json"}]}))
+                .contains("without structured content or a JSON text")
+        );
+        assert!(err(json!({"content": []})).contains("without structured content"));
+        assert!(err(json!({"structuredContent": {"total": 1}})).contains("`stages`"));
+        assert!(err(json!({"structuredContent": {"stages": {"a": -1}}})).contains("`stages`"));
+        assert!(err(json!({"structuredContent": {"stages": {"a": 1.5}}})).contains("`stages`"));
+        assert!(
+            err(json!({"structuredContent": {"stages": {}, "blocked": 3}}))
+                .contains("`blocked` is not a list")
+        );
+        assert!(
+            err(json!({"structuredContent": {"stages": {}, "failing": {}}}))
+                .contains("`failing` is not a list")
+        );
+        let e = parse_pipeline_status("{", "alpha", Duration::ZERO)
+            .err()
+            .unwrap();
+        assert!(e.starts_with("not JSON"), "{e}");
+        // isError that is not a bool is not an error flag.
+        assert!(parse(json!({"isError": "yes", "structuredContent": {"stages": {}}})).is_ok());
+        // Counts near the top of u64 saturate instead of overflowing.
+        let (_, a) =
+            parse(json!({"structuredContent": {"stages": {"a": u64::MAX, "b": 1}}})).unwrap();
+        assert_eq!(a.total, u64::MAX);
+    }
 }
