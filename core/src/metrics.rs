@@ -95,7 +95,9 @@ pub struct Metrics {
 /// The core's running counts behind [`Metrics`].
 #[derive(Debug, Default)]
 pub(crate) struct CallMetrics {
-    calls: BTreeMap<(String, String, Outcome), u64>,
+    /// By tool, then project: a count per outcome, in [`Outcome::ALL`]'s order. Nested so a
+    /// count is two lookups by `&str`, with no key built (and allocated) per call.
+    calls: BTreeMap<String, BTreeMap<String, [u64; Outcome::ALL.len()]>>,
     /// Per project: non-cumulative bucket counts (one more for +Inf), total micros.
     latency: BTreeMap<String, (Vec<u64>, u128)>,
 }
@@ -103,8 +105,15 @@ pub(crate) struct CallMetrics {
 impl CallMetrics {
     pub(crate) fn count(&mut self, tool: &str, project: &str, outcome: Outcome) {
         // Tools and projects come from the registry and the sleds' lists: the keys are bounded.
-        let key = (tool.to_owned(), project.to_owned(), outcome);
-        *self.calls.entry(key).or_insert(0) += 1;
+        let by_project = match self.calls.get_mut(tool) {
+            Some(m) => m,
+            None => self.calls.entry(tool.to_owned()).or_default(),
+        };
+        let counts = match by_project.get_mut(project) {
+            Some(c) => c,
+            None => by_project.entry(project.to_owned()).or_default(),
+        };
+        counts[outcome as usize] += 1;
     }
 
     pub(crate) fn observe(&mut self, project: &str, took: Duration) {
@@ -128,11 +137,19 @@ impl CallMetrics {
         let calls = self
             .calls
             .iter()
-            .map(|((tool, project, outcome), &count)| CallCount {
-                tool: tool.clone(),
-                project: project.clone(),
-                outcome: *outcome,
-                count,
+            .flat_map(|(tool, by_project)| {
+                by_project.iter().flat_map(move |(project, counts)| {
+                    Outcome::ALL
+                        .iter()
+                        .zip(counts)
+                        .filter(|(_, &count)| count > 0)
+                        .map(move |(&outcome, &count)| CallCount {
+                            tool: tool.clone(),
+                            project: project.clone(),
+                            outcome,
+                            count,
+                        })
+                })
             })
             .collect();
         let latency = self
@@ -161,5 +178,43 @@ impl CallMetrics {
             calls,
             latency,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_index_their_own_slot() {
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(*o as usize, i, "{o:?}");
+        }
+    }
+
+    #[test]
+    fn a_snapshot_lists_what_was_counted_by_tool_project_and_outcome() {
+        let mut m = CallMetrics::default();
+        m.count("show", "beta", Outcome::Ok);
+        m.count("show", "alpha", Outcome::Refused);
+        m.count("show", "beta", Outcome::Ok);
+        m.count("create", "beta", Outcome::Timeout);
+        m.count("show", "beta", Outcome::Error);
+        let calls: Vec<(String, String, Outcome, u64)> = m
+            .snapshot(Stats::default())
+            .calls
+            .into_iter()
+            .map(|c| (c.tool, c.project, c.outcome, c.count))
+            .collect();
+        let row = |t: &str, p: &str, o, n| (t.to_owned(), p.to_owned(), o, n);
+        assert_eq!(
+            calls,
+            [
+                row("create", "beta", Outcome::Timeout, 1),
+                row("show", "alpha", Outcome::Refused, 1),
+                row("show", "beta", Outcome::Ok, 2),
+                row("show", "beta", Outcome::Error, 1),
+            ]
+        );
     }
 }
