@@ -22,6 +22,29 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// `GET /metrics` of the gateway at `addr` over a fresh connection: the response head and body.
+pub async fn scrape_metrics(addr: SocketAddr) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("the gateway accepts");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("the request is written");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("the answer is read");
+    let raw = String::from_utf8(raw).expect("metrics are text");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a head and a body");
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of the series `name` (with its labels exactly as written) in a Prometheus text
+/// exposition, if present.
+pub fn metric_series(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
 /// A registry of `projects` (made-up container URLs), with `default`.
 pub fn registry(projects: &[&str], default: Option<&str>) -> Registry {
     let specs = projects

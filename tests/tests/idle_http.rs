@@ -11,21 +11,11 @@ use tokio::time::Instant;
 
 const IDLE: Duration = Duration::from_millis(400);
 
-/// `GET /metrics` over a fresh connection: the body.
-async fn metrics(addr: std::net::SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let raw = String::from_utf8(raw).unwrap();
-    raw.split_once("\r\n\r\n").unwrap().1.to_owned()
-}
+use gateway_tests::metric_series as series;
 
-fn series(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+/// The body of the gateway's `GET /metrics`.
+async fn metrics(addr: std::net::SocketAddr) -> String {
+    gateway_tests::scrape_metrics(addr).await.1
 }
 
 /// Reads until the peer closes; how long that took, and everything read.

@@ -7,26 +7,8 @@ use std::time::Duration;
 use gateway_server::{serve, ServerOptions};
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// `GET /metrics` over a fresh connection: status and body.
-async fn scrape(addr: std::net::SocketAddr) -> (String, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let raw = String::from_utf8(raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    (head.to_owned(), body.to_owned())
-}
-
-/// The value of the series `name` (with its labels exactly as written), if present.
-fn series(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-}
+use gateway_tests::{metric_series as series, scrape_metrics as scrape};
 
 async fn call(url: &str, id: i64, project: &str) -> (Value, Duration) {
     let mut c = McpClient::connect(TokioConnect, url).await.unwrap();

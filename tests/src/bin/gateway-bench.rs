@@ -1294,8 +1294,7 @@ async fn metric(gateway: SocketAddr, name: &str) -> Res<f64> {
     s.read_to_string(&mut raw)
         .await
         .map_err(|e| e.to_string())?;
-    raw.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    gateway_tests::metric_series(&raw, name)
         .ok_or_else(|| format!("no {name} in the gateway's /metrics"))
 }
 
