@@ -1094,19 +1094,30 @@ fn first_text(content: Option<&RawValue>) -> Option<String> {
     struct Block {
         text: Option<String>,
     }
-    let blocks: Vec<Block> = serde_json::from_str(content?.get()).ok()?;
-    blocks.into_iter().next()?.text
+    let blocks: Vec<&RawValue> = serde_json::from_str(content?.get()).ok()?;
+    serde_json::from_str::<Block>(blocks.first()?.get())
+        .ok()?
+        .text
 }
 
 /// A `pipeline_status` tool result, reduced to what the aggregate shows: the sled's `stages`,
 /// `blocked` and `failing` go into the row as the sled wrote them, read only to be counted.
 fn parse_pipeline_status(result: &str, project: &str, took: Duration) -> Result<Answered, String> {
-    let answer: ToolAnswer = serde_json::from_str(result).map_err(|e| format!("not JSON: {e}"))?;
+    let is_object = |s: &str| s.trim_start().starts_with('{');
+    if !is_object(result) {
+        return Err("not a tool result: a result must be a JSON object".into());
+    }
+    let answer: ToolAnswer = serde_json::from_str(result).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            format!("not JSON: {e}")
+        } else {
+            format!("not a tool result: {e}")
+        }
+    })?;
     if answer.is_error.is_some_and(|e| e.get() == "true") {
         let text = first_text(answer.content).unwrap_or_else(|| "(no text)".into());
         return Err(format!("{PIPELINE_TOOL} failed at the sled: {text}"));
     }
-    let is_object = |s: &str| s.trim_start().starts_with('{');
     match answer.structured.filter(|s| is_object(s.get())) {
         Some(s) => status_row(s.get(), project, took),
         None => {
@@ -1303,6 +1314,13 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.starts_with("not JSON"), "{e}");
+        let e = parse_pipeline_status("[1]", "alpha", Duration::ZERO).expect_err("an array");
+        assert!(e.starts_with("not a tool result"), "{e}");
+        // Only the first content block is read.
+        let text = json!({"stages": {"a": 2}}).to_string();
+        let (_, a) =
+            parse(json!({"content": [{"type": "text", "text": text}, {"text": 5}]})).unwrap();
+        assert_eq!(a.total, 2);
         // isError that is not a bool is not an error flag.
         assert!(parse(json!({"isError": "yes", "structuredContent": {"stages": {}}})).is_ok());
         // Counts near the top of u64 saturate instead of overflowing.
