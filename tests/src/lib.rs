@@ -55,37 +55,66 @@ pub fn registry(projects: &[&str], default: Option<&str>) -> Registry {
     Registry::from_projects(specs, default).expect("a valid test registry")
 }
 
-/// The real gateway serving on a loopback port, and an emulated fleet connected to it.
-pub struct Stack {
+/// The real gateway serving `opts` on a loopback port, until [`Gateway::stop`].
+pub struct Gateway {
     pub addr: SocketAddr,
-    pub fleet: Fleet,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-impl Stack {
-    /// Starts the gateway for `registry` and one sled per project in `sleds`.
-    pub async fn start(registry: Registry, sleds: &[&str], opts: SledOptions) -> Stack {
+impl Gateway {
+    /// Binds a free loopback port and serves on it.
+    pub async fn start(opts: ServerOptions) -> Gateway {
         init_tracing();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port");
         let addr = listener.local_addr().expect("a bound address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(
-            listener,
-            ServerOptions::new(registry, [7; 32]),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let server = tokio::spawn(serve(listener, opts, async {
+            let _ = stopped.await;
+        }));
+        Gateway { addr, stop, server }
+    }
+
+    /// `http://<addr>`, where sleds connect.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// Shuts the gateway down and checks that it stopped cleanly within 20 s.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.server)
+            .await
+            .expect("the gateway stopped within 20 s")
+            .expect("the server task did not panic")
+            .expect("serve returned Ok");
+    }
+}
+
+/// The real gateway serving on a loopback port, and an emulated fleet connected to it.
+pub struct Stack {
+    pub addr: SocketAddr,
+    pub fleet: Fleet,
+    gateway: Gateway,
+}
+
+impl Stack {
+    /// Starts the gateway for `registry` and one sled per project in `sleds`.
+    pub async fn start(registry: Registry, sleds: &[&str], opts: SledOptions) -> Stack {
+        let gateway = Gateway::start(ServerOptions::new(registry, [7; 32])).await;
         let names: Vec<String> = sleds.iter().map(|s| (*s).to_owned()).collect();
-        let fleet = Fleet::spawn(&format!("http://{addr}"), &names, opts);
+        let fleet = Fleet::spawn(&gateway.base(), &names, opts);
         let stack = Stack {
-            addr,
+            addr: gateway.addr,
             fleet,
-            stop,
-            server,
+            gateway,
         };
         stack.wait_live(sleds).await;
         stack
@@ -138,11 +167,6 @@ impl Stack {
     /// Shuts the fleet and the gateway down, and checks that the gateway stopped cleanly.
     pub async fn stop(self) {
         self.fleet.shutdown().await;
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(20), self.server)
-            .await
-            .expect("the gateway stopped within 20 s")
-            .expect("the server task did not panic")
-            .expect("serve returned Ok");
+        self.gateway.stop().await;
     }
 }

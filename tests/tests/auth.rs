@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use gateway_core::{ProjectSpec, Registry, Secret};
-use gateway_server::{serve, ServerOptions};
+use gateway_server::ServerOptions;
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 
@@ -35,16 +35,8 @@ async fn sleds_and_clients_present_their_tokens() {
     let registry = Registry::from_projects(vec![beta], Some("beta"))
         .unwrap()
         .with_client_tokens(vec![Secret::new(CLIENT_TOKEN)]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(
-        listener,
-        ServerOptions::new(registry, [4; 32]),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let gateway = gateway_tests::Gateway::start(ServerOptions::new(registry, [4; 32])).await;
+    let addr = gateway.addr;
     let projects = ["beta".to_owned()];
     // An impostor without the token, and the real sled with it.
     let impostor = Fleet::spawn(&format!("http://{addr}"), &projects, SledOptions::default());
@@ -110,6 +102,5 @@ async fn sleds_and_clients_present_their_tokens() {
         .with(|s| s.project().story(&id).is_none()));
     impostor.shutdown().await;
     real.shutdown().await;
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    gateway.stop().await;
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use gateway_server::{serve, ServerOptions};
+use gateway_server::ServerOptions;
 use serde_json::json;
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,16 +33,10 @@ async fn until_closed(s: &mut TcpStream) -> (Duration, Vec<u8>) {
 async fn idle_connections_close_after_the_timeout_and_busy_ones_do_not() {
     gateway_tests::init_tracing();
     let registry = gateway_tests::registry(&["alpha"], Some("alpha"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let mut opts = ServerOptions::new(registry, [9; 32]);
     opts.http_idle_timeout = Some(IDLE);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, opts, async {
-        let _ = stopped.await;
-    }));
-    let base = format!("http://{addr}");
-    let url = format!("{base}/mcp");
+    let gateway = gateway_tests::Gateway::start(opts).await;
+    let (addr, base, url) = (gateway.addr, gateway.base(), gateway.url());
     // Every call takes 3 idle timeouts at the sled.
     let fleet = Fleet::spawn(
         &base,
@@ -120,10 +114,5 @@ async fn idle_connections_close_after_the_timeout_and_busy_ones_do_not() {
     assert!(series(&body, "gateway_uplinks_live") == Some(1.0), "{body}");
 
     fleet.shutdown().await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(20), server)
-        .await
-        .expect("the gateway stopped")
-        .unwrap()
-        .unwrap();
+    gateway.stop().await;
 }

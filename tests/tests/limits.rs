@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use gateway_server::{serve, ServerOptions};
+use gateway_server::ServerOptions;
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 
@@ -24,16 +24,10 @@ async fn call(url: &str, id: i64, project: &str) -> (Value, Duration) {
 async fn a_slow_sled_at_its_limit_refuses_at_once_and_delays_no_other_sled() {
     gateway_tests::init_tracing();
     let registry = gateway_tests::registry(&["alpha", "beta"], Some("alpha"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let mut opts = ServerOptions::new(registry, [5; 32]);
     opts.core.max_calls_per_sled = 2;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, opts, async {
-        let _ = stopped.await;
-    }));
-    let base = format!("http://{addr}");
-    let url = format!("{base}/mcp");
+    let gateway = gateway_tests::Gateway::start(opts).await;
+    let (addr, base, url) = (gateway.addr, gateway.base(), gateway.url());
     let slow = Fleet::spawn(
         &base,
         &["alpha".to_owned()],
@@ -159,12 +153,7 @@ async fn a_slow_sled_at_its_limit_refuses_at_once_and_delays_no_other_sled() {
 
     slow.shutdown().await;
     fast.shutdown().await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(20), server)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    gateway.stop().await;
 }
 
 async fn call_owned(url: String, id: i64, project: &'static str) -> (Value, Duration) {

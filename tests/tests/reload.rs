@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use gateway_core::Registry;
-use gateway_server::{serve, ServerOptions};
+use gateway_server::ServerOptions;
 use serde_json::json;
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 
@@ -49,12 +49,8 @@ async fn projects_toml_reloads_without_dropping_sessions() {
     let registry = Registry::parse("projects.toml", ONE).unwrap();
     let mut opts = ServerOptions::new(registry, [2; 32]);
     opts.reload_from = Some((path.clone(), ONE.to_owned()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, opts, async {
-        let _ = stopped.await;
-    }));
+    let gateway = gateway_tests::Gateway::start(opts).await;
+    let addr = gateway.addr;
     let mut s = McpClient::connect(TokioConnect, &format!("http://{addr}/mcp"))
         .await
         .unwrap();
@@ -118,11 +114,6 @@ async fn projects_toml_reloads_without_dropping_sessions() {
     assert_eq!(r["result"], json!({}));
 
     fleet.shutdown().await;
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(20), server)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    gateway.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
