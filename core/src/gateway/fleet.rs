@@ -1133,17 +1133,19 @@ fn parse_pipeline_status(result: &str, project: &str, took: Duration) -> Result<
 }
 
 /// The row and counts of one status object's text.
-fn status_row(status: &str, project: &str, took: Duration) -> Result<Answered, String> {
-    let m: StatusMembers =
+fn status_row<'a>(status: &'a str, project: &str, took: Duration) -> Result<Answered, String> {
+    let m: StatusMembers<'a> =
         serde_json::from_str(status).map_err(|e| format!("{PIPELINE_TOOL}'s status: {e}"))?;
+    // `stages`, `blocked` and `failing` go into the row as the sled wrote them: read only to
+    // be checked and counted, never serialised again.
+    let no_stages = || format!("{PIPELINE_TOOL}'s answer has no `stages` object of counts");
+    let stages_raw = m.stages.ok_or_else(no_stages)?.get();
     let stages: BTreeMap<String, u64> =
-        m.stages
-            .and_then(|s| serde_json::from_str(s.get()).ok())
-            .ok_or_else(|| format!("{PIPELINE_TOOL}'s answer has no `stages` object of counts"))?;
-    let list = |raw: Option<&RawValue>, k: &str| match raw {
-        None => Ok(("[]".to_owned(), 0)),
+        serde_json::from_str(stages_raw).map_err(|_| no_stages())?;
+    let list = |raw: Option<&'a RawValue>, k: &str| match raw {
+        None => Ok(("[]", 0)),
         Some(r) => serde_json::from_str::<Vec<&RawValue>>(r.get())
-            .map(|items| (r.get().to_owned(), items.len()))
+            .map(|items| (r.get(), items.len()))
             .map_err(|_| format!("{PIPELINE_TOOL}'s `{k}` is not a list")),
     };
     let (blocked, n_blocked) = list(m.blocked, "blocked")?;
@@ -1154,9 +1156,8 @@ fn status_row(status: &str, project: &str, took: Duration) -> Result<Answered, S
         .unwrap_or_else(|| stages.values().fold(0u64, |sum, n| sum.saturating_add(*n)));
     // In serde_json's (sorted) key order, as the other rows are.
     let row = format!(
-        r#"{{"blocked":{blocked},"failing":{failing},"project":{},"stages":{},"status":"ok","took_ms":{},"total":{total}}}"#,
+        r#"{{"blocked":{blocked},"failing":{failing},"project":{},"stages":{stages_raw},"status":"ok","took_ms":{},"total":{total}}}"#,
         Value::from(project),
-        json!(stages),
         millis(took),
     );
     Ok(Answered {
