@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::strict::Unreadable;
+
 /// JSON-RPC 2.0 codes, and the MCP SDKs' code for a request that timed out.
 pub(crate) mod code {
     pub(crate) const PARSE_ERROR: i64 = -32700;
@@ -184,6 +186,19 @@ pub enum RpcError {
         max: usize,
         retry_after: Duration,
     },
+    /// A member the gateway could forward (`params`, or a response's `result` or `error`)
+    /// holds what a strict JSON reader rejects: refused at once, nothing was sent.
+    Unreadable {
+        member: &'static str,
+        problem: Unreadable,
+    },
+    /// The sled said it could not read the frame carrying the call (an `unreadable` control
+    /// frame): the call was not applied.
+    SledUnreadable {
+        project: String,
+        sled: String,
+        reason: String,
+    },
 }
 
 impl RpcError {
@@ -208,6 +223,8 @@ impl RpcError {
             RpcError::UnsupportedVersion { .. } => code::UNSUPPORTED_PROTOCOL_VERSION,
             RpcError::Timeout { .. } => code::REQUEST_TIMEOUT,
             RpcError::TooManyCalls { .. } => code::SERVER_ERROR,
+            RpcError::Unreadable { .. } => code::INVALID_PARAMS,
+            RpcError::SledUnreadable { .. } => code::INTERNAL_ERROR,
         }
     }
 
@@ -235,6 +252,15 @@ impl RpcError {
             RpcError::UnsupportedVersion { .. } => "unsupported_protocol_version",
             RpcError::UnknownTool { .. } => "unknown_tool",
             RpcError::TooManyCalls { .. } => "too_many_calls",
+            RpcError::Unreadable {
+                problem: Unreadable::TooDeep { .. },
+                ..
+            } => "too_deep",
+            RpcError::Unreadable {
+                problem: Unreadable::Invalid { .. },
+                ..
+            } => "unreadable_value",
+            RpcError::SledUnreadable { .. } => "sled_could_not_read",
         }
     }
 
@@ -298,6 +324,13 @@ impl RpcError {
                 },
                 limit.name(),
                 retry_after.as_millis()
+            ),
+            RpcError::Unreadable { member, problem } => format!(
+                "Invalid {member}: {problem}; a strict JSON reader would reject it, so it was not forwarded (values may nest at most {} levels, string escapes must be Unicode scalar values, numbers must fit a double)",
+                crate::strict::MAX_CLIENT_DEPTH
+            ),
+            RpcError::SledUnreadable { project, sled, reason } => format!(
+                "Sled '{sled}' of project '{project}' could not read the call ({reason}); the call was not applied"
             ),
         }
     }
@@ -364,6 +397,22 @@ impl RpcError {
                 "limit": limit.name(), "max": max,
                 "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                 "outcome": "not_sent",
+            }),
+            RpcError::Unreadable { member, problem } => match problem {
+                Unreadable::TooDeep { limit } => {
+                    json!({ "kind": kind, "member": member, "max_depth": limit })
+                }
+                Unreadable::Invalid { detail } => {
+                    json!({ "kind": kind, "member": member, "detail": detail })
+                }
+            },
+            RpcError::SledUnreadable {
+                project,
+                sled,
+                reason,
+            } => json!({
+                "kind": kind, "project": project, "sled": sled,
+                "reason": reason, "outcome": "not_sent",
             }),
         }
     }
@@ -728,6 +777,30 @@ mod tests {
                     limit: CallLimit::Sled,
                     max: 1024,
                     retry_after: Duration::from_millis(1000),
+                },
+            ),
+            (
+                "unreadable_too_deep",
+                RpcError::Unreadable {
+                    member: "params",
+                    problem: Unreadable::TooDeep { limit: 64 },
+                },
+            ),
+            (
+                "unreadable_value",
+                RpcError::Unreadable {
+                    member: "params",
+                    problem: Unreadable::Invalid {
+                        detail: "lone leading surrogate in hex escape".into(),
+                    },
+                },
+            ),
+            (
+                "sled_could_not_read",
+                RpcError::SledUnreadable {
+                    project: "beta".into(),
+                    sled: "beta-sled".into(),
+                    reason: "lone leading surrogate in hex escape".into(),
                 },
             ),
         ]

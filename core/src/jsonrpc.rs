@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::error::RpcError;
+use crate::strict;
 
 /// A request id exactly as the client wrote it (a JSON string or number), so the response
 /// carries back the very same text.
@@ -102,13 +103,30 @@ pub(crate) fn parse_object(body: &[u8]) -> Result<RawMessage<'_>, RpcError> {
     })
 }
 
+/// MCP ids are strings or integers. A number with a fraction or an exponent (`1.5`, `1e400`)
+/// is refused, and so is a string a strict reader cannot decode (a lone surrogate escape).
 fn id_of(raw: &RawValue) -> Result<RawId, RpcError> {
     let text = raw.get();
-    match text.as_bytes().first() {
-        Some(b'"' | b'-' | b'0'..=b'9') => Ok(RawId(text.into())),
-        _ => Err(RpcError::InvalidRequest {
-            detail: format!("`id` must be a string or a number, not {text}"),
-        }),
+    let bytes = text.as_bytes();
+    let ok = match bytes.first() {
+        Some(b'"') => !text.contains('\\') || serde_json::from_str::<String>(text).is_ok(),
+        Some(b'-' | b'0'..=b'9') => bytes.iter().skip(1).all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if ok {
+        Ok(RawId(text.into()))
+    } else {
+        Err(RpcError::InvalidRequest {
+            detail: format!("`id` must be a string or an integer, not {}", clip(text)),
+        })
+    }
+}
+
+/// At most 64 bytes of a client's text, for an error message.
+fn clip(text: &str) -> String {
+    match text.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
     }
 }
 
@@ -120,6 +138,18 @@ fn string_of(raw: &RawValue, what: &str) -> Result<String, RpcError> {
 
 /// Parses one message from an MCP client.
 pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage> {
+    // JSON text is UTF-8, and the edge parser does not check the strings it skips.
+    if let Err(e) = std::str::from_utf8(body) {
+        return Err(BadMessage {
+            id: None,
+            error: RpcError::Parse {
+                detail: format!(
+                    "the body is not UTF-8: invalid byte at offset {}",
+                    e.valid_up_to()
+                ),
+            },
+        });
+    }
     let m = parse_object(body).map_err(|error| BadMessage { id: None, error })?;
     // The id is read first so that every later error can carry it.
     let id = match m.id.map(id_of).transpose() {
@@ -141,6 +171,17 @@ pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage>
             return Err(bad(RpcError::InvalidRequest {
                 detail: "`jsonrpc` is missing; it must be \"2.0\"".into(),
             }))
+        }
+    }
+    // Whatever may be forwarded must be what a strict reader reads (see `strict`).
+    for (member, raw) in [
+        ("params", m.params),
+        ("result", m.result),
+        ("error", m.error),
+    ] {
+        if let Some(raw) = raw {
+            strict::check(raw.get(), strict::MAX_CLIENT_DEPTH)
+                .map_err(|problem| bad(RpcError::Unreadable { member, problem }))?;
         }
     }
     if let Some(method) = m.method {
@@ -253,10 +294,10 @@ mod tests {
             }
             m => panic!("{m:?}"),
         }
-        match parse_client(br#"{"jsonrpc":"2.0","id":1.50,"method":"x","params":{"a":1}}"#).unwrap()
+        match parse_client(br#"{"jsonrpc":"2.0","id":-150,"method":"x","params":{"a":1}}"#).unwrap()
         {
             ClientMessage::Request { id, params, .. } => {
-                assert_eq!(id.as_str(), "1.50");
+                assert_eq!(id.as_str(), "-150");
                 assert_eq!(params.unwrap().get(), r#"{"a":1}"#);
             }
             m => panic!("{m:?}"),
@@ -288,6 +329,38 @@ mod tests {
         assert_eq!(
             err(r#"{"jsonrpc":"2.0","id":{},"method":"x"}"#),
             (None, "invalid_request".into())
+        );
+        // MCP ids are strings or integers, and JSON text is UTF-8.
+        for id in ["1.5", "1e400", "1E2", "-0.0", r#""\ud800""#] {
+            assert_eq!(
+                err(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"x"}}"#)),
+                (None, "invalid_request".into()),
+                "{id}"
+            );
+        }
+        let mut body = br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":"#.to_vec();
+        body.extend_from_slice(b"\"\xff\"}}");
+        match parse_client(&body) {
+            Err(b) => assert_eq!(b.error.kind(), "parse_error"),
+            Ok(m) => panic!("{m:?}"),
+        }
+        // What a strict reader rejects is refused, naming the member, before anything is sent.
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        assert_eq!(
+            err(&format!(
+                r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"arguments":{{"a":{deep}}}}}}}"#
+            )),
+            (Some("2".into()), "too_deep".into())
+        );
+        assert_eq!(
+            err(
+                r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"arguments":{"a":"\ud800"}}}"#
+            ),
+            (Some("3".into()), "unreadable_value".into())
+        );
+        assert_eq!(
+            err(r#"{"jsonrpc":"2.0","id":4,"result":{"n":1e999}}"#),
+            (Some("4".into()), "unreadable_value".into())
         );
         assert_eq!(
             err(r#"{"jsonrpc":"1.0","id":5,"method":"x"}"#),

@@ -82,12 +82,48 @@ pub enum Control {
     Pong { seq: u64 },
     /// gateway → sled, just before a WebSocket close: why.
     Closing { code: u16, reason: String },
+    /// sled → gateway: a frame the gateway sent could not be read (not JSON a strict parser
+    /// accepts, or not a message the sled understands). `id` is the JSON-RPC id of the
+    /// request it carried when the sled could recover it ([`recover_request_id`]); the gateway
+    /// then fails that request at once (not applied) instead of at its deadline.
+    Unreadable {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<u64>,
+        reason: String,
+    },
 }
 
 impl Control {
     /// The frame as the text of one WebSocket message.
     pub fn to_text(&self) -> String {
         serde_json::to_string(self).expect("a Control frame always serialises")
+    }
+}
+
+/// The id of a request frame from the gateway that could not be parsed: the gateway writes
+/// every request as `{"jsonrpc":"2.0","id":N,` followed by the rest, so the id can be read
+/// from the prefix even when what follows is unreadable.
+pub fn recover_request_id(text: &str) -> Option<u64> {
+    let rest = text.trim_start().strip_prefix('{')?.trim_start();
+    let rest = rest
+        .strip_prefix(r#""jsonrpc""#)?
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
+    let rest = rest
+        .strip_prefix(r#""2.0""#)?
+        .trim_start()
+        .strip_prefix(',')?
+        .trim_start();
+    let rest = rest
+        .strip_prefix(r#""id""#)?
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    match rest.as_bytes().get(digits) {
+        Some(b',' | b'}' | b' ') if digits > 0 => rest[..digits].parse().ok(),
+        _ => None,
     }
 }
 
@@ -117,5 +153,54 @@ pub enum CloseCode {
 impl CloseCode {
     pub fn code(self) -> u16 {
         self as u16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_id_is_recovered_from_the_frames_prefix() {
+        for (text, id) in [
+            (
+                r#"{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"a":"\ud800"}}"#,
+                Some(17),
+            ),
+            (r#" { "jsonrpc" : "2.0" , "id" : 4 }"#, Some(4)),
+            (
+                r#"{"jsonrpc":"2.0","method":"notifications/cancelled"}"#,
+                None,
+            ),
+            (r#"{"jsonrpc":"2.0","id":"x","method":"m"}"#, None),
+            (r#"{"jsonrpc":"2.0","id":99999999999999999999999,"#, None),
+            (r#"{"jsonrpc":"2.0","id":12"#, None),
+            ("not json", None),
+            ("", None),
+        ] {
+            assert_eq!(recover_request_id(text), id, "{text}");
+        }
+    }
+
+    #[test]
+    fn unreadable_frames_round_trip() {
+        let c = Control::Unreadable {
+            id: Some(3),
+            reason: "lone leading surrogate".into(),
+        };
+        assert_eq!(
+            c.to_text(),
+            r#"{"uplink":"unreadable","id":3,"reason":"lone leading surrogate"}"#
+        );
+        assert_eq!(serde_json::from_str::<Control>(&c.to_text()).unwrap(), c);
+        let without: Control =
+            serde_json::from_str(r#"{"uplink":"unreadable","reason":"r"}"#).unwrap();
+        assert_eq!(
+            without,
+            Control::Unreadable {
+                id: None,
+                reason: "r".into()
+            }
+        );
     }
 }

@@ -115,11 +115,16 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
         "gateway_responses_dropped_total{{reason=\"unknown\"}} {}",
         s.responses_dropped_unknown
     );
-    let counters: [(&str, &str, u64); 7] = [
+    let counters: [(&str, &str, u64); 8] = [
         (
             "gateway_frames_invalid_total",
             "Uplink frames that were not valid protocol messages.",
             s.frames_invalid,
+        ),
+        (
+            "gateway_frames_unreadable_at_sled_total",
+            "Frames a sled said it could not read (unreadable control frames).",
+            s.frames_unreadable_at_sled,
         ),
         (
             "gateway_calls_forwarded_total",

@@ -28,7 +28,9 @@ use ed25519_dalek::SigningKey;
 use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use gateway_core::identity::{encode_key, sign_challenge};
-use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
+use gateway_core::uplink::{
+    recover_request_id, CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -923,7 +925,12 @@ where
                             warn!(project = %project, error = %e, "malformed control frame ignored");
                         }
                         Frame::NotJson(e) => {
-                            warn!(project = %project, error = %e, "non-JSON frame ignored");
+                            // Said at once, naming the request when its id can be read, so
+                            // the call fails now instead of at its deadline.
+                            let id = recover_request_id(&text);
+                            warn!(project = %project, error = %e, request = ?id,
+                                "unreadable frame from the gateway; telling it");
+                            send(Control::Unreadable { id, reason: e }.to_text());
                         }
                         Frame::Rpc(msg) => {
                             waiting.retain(|_, h| !h.is_finished());

@@ -191,8 +191,23 @@ async fn hello_welcome_ping_and_calls() {
         assert_eq!(by_id[&3]["result"]["structuredContent"]["sled"], "alpha-sled");
         assert!(sled.with(|s| s.project().story("alpha-1").is_some()));
 
-        // Garbage from the gateway does not kill the sled.
+        // Garbage from the gateway does not kill the sled; what it cannot read it says so,
+        // naming the request when the frame's prefix gives its id.
         ws.send(Message::text("{not json")).await.unwrap();
+        let said: Control = serde_json::from_value(next_json(&mut ws).await.unwrap()).unwrap();
+        assert!(matches!(said, Control::Unreadable { id: None, .. }), "{said:?}");
+        ws.send(Message::text(
+            r#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"whoami","arguments":{"a":"\ud800"}}}"#,
+        ))
+        .await
+        .unwrap();
+        match serde_json::from_value(next_json(&mut ws).await.unwrap()).unwrap() {
+            Control::Unreadable { id, reason } => {
+                assert_eq!(id, Some(12));
+                assert!(reason.contains("escape"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
         send(&mut ws, json!({"uplink":"bogus"})).await;
         ws.send(Message::binary(vec![1u8, 2, 3])).await.unwrap();
         send_control(&mut ws, Control::Ping { seq: 8 }).await;

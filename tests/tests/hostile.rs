@@ -415,8 +415,6 @@ fn cases() -> Vec<Case> {
     for id in [
         "0",
         "-1",
-        "1.5",
-        "1e400",
         "18446744073709551616",
         "-0",
         r#""""#,
@@ -429,6 +427,81 @@ fn cases() -> Vec<Case> {
             status(200),
         ));
     }
+    // MCP ids are strings or integers.
+    for id in ["1.5", "1e400", "2E3", "-0.0"] {
+        v.push(post(
+            format!("non-integer id {id}"),
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#),
+            invalid,
+        ));
+    }
+    // Nothing forwarded that a sled's strict reader rejects: refused at once, naming why,
+    // instead of hanging at the sled until the call's deadline.
+    let unreadable = want(400, -32602, "unreadable_value");
+    v.push(call(
+        "lone high surrogate in arguments",
+        "1",
+        r#"{"a":"\ud800"}"#,
+        unreadable,
+    ));
+    v.push(call(
+        "lone low surrogate in arguments",
+        "1",
+        r#"{"a":"x\udc00y"}"#,
+        unreadable,
+    ));
+    v.push(call(
+        "reversed surrogate pair",
+        "1",
+        r#"{"a":"\ude00\ud83d"}"#,
+        unreadable,
+    ));
+    v.push(call(
+        "lone surrogate in a key",
+        "1",
+        r#"{"\ud800":1}"#,
+        unreadable,
+    ));
+    v.push(call(
+        "number out of range",
+        "1",
+        r#"{"n":1e400}"#,
+        unreadable,
+    ));
+    let nested = |n: usize| format!(r#"{{"a":{}{}}}"#, "[".repeat(n), "]".repeat(n));
+    v.push(call(
+        "arguments nested 130 deep",
+        "1",
+        &nested(130),
+        want(400, -32602, "too_deep"),
+    ));
+    v.push(call(
+        "arguments nested 70 deep",
+        "1",
+        &nested(70),
+        want(400, -32602, "too_deep"),
+    ));
+    v.push(call(
+        "arguments nested 50 deep are forwarded",
+        "1",
+        &nested(50),
+        status(200),
+    ));
+    v.push(post(
+        "resources/read with a lone surrogate",
+        r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"story://alpha/\ud800"}}"#,
+        unreadable,
+    ));
+    v.push(post(
+        "invalid utf-8 in an argument",
+        [
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","arguments":{"a":""#.as_slice(),
+            b"\xc3\x28",
+            br#""}}}"#.as_slice(),
+        ]
+        .concat(),
+        parse,
+    ));
     // Notifications and client responses are acknowledged.
     v.push(post(
         "notification",

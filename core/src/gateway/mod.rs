@@ -293,6 +293,8 @@ pub struct Stats {
     pub responses_dropped_unknown: u64,
     /// Frames from a sled that were not valid protocol messages.
     pub frames_invalid: u64,
+    /// `unreadable` control frames: a sled said it could not read a frame the gateway sent.
+    pub frames_unreadable_at_sled: u64,
     /// Calls the client cancelled.
     pub calls_cancelled: u64,
     /// Sessions ended by the idle TTL.
@@ -520,6 +522,7 @@ struct Counters {
     responses_dropped_late: u64,
     responses_dropped_unknown: u64,
     frames_invalid: u64,
+    frames_unreadable_at_sled: u64,
     calls_cancelled: u64,
     sessions_expired: u64,
     sessions_evicted: u64,
@@ -625,6 +628,7 @@ impl Gateway {
             responses_dropped_late: self.counters.responses_dropped_late,
             responses_dropped_unknown: self.counters.responses_dropped_unknown,
             frames_invalid: self.counters.frames_invalid,
+            frames_unreadable_at_sled: self.counters.frames_unreadable_at_sled,
             calls_cancelled: self.counters.calls_cancelled,
             sessions_expired: self.counters.sessions_expired,
             open_streams: self.get_streams.len() + self.post_streams.len() + self.listens.len(),

@@ -83,6 +83,9 @@ impl Gateway {
                 Ok(Control::Event { kind, .. }) if !awaiting_hello => {
                     self.on_relay_event(now, id, &kind)
                 }
+                Ok(Control::Unreadable { id: rid, reason }) if !awaiting_hello => {
+                    self.on_unreadable(now, id, rid, &reason)
+                }
                 // Named by kind only: a frame's text may hold a token.
                 Ok(other) => self.invalid_frame(
                     id,
@@ -134,6 +137,47 @@ impl Gateway {
             self.counters.responses_dropped_unknown += 1;
             return;
         };
+        self.on_response(now, id, rid, message.result, message.error, None);
+    }
+
+    /// The sled's `unreadable` control frame: it could not read a frame the gateway sent. With
+    /// the frame's id, the request it carried fails now (not applied) instead of at its
+    /// deadline.
+    fn on_unreadable(&mut self, now: Instant, id: UplinkId, rid: Option<u64>, reason: &str) {
+        self.counters.frames_unreadable_at_sled += 1;
+        let project = self.live_project(id).unwrap_or_default();
+        tracing::error!(
+            uplink = id.0,
+            project,
+            id = rid,
+            reason,
+            "the sled could not read a frame the gateway sent"
+        );
+        if let Some(rid) = rid {
+            let error = RpcError::SledUnreadable {
+                project: project.clone(),
+                sled: self.sled_of(&project),
+                reason: reason.to_owned(),
+            }
+            .to_json()
+            .to_string();
+            let raw = RawValue::from_string(error).expect("an RpcError serialises to JSON");
+            self.on_response(now, id, rid, None, Some(&raw), Some(reason));
+        }
+    }
+
+    /// A sled's answer to the request `rid` the gateway sent on `id`: a response's `result` or
+    /// `error`, or (`unreadable`) the sled's word that it could not read the request, with
+    /// `error` then the gateway's error for it.
+    fn on_response(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        rid: u64,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+        unreadable: Option<&str>,
+    ) {
         let Some(pending) = self.pending.remove(&(id, rid)) else {
             let sent = self.uplinks.get(&id).is_some_and(|u| rid < u.next_id);
             if sent {
@@ -160,12 +204,13 @@ impl Gateway {
                 project,
                 sent_at,
                 ..
-            } => {
-                self.on_fanout_answer(now, fanout, project, sent_at, message.result, message.error)
-            }
+            } => self.on_fanout_answer(now, fanout, project, sent_at, result, error),
             Pending::Call(call) => {
                 let id = call.client_id.as_str();
-                let (body, outcome) = match (message.result, message.error) {
+                let (body, outcome) = match (result, error) {
+                    (None, Some(error)) if unreadable.is_some() => {
+                        (jsonrpc::raw_error_response(id, error.get()), Outcome::Error)
+                    }
                     (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => (
                         jsonrpc::ok_response(id, &proxy::rewrite_prompts(result.get())),
                         Outcome::Ok,
@@ -205,7 +250,7 @@ impl Gateway {
                 if !current {
                     return;
                 }
-                let parsed = match (message.result, message.error) {
+                let parsed = match (result, error) {
                     (Some(r), None) => serde_json::from_str::<ToolsPage>(r.get())
                         .map_err(|e| jsonrpc::clean_serde_message(&e)),
                     (_, Some(e)) => Err(format!(
@@ -734,6 +779,7 @@ fn control_kind(c: &Control) -> &'static str {
         Control::Challenge { .. } => "challenge",
         Control::Proof { .. } => "proof",
         Control::Event { .. } => "event",
+        Control::Unreadable { .. } => "unreadable",
     }
 }
 

@@ -58,11 +58,11 @@ fn per_call_project_routes_there_and_is_stripped() {
     assert_eq!(r["id"], json!("req-\"1\""));
     assert_eq!(r["result"]["structuredContent"]["project"], "beta");
     // Without `project`, the session's default.
-    let t = h.send(HttpMethod::Post, Some(&s), r#"{"jsonrpc":"2.0","id":1.50,"method":"tools/call","params":{"name":"show","arguments":{"story_id":"alpha-1"}}}"#);
+    let t = h.send(HttpMethod::Post, Some(&s), r#"{"jsonrpc":"2.0","id":"1\u002e50","method":"tools/call","params":{"name":"show","arguments":{"story_id":"alpha-1"}}}"#);
     assert_eq!(h.sled_answers_all(alpha, "alpha"), 1);
     let raw = h.replies.remove(&t).unwrap().body.unwrap();
     assert!(
-        raw.starts_with(r#"{"jsonrpc":"2.0","id":1.50,"#),
+        raw.starts_with(r#"{"jsonrpc":"2.0","id":"1\u002e50","#),
         "the client's id text comes back exactly: {raw}"
     );
 }
@@ -708,4 +708,65 @@ fn aborted_request_cancels_at_the_sled_and_shutdown_fails_the_rest() {
     let r = h.post(None, json!({"jsonrpc":"2.0","id":3,"method":"ping"}));
     assert_eq!(r.status, 503);
     assert_eq!(h.gw.poll_timeout(), None, "no timers left behind");
+}
+
+#[test]
+fn what_a_strict_reader_rejects_is_refused_at_once_and_nothing_is_sent() {
+    let mut h = Harness::new();
+    let s = h.initialize();
+    let alpha = h.connect_sled("alpha");
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    for (args, kind) in [
+        (r#"{"a":"\ud800"}"#.to_owned(), "unreadable_value"),
+        (r#"{"a":"x\udc00"}"#.to_owned(), "unreadable_value"),
+        (format!(r#"{{"a":{deep}}}"#), "too_deep"),
+        (r#"{"n":1e400}"#.to_owned(), "unreadable_value"),
+    ] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"show","arguments":{args}}}}}"#
+        );
+        let t = h.send(HttpMethod::Post, Some(&s), &body);
+        let r = h.replies.remove(&t).expect("answered at once");
+        assert_eq!(r.status, 400, "{args}");
+        let v: Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+        assert_eq!(error_kind(&v), kind, "{args}");
+        assert_eq!(v["id"], 9);
+        assert!(h.take_frames(alpha).is_empty(), "nothing went up: {args}");
+    }
+    // A client's answer to a sled's request is held to the same rule.
+    let t = h.send(
+        HttpMethod::Post,
+        Some(&s),
+        r#"{"jsonrpc":"2.0","id":"gw-req-1","result":{"text":"\ud800"}}"#,
+    );
+    assert_eq!(h.replies.remove(&t).unwrap().status, 400);
+    // The gateway keeps serving.
+    let t = h.call(Some(&s), json!(10), "show", json!({"story_id":"alpha-1"}));
+    assert_eq!(h.sled_answers_all(alpha, "alpha"), 1);
+    assert!(h.reply_json(t).unwrap()["result"].is_object());
+}
+
+#[test]
+fn a_call_the_sled_could_not_read_fails_at_once_not_at_its_deadline() {
+    let mut h = Harness::new();
+    let s = h.initialize();
+    let alpha = h.connect_sled("alpha");
+    let t = h.call(Some(&s), json!("c"), "show", json!({"story_id":"alpha-1"}));
+    let id = h.take_frames(alpha)[0]["id"].clone();
+    h.sled_says(
+        alpha,
+        json!({"uplink":"unreadable","id":id,"reason":"recursion limit exceeded"}),
+    );
+    let r = h.reply_json(t).expect("failed at once");
+    assert_eq!(error_kind(&r), "sled_could_not_read");
+    assert_eq!(r["error"]["code"], -32603);
+    assert_eq!(r["error"]["data"]["outcome"], "not_sent");
+    assert_eq!(r["error"]["data"]["reason"], "recursion limit exceeded");
+    assert_eq!(r["id"], "c");
+    // Without an id it is counted; the uplink and the session go on.
+    h.sled_says(alpha, json!({"uplink":"unreadable","reason":"not JSON"}));
+    assert_eq!(h.gw.stats().frames_unreadable_at_sled, 2);
+    let t = h.call(Some(&s), json!(2), "show", json!({"story_id":"alpha-1"}));
+    assert_eq!(h.sled_answers_all(alpha, "alpha"), 1);
+    assert!(h.reply_json(t).unwrap()["result"].is_object());
 }
