@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::coord::CoordError;
 use crate::strict::Unreadable;
+
+/// The retry hint of a coordination refusal at a limit.
+const RETRY_AFTER_MS: u64 = 1000;
 
 /// JSON-RPC 2.0 codes, and the MCP SDKs' code for a request that timed out.
 pub(crate) mod code {
@@ -199,6 +203,33 @@ pub enum RpcError {
         sled: String,
         reason: String,
     },
+    /// A coordination tool refused: bad input, a limit, or an act on a lease or key the
+    /// caller may not act on (never a success-shaped no-op).
+    Coordination {
+        tool: &'static str,
+        error: CoordError,
+    },
+    /// A coordination tool from a caller that is no agent: no session, and no `agent` handle.
+    NoAgent {
+        tool: &'static str,
+    },
+    /// An `agent` argument that is no handle this gateway issued.
+    UnknownAgent {
+        tool: &'static str,
+    },
+    /// A write to a resource another agent holds a live lease on: not sent.
+    LeaseHeld {
+        project: String,
+        resource: String,
+        holder: String,
+        holder_name: Option<String>,
+        expires_in: Duration,
+    },
+    /// A write to a resource of a project with `leases = "required"`, without the lease.
+    LeaseRequired {
+        project: String,
+        resource: String,
+    },
 }
 
 impl RpcError {
@@ -225,6 +256,22 @@ impl RpcError {
             RpcError::TooManyCalls { .. } => code::SERVER_ERROR,
             RpcError::Unreadable { .. } => code::INVALID_PARAMS,
             RpcError::SledUnreadable { .. } => code::INTERNAL_ERROR,
+            RpcError::Coordination { error, .. } => match error {
+                CoordError::BadName { .. }
+                | CoordError::BadTtl { .. }
+                | CoordError::TooLarge { .. }
+                | CoordError::DuplicateToken(_) => code::INVALID_PARAMS,
+                CoordError::NotHolder { .. }
+                | CoordError::NoLease { .. }
+                | CoordError::RevisionMismatch { .. }
+                | CoordError::NoKey { .. }
+                | CoordError::Limit { .. }
+                | CoordError::InboxFull { .. }
+                | CoordError::TooManyWaiters { .. }
+                | CoordError::Exhausted { .. } => code::SERVER_ERROR,
+            },
+            RpcError::NoAgent { .. } | RpcError::UnknownAgent { .. } => code::INVALID_PARAMS,
+            RpcError::LeaseHeld { .. } | RpcError::LeaseRequired { .. } => code::SERVER_ERROR,
         }
     }
 
@@ -261,6 +308,24 @@ impl RpcError {
                 ..
             } => "unreadable_value",
             RpcError::SledUnreadable { .. } => "sled_could_not_read",
+            RpcError::Coordination { error, .. } => match error {
+                CoordError::BadName { .. } => "bad_name",
+                CoordError::BadTtl { .. } => "bad_ttl",
+                CoordError::NotHolder { .. } => "not_holder",
+                CoordError::NoLease { .. } => "no_lease",
+                CoordError::RevisionMismatch { .. } => "revision_mismatch",
+                CoordError::NoKey { .. } => "no_key",
+                CoordError::Limit { .. } => "limit",
+                CoordError::TooLarge { .. } => "too_large",
+                CoordError::InboxFull { .. } => "inbox_full",
+                CoordError::TooManyWaiters { .. } => "too_many_waiters",
+                CoordError::DuplicateToken(_) => "duplicate_wait",
+                CoordError::Exhausted { .. } => "exhausted",
+            },
+            RpcError::NoAgent { .. } => "no_agent",
+            RpcError::UnknownAgent { .. } => "unknown_agent",
+            RpcError::LeaseHeld { .. } => "lease_held",
+            RpcError::LeaseRequired { .. } => "lease_required",
         }
     }
 
@@ -331,6 +396,26 @@ impl RpcError {
             ),
             RpcError::SledUnreadable { project, sled, reason } => format!(
                 "Sled '{sled}' of project '{project}' could not read the call ({reason}); the call was not applied"
+            ),
+            RpcError::Coordination { tool, error } => match error {
+                CoordError::Limit { .. } | CoordError::InboxFull { .. } | CoordError::TooManyWaiters { .. } => {
+                    format!("{tool} refused: {error}; retry after {} ms", RETRY_AFTER_MS)
+                }
+                _ => format!("{tool} refused: {error}"),
+            },
+            RpcError::NoAgent { tool } => format!(
+                "{tool} needs an agent: send initialize and repeat its Mcp-Session-Id, or call checkin without a session to get an agent handle and pass it as \"agent\""
+            ),
+            RpcError::UnknownAgent { tool } => format!(
+                "{tool}: the `agent` argument is not a handle this gateway issued (handles come from checkin, and end with the gateway)"
+            ),
+            RpcError::LeaseHeld { project, resource, holder, holder_name, expires_in } => format!(
+                "Refused: {resource} of project '{project}' is leased by {}{holder} for {} ms more; claim it when it is released (wait wakes you) and retry",
+                holder_name.as_deref().map(|n| format!("{n} / ")).unwrap_or_default(),
+                expires_in.as_millis()
+            ),
+            RpcError::LeaseRequired { project, resource } => format!(
+                "Refused: project '{project}' requires a lease for every write; claim {resource} first, then retry"
             ),
         }
     }
@@ -413,6 +498,67 @@ impl RpcError {
             } => json!({
                 "kind": kind, "project": project, "sled": sled,
                 "reason": reason, "outcome": "not_sent",
+            }),
+            RpcError::Coordination { tool, error } => {
+                let mut d = json!({ "kind": kind, "tool": tool });
+                match error {
+                    CoordError::BadName { what, reason } => {
+                        d["what"] = json!(what);
+                        d["reason"] = json!(reason);
+                    }
+                    CoordError::BadTtl { what } => d["what"] = json!(what),
+                    CoordError::NotHolder { resource, holder } => {
+                        d["resource"] = json!(resource);
+                        d["holder"] = json!(holder);
+                    }
+                    CoordError::NoLease { resource, expired } => {
+                        d["resource"] = json!(resource);
+                        d["expired"] = json!(expired);
+                    }
+                    CoordError::RevisionMismatch { key, current } => {
+                        d["key"] = json!(key);
+                        d["current"] = json!(current);
+                    }
+                    CoordError::NoKey { key } => d["key"] = json!(key),
+                    CoordError::Limit { which, max } => {
+                        d["limit"] = json!(which.name());
+                        d["max"] = json!(max);
+                        d["retry_after_ms"] = json!(RETRY_AFTER_MS);
+                    }
+                    CoordError::TooLarge {
+                        what,
+                        max_bytes,
+                        got,
+                    } => {
+                        d["what"] = json!(what);
+                        d["max_bytes"] = json!(max_bytes);
+                        d["got"] = json!(got);
+                    }
+                    CoordError::InboxFull { max, .. } | CoordError::TooManyWaiters { max } => {
+                        d["max"] = json!(max);
+                        d["retry_after_ms"] = json!(RETRY_AFTER_MS);
+                    }
+                    CoordError::DuplicateToken(_) | CoordError::Exhausted { .. } => {}
+                }
+                d
+            }
+            RpcError::NoAgent { tool } | RpcError::UnknownAgent { tool } => {
+                json!({ "kind": kind, "tool": tool })
+            }
+            RpcError::LeaseHeld {
+                project,
+                resource,
+                holder,
+                holder_name,
+                expires_in,
+            } => json!({
+                "kind": kind, "project": project, "resource": resource, "holder": holder,
+                "holder_name": holder_name,
+                "expires_in_ms": u64::try_from(expires_in.as_millis()).unwrap_or(u64::MAX),
+                "outcome": "not_sent",
+            }),
+            RpcError::LeaseRequired { project, resource } => json!({
+                "kind": kind, "project": project, "resource": resource, "outcome": "not_sent",
             }),
         }
     }
@@ -793,6 +939,55 @@ mod tests {
                     problem: Unreadable::Invalid {
                         detail: "lone leading surrogate in hex escape".into(),
                     },
+                },
+            ),
+            (
+                "coord_not_holder",
+                RpcError::Coordination {
+                    tool: "release",
+                    error: CoordError::NotHolder {
+                        resource: "story:beta-1".into(),
+                        holder: Some("agent-2".into()),
+                    },
+                },
+            ),
+            (
+                "coord_limit",
+                RpcError::Coordination {
+                    tool: "claim",
+                    error: CoordError::Limit {
+                        which: crate::coord::CoordLimit::LeasesPerAgent,
+                        max: 64,
+                    },
+                },
+            ),
+            (
+                "coord_revision_mismatch",
+                RpcError::Coordination {
+                    tool: "board_set",
+                    error: CoordError::RevisionMismatch {
+                        key: "plan".into(),
+                        current: Some(7),
+                    },
+                },
+            ),
+            ("no_agent", RpcError::NoAgent { tool: "claim" }),
+            ("unknown_agent", RpcError::UnknownAgent { tool: "claim" }),
+            (
+                "lease_held",
+                RpcError::LeaseHeld {
+                    project: "beta".into(),
+                    resource: "story:beta-1".into(),
+                    holder: "agent-1".into(),
+                    holder_name: Some("ann".into()),
+                    expires_in: Duration::from_millis(299_000),
+                },
+            ),
+            (
+                "lease_required",
+                RpcError::LeaseRequired {
+                    project: "beta".into(),
+                    resource: "story:beta-1".into(),
                 },
             ),
             (

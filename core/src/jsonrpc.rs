@@ -43,7 +43,7 @@ pub(crate) enum ClientMessage<'a> {
 #[derive(Debug)]
 pub(crate) struct BadMessage {
     pub(crate) id: Option<RawId>,
-    pub(crate) error: RpcError,
+    pub(crate) error: Box<RpcError>,
 }
 
 /// The members of a JSON-RPC object, each kept raw. `null` stays `Some("null")`: an explicit
@@ -142,23 +142,31 @@ pub(crate) fn parse_client(body: &[u8]) -> Result<ClientMessage<'_>, BadMessage>
     if let Err(e) = std::str::from_utf8(body) {
         return Err(BadMessage {
             id: None,
-            error: RpcError::Parse {
+            error: Box::new(RpcError::Parse {
                 detail: format!(
                     "the body is not UTF-8: invalid byte at offset {}",
                     e.valid_up_to()
                 ),
-            },
+            }),
         });
     }
-    let m = parse_object(body).map_err(|error| BadMessage { id: None, error })?;
+    let m = parse_object(body).map_err(|error| BadMessage {
+        id: None,
+        error: Box::new(error),
+    })?;
     // The id is read first so that every later error can carry it.
     let id = match m.id.map(id_of).transpose() {
         Ok(id) => id,
-        Err(error) => return Err(BadMessage { id: None, error }),
+        Err(error) => {
+            return Err(BadMessage {
+                id: None,
+                error: Box::new(error),
+            })
+        }
     };
     let bad = |error| BadMessage {
         id: id.clone(),
-        error,
+        error: Box::new(error),
     };
     match m.jsonrpc.map(|j| j.get()) {
         Some(r#""2.0""#) => {}

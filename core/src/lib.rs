@@ -45,6 +45,6 @@ pub use gateway::{
 };
 pub use identity::{Pin, Pins, PinsError};
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
-pub use registry::{ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
+pub use registry::{LeaseMode, ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
 pub use strict::{Unreadable, MAX_CLIENT_DEPTH, MAX_FRAME_DEPTH};
 pub use tools::GATEWAY_TOOLS;

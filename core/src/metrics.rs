@@ -90,6 +90,8 @@ pub struct Metrics {
     /// Latency of forwarded calls the sled answered (ok, error, bad response) or that timed
     /// out, from forwarding to the answer, by project.
     pub latency: BTreeMap<String, Histogram>,
+    /// Coordination's counters and gauges.
+    pub coordination: crate::coord::CoordStats,
 }
 
 /// The core's running counts behind [`Metrics`].
@@ -133,7 +135,7 @@ impl CallMetrics {
         *micros += took.as_micros();
     }
 
-    pub(crate) fn snapshot(&self, stats: Stats) -> Metrics {
+    pub(crate) fn snapshot(&self, stats: Stats, coordination: crate::coord::CoordStats) -> Metrics {
         let calls = self
             .calls
             .iter()
@@ -177,6 +179,7 @@ impl CallMetrics {
             stats,
             calls,
             latency,
+            coordination,
         }
     }
 }
@@ -201,7 +204,7 @@ mod tests {
         m.count("create", "beta", Outcome::Timeout);
         m.count("show", "beta", Outcome::Error);
         let calls: Vec<(String, String, Outcome, u64)> = m
-            .snapshot(Stats::default())
+            .snapshot(Stats::default(), Default::default())
             .calls
             .into_iter()
             .map(|c| (c.tool, c.project, c.outcome, c.count))

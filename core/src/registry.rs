@@ -13,6 +13,8 @@
 //! kind = "adopted"               # or "built-in"; default "adopted"
 //! sled = "alpha-sled"            # optional: the sled's name in messages; default the project name
 //! call_timeout_ms = 60000        # optional: this project's own deadline
+//! leases = "required"            # optional: every write to a leasable resource needs a lease
+//!                                # (default "optional": writes nobody holds a lease on pass)
 //! ```
 
 use std::collections::HashMap;
@@ -54,6 +56,17 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Whether a write to a leasable resource of a project needs the caller to hold its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseMode {
+    /// A write nobody holds a lease on goes through, unfenced.
+    #[default]
+    Optional,
+    /// A write goes through only under the caller's own lease.
+    Required,
+}
+
 /// Whether a project was adopted into the fleet or ships with the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum ProjectKind {
@@ -86,6 +99,8 @@ pub struct ProjectSpec {
     pub call_timeout: Duration,
     /// When set, the project's sled must present it in its hello.
     pub token: Option<Secret>,
+    /// Whether writes to leasable resources need a lease (`leases = "required"`).
+    pub leases_required: bool,
 }
 
 impl ProjectSpec {
@@ -101,6 +116,7 @@ impl ProjectSpec {
             kind: ProjectKind::Adopted,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             token: None,
+            leases_required: false,
         }
     }
 }
@@ -151,6 +167,7 @@ struct RawProject {
     sled: Option<Spanned<String>>,
     call_timeout_ms: Option<Spanned<u64>>,
     token: Option<Spanned<String>>,
+    leases: Option<LeaseMode>,
 }
 
 impl Registry {
@@ -223,6 +240,7 @@ impl Registry {
                 kind: p.kind.unwrap_or(ProjectKind::Adopted),
                 sled,
                 call_timeout,
+                leases_required: p.leases == Some(LeaseMode::Required),
             });
         }
         let default = match raw.default {
@@ -478,7 +496,7 @@ call_timeout_ms = 5000
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\nsssh_port = 22\n",
-                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`",
+                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`, `leases`",
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\n[[project]]\nname = \"a\"\nurl = \"http://y\"\n",

@@ -2,6 +2,7 @@
 //! that speak to it through `handle` and `poll_output` only (the quinn-proto `Pair` idea).
 
 mod auth;
+mod coordination;
 mod fleet;
 mod gateway;
 mod interleavings;
@@ -285,6 +286,20 @@ impl Harness {
     /// naming the project and echoing the arguments.
     pub(crate) fn sled_answers_all(&mut self, uplink: UplinkId, project: &str) -> usize {
         let frames = self.take_frames(uplink);
+        self.answer_calls(uplink, project, frames)
+    }
+
+    /// [`Harness::sled_answers_all`] for frames already taken, by a sled named like its project.
+    pub(crate) fn sled_answers_all_frames(
+        &mut self,
+        uplink: UplinkId,
+        frames: Vec<Value>,
+    ) -> usize {
+        let project = format!("{uplink:?}");
+        self.answer_calls(uplink, &project, frames)
+    }
+
+    fn answer_calls(&mut self, uplink: UplinkId, project: &str, frames: Vec<Value>) -> usize {
         let mut n = 0;
         for f in frames {
             if f["method"] == "tools/call" {

@@ -19,6 +19,20 @@ pub const GATEWAY_TOOLS: &[&str] = &[
     GATEWAY_HEALTH,
     AGGREGATE_PIPELINE_STATUS,
     FLEET_IDENTITY,
+    // The coordination tools (`gateway/coordination.rs`), in its order.
+    "checkin",
+    "roster",
+    "claim",
+    "renew",
+    "release",
+    "claims",
+    "send",
+    "inbox",
+    "board_set",
+    "board_get",
+    "board_list",
+    "board_delete",
+    "wait",
 ];
 
 pub(crate) const SWITCH_PROJECT: &str = "switch_project";
@@ -89,7 +103,10 @@ pub(crate) fn gateway_tool_definitions() -> Vec<String> {
             "annotations": { "destructiveHint": false }
         }),
     ];
-    defs.iter().map(Value::to_string).collect()
+    defs.iter()
+        .chain(&crate::gateway::coordination::tool_definitions())
+        .map(Value::to_string)
+        .collect()
 }
 
 /// A project tool as the gateway lists it.
@@ -100,6 +117,9 @@ pub(crate) struct CachedTool {
     pub(crate) declares_project: bool,
     /// The tool definition with `project` injected, serialised.
     pub(crate) json: String,
+    /// The property naming the resource this tool writes, and the resource's kind, when the
+    /// sled marked one with [`crate::uplink::LEASE_KEYWORD`]: the call writes `kind:value`.
+    pub(crate) lease: Option<(String, String)>,
 }
 
 /// Whether `name` is a valid MCP tool name: 1 to 128 characters of `[A-Za-z0-9_.-]`.
@@ -139,13 +159,27 @@ pub(crate) fn prepare_sled_tools(project: &str, tools: Vec<Value>) -> Vec<Cached
         if declares_project {
             tracing::warn!(project, tool = %name, "sled tool declares its own `project` property; its values must be registered project names, since the gateway routes on them");
         }
+        let lease = leased_property(&tool);
         out.push(CachedTool {
             name,
             declares_project,
             json: tool.to_string(),
+            lease,
         });
     }
     out
+}
+
+/// The first property of the tool's schema (in name order) marked with the lease keyword, with
+/// the resource kind it names (a non-empty string).
+fn leased_property(tool: &Value) -> Option<(String, String)> {
+    tool.pointer("/inputSchema/properties")?
+        .as_object()?
+        .iter()
+        .find_map(|(name, schema)| {
+            let kind = schema.get(crate::uplink::LEASE_KEYWORD)?.as_str()?;
+            (!kind.is_empty()).then(|| (name.clone(), kind.to_owned()))
+        })
 }
 
 /// Adds the `project` property to a tool's `inputSchema.properties`, creating the objects when

@@ -8,9 +8,11 @@
 //! 1. sled → gateway: `{"uplink":"hello","protocol":1,"project":"alpha","sled":"alpha-sled"}`,
 //!    within [`crate::Config::hello_timeout`] of the connection opening, with `"token"` when
 //!    the project requires one and `"key"` (its Ed25519 public key) when the sled has an
-//!    identity. With a key, the gateway sends `{"uplink":"challenge","nonce":…}` and the sled
-//!    answers `{"uplink":"proof","signature":…}`; the key is then checked against the
-//!    project's pin (see [`crate::identity`]).
+//!    identity, and `"fence":N` when the sled has ever accepted a fenced write: the highest
+//!    fence it has accepted for the project, so a restarted gateway starts above it. With a
+//!    key, the gateway sends `{"uplink":"challenge","nonce":…}` and the sled answers
+//!    `{"uplink":"proof","signature":…}`; the key is then checked against the project's pin
+//!    (see [`crate::identity`]).
 //! 2. gateway → sled: `{"uplink":"welcome","protocol":1,"heartbeat_ms":5000}`, or a
 //!    `closing` frame and a WebSocket close with one of the [`CloseCode`]s.
 //! 3. gateway → sled: a `tools/list` request (repeated with `cursor` while the sled returns a
@@ -28,12 +30,29 @@
 //! 6. sled → gateway: `{"uplink":"event","seq":N,"kind":"story_moved","story":"alpha-3"}`, the
 //!    sled's CRDT event relay (a `sync` event at least every few seconds when nothing else
 //!    happens). The gateway reports a project whose relay went quiet as stale.
+//!
+//! Leases: a sled declares which tool arguments name a leasable resource by giving that
+//! property of the tool's input schema the keyword [`LEASE_KEYWORD`] (`"story"` on `story_id`:
+//! the resource is `"story:<story_id>"`). A forwarded `tools/call` whose session holds that
+//! resource's lease carries `params._meta[`[`FENCE_META`]`]` = `{"resource":"story:beta-1",
+//! "fence":7}`; the sled keeps the highest fence it has accepted per resource and refuses a
+//! write with a lower one (and one whose fence names another resource).
 
 use serde::{Deserialize, Serialize};
 
 /// The `params._meta` key by which a sled's notification names the call it belongs to (the
 /// gateway's request id, a number): the gateway relays it to that call's client.
 pub const RELATED_REQUEST_META: &str = "io.mcp-gateway/relatedRequest";
+
+/// The keyword a sled puts on a tool's input-schema property to say that the argument names a
+/// leasable resource: its value is the resource kind, and the resource is
+/// `"<kind>:<argument value>"` (e.g. `"x-mcp-gateway-lease": "story"` on `story_id`).
+pub const LEASE_KEYWORD: &str = "x-mcp-gateway-lease";
+
+/// The `params._meta` key of a forwarded `tools/call` that carries the calling session's fence
+/// for the resource it writes: `{"resource":"story:beta-1","fence":7}`. The gateway strips any
+/// such key a client sent; a call without it is unfenced.
+pub const FENCE_META: &str = "io.mcp-gateway/fence";
 
 /// The path of the uplink WebSocket endpoint on the gateway.
 pub const UPLINK_PATH: &str = "/uplink";
@@ -57,6 +76,10 @@ pub enum Control {
         /// The gateway then sends a [`Control::Challenge`] before anything else.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
+        /// The highest fence this sled has accepted for the project (see [`FENCE_META`]), so a
+        /// restarted gateway starts above it; absent when it never accepted one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fence: Option<u64>,
     },
     /// gateway → sled, after a hello with a `key`: prove you hold its private half by signing
     /// [`crate::identity::challenge_message`] of your project and this nonce (32 random bytes,
@@ -180,6 +203,37 @@ mod tests {
         ] {
             assert_eq!(recover_request_id(text), id, "{text}");
         }
+    }
+
+    #[test]
+    fn a_hellos_fence_is_optional() {
+        let bare = r#"{"uplink":"hello","protocol":1,"project":"beta","sled":"b"}"#;
+        let hello = Control::Hello {
+            protocol: 1,
+            project: "beta".into(),
+            sled: "b".into(),
+            token: None,
+            key: None,
+            fence: None,
+        };
+        assert_eq!(serde_json::from_str::<Control>(bare).unwrap(), hello);
+        assert_eq!(hello.to_text(), bare);
+        let fenced = Control::Hello {
+            protocol: 1,
+            project: "beta".into(),
+            sled: "b".into(),
+            token: None,
+            key: None,
+            fence: Some(7),
+        };
+        assert_eq!(
+            fenced.to_text(),
+            r#"{"uplink":"hello","protocol":1,"project":"beta","sled":"b","fence":7}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<Control>(&fenced.to_text()).unwrap(),
+            fenced
+        );
     }
 
     #[test]

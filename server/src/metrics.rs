@@ -14,6 +14,9 @@
 //!   `gateway_frames_invalid_total`, `gateway_calls_forwarded_total`,
 //!   `gateway_sessions_expired_total`, `gateway_sessions_evicted_total`,
 //!   `gateway_sessions_refused_total`, `gateway_calls_refused_total`;
+//! - coordination: gauges `gateway_coord_leases_live`, `gateway_coord_agents_present`,
+//!   `gateway_coord_waits_parked`, and `gateway_coord_events_total{event}` (claims, releases,
+//!   expiries, messages, board writes, waits, refusals at a limit);
 //! - counted by the server itself ([`crate::fleet::ServerCounters`]):
 //!   `gateway_pin_file_write_errors_total`, `gateway_http_connections_open` (gauge),
 //!   `gateway_http_idle_closed_total`.
@@ -160,6 +163,55 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
     for (name, help, v) in counters {
         header(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
+    }
+    let c = &m.coordination;
+    let coord_gauges: [(&str, &str, usize); 3] = [
+        (
+            "gateway_coord_leases_live",
+            "Live leases, over every project.",
+            c.live_leases,
+        ),
+        (
+            "gateway_coord_agents_present",
+            "Agents present, counted once per project.",
+            c.present_agents,
+        ),
+        (
+            "gateway_coord_waits_parked",
+            "Coordination waits parked now.",
+            c.parked_waiters,
+        ),
+    ];
+    for (name, help, v) in coord_gauges {
+        header(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    header(
+        &mut out,
+        "gateway_coord_events_total",
+        "counter",
+        "Coordination events by kind: claims (acquired, reentrant, conflict), renewals, releases, expiries, forced releases, messages (sent, refused), board (set, cas_failure, delete), waits (ready at once, parked, woken, timed out) and refusals at a limit.",
+    );
+    for (event, v) in [
+        ("claim_acquired", c.claims_acquired),
+        ("claim_reentrant", c.claims_reentrant),
+        ("claim_conflict", c.claims_conflict),
+        ("renewal", c.renewals),
+        ("release", c.releases),
+        ("expiry", c.expiries),
+        ("forced_release", c.forced),
+        ("message_sent", c.messages_sent),
+        ("message_refused", c.messages_refused),
+        ("board_set", c.board_sets),
+        ("board_cas_failure", c.board_cas_failures),
+        ("board_delete", c.board_deletes),
+        ("wait_ready_at_once", c.waits_ready_at_once),
+        ("wait_parked", c.waits_parked),
+        ("wait_woken", c.waits_woken),
+        ("wait_timed_out", c.waits_timed_out),
+        ("refused_by_limit", c.refused_by_limit),
+    ] {
+        let _ = writeln!(out, "gateway_coord_events_total{{event=\"{event}\"}} {v}");
     }
     header(
         &mut out,

@@ -8,14 +8,24 @@
 //! Every tool result carries `"project"` in its structured content so a misrouted call is
 //! visible; a `tools/call` whose `params._meta` holds [`NONCE_KEY`] gets the nonce echoed back
 //! in the result's `_meta`, next to [`PROJECT_META_KEY`].
+//!
+//! Fences: every tool that writes a story declares its `story_id` leasable
+//! ([`LEASE_KEYWORD`]` = "story"`, the resource `"story:<id>"`). A `tools/call` of such a tool
+//! whose `params._meta` holds [`FENCE_META`] (`{"resource","fence"}`, put there by the gateway
+//! for the lease holder) is refused with an `isError` result of `kind` `stale_fence` when the
+//! fence is below the highest the sled has accepted for that resource, and `fence_mismatch`
+//! when the fence names another resource; otherwise the fence is recorded ([`Fences`]). A call
+//! without the key is unfenced. Read-only tools ignore fences.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub use gateway_core::uplink::{FENCE_META, LEASE_KEYWORD};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
+use tracing::info;
 
-use crate::model::{Project, Stage};
+use crate::model::{Fences, Project, Stage};
 
 /// The MCP protocol versions this server speaks, newest first.
 pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -68,6 +78,40 @@ pub struct Sled {
     seed: u64,
     config: SledConfig,
     disabled: BTreeSet<String>,
+    fences: Fences,
+}
+
+/// The fence a forwarded `tools/call` carries in `params._meta[`[`FENCE_META`]`]`: the lease
+/// holder's fence for the resource it writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The leased resource, e.g. `"story:beta-1"`.
+    pub resource: String,
+    pub fence: u64,
+}
+
+impl Fence {
+    /// The fence in a request's `params._meta`: `Ok(None)` when there is none, `Err` with what
+    /// is wrong when the key is there but not `{"resource": string, "fence": integer ≥ 0}`.
+    pub fn from_meta(meta: Option<&Value>) -> Result<Option<Fence>, String> {
+        let Some(value) = meta
+            .and_then(Value::as_object)
+            .and_then(|m| m.get(FENCE_META))
+        else {
+            return Ok(None);
+        };
+        let resource = value.get("resource").and_then(Value::as_str);
+        let fence = value.get("fence").and_then(Value::as_u64);
+        match (resource, fence) {
+            (Some(resource), Some(fence)) => Ok(Some(Fence {
+                resource: resource.to_owned(),
+                fence,
+            })),
+            _ => Err(format!(
+                "Invalid params: _meta[\"{FENCE_META}\"] must be {{\"resource\": string, \"fence\": non-negative integer}}, got {value}"
+            )),
+        }
+    }
 }
 
 /// A JSON-RPC error: code and message.
@@ -108,6 +152,7 @@ impl Sled {
             seed,
             config: SledConfig::default(),
             disabled: BTreeSet::new(),
+            fences: Fences::default(),
         }
     }
 
@@ -136,6 +181,17 @@ impl Sled {
     /// The project's name.
     pub fn project_name(&self) -> &str {
         &self.project.name
+    }
+
+    /// The fences accepted for the project's resources.
+    pub fn fences(&self) -> &Fences {
+        &self.fences
+    }
+
+    /// The highest fence accepted for any of the project's resources (what the uplink `hello`
+    /// reports), `None` when it never accepted one.
+    pub fn fence_high_water(&self) -> Option<u64> {
+        self.fences.high_water()
     }
 
     /// The sled's name (what it says in its uplink `hello`).
@@ -399,7 +455,9 @@ impl Sled {
                 ));
             }
         };
-        let mut result = self.call_tool(name, params.get("arguments"))?;
+        let fence = Fence::from_meta(params.get("_meta"))
+            .map_err(|message| RpcError::new(codes::INVALID_PARAMS, message))?;
+        let mut result = self.call_tool_fenced(name, params.get("arguments"), fence.as_ref())?;
         if let Some(nonce) = params
             .get("_meta")
             .and_then(Value::as_object)
@@ -414,8 +472,20 @@ impl Sled {
     }
 
     /// Calls a tool: the `CallToolResult` (maybe with `isError: true`), or a JSON-RPC error for
-    /// an unknown tool. `arguments` `None` or `null` means no arguments.
+    /// an unknown tool. `arguments` `None` or `null` means no arguments. Unfenced.
     pub fn call_tool(&mut self, name: &str, arguments: Option<&Value>) -> Result<Value, RpcError> {
+        self.call_tool_fenced(name, arguments, None)
+    }
+
+    /// [`Sled::call_tool`] under the caller's `fence`: once the arguments are valid, a tool
+    /// that writes a leased resource checks it (see the module docs) and records it before it
+    /// runs; any other tool ignores it.
+    pub fn call_tool_fenced(
+        &mut self,
+        name: &str,
+        arguments: Option<&Value>,
+        fence: Option<&Fence>,
+    ) -> Result<Value, RpcError> {
         let schema = match cached_definition(name) {
             Some(def) if !self.disabled.contains(name) => &def["inputSchema"],
             _ => {
@@ -440,6 +510,11 @@ impl Sled {
         if !problems.is_empty() {
             return Ok(self.tool_error(name, problems.join("; ")));
         }
+        if let (Some(fence), Some(resource)) = (fence, leased_resource(schema, args)) {
+            if let Some(refusal) = self.admit_fence(name, &resource, fence) {
+                return Ok(refusal);
+            }
+        }
         Ok(match self.run_tool(name, args) {
             Ok(mut structured) => {
                 if let Value::Object(map) = &mut structured {
@@ -452,6 +527,49 @@ impl Sled {
             }
             Err(message) => self.tool_error(name, message),
         })
+    }
+
+    /// Checks a write to `resource` under `fence` and records the fence: `None` when the write
+    /// may proceed, else the `isError` result that refuses it.
+    fn admit_fence(&mut self, tool: &str, resource: &str, fence: &Fence) -> Option<Value> {
+        let project = &self.project.name;
+        if fence.resource != resource {
+            let highest = self.fences.highest(resource);
+            info!(project = %project, tool, resource, fence_resource = %fence.resource,
+                fence = fence.fence, "refused a write whose fence names another resource");
+            let text = format!(
+                "{tool} (project {project}): refused: the call writes {resource} but its fence \
+                 {} is for {}; a fence covers only the resource whose lease granted it",
+                fence.fence, fence.resource
+            );
+            let structured = json!({
+                "kind": "fence_mismatch",
+                "resource": resource,
+                "fence_resource": fence.resource,
+                "fence": fence.fence,
+                "highest": highest,
+                "project": project,
+            });
+            return Some(refusal(text, structured));
+        }
+        let highest = self.fences.admit(resource, fence.fence).err()?;
+        info!(project = %project, tool, resource, fence = fence.fence, highest,
+            "refused a stale write: its fence is below the highest accepted");
+        let text = format!(
+            "{tool} (project {project}): refused: the lease on {resource} was lost: this call's \
+             fence {} is below {highest}, the highest this sled has accepted for it, so a newer \
+             holder has written since. Nothing was changed; acquire the lease again and re-read \
+             {resource} before writing",
+            fence.fence
+        );
+        let structured = json!({
+            "kind": "stale_fence",
+            "resource": resource,
+            "fence": fence.fence,
+            "highest": highest,
+            "project": project,
+        });
+        Some(refusal(text, structured))
     }
 
     fn tool_error(&self, tool: &str, message: String) -> Value {
@@ -642,6 +760,26 @@ impl Sled {
     }
 }
 
+/// An `isError` result refusing a fenced write.
+fn refusal(text: String, structured: Value) -> Value {
+    json!({
+        "content": [{ "type": "text", "text": text }],
+        "structuredContent": structured,
+        "isError": true,
+    })
+}
+
+/// The leased resource a call of the tool with `schema` writes: `"<kind>:<value>"` of the first
+/// property that carries [`LEASE_KEYWORD`] and whose argument is a string.
+fn leased_resource(schema: &Value, args: &Map<String, Value>) -> Option<String> {
+    let properties = schema["properties"].as_object()?;
+    properties.iter().find_map(|(name, prop)| {
+        let kind = prop.get(LEASE_KEYWORD)?.as_str()?;
+        let value = args.get(name)?.as_str()?;
+        Some(format!("{kind}:{value}"))
+    })
+}
+
 fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> &'a str {
     args.get(key).and_then(Value::as_str).unwrap_or_default()
 }
@@ -676,6 +814,13 @@ fn story_id_schema() -> Value {
         "minLength": 1,
         "description": "The story's id, e.g. \"alpha-3\" (from create_story or list_stories).",
     })
+}
+
+/// The `story_id` of a tool that writes the story: leasable, as the resource `story:<id>`.
+fn leased_story_id_schema() -> Value {
+    let mut schema = story_id_schema();
+    schema[LEASE_KEYWORD] = json!("story");
+    schema
 }
 
 fn stage_schema(description: &str) -> Value {
@@ -789,7 +934,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             "Rename a story and/or replace its acceptance criteria.",
             object_schema(
                 json!({
-                    "story_id": story_id_schema(),
+                    "story_id": leased_story_id_schema(),
                     "name": { "type": "string", "minLength": 1, "description": "The new title." },
                     "acceptance_criteria": criteria_schema(),
                 }),
@@ -802,7 +947,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             "Move a story to another pipeline stage.",
             object_schema(
                 json!({
-                    "story_id": story_id_schema(),
+                    "story_id": leased_story_id_schema(),
                     "stage": stage_schema("The stage to move the story to."),
                 }),
                 &["story_id", "stage"],
@@ -814,7 +959,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             "Append a todo to a story.",
             object_schema(
                 json!({
-                    "story_id": story_id_schema(),
+                    "story_id": leased_story_id_schema(),
                     "text": { "type": "string", "minLength": 1, "description": "What to do." },
                 }),
                 &["story_id", "text"],
@@ -826,7 +971,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             "Mark one of a story's todos done.",
             object_schema(
                 json!({
-                    "story_id": story_id_schema(),
+                    "story_id": leased_story_id_schema(),
                     "todo_id": { "type": "integer", "minimum": 1, "description": "The todo's id within the story (from get_story_todos)." },
                 }),
                 &["story_id", "todo_id"],
@@ -838,7 +983,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             "Mark a story blocked, with the reason.",
             object_schema(
                 json!({
-                    "story_id": story_id_schema(),
+                    "story_id": leased_story_id_schema(),
                     "reason": { "type": "string", "minLength": 1, "description": "Why the story cannot proceed." },
                 }),
                 &["story_id", "reason"],
@@ -848,7 +993,10 @@ pub fn tool_definition(name: &str) -> Option<Value> {
         "unblock_story" => (
             "Unblock story",
             "Clear a story's blocker.",
-            object_schema(json!({ "story_id": story_id_schema() }), &["story_id"]),
+            object_schema(
+                json!({ "story_id": leased_story_id_schema() }),
+                &["story_id"],
+            ),
             false,
         ),
         "record_test_result" => (
@@ -856,7 +1004,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             "Record the latest result of a named test for a story.",
             object_schema(
                 json!({
-                    "story_id": story_id_schema(),
+                    "story_id": leased_story_id_schema(),
                     "test": { "type": "string", "minLength": 1, "description": "The test's name." },
                     "passed": { "type": "boolean", "description": "Whether it passed." },
                 }),
@@ -1041,6 +1189,11 @@ impl SharedSled {
     /// The sled's name.
     pub fn sled_name(&self) -> String {
         self.lock().sled_name().to_owned()
+    }
+
+    /// The highest fence the sled has accepted (see [`Sled::fence_high_water`]).
+    pub fn fence_high_water(&self) -> Option<u64> {
+        self.lock().fence_high_water()
     }
 
     /// Shows or hides a tool (see [`Sled::set_tool_enabled`]); when the list changes, every
@@ -1688,5 +1841,255 @@ mod resource_tests {
             json!({"name":"story_brief","arguments":{}}),
         );
         assert_eq!(bad["error"]["code"], -32602);
+    }
+}
+
+#[cfg(test)]
+mod fence_tests {
+    use super::*;
+
+    /// The tools that write a story, whose `story_id` is leasable.
+    const LEASED: [&str; 7] = [
+        "update_story",
+        "move_story",
+        "add_todo",
+        "complete_todo",
+        "block_story",
+        "unblock_story",
+        "record_test_result",
+    ];
+
+    /// A sled of project beta with stories beta-1 and beta-2.
+    fn sled() -> Sled {
+        let mut s = Sled::new(Project::new("beta"), "beta", 0);
+        for name in ["A", "B"] {
+            s.call_tool(
+                "create_story",
+                Some(&json!({"name": name, "acceptance_criteria": []})),
+            )
+            .unwrap();
+        }
+        s
+    }
+
+    /// `tools/call` of `name` with `args` under `fence` (`Value::Null`: no fence key).
+    fn call(s: &mut Sled, name: &str, args: Value, fence: Value) -> Value {
+        let mut params = json!({ "name": name, "arguments": args });
+        if !fence.is_null() {
+            params["_meta"] = json!({ FENCE_META: fence });
+        }
+        let resp = s
+            .handle(&json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":params}))
+            .unwrap();
+        resp.get("result").cloned().unwrap_or(resp)
+    }
+
+    fn fence(resource: &str, n: u64) -> Value {
+        json!({ "resource": resource, "fence": n })
+    }
+
+    fn stage(s: &Sled, id: &str) -> &'static str {
+        s.project().story(id).unwrap().stage.as_str()
+    }
+
+    fn move_to(s: &mut Sled, id: &str, to: &str, fence: Value) -> Value {
+        call(s, "move_story", json!({"story_id": id, "stage": to}), fence)
+    }
+
+    #[test]
+    fn fenced_writes_are_recorded_and_stale_ones_refused() {
+        let mut s = sled();
+        // (fence on story:beta-1 or none, stage asked, refused with this highest, stage after)
+        for (given, to, refused_by, after) in [
+            (Some(5), "in_progress", None, "in_progress"),
+            // One holder writes several times under one fence.
+            (Some(5), "review", None, "review"),
+            // An evicted holder's late write: nothing changes.
+            (Some(4), "done", Some(5), "review"),
+            (Some(8), "done", None, "done"),
+            (Some(5), "backlog", Some(8), "done"),
+            // Unfenced: the gateway decided nobody holds a live lease.
+            (None, "backlog", None, "backlog"),
+            (Some(8), "in_progress", None, "in_progress"),
+        ] {
+            let f = given.map_or(Value::Null, |n| fence("story:beta-1", n));
+            let r = move_to(&mut s, "beta-1", to, f);
+            match refused_by {
+                None => assert_eq!(r.get("isError"), None, "{given:?} {to}: {r}"),
+                Some(highest) => {
+                    assert_eq!(r["isError"], true, "{r}");
+                    assert_eq!(
+                        r["structuredContent"],
+                        json!({"kind": "stale_fence", "resource": "story:beta-1",
+                               "fence": given, "highest": highest, "project": "beta"})
+                    );
+                    let text = r["content"][0]["text"].as_str().unwrap();
+                    assert!(text.contains("lease on story:beta-1 was lost"), "{text}");
+                    assert!(text.contains("a newer holder has written"), "{text}");
+                }
+            }
+            assert_eq!(stage(&s, "beta-1"), after, "{given:?} {to}");
+        }
+        assert_eq!(s.fences().highest("story:beta-1"), Some(8));
+        assert_eq!(s.fence_high_water(), Some(8));
+    }
+
+    #[test]
+    fn fences_are_per_resource_and_the_high_water_mark_spans_them() {
+        let mut s = sled();
+        assert_eq!(s.fence_high_water(), None);
+        let r = move_to(&mut s, "beta-1", "review", fence("story:beta-1", 9));
+        assert_eq!(r.get("isError"), None, "{r}");
+        // A lower fence on another story is its own business.
+        let r = move_to(&mut s, "beta-2", "review", fence("story:beta-2", 3));
+        assert_eq!(r.get("isError"), None, "{r}");
+        assert_eq!(
+            (
+                s.fences().highest("story:beta-1"),
+                s.fences().highest("story:beta-2"),
+                s.fence_high_water()
+            ),
+            (Some(9), Some(3), Some(9))
+        );
+    }
+
+    #[test]
+    fn a_fence_for_another_resource_is_refused() {
+        let mut s = sled();
+        move_to(&mut s, "beta-2", "review", fence("story:beta-2", 2));
+        let r = move_to(&mut s, "beta-2", "done", fence("story:beta-1", 7));
+        assert_eq!(r["isError"], true, "{r}");
+        assert_eq!(
+            r["structuredContent"],
+            json!({"kind": "fence_mismatch", "resource": "story:beta-2",
+                   "fence_resource": "story:beta-1", "fence": 7, "highest": 2,
+                   "project": "beta"})
+        );
+        assert_eq!(stage(&s, "beta-2"), "review");
+        // Nothing recorded for either resource.
+        assert_eq!(s.fences().highest("story:beta-1"), None);
+        assert_eq!(s.fence_high_water(), Some(2));
+    }
+
+    #[test]
+    fn every_writing_tool_is_checked() {
+        let mut s = sled();
+        for (tool, args) in [
+            ("update_story", json!({"story_id": "beta-1", "name": "A2"})),
+            ("move_story", json!({"story_id": "beta-1", "stage": "done"})),
+            ("add_todo", json!({"story_id": "beta-1", "text": "t"})),
+            ("complete_todo", json!({"story_id": "beta-1", "todo_id": 1})),
+            ("block_story", json!({"story_id": "beta-1", "reason": "r"})),
+            ("unblock_story", json!({"story_id": "beta-1"})),
+            (
+                "record_test_result",
+                json!({"story_id": "beta-1", "test": "t", "passed": false}),
+            ),
+        ] {
+            let r = call(&mut s, tool, args.clone(), fence("story:beta-1", 10));
+            assert_eq!(r.get("isError"), None, "{tool}: {r}");
+            let before = s.project().clone();
+            let r = call(&mut s, tool, args, fence("story:beta-1", 9));
+            assert_eq!(r["structuredContent"]["kind"], "stale_fence", "{tool}: {r}");
+            assert_eq!(
+                s.project(),
+                &before,
+                "{tool} changed the story when refused"
+            );
+        }
+        // The leased tools are exactly the writing ones that name a story.
+        let writing: Vec<&str> = TOOL_NAMES
+            .into_iter()
+            .filter(|t| tool_definition(t).unwrap()["annotations"]["readOnlyHint"] == false)
+            .filter(|t| *t != "create_story")
+            .collect();
+        assert_eq!(writing, LEASED);
+    }
+
+    #[test]
+    fn read_only_tools_and_create_story_ignore_fences() {
+        let mut s = sled();
+        move_to(&mut s, "beta-1", "review", fence("story:beta-1", 9));
+        for (tool, args) in [
+            ("show", json!({"story_id": "beta-1"})),
+            ("get_story_todos", json!({"story_id": "beta-1"})),
+            ("list_stories", json!({})),
+            ("pipeline_status", json!({})),
+            ("whoami", json!({})),
+            (
+                "create_story",
+                json!({"name": "C", "acceptance_criteria": []}),
+            ),
+        ] {
+            // A stale fence, and one naming another resource: neither matters to a read.
+            for f in [fence("story:beta-1", 1), fence("story:beta-2", 1)] {
+                let r = call(&mut s, tool, args.clone(), f);
+                assert_eq!(r.get("isError"), None, "{tool}: {r}");
+            }
+        }
+        assert_eq!(s.fences().highest("story:beta-2"), None);
+        assert_eq!(s.fence_high_water(), Some(9));
+    }
+
+    #[test]
+    fn a_malformed_fence_is_invalid_params() {
+        let mut s = sled();
+        for bad in [
+            json!(7),
+            json!({"resource": "story:beta-1"}),
+            json!({"fence": 3}),
+            json!({"resource": "story:beta-1", "fence": -1}),
+            json!({"resource": 1, "fence": 3}),
+        ] {
+            let r = move_to(&mut s, "beta-1", "done", bad.clone());
+            assert_eq!(r["error"]["code"], codes::INVALID_PARAMS, "{bad}: {r}");
+        }
+        assert_eq!(stage(&s, "beta-1"), "backlog");
+    }
+
+    #[test]
+    fn tools_list_declares_the_lease_exactly_on_the_writing_tools_story_id() {
+        let mut s = sled();
+        let r = s
+            .handle(&json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}))
+            .unwrap();
+        let mut leased = Vec::new();
+        for tool in r["result"]["tools"].as_array().unwrap() {
+            let name = tool["name"].as_str().unwrap();
+            for (prop, schema) in tool["inputSchema"]["properties"].as_object().unwrap() {
+                if let Some(kind) = schema.get(LEASE_KEYWORD) {
+                    assert_eq!((prop.as_str(), kind), ("story_id", &json!("story")));
+                    leased.push(name);
+                }
+            }
+        }
+        assert_eq!(leased, LEASED);
+        assert_eq!(LEASE_KEYWORD, "x-mcp-gateway-lease");
+        assert_eq!(FENCE_META, "io.mcp-gateway/fence");
+    }
+
+    #[test]
+    fn the_fence_table_is_kept_by_the_shared_sled() {
+        let shared = SharedSled::new(sled());
+        assert_eq!(shared.fence_high_water(), None);
+        let r = shared
+            .handle(
+                &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+                "name": "add_todo", "arguments": {"story_id": "beta-2", "text": "t"},
+                "_meta": {FENCE_META: fence("story:beta-2", 4), NONCE_KEY: "n"}}}),
+            )
+            .unwrap();
+        assert_eq!(r["result"]["_meta"][NONCE_KEY], "n");
+        assert_eq!(shared.fence_high_water(), Some(4));
+        // A refusal echoes the nonce too.
+        let r = shared
+            .handle(
+                &json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+                "name": "add_todo", "arguments": {"story_id": "beta-2", "text": "t"},
+                "_meta": {FENCE_META: fence("story:beta-2", 3), NONCE_KEY: "m"}}}),
+            )
+            .unwrap();
+        assert_eq!(r["result"]["isError"], true);
+        assert_eq!(r["result"]["_meta"][NONCE_KEY], "m");
     }
 }

@@ -340,6 +340,43 @@ impl Project {
     }
 }
 
+/// The fences a sled has accepted for its project's leased resources (`"story:beta-1"`): the
+/// highest per resource, which a write must not go below, and the highest over all of them
+/// (the project's high-water mark, reported in the uplink `hello`). It lives with the stories,
+/// so it survives what they survive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fences {
+    highest: BTreeMap<String, u64>,
+    high_water: Option<u64>,
+}
+
+impl Fences {
+    /// The highest fence accepted for `resource`, if any.
+    pub fn highest(&self, resource: &str) -> Option<u64> {
+        self.highest.get(resource).copied()
+    }
+
+    /// The highest fence accepted for any resource, if any.
+    pub fn high_water(&self) -> Option<u64> {
+        self.high_water
+    }
+
+    /// Admits a write to `resource` under `fence`: refused (`Err` with the highest accepted)
+    /// when `fence` is below the highest accepted for it; otherwise recorded (when higher) and
+    /// `Ok`. Equal is admitted: one holder writes several times under one fence.
+    pub fn admit(&mut self, resource: &str, fence: u64) -> Result<(), u64> {
+        match self.highest.get_mut(resource) {
+            Some(highest) if fence < *highest => return Err(*highest),
+            Some(highest) => *highest = fence,
+            None => {
+                self.highest.insert(resource.to_owned(), fence);
+            }
+        }
+        self.high_water = self.high_water.max(Some(fence));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,5 +457,32 @@ mod tests {
         assert!(story.failing_tests().is_empty());
         assert_eq!("in_progress".parse::<Stage>(), Ok(Stage::InProgress));
         assert!("doing".parse::<Stage>().is_err());
+    }
+
+    #[test]
+    fn fences_refuse_only_below_the_highest_of_their_resource() {
+        let mut f = Fences::default();
+        assert_eq!(f.high_water(), None);
+        // (resource, fence, admitted or the highest that refused it)
+        for (resource, fence, outcome) in [
+            ("story:a-1", 5, Ok(())),
+            ("story:a-1", 5, Ok(())),
+            ("story:a-1", 4, Err(5)),
+            ("story:a-1", 9, Ok(())),
+            ("story:a-1", 5, Err(9)),
+            ("story:a-2", 2, Ok(())),
+            ("story:a-2", 1, Err(2)),
+        ] {
+            assert_eq!(f.admit(resource, fence), outcome, "{resource} {fence}");
+        }
+        assert_eq!(
+            (
+                f.highest("story:a-1"),
+                f.highest("story:a-2"),
+                f.highest("story:a-3")
+            ),
+            (Some(9), Some(2), None)
+        );
+        assert_eq!(f.high_water(), Some(9));
     }
 }

@@ -186,6 +186,10 @@ impl Handler for SimSled {
             self.story_answer(&msg)
         })
     }
+
+    fn fence_high_water(&self) -> Option<u64> {
+        self.sled.fence_high_water()
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,9 @@
 //! over the same uplink.
 //!
 //! With an identity ([`UplinkOptions::identity`]) the hello names the sled's Ed25519 public key
-//! and the sled answers the gateway's `challenge` with a `proof`. Once welcomed, the uplink
+//! and the sled answers the gateway's `challenge` with a `proof`. Every hello reports the
+//! highest fence the backend has accepted ([`Backend::fence_high_water`]), read afresh at each
+//! connection attempt. Once welcomed, the uplink
 //! relays the sled's CRDT events as `event` frames: a `sync` every
 //! [`UplinkOptions::relay_interval`] and, for the story model, one per successful mutating
 //! `tools/call` (`story_created`, `story_moved`, `story_blocked`, `test_failed`,
@@ -210,6 +212,12 @@ pub trait Handler: Send + Sync + 'static {
     /// or `None` for a notification. Runs as a task of its own; the gateway's
     /// `notifications/cancelled` for the request aborts it.
     fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>>;
+
+    /// The highest fence it has accepted for its project's leased resources, reported in each
+    /// `hello` (`None`, the default, when it never accepted one or keeps no fences).
+    fn fence_high_water(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// What an uplink serves.
@@ -236,6 +244,14 @@ impl Backend {
         match self {
             Backend::Story(s) => s.project_name(),
             Backend::Handler(h) => h.project_name(),
+        }
+    }
+
+    /// The highest fence it has accepted, for the `hello`.
+    pub fn fence_high_water(&self) -> Option<u64> {
+        match self {
+            Backend::Story(s) => s.fence_high_water(),
+            Backend::Handler(h) => h.fence_high_water(),
         }
     }
 
@@ -608,6 +624,8 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         sled: opts.sled_name.clone(),
         token: opts.token.as_ref().map(|t| t.expose().to_owned()),
         key: key.clone(),
+        // Read at each attempt: the fences accepted on the last connection count.
+        fence: sled.fence_high_water(),
     };
     let attempt = async {
         let stream = connector

@@ -86,6 +86,7 @@ async fn fixture_tools_talk_to_the_gateway_mid_call() {
             sled: "conf-sled".into(),
             token: None,
             key: None,
+            fence: None,
         }
     );
     let welcome = Control::Welcome {

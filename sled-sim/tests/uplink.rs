@@ -8,12 +8,13 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
 use gateway_core::identity::{encode_key, parse_key, verify_challenge};
-use gateway_core::uplink::{CloseCode, Control, PROTOCOL_VERSION, UPLINK_PATH};
+use gateway_core::uplink::{CloseCode, Control, FENCE_META, PROTOCOL_VERSION, UPLINK_PATH};
 use serde_json::{json, Value};
 use sled_sim::fleet::{Fleet, SledOptions};
 use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
 use sled_sim::net::{GatewayAddr, TokioConnect};
+use sled_sim::sim_sled::SimSled;
 use sled_sim::uplink::{run_uplink, run_uplink_with, Backend, UplinkOptions};
 use sled_sim::{impostor_key, sled_key, Fixture};
 use tokio::net::{TcpListener, TcpStream};
@@ -143,6 +144,7 @@ async fn hello_welcome_ping_and_calls() {
                 sled: "alpha-sled".into(),
                 token: None,
                 key: None,
+                fence: None,
             }
         );
         send_control(&mut ws, welcome(5_000)).await;
@@ -927,4 +929,89 @@ async fn a_handler_backend_relays_only_sync_ticks() {
     })
     .await
     .expect("test timed out");
+}
+
+/// A fenced `tools/call` of `move_story` on `alpha-1`.
+fn fenced_move(id: u64, stage: &str, fence: u64) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+        "name": "move_story",
+        "arguments": {"story_id": "alpha-1", "stage": stage},
+        "_meta": {FENCE_META: {"resource": "story:alpha-1", "fence": fence}}}})
+}
+
+#[tokio::test]
+async fn a_reconnecting_sleds_hello_carries_the_highest_fence_it_accepted() {
+    // The story sled served directly, and wrapped as the simulation's handler.
+    for wrapped in [false, true] {
+        timeout(LIMIT, async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let gateway = GatewayAddr::parse(&format!("http://{addr}")).unwrap();
+            let sled = SharedSled::new(Sled::new(Project::new("alpha"), "alpha", 1));
+            sled.with(|s| {
+                s.call_tool(
+                    "create_story",
+                    Some(&json!({"name": "A", "acceptance_criteria": []})),
+                )
+                .unwrap()
+            });
+            let backend = if wrapped {
+                Backend::Handler(Arc::new(SimSled::new(
+                    sled.clone(),
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    1,
+                )))
+            } else {
+                Backend::Story(sled.clone())
+            };
+            let (stop, stopped) = oneshot::channel::<()>();
+            let task = tokio::spawn(run_uplink_with(
+                TokioConnect,
+                gateway,
+                backend,
+                fast("alpha"),
+                async {
+                    let _ = stopped.await;
+                },
+            ));
+            let (mut ws, _, _) = accept(&listener).await;
+            let Control::Hello { fence, .. } = expect_hello(&mut ws).await else {
+                panic!("not a hello");
+            };
+            assert_eq!(fence, None, "a fresh sled never accepted a fence");
+            send_control(&mut ws, welcome(5_000)).await;
+            send(&mut ws, fenced_move(1, "review", 7)).await;
+            let moved = next_json(&mut ws).await.unwrap();
+            assert_eq!(
+                moved["result"]["structuredContent"]["to"], "review",
+                "{moved}"
+            );
+            // A stale holder's write is refused by the sled itself.
+            send(&mut ws, fenced_move(2, "done", 6)).await;
+            let refused = next_json(&mut ws).await.unwrap();
+            assert_eq!(refused["result"]["isError"], true, "{refused}");
+            assert_eq!(
+                refused["result"]["structuredContent"],
+                json!({"kind": "stale_fence", "resource": "story:alpha-1", "fence": 6,
+                       "highest": 7, "project": "alpha"})
+            );
+            assert_eq!(
+                sled.with(|s| s.project().story("alpha-1").unwrap().stage.as_str()),
+                "review"
+            );
+
+            // The connection drops; the next hello reports fence 7.
+            drop(ws);
+            let (mut ws, _, _) = accept(&listener).await;
+            let Control::Hello { fence, .. } = expect_hello(&mut ws).await else {
+                panic!("not a hello");
+            };
+            assert_eq!(fence, Some(7), "wrapped: {wrapped}");
+            stop.send(()).unwrap();
+            task.await.unwrap();
+        })
+        .await
+        .expect("test timed out");
+    }
 }

@@ -161,6 +161,24 @@ pub enum CoordLimit {
     Projects,
     MessagesPerProject,
     WaitProjects,
+    /// Agent handles issued to callers without a session (the gateway's bound).
+    Handles,
+}
+
+impl CoordLimit {
+    /// The limit's stable name, as errors and metrics carry it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CoordLimit::LeasesPerAgent => "leases_per_agent",
+            CoordLimit::LeasesPerProject => "leases_per_project",
+            CoordLimit::BoardKeys => "board_keys",
+            CoordLimit::AgentsPerProject => "agents_per_project",
+            CoordLimit::Projects => "projects",
+            CoordLimit::MessagesPerProject => "messages_per_project",
+            CoordLimit::WaitProjects => "wait_projects",
+            CoordLimit::Handles => "agent_handles",
+        }
+    }
 }
 
 /// Why a coordination call was refused.
@@ -184,7 +202,7 @@ pub enum CoordError {
     RevisionMismatch { key: String, current: Option<u64> },
     #[error("no board key `{key}`")]
     NoKey { key: String },
-    #[error("limit reached: {which:?} (at most {max})")]
+    #[error("limit reached: {} (at most {max})", which.name())]
     Limit { which: CoordLimit, max: usize },
     #[error("{what} too large: {got} bytes, at most {max_bytes}")]
     TooLarge {
@@ -684,6 +702,24 @@ impl Coord {
                 }
             }
         }
+    }
+
+    /// The projects where `agent` is present now, in name order.
+    pub fn present_in(&self, now: Instant, agent: &str) -> Vec<String> {
+        let Some(projects) = self.agents.get(agent) else {
+            return Vec::new();
+        };
+        projects
+            .iter()
+            .filter(|p| {
+                self.projects
+                    .get(p.as_str())
+                    .and_then(|p| p.members.get(agent))
+                    .and_then(|m| m.present_until)
+                    .is_some_and(|until| now < until)
+            })
+            .cloned()
+            .collect()
     }
 
     pub fn stats(&self) -> CoordStats {

@@ -71,6 +71,8 @@ impl Gateway {
                         if let Some(stream) = session.stream {
                             self.close_session_stream(stream);
                         }
+                        let id = id.to_owned();
+                        self.coordination_session_ended(now, &id);
                         self.reply(token, 204, Vec::new(), None)
                     }
                     None => self.http_error(token, HttpError::UnknownSession),
@@ -193,7 +195,8 @@ impl Gateway {
         if self.sessions.len() >= self.config.max_sessions {
             let busy = &self.session_calls;
             match self.sessions.evict_lru(|id| busy.contains_key(id)) {
-                Some(_) => {
+                Some(evicted) => {
+                    self.coordination_session_ended(now, &evicted);
                     self.counters.sessions_evicted += 1;
                     tracing::info!(
                         max = self.config.max_sessions,
@@ -238,7 +241,7 @@ impl Gateway {
     }
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
-        if self.listens.remove(&token).is_some() {
+        if self.listens.remove(&token).is_some() || self.coordination_aborted(token) {
             return;
         }
         if let Some(session) = self.get_streams.remove(&token) {
@@ -427,6 +430,26 @@ impl Gateway {
             AGGREGATE_PIPELINE_STATUS,
         ]
         .contains(&params.name.as_str());
+        if let Some(&tool) = coordination::COORDINATION_TOOLS
+            .iter()
+            .find(|t| **t == params.name)
+        {
+            let arguments: Map<String, Value> = call_arguments(params.arguments)?;
+            let meta = match params.meta {
+                Some(m) => Some(call_arguments::<Value>(Some(m))?),
+                None => None,
+            };
+            return self.coordination_call(
+                now,
+                token,
+                caller,
+                id,
+                tool,
+                &arguments,
+                meta.as_ref(),
+                mode,
+            );
+        }
         if gateway_tool {
             let arguments: Map<String, Value> = call_arguments(params.arguments)?;
             return match params.name.as_str() {
@@ -475,10 +498,34 @@ impl Gateway {
             method: "tools/call".into(),
             detail: jsonrpc::clean_serde_message(&e),
         })?;
-        let meta = match params.meta {
+        let mut meta = match params.meta {
             Some(m) => Some(call_arguments::<Value>(Some(m))?),
             None => None,
         };
+        // The fence is the gateway's to give: a client's is never passed on.
+        if let Some(Value::Object(m)) = meta.as_mut() {
+            m.remove(FENCE_META);
+        }
+        // A write to a resource the sled declared leasable: refused if another agent holds
+        // it, fenced if the caller does.
+        let leased = listed
+            .and_then(|t| t.lease.as_ref())
+            .and_then(|(property, kind)| {
+                let value = arguments.get(property)?;
+                let value: String = serde_json::from_str(value.get()).ok()?;
+                Some(format!("{kind}:{value}"))
+            });
+        if let Some(resource) = leased {
+            if let Some(fence) = self.check_lease(now, caller, &route.project, &resource)? {
+                let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = m {
+                    m.insert(
+                        FENCE_META.to_owned(),
+                        json!({ "resource": resource, "fence": fence }),
+                    );
+                }
+            }
+        }
         self.forward(
             now,
             token,

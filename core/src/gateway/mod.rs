@@ -10,6 +10,7 @@
 //! session sweep.
 
 mod client;
+pub(crate) mod coordination;
 mod fleet;
 mod modern;
 mod proxy;
@@ -33,7 +34,7 @@ use crate::tools::{
     self, CachedTool, AGGREGATE_PIPELINE_STATUS, FLEET_IDENTITY, GATEWAY_HEALTH, LIST_PROJECTS,
     SWITCH_PROJECT,
 };
-use crate::uplink::{CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META};
+use crate::uplink::{CloseCode, Control, FENCE_META, PROTOCOL_VERSION, RELATED_REQUEST_META};
 
 /// An HTTP request to `/mcp`, named by the driver. The driver picks any token unique among the
 /// requests still waiting for a reply.
@@ -234,6 +235,8 @@ pub struct Config {
     /// connecting at once is saved a few times rather than once per sled (each save is the
     /// whole file). A re-pin, and shutdown, save at once. Zero: every pin at once.
     pub pin_save_delay: Duration,
+    /// Coordination's TTLs and bounds (presence, leases, messages, board, waits).
+    pub coordination: crate::coord::Limits,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -273,6 +276,7 @@ impl Default for Config {
             fanout_timeout: Duration::from_secs(5),
             fanout_sled_timeout: Duration::from_secs(2),
             pin_save_delay: Duration::from_millis(500),
+            coordination: crate::coord::Limits::default(),
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -376,6 +380,8 @@ pub struct Gateway {
     fanouts: HashMap<u64, (fleet::Fanout, Duration)>,
     fanout_by_token: HashMap<HttpToken, u64>,
     next_fanout: u64,
+    /// Presence, leases, messages, board and waits between sessions.
+    coordination: coordination::Coordination,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -425,6 +431,8 @@ struct Uplink {
     timer: Option<Instant>,
     /// The identity key the sled proved it holds (base64), once live.
     key: Option<String>,
+    /// The highest fence the sled said (in its hello) it has accepted.
+    fence_floor: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -555,6 +563,7 @@ impl Gateway {
             .map(|n| (n.to_owned(), ProjectState::default()))
             .collect();
         Gateway {
+            coordination: coordination::Coordination::new(config.coordination.clone()),
             registry,
             config,
             sessions: Sessions::new(seed),
@@ -638,9 +647,15 @@ impl Gateway {
         }
     }
 
+    /// Coordination's counters and gauges.
+    pub fn coordination_stats(&self) -> crate::coord::CoordStats {
+        self.coordination.stats()
+    }
+
     /// Everything the core counts, for a metrics endpoint.
     pub fn metrics(&self) -> crate::Metrics {
-        self.call_metrics.snapshot(self.stats())
+        self.call_metrics
+            .snapshot(self.stats(), self.coordination.stats())
     }
 
     /// Whether `project`'s sled has a live uplink now.
@@ -694,6 +709,9 @@ impl Gateway {
                 }
             }
         }
+        if self.coordination.poll_timeout().is_some_and(|at| at <= now) {
+            self.coordination_timeout(now);
+        }
     }
 
     /// The next decision to carry out, if any.
@@ -705,6 +723,10 @@ impl Gateway {
     /// When [`Gateway::handle_timeout`] should next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|&(at, _)| at)
+        let own = self.timers.first().map(|&(at, _)| at);
+        match (own, self.coordination.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }

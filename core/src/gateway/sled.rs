@@ -24,6 +24,7 @@ impl Gateway {
                 pending: BTreeSet::new(),
                 timer: Some(at),
                 key: None,
+                fence_floor: None,
             },
         );
         self.timers.insert((at, Timer::Uplink(id)));
@@ -75,13 +76,22 @@ impl Gateway {
                     sled,
                     token,
                     key,
-                }) if expects_hello => self.on_hello(now, id, protocol, project, sled, token, key),
+                    fence,
+                }) if expects_hello => {
+                    if let Some(u) = self.uplinks.get_mut(&id) {
+                        u.fence_floor = fence;
+                    }
+                    self.on_hello(now, id, protocol, project, sled, token, key)
+                }
                 Ok(Control::Proof { signature }) if expects_proof => {
                     self.on_proof(now, id, &signature)
                 }
                 Ok(Control::Pong { .. }) if !awaiting_hello => {}
-                Ok(Control::Event { kind, .. }) if !awaiting_hello => {
-                    self.on_relay_event(now, id, &kind)
+                Ok(Control::Event { kind, story, .. }) if !awaiting_hello => {
+                    self.on_relay_event(now, id, &kind);
+                    if let Some(project) = self.live_project(id) {
+                        self.coordination_sled_event(now, &project, &kind, story.as_deref());
+                    }
                 }
                 Ok(Control::Unreadable { id: rid, reason }) if !awaiting_hello => {
                     self.on_unreadable(now, id, rid, &reason)
@@ -420,6 +430,14 @@ impl Gateway {
         self.modern_listing = None;
         let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
         uplink.key = key;
+        // Fences never go back: the next grant is above the highest this sled accepted.
+        if let Some(floor) = uplink.fence_floor {
+            match self.coordination.coord.raise_fence_floor(&project, floor) {
+                Ok(fence) => tracing::info!(project, floor, fence, "fence floor from the sled"),
+                Err(e) => tracing::warn!(project, floor, "fence floor refused: {e}"),
+            }
+        }
+        let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
         uplink.state = UplinkState::Live {
             project: project.clone(),
         };

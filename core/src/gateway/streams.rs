@@ -240,6 +240,9 @@ impl Gateway {
                 tracing::info!(sessions = gone.len(), "idle sessions expired");
             }
             self.counters.sessions_expired += gone.len() as u64;
+            for session in &gone {
+                self.coordination_session_ended(now, session);
+            }
         }
         self.arm_sweep(now);
     }

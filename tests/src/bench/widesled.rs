@@ -47,6 +47,7 @@ pub(crate) async fn connect(
         sled: project.clone(),
         token: None,
         key: None,
+        fence: None,
     };
     ws.send(Message::text(hello.to_text())).await?;
     loop {

@@ -1,0 +1,951 @@
+//! The coordination tools (presence, leases, messages, board, wait) and the enforcement of
+//! leases on project writes. The rules are [`crate::coord::Coord`]'s; this file turns tool
+//! calls into its calls and its answers into tool results, parks `wait` requests, and keeps
+//! who is who.
+//!
+//! **Agents.** A session is an agent. So is an *agent handle*, issued by `checkin` to a caller
+//! without a session (the stateless era, a shell) and passed back as the `agent` argument:
+//! 128 bits from the gateway's seeded generator, so unguessable. Neither a session id nor a
+//! handle is ever shown to another caller: the coordination state knows each agent by a
+//! public name (`agent-N`), which is what rosters, holders and messages show.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Map, Value};
+
+use super::*;
+use crate::coord::{
+    Claim, Coord, CoordError, Inbox, LeaseView, LostLease, LostReason, MessageTo, PresenceStatus,
+    Recipient, WaitReady, WaitReason, WaitStart, WaitToken, WriteCheck,
+};
+
+pub(crate) const CHECKIN: &str = "checkin";
+pub(crate) const ROSTER: &str = "roster";
+pub(crate) const CLAIM: &str = "claim";
+pub(crate) const RENEW: &str = "renew";
+pub(crate) const RELEASE: &str = "release";
+pub(crate) const CLAIMS: &str = "claims";
+pub(crate) const SEND: &str = "send";
+pub(crate) const INBOX: &str = "inbox";
+pub(crate) const BOARD_SET: &str = "board_set";
+pub(crate) const BOARD_GET: &str = "board_get";
+pub(crate) const BOARD_LIST: &str = "board_list";
+pub(crate) const BOARD_DELETE: &str = "board_delete";
+pub(crate) const WAIT: &str = "wait";
+
+/// The coordination tools, in the order `tools/list` shows them.
+pub(crate) const COORDINATION_TOOLS: &[&str] = &[
+    CHECKIN,
+    ROSTER,
+    CLAIM,
+    RENEW,
+    RELEASE,
+    CLAIMS,
+    SEND,
+    INBOX,
+    BOARD_SET,
+    BOARD_GET,
+    BOARD_LIST,
+    BOARD_DELETE,
+    WAIT,
+];
+
+/// The most entries one `board_list` answer carries (`more` says when there were others).
+const BOARD_LIST_PAGE: usize = 200;
+/// The most messages one `inbox` answer carries.
+const INBOX_PAGE_MAX: usize = 100;
+/// A parked `wait` that asked for progress gets a progress notification this often, so
+/// clients' idle timers do not cut it.
+pub(crate) const WAIT_PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Coordination state, with the gateway's bookkeeping around it.
+#[derive(Debug)]
+pub(super) struct Coordination {
+    pub(super) coord: Coord,
+    /// Public agent names, by session id or handle.
+    names: HashMap<String, String>,
+    /// Issued agent handles (the secret), by public name, so that ending one is possible.
+    handles: HashMap<String, String>,
+    next_agent: u64,
+    parked: HashMap<WaitToken, Parked>,
+    by_http: HashMap<HttpToken, WaitToken>,
+    next_wait: u64,
+}
+
+/// A `wait` whose answer has not come yet.
+#[derive(Debug)]
+struct Parked {
+    http: HttpToken,
+    client_id: RawId,
+    agent: String,
+    project: Option<String>,
+    /// The client's progress token, when it asked for progress and reads SSE.
+    progress: Option<Box<RawValue>>,
+    /// Whether the answer has become an SSE stream (after the first progress).
+    streamed: bool,
+    next_progress: Instant,
+    sent_progress: u64,
+}
+
+impl Coordination {
+    pub(super) fn new(limits: crate::coord::Limits) -> Coordination {
+        Coordination {
+            coord: Coord::new(limits),
+            names: HashMap::new(),
+            handles: HashMap::new(),
+            next_agent: 0,
+            parked: HashMap::new(),
+            by_http: HashMap::new(),
+            next_wait: 0,
+        }
+    }
+
+    /// The public name of the agent behind `secret` (a session id or handle), made on first use.
+    fn name_of(&mut self, secret: &str) -> String {
+        if let Some(n) = self.names.get(secret) {
+            return n.clone();
+        }
+        self.next_agent += 1;
+        let name = format!("agent-{}", self.next_agent);
+        self.names.insert(secret.to_owned(), name.clone());
+        name
+    }
+
+    pub(super) fn known_name(&self, secret: &str) -> Option<&str> {
+        self.names.get(secret).map(String::as_str)
+    }
+
+    /// When the next coordination timer is due (expiries, wait deadlines, progress ticks).
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        let progress = self
+            .parked
+            .values()
+            .filter(|p| p.progress.is_some())
+            .map(|p| p.next_progress)
+            .min();
+        match (self.coord.poll_timeout(), progress) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(super) fn stats(&self) -> crate::coord::CoordStats {
+        self.coord.stats()
+    }
+}
+
+/// The gateway's coordination tool definitions, for `tools/list`.
+pub(crate) fn tool_definitions() -> Vec<Value> {
+    let project = json!({ "type": "string", "description": "The project to act in (list_projects names them). Omit it for this session's default project." });
+    let agent = json!({ "type": "string", "description": "An agent handle from checkin, for callers without a session (the 2026-07-28 era, a shell). Sessions are agents themselves and leave it out." });
+    let resource = json!({ "type": "string", "minLength": 1, "maxLength": 256, "description": "What to lease, e.g. \"story:beta-4\" (a sled names its resources in its tools' schemas)." });
+    let ttl = |what: &str, default: u64, max: u64| json!({ "type": "integer", "minimum": 1, "description": format!("{what} in seconds (default {default}, at most {max}; a longer one is clamped and the answer says so).") });
+    let key = json!({ "type": "string", "minLength": 1, "maxLength": 256, "description": "The board key." });
+    let object = |properties: Value, required: &[&str]| json!({ "type": "object", "properties": properties, "required": required, "additionalProperties": false });
+    vec![
+        json!({
+            "name": CHECKIN,
+            "title": "Check in to a project",
+            "description": "Say you are here (presence, with a display name and task), renew every lease you hold in the project, and read your inbox, in one call. Without a session, it issues an agent handle to pass back as `agent`. Every result of a coordination tool carries `unread` and any lease you lost since your last result (`lost`).",
+            "inputSchema": object(json!({
+                "project": project, "agent": agent,
+                "name": { "type": "string", "maxLength": 256, "description": "Your display name." },
+                "task": { "type": "string", "maxLength": 1024, "description": "What you are working on (\"\" clears it)." },
+                "ttl_s": ttl("How long your presence lasts without another call", 120, 3600),
+            }), &[]),
+        }),
+        json!({
+            "name": ROSTER,
+            "title": "Who is on a project",
+            "description": "The agents present on a project: name, task, how long ago each was seen, active or stale, and the resources each holds.",
+            "inputSchema": object(json!({ "project": project, "agent": agent }), &[]),
+            "annotations": { "readOnlyHint": true }
+        }),
+        json!({
+            "name": CLAIM,
+            "title": "Lease a resource",
+            "description": "Take an exclusive lease on a resource of the project, with a fence (a number that only grows) that the gateway attaches to your writes and the sled checks. Claiming what you hold renews it and keeps its fence. If someone else holds it, the answer says who and for how long (`acquired: false`); `wait` wakes you when it is released. The gateway refuses other agents' writes to a leased resource.",
+            "inputSchema": object(json!({ "resource": resource, "project": project, "agent": agent, "ttl_s": ttl("The lease's lifetime", 300, 3600) }), &["resource"]),
+        }),
+        json!({
+            "name": RENEW,
+            "title": "Renew a lease",
+            "description": "Extend a lease you hold (same fence). Renewing a lease you do not hold, or one that expired, is an error, never a quiet success.",
+            "inputSchema": object(json!({ "resource": resource, "project": project, "agent": agent, "ttl_s": ttl("The new lifetime from now", 300, 3600) }), &["resource"]),
+        }),
+        json!({
+            "name": RELEASE,
+            "title": "Release a lease",
+            "description": "Give up a lease you hold. Releasing one you do not hold, or one that expired, is an error.",
+            "inputSchema": object(json!({ "resource": resource, "project": project, "agent": agent }), &["resource"]),
+        }),
+        json!({
+            "name": CLAIMS,
+            "title": "Leases on a project",
+            "description": "Every live lease of the project: resource, holder, fence, and when it expires.",
+            "inputSchema": object(json!({ "project": project, "agent": agent }), &[]),
+            "annotations": { "readOnlyHint": true }
+        }),
+        json!({
+            "name": SEND,
+            "title": "Send a message",
+            "description": "Send a message to one agent of the project (`to`, a name from roster) or, without `to`, to the project's channel (everyone on it).",
+            "inputSchema": object(json!({
+                "body": { "type": "string", "minLength": 1, "description": "The message (at most 16 KiB)." },
+                "to": { "type": "string", "description": "An agent's name from roster; omit it for the project's channel." },
+                "project": project, "agent": agent,
+                "ttl_s": ttl("How long the message is kept", 3600, 86400),
+            }), &["body"]),
+        }),
+        json!({
+            "name": INBOX,
+            "title": "Read your messages",
+            "description": "Your unread messages in the project (direct and channel), oldest first. Reading moves your cursor past them; `peek` does not. Pages neither skip nor repeat.",
+            "inputSchema": object(json!({
+                "project": project, "agent": agent,
+                "peek": { "type": "boolean", "description": "Read without moving your cursor." },
+                "limit": { "type": "integer", "minimum": 1, "maximum": INBOX_PAGE_MAX, "description": "At most this many messages (default and most 100)." },
+            }), &[]),
+        }),
+        json!({
+            "name": BOARD_SET,
+            "title": "Set a board key",
+            "description": "Set a key on the project's shared board to any JSON value. With `if_revision`, only if the key is at that revision (0: only if absent), so concurrent writers cannot overwrite each other unseen. Revisions are never reused.",
+            "inputSchema": object(json!({
+                "key": key, "value": { "description": "Any JSON value (at most 64 KiB)." },
+                "if_revision": { "type": "integer", "minimum": 0, "description": "Compare-and-set: the revision the key must be at (0: absent)." },
+                "project": project, "agent": agent,
+                "ttl_s": ttl("How long the key lives (without it, until deleted)", 0, 604800),
+            }), &["key", "value"]),
+        }),
+        json!({
+            "name": BOARD_GET,
+            "title": "Read a board key",
+            "description": "A key of the project's board: its value, revision, who set it and when it expires.",
+            "inputSchema": object(json!({ "key": key, "project": project, "agent": agent }), &["key"]),
+            "annotations": { "readOnlyHint": true }
+        }),
+        json!({
+            "name": BOARD_LIST,
+            "title": "List board keys",
+            "description": "The keys of the project's board (with a prefix, those starting with it), with values and revisions; at most 200, `more` says when there are others.",
+            "inputSchema": object(json!({ "prefix": { "type": "string" }, "project": project, "agent": agent }), &[]),
+            "annotations": { "readOnlyHint": true }
+        }),
+        json!({
+            "name": BOARD_DELETE,
+            "title": "Delete a board key",
+            "description": "Delete a key of the project's board; with `if_revision`, only at that revision.",
+            "inputSchema": object(json!({ "key": key, "if_revision": { "type": "integer", "minimum": 1 }, "project": project, "agent": agent }), &["key"]),
+        }),
+        json!({
+            "name": WAIT,
+            "title": "Wait for anything that concerns you",
+            "description": "Block until something concerns you in any of the named projects (default: every project you are present in): a message to you or your channels, a lease of yours lost, a lease you were refused now released, or a sled event (story moved, blocked, test failed). Returns at once if something is already waiting; at most 25 s (then `woke: false`). Asks for progress to keep the call alive: send a progressToken.",
+            "inputSchema": object(json!({
+                "projects": { "type": "array", "items": { "type": "string" }, "maxItems": 64, "description": "Projects to wait in." },
+                "timeout_s": { "type": "integer", "minimum": 1, "maximum": 25, "description": "At most this long (default and most 25)." },
+                "agent": agent,
+            }), &[]),
+        }),
+    ]
+}
+
+/// A lease's or wait's duration, as the results show it.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn lost_json(lost: &[LostLease]) -> Value {
+    lost.iter()
+        .map(|l| {
+            json!({
+                "project": l.project, "resource": l.resource, "fence": l.fence,
+                "reason": lost_reason(l.reason),
+            })
+        })
+        .collect()
+}
+
+fn lost_reason(r: LostReason) -> &'static str {
+    match r {
+        LostReason::Expired => "expired",
+        LostReason::ForcedRelease => "forced_release",
+    }
+}
+
+fn lease_json(l: &LeaseView) -> Value {
+    json!({
+        "resource": l.resource, "holder": l.holder, "holder_name": l.holder_name,
+        "fence": l.fence, "expires_in_ms": ms(l.expires_in),
+    })
+}
+
+fn inbox_json(inbox: &Inbox) -> Value {
+    let messages: Vec<Value> = inbox
+        .messages
+        .iter()
+        .map(|m| {
+            json!({
+                "id": m.id, "from": m.from, "from_name": m.from_name,
+                "to": match m.to { MessageTo::Agent => "you", MessageTo::Channel => "channel" },
+                "body": m.body, "sent_ms_ago": ms(m.sent_ago),
+            })
+        })
+        .collect();
+    json!({ "messages": messages, "more": inbox.more, "unread": inbox.unread })
+}
+
+fn ready_json(ready: &WaitReady) -> Value {
+    let reasons: Vec<Value> = ready
+        .reasons
+        .iter()
+        .map(|r| match r {
+            WaitReason::Message { id, from, to } => json!({
+                "kind": "message", "id": id, "from": from,
+                "to": match to { MessageTo::Agent => "you", MessageTo::Channel => "channel" },
+            }),
+            WaitReason::LeaseLost {
+                resource,
+                fence,
+                reason,
+            } => json!({
+                "kind": "lease_lost", "resource": resource, "fence": fence,
+                "reason": lost_reason(*reason),
+            }),
+            WaitReason::Released { resource } => {
+                json!({ "kind": "released", "resource": resource })
+            }
+            WaitReason::SledEvent { seq, kind, story } => json!({
+                "kind": "sled_event", "seq": seq, "event": kind, "story": story,
+            }),
+        })
+        .collect();
+    json!({ "woke": !ready.reasons.is_empty(), "project": ready.project, "reasons": reasons })
+}
+
+/// Reads an optional argument of a coordination tool.
+fn arg<'a, T: serde::Deserialize<'a>>(
+    tool: &str,
+    arguments: &'a Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, RpcError> {
+    match arguments.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| RpcError::InvalidParams {
+                method: tool.to_owned(),
+                detail: format!("`{name}`: {e}"),
+            }),
+    }
+}
+
+fn required<'a, T: serde::Deserialize<'a>>(
+    tool: &str,
+    arguments: &'a Map<String, Value>,
+    name: &str,
+) -> Result<T, RpcError> {
+    arg(tool, arguments, name)?.ok_or_else(|| RpcError::InvalidParams {
+        method: tool.to_owned(),
+        detail: format!("the `{name}` argument is required"),
+    })
+}
+
+fn seconds(
+    tool: &str,
+    arguments: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<Duration>, RpcError> {
+    Ok(arg::<u64>(tool, arguments, name)?.map(Duration::from_secs))
+}
+
+fn coord_error(tool: &'static str, error: CoordError) -> RpcError {
+    RpcError::Coordination { tool, error }
+}
+
+/// The tool's arguments as the gateway allows them.
+fn allowed(tool: &str) -> &'static [&'static str] {
+    match tool {
+        CHECKIN => &["project", "agent", "name", "task", "ttl_s"],
+        ROSTER | CLAIMS => &["project", "agent"],
+        CLAIM | RENEW => &["resource", "project", "agent", "ttl_s"],
+        RELEASE => &["resource", "project", "agent"],
+        SEND => &["body", "to", "project", "agent", "ttl_s"],
+        INBOX => &["project", "agent", "peek", "limit"],
+        BOARD_SET => &["key", "value", "if_revision", "project", "agent", "ttl_s"],
+        BOARD_GET => &["key", "project", "agent"],
+        BOARD_LIST => &["prefix", "project", "agent"],
+        BOARD_DELETE => &["key", "if_revision", "project", "agent"],
+        _ => &["projects", "timeout_s", "agent"],
+    }
+}
+
+impl Gateway {
+    /// Answers a coordination tool now (`Ok(Some)`), or parks a `wait` (`Ok(None)`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn coordination_call(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        caller: Caller<'_>,
+        id: &RawId,
+        tool: &'static str,
+        arguments: &Map<String, Value>,
+        meta: Option<&Value>,
+        mode: CallMode,
+    ) -> Result<Option<String>, RpcError> {
+        client::only_arguments(tool, arguments, allowed(tool))?;
+        let (agent, handle) = self.agent_of(caller, arguments, tool)?;
+        if tool == WAIT {
+            return self.coordination_wait(now, token, id, &agent, arguments, meta, mode);
+        }
+        let project = self.coordination_project(caller, arguments, tool)?;
+        let c = &mut self.coordination.coord;
+        let mut out = match tool {
+            CHECKIN => {
+                let name: Option<String> = arg(tool, arguments, "name")?;
+                let task: Option<String> = arg(tool, arguments, "task")?;
+                let ttl = seconds(tool, arguments, "ttl_s")?;
+                let got = c
+                    .checkin(now, &project, &agent, name, task, ttl)
+                    .map_err(|e| coord_error(tool, e))?;
+                let renewed: Vec<Value> = got.renewed.iter().map(lease_json).collect();
+                let mut v = json!({
+                    "agent": agent,
+                    "expires_in_ms": ms(got.expires_in),
+                    "renewed": renewed,
+                    "inbox": inbox_json(&got.inbox),
+                });
+                if let Some(t) = got.ttl_clamped {
+                    v["ttl_clamped_s"] = json!(t.as_secs());
+                }
+                if let Some(h) = handle {
+                    v["handle"] = json!(h);
+                }
+                let mut lost = got.lost;
+                lost.extend(c.take_lost(now, &agent, None));
+                v["lost"] = lost_json(&lost);
+                v
+            }
+            ROSTER => {
+                let agents: Vec<Value> = c
+                    .roster(now, &project)
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "agent": r.agent, "name": r.name, "task": r.task,
+                            "last_seen_ms_ago": ms(r.last_seen_ago),
+                            "status": match r.status { PresenceStatus::Active => "active", PresenceStatus::Stale => "stale" },
+                            "holds": r.held,
+                        })
+                    })
+                    .collect();
+                json!({ "agents": agents })
+            }
+            CLAIM => {
+                let resource: String = required(tool, arguments, "resource")?;
+                let ttl = seconds(tool, arguments, "ttl_s")?;
+                match c
+                    .claim(now, &project, &agent, &resource, ttl)
+                    .map_err(|e| coord_error(tool, e))?
+                {
+                    Claim::Acquired {
+                        fence,
+                        expires_in,
+                        reentrant,
+                        ttl_clamped,
+                    } => {
+                        let mut v = json!({
+                            "acquired": true, "resource": resource, "fence": fence,
+                            "expires_in_ms": ms(expires_in), "reentrant": reentrant,
+                        });
+                        if let Some(t) = ttl_clamped {
+                            v["ttl_clamped_s"] = json!(t.as_secs());
+                        }
+                        v
+                    }
+                    Claim::Held {
+                        holder,
+                        holder_name,
+                        expires_in,
+                    } => json!({
+                        "acquired": false, "resource": resource, "holder": holder,
+                        "holder_name": holder_name, "expires_in_ms": ms(expires_in),
+                    }),
+                }
+            }
+            RENEW => {
+                let resource: String = required(tool, arguments, "resource")?;
+                let ttl = seconds(tool, arguments, "ttl_s")?;
+                let r = c
+                    .renew(now, &project, &agent, &resource, ttl)
+                    .map_err(|e| coord_error(tool, e))?;
+                let mut v = json!({
+                    "renewed": true, "resource": resource, "fence": r.fence,
+                    "expires_in_ms": ms(r.expires_in),
+                });
+                if let Some(t) = r.ttl_clamped {
+                    v["ttl_clamped_s"] = json!(t.as_secs());
+                }
+                v
+            }
+            RELEASE => {
+                let resource: String = required(tool, arguments, "resource")?;
+                let r = c
+                    .release(now, &project, &agent, &resource)
+                    .map_err(|e| coord_error(tool, e))?;
+                json!({ "released": true, "resource": resource, "fence": r.fence })
+            }
+            CLAIMS => {
+                let leases: Vec<Value> = c.claims(now, &project).iter().map(lease_json).collect();
+                json!({ "leases": leases })
+            }
+            SEND => {
+                let body: String = required(tool, arguments, "body")?;
+                let to: Option<String> = arg(tool, arguments, "to")?;
+                let ttl = seconds(tool, arguments, "ttl_s")?;
+                let recipient = match &to {
+                    Some(a) => Recipient::Agent(a.clone()),
+                    None => Recipient::Channel,
+                };
+                let sent = c
+                    .send(now, &project, &agent, recipient, body, ttl)
+                    .map_err(|e| coord_error(tool, e))?;
+                let mut v = json!({
+                    "sent": true, "id": sent.id, "to": to.as_deref().unwrap_or("channel"),
+                    "expires_in_ms": ms(sent.expires_in),
+                });
+                if let Some(t) = sent.ttl_clamped {
+                    v["ttl_clamped_s"] = json!(t.as_secs());
+                }
+                v
+            }
+            INBOX => {
+                let peek = arg::<bool>(tool, arguments, "peek")?.unwrap_or(false);
+                let limit = arg::<usize>(tool, arguments, "limit")?
+                    .unwrap_or(INBOX_PAGE_MAX)
+                    .clamp(1, INBOX_PAGE_MAX);
+                let inbox = c
+                    .inbox(now, &project, &agent, peek, limit)
+                    .map_err(|e| coord_error(tool, e))?;
+                inbox_json(&inbox)
+            }
+            BOARD_SET => {
+                let key: String = required(tool, arguments, "key")?;
+                let Some(value) = arguments.get("value") else {
+                    return Err(RpcError::InvalidParams {
+                        method: tool.to_owned(),
+                        detail: "the `value` argument is required".into(),
+                    });
+                };
+                let if_revision: Option<u64> = arg(tool, arguments, "if_revision")?;
+                let ttl = seconds(tool, arguments, "ttl_s")?;
+                let set = c
+                    .board_set(
+                        now,
+                        &project,
+                        &agent,
+                        &key,
+                        value.to_string(),
+                        if_revision,
+                        ttl,
+                    )
+                    .map_err(|e| coord_error(tool, e))?;
+                let mut v = json!({ "key": key, "revision": set.revision });
+                if let Some(t) = set.ttl_clamped {
+                    v["ttl_clamped_s"] = json!(t.as_secs());
+                }
+                v
+            }
+            BOARD_GET => {
+                let key: String = required(tool, arguments, "key")?;
+                match c.board_get(now, &project, &key) {
+                    Some(e) => json!({
+                        "key": key, "found": true,
+                        "value": serde_json::from_str::<Value>(&e.value).unwrap_or(Value::Null),
+                        "revision": e.revision, "set_by": e.set_by,
+                        "expires_in_ms": e.expires_in.map(ms),
+                    }),
+                    None => json!({ "key": key, "found": false }),
+                }
+            }
+            BOARD_LIST => {
+                let prefix: Option<String> = arg(tool, arguments, "prefix")?;
+                let all = c.board_list(now, &project, prefix.as_deref());
+                let more = all.len() > BOARD_LIST_PAGE;
+                let entries: Vec<Value> = all
+                    .iter()
+                    .take(BOARD_LIST_PAGE)
+                    .map(|e| {
+                        json!({
+                            "key": e.key,
+                            "value": serde_json::from_str::<Value>(&e.value).unwrap_or(Value::Null),
+                            "revision": e.revision, "set_by": e.set_by,
+                            "expires_in_ms": e.expires_in.map(ms),
+                        })
+                    })
+                    .collect();
+                json!({ "entries": entries, "more": more })
+            }
+            _ => {
+                let key: String = required(tool, arguments, "key")?;
+                let if_revision: Option<u64> = arg(tool, arguments, "if_revision")?;
+                let revision = c
+                    .board_delete(now, &project, &agent, &key, if_revision)
+                    .map_err(|e| coord_error(tool, e))?;
+                json!({ "key": key, "deleted": true, "revision": revision })
+            }
+        };
+        out["project"] = json!(project);
+        if tool != CHECKIN {
+            out["lost"] = lost_json(&c.take_lost(now, &agent, None));
+        }
+        out["unread"] = json!(c.unread(now, &agent, &project));
+        self.drain_woken(now);
+        Ok(Some(client::tool_result(out)))
+    }
+
+    /// The calling agent's public name, and a handle when this call issued one.
+    fn agent_of(
+        &mut self,
+        caller: Caller<'_>,
+        arguments: &Map<String, Value>,
+        tool: &'static str,
+    ) -> Result<(String, Option<String>), RpcError> {
+        if let Some(handle) = arg::<String>(tool, arguments, "agent")? {
+            return match self.coordination.known_name(&handle) {
+                Some(name) if self.coordination.handles.get(name) == Some(&handle) => {
+                    Ok((name.to_owned(), None))
+                }
+                _ => Err(RpcError::UnknownAgent { tool }),
+            };
+        }
+        match caller {
+            Caller::Session(s) => Ok((self.coordination.name_of(s), None)),
+            Caller::Sessionless if tool == CHECKIN => {
+                let max = self.config.max_sessions;
+                if self.coordination.handles.len() >= max {
+                    return Err(coord_error(
+                        tool,
+                        CoordError::Limit {
+                            which: crate::coord::CoordLimit::Handles,
+                            max,
+                        },
+                    ));
+                }
+                use rand_chacha::rand_core::RngCore;
+                let mut bytes = [0u8; 16];
+                self.rng.fill_bytes(&mut bytes);
+                let handle: String = std::iter::once("ah-".to_owned())
+                    .chain(bytes.iter().map(|b| format!("{b:02x}")))
+                    .collect();
+                let name = self.coordination.name_of(&handle);
+                self.coordination
+                    .handles
+                    .insert(name.clone(), handle.clone());
+                Ok((name, Some(handle)))
+            }
+            Caller::Sessionless => Err(RpcError::NoAgent { tool }),
+        }
+    }
+
+    /// The project a coordination call acts in: its `project`, else the caller's default.
+    fn coordination_project(
+        &self,
+        caller: Caller<'_>,
+        arguments: &Map<String, Value>,
+        tool: &'static str,
+    ) -> Result<String, RpcError> {
+        let project = match arguments.get("project") {
+            None | Some(Value::Null) => match self.default_of(caller) {
+                Some(p) => p.to_owned(),
+                None => {
+                    return Err(RpcError::NoProjectSelected {
+                        tool: tool.into(),
+                        registered: self.registered(),
+                    })
+                }
+            },
+            Some(Value::String(p)) if p.is_empty() => {
+                return Err(RpcError::ProjectEmpty { tool: tool.into() })
+            }
+            Some(Value::String(p)) => p.clone(),
+            Some(_) => return Err(RpcError::ProjectNotString { tool: tool.into() }),
+        };
+        if self.registry.get(&project).is_none() {
+            return Err(RpcError::UnknownProject {
+                project,
+                registered: self.registered(),
+            });
+        }
+        Ok(project)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn coordination_wait(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        id: &RawId,
+        agent: &str,
+        arguments: &Map<String, Value>,
+        meta: Option<&Value>,
+        mode: CallMode,
+    ) -> Result<Option<String>, RpcError> {
+        let named: Option<Vec<String>> = arg(WAIT, arguments, "projects")?;
+        let projects = match named {
+            Some(ps) => {
+                for p in &ps {
+                    if self.registry.get(p).is_none() {
+                        return Err(RpcError::UnknownProject {
+                            project: p.clone(),
+                            registered: self.registered(),
+                        });
+                    }
+                }
+                ps
+            }
+            None => self.coordination.coord.present_in(now, agent),
+        };
+        if projects.is_empty() {
+            return Err(RpcError::InvalidParams {
+                method: WAIT.into(),
+                detail: "you are present in no project: checkin first, or name `projects`".into(),
+            });
+        }
+        let limit = self.coordination.coord.limits().max_wait;
+        let timeout = seconds(WAIT, arguments, "timeout_s")?
+            .unwrap_or(limit)
+            .min(limit);
+        self.coordination.next_wait += 1;
+        let wait = WaitToken(self.coordination.next_wait);
+        let started = self
+            .coordination
+            .coord
+            .wait(now, agent, &projects, wait, now + timeout)
+            .map_err(|e| coord_error(WAIT, e))?;
+        match started {
+            WaitStart::Ready(ready) => {
+                let project = ready.project.clone();
+                Ok(Some(self.wait_result(
+                    now,
+                    agent,
+                    project.as_deref(),
+                    &ready,
+                )))
+            }
+            WaitStart::Parked { .. } => {
+                let progress = match meta.and_then(|m| m.get("progressToken")) {
+                    Some(t @ (Value::String(_) | Value::Number(_))) if mode.stream_ok => {
+                        Some(serde_json::value::to_raw_value(t).expect("a JSON value serialises"))
+                    }
+                    _ => None,
+                };
+                self.coordination.by_http.insert(token, wait);
+                self.coordination.parked.insert(
+                    wait,
+                    Parked {
+                        http: token,
+                        client_id: id.clone(),
+                        agent: agent.to_owned(),
+                        project: projects.first().cloned(),
+                        progress,
+                        streamed: false,
+                        next_progress: now + WAIT_PROGRESS_EVERY,
+                        sent_progress: 0,
+                    },
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// A `wait` answer, with the caller's lost leases and unread count.
+    fn wait_result(
+        &mut self,
+        now: Instant,
+        agent: &str,
+        project: Option<&str>,
+        ready: &WaitReady,
+    ) -> String {
+        let c = &mut self.coordination.coord;
+        let mut out = ready_json(ready);
+        // A lost lease reported in `reasons` was taken there; any other goes in `lost`.
+        out["lost"] = lost_json(&c.take_lost(now, agent, None));
+        if let Some(p) = project {
+            out["unread"] = json!(c.unread(now, agent, p));
+        }
+        client::tool_result(out)
+    }
+
+    /// Answers every `wait` the coordination state has woken.
+    pub(super) fn drain_woken(&mut self, now: Instant) {
+        while let Some((wait, ready)) = self.coordination.coord.poll_woken() {
+            let Some(parked) = self.coordination.parked.remove(&wait) else {
+                continue;
+            };
+            self.coordination.by_http.remove(&parked.http);
+            let project = ready.project.clone().or(parked.project.clone());
+            let result = self.wait_result(now, &parked.agent, project.as_deref(), &ready);
+            self.answer_parked(parked, &result);
+        }
+    }
+
+    fn answer_parked(&mut self, parked: Parked, result: &str) {
+        let body = jsonrpc::ok_response(parked.client_id.as_str(), result);
+        if parked.streamed {
+            let id = Some(self.next_event_id());
+            self.outputs.push_back(Output::StreamEvent {
+                token: parked.http,
+                id,
+                data: body,
+            });
+            self.outputs
+                .push_back(Output::StreamClose { token: parked.http });
+            self.post_streams.remove(&parked.http);
+        } else {
+            self.reply(parked.http, 200, Vec::new(), Some(body));
+        }
+    }
+
+    /// Coordination timers: expiries and wait deadlines, and progress for parked waits.
+    pub(super) fn coordination_timeout(&mut self, now: Instant) {
+        self.coordination.coord.handle_timeout(now);
+        self.drain_woken(now);
+        let due: Vec<WaitToken> = self
+            .coordination
+            .parked
+            .iter()
+            .filter(|(_, p)| p.progress.is_some() && p.next_progress <= now)
+            .map(|(w, _)| *w)
+            .collect();
+        for wait in due {
+            let Some(p) = self.coordination.parked.get_mut(&wait) else {
+                continue;
+            };
+            p.next_progress = now + WAIT_PROGRESS_EVERY;
+            p.sent_progress += 1;
+            let (http, count, first) = (p.http, p.sent_progress, !p.streamed);
+            p.streamed = true;
+            let Some(client_token) = p.progress.as_ref().map(|t| t.get().to_owned()) else {
+                continue;
+            };
+            if first {
+                self.outputs.push_back(Output::StreamOpen { token: http });
+                self.post_streams.insert(http);
+            }
+            let data = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{client_token},"progress":{count},"message":"waiting"}}}}"#
+            );
+            let id = Some(self.next_event_id());
+            self.outputs.push_back(Output::StreamEvent {
+                token: http,
+                id,
+                data,
+            });
+        }
+    }
+
+    /// The client behind a parked `wait` went away: the wait is withdrawn. Returns whether
+    /// `token` was one.
+    pub(super) fn coordination_aborted(&mut self, token: HttpToken) -> bool {
+        let Some(wait) = self.coordination.by_http.remove(&token) else {
+            return false;
+        };
+        self.coordination.parked.remove(&wait);
+        self.coordination.coord.cancel_wait(wait);
+        self.post_streams.remove(&token);
+        true
+    }
+
+    /// A session ended (DELETE, idle TTL, eviction): its agent leaves every roster and
+    /// releases what it held; its parked waits are answered.
+    pub(super) fn coordination_session_ended(&mut self, now: Instant, session: &str) {
+        let Some(name) = self.coordination.names.remove(session) else {
+            return;
+        };
+        let ended = self.coordination.coord.end_agent(now, &name);
+        for wait in ended.cancelled_waits {
+            if let Some(parked) = self.coordination.parked.remove(&wait) {
+                self.coordination.by_http.remove(&parked.http);
+                let result = client::tool_result(json!({
+                    "woke": false, "reasons": [], "ended": "the session ended",
+                }));
+                self.answer_parked(parked, &result);
+            }
+        }
+        if !ended.released.is_empty() {
+            tracing::info!(
+                agent = name,
+                leases = ended.released.len(),
+                "a session ended; its leases were released"
+            );
+        }
+        self.drain_woken(now);
+    }
+
+    /// A sled relayed an event: agents waiting in its project hear of it.
+    pub(super) fn coordination_sled_event(
+        &mut self,
+        now: Instant,
+        project: &str,
+        kind: &str,
+        story: Option<&str>,
+    ) {
+        if kind == "sync" {
+            return;
+        }
+        if let Err(e) = self.coordination.coord.sled_event(
+            now,
+            project,
+            kind.to_owned(),
+            story.map(str::to_owned),
+        ) {
+            tracing::warn!(project, "sled event not recorded: {e}");
+        }
+        self.drain_woken(now);
+    }
+
+    /// The lease check of a project tool call that writes `resource`: the fence to attach,
+    /// or the refusal.
+    pub(super) fn check_lease(
+        &mut self,
+        now: Instant,
+        caller: Caller<'_>,
+        project: &str,
+        resource: &str,
+    ) -> Result<Option<u64>, RpcError> {
+        let required = self
+            .registry
+            .get(project)
+            .is_some_and(|(_, spec)| spec.leases_required);
+        let agent = match caller {
+            Caller::Session(s) => self.coordination.known_name(s).unwrap_or("").to_owned(),
+            Caller::Sessionless => String::new(),
+        };
+        match self
+            .coordination
+            .coord
+            .check_write(now, project, &agent, resource, required)
+        {
+            WriteCheck::Fenced { fence } => Ok(Some(fence)),
+            WriteCheck::Unfenced => Ok(None),
+            WriteCheck::Refused {
+                holder,
+                holder_name,
+                expires_in,
+            } => Err(RpcError::LeaseHeld {
+                project: project.to_owned(),
+                resource: resource.to_owned(),
+                holder,
+                holder_name,
+                expires_in,
+            }),
+            WriteCheck::LeaseRequired => Err(RpcError::LeaseRequired {
+                project: project.to_owned(),
+                resource: resource.to_owned(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Coordination between sessions through the gateway: the issue's "done when" on the fake
+//! clock, and the lease check on project writes.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::Harness;
+use crate::{HttpMethod, UplinkId};
+
+fn kind(v: &Value) -> &str {
+    v["error"]["data"]["kind"].as_str().unwrap_or("<none>")
+}
+
+/// A sled whose `move_story` names its story as a leasable resource.
+fn connect(h: &mut Harness, project: &str, fence: Option<u64>) -> UplinkId {
+    let u = h.open_uplink();
+    let mut hello = json!({"uplink":"hello","protocol":1,"project":project,"sled":project});
+    if let Some(f) = fence {
+        hello["fence"] = json!(f);
+    }
+    h.sled_says(u, hello);
+    let frames = h.take_frames(u);
+    let id = frames[1]["id"].clone();
+    let story_id = json!({"type":"string","x-mcp-gateway-lease":"story"});
+    let tools = json!([
+        {"name":"show","inputSchema":{"type":"object","properties":{"story_id":{"type":"string"}}}},
+        {"name":"move_story","inputSchema":{"type":"object","properties":{"story_id":story_id,"stage":{"type":"string"}}}},
+    ]);
+    h.sled_says(u, json!({"jsonrpc":"2.0","id":id,"result":{"tools":tools}}));
+    u
+}
+
+/// Calls a gateway tool and returns its structured result, or the whole error response.
+fn tool(h: &mut Harness, session: &str, name: &str, arguments: Value) -> Value {
+    let r = h.rpc(
+        Some(session),
+        json!(1),
+        "tools/call",
+        json!({"name": name, "arguments": arguments}),
+    );
+    if r.get("error").is_some() {
+        return r;
+    }
+    r["result"]["structuredContent"].clone()
+}
+
+fn move_story(h: &mut Harness, session: &str, story: &str) -> crate::HttpToken {
+    h.call(
+        Some(session),
+        json!(9),
+        "move_story",
+        json!({"project":"beta","story_id":story,"stage":"doing","_":1}),
+    )
+}
+
+#[test]
+fn leases_are_enforced_fenced_and_waited_on_across_projects() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta", None);
+    let (a, b) = (h.initialize(), h.initialize());
+    let ca = tool(
+        &mut h,
+        &a,
+        "checkin",
+        json!({"project":"beta","name":"ann","task":"moving"}),
+    );
+    assert_eq!(ca["agent"], "agent-1");
+    tool(
+        &mut h,
+        &b,
+        "checkin",
+        json!({"project":"beta","name":"bob"}),
+    );
+    tool(
+        &mut h,
+        &b,
+        "checkin",
+        json!({"project":"alpha","name":"bob"}),
+    );
+
+    // The first claims the story and moves it: the sled gets the fence.
+    let c = tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(c["acquired"], true, "{c}");
+    let fence = c["fence"].as_u64().unwrap();
+    let t = move_story(&mut h, &a, "beta-1");
+    let f = h.take_frames(beta);
+    assert_eq!(
+        f[0]["params"]["_meta"]["io.mcp-gateway/fence"],
+        json!({"resource":"story:beta-1","fence":fence})
+    );
+    assert_eq!(h.sled_answers_all_frames(beta, f), 1);
+    assert!(h.reply_json(t).unwrap()["result"].is_object());
+
+    // The second's claim is an answer, its write a refusal naming the holder; nothing sent.
+    let c = tool(
+        &mut h,
+        &b,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(c["acquired"], false);
+    assert_eq!(c["holder"], "agent-1");
+    assert_eq!(c["holder_name"], "ann");
+    let t = move_story(&mut h, &b, "beta-1");
+    let r = h.reply_json(t).expect("refused at once");
+    assert_eq!(kind(&r), "lease_held");
+    assert_eq!(r["error"]["data"]["holder_name"], "ann");
+    assert!(r["error"]["data"]["expires_in_ms"].as_u64().unwrap() > 0);
+    assert!(
+        h.take_frames(beta).is_empty(),
+        "the refused write was not sent"
+    );
+    // Another story is free: its write goes through unfenced.
+    let t = move_story(&mut h, &b, "beta-2");
+    let f = h.take_frames(beta);
+    assert!(f[0]["params"]["_meta"]
+        .get("io.mcp-gateway/fence")
+        .is_none());
+    h.sled_answers_all_frames(beta, f);
+    h.reply_json(t).unwrap();
+
+    // The second waits on alpha and beta; the first's release wakes it.
+    let w = h.call(
+        Some(&b),
+        json!("w"),
+        "wait",
+        json!({"projects":["alpha","beta"]}),
+    );
+    assert!(!h.replies.contains_key(&w), "parked");
+    h.advance(Duration::from_secs(1));
+    assert!(!h.replies.contains_key(&w), "still parked");
+    let r = tool(
+        &mut h,
+        &a,
+        "release",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(r["released"], true);
+    let woke = h.reply_json(w).expect("woken by the release");
+    let woke = &woke["result"]["structuredContent"];
+    assert_eq!(woke["woke"], true);
+    assert_eq!(woke["project"], "beta");
+    assert_eq!(
+        woke["reasons"][0],
+        json!({"kind":"released","resource":"story:beta-1"})
+    );
+
+    // Releasing again is an error, not a success-shaped no-op.
+    let r = tool(
+        &mut h,
+        &a,
+        "release",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(kind(&r), "no_lease");
+}
+
+#[test]
+fn an_expired_claim_is_reported_to_its_old_holder_exactly_once() {
+    let mut h = Harness::new();
+    connect(&mut h, "beta", None);
+    let (a, b) = (h.initialize(), h.initialize());
+    let c = tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1","ttl_s":10}),
+    );
+    let fence = c["fence"].as_u64().unwrap();
+    h.advance(Duration::from_secs(11));
+    // Someone else takes it, with a higher fence.
+    let c = tool(
+        &mut h,
+        &b,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert!(c["fence"].as_u64().unwrap() > fence);
+    let r = tool(&mut h, &a, "claims", json!({"project":"beta"}));
+    assert_eq!(
+        r["lost"],
+        json!([{"project":"beta","resource":"story:beta-1","fence":fence,"reason":"expired"}])
+    );
+    let r = tool(&mut h, &a, "claims", json!({"project":"beta"}));
+    assert_eq!(r["lost"], json!([]), "reported once");
+    // The old holder's write is now refused by the gateway.
+    let t = move_story(&mut h, &a, "beta-1");
+    assert_eq!(kind(&h.reply_json(t).unwrap()), "lease_held");
+    // Renewing what expired is an error naming why.
+    let r = tool(
+        &mut h,
+        &a,
+        "renew",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(kind(&r), "not_holder");
+}
+
+#[test]
+fn fences_start_above_what_the_sled_reports_and_a_clients_fence_is_stripped() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta", Some(41));
+    let a = h.initialize();
+    let c = tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-3"}),
+    );
+    assert_eq!(c["fence"], 42);
+    let t = h.send(
+        HttpMethod::Post,
+        Some(&a),
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"move_story","arguments":{"project":"beta","story_id":"beta-2"},"_meta":{"io.mcp-gateway/fence":{"resource":"story:beta-2","fence":99999}}}}"#,
+    );
+    let f = h.take_frames(beta);
+    assert!(
+        f[0]["params"].get("_meta").is_none(),
+        "a client's fence never reaches the sled: {}",
+        f[0]
+    );
+    h.sled_answers_all_frames(beta, f);
+    h.reply_json(t).unwrap();
+}
+
+#[test]
+fn a_session_that_ends_releases_what_it_held_and_leaves_the_roster() {
+    let mut h = Harness::new();
+    connect(&mut h, "beta", None);
+    let (a, b) = (h.initialize(), h.initialize());
+    tool(
+        &mut h,
+        &a,
+        "checkin",
+        json!({"project":"beta","name":"ann"}),
+    );
+    tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    let c = tool(
+        &mut h,
+        &b,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(c["acquired"], false);
+    let r = tool(&mut h, &b, "roster", json!({"project":"beta"}));
+    assert_eq!(r["agents"].as_array().unwrap().len(), 2, "{r}");
+    let t = h.send(HttpMethod::Delete, Some(&a), "");
+    assert_eq!(h.replies.remove(&t).unwrap().status, 204);
+    let r = tool(&mut h, &b, "roster", json!({"project":"beta"}));
+    let names: Vec<&str> = r["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["agent"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["agent-2"]);
+    let c = tool(
+        &mut h,
+        &b,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert_eq!(c["acquired"], true);
+}
+
+#[test]
+fn messages_board_and_a_wait_that_times_out() {
+    let mut h = Harness::new();
+    let (a, b) = (h.initialize(), h.initialize());
+    tool(&mut h, &b, "checkin", json!({"project":"beta"}));
+    let s = tool(
+        &mut h,
+        &a,
+        "send",
+        json!({"project":"beta","to":"agent-1","body":"hi"}),
+    );
+    assert_eq!(s["sent"], true, "{s}");
+    let r = tool(&mut h, &b, "inbox", json!({"project":"beta","peek":true}));
+    assert_eq!(r["messages"][0]["body"], "hi");
+    assert_eq!(r["unread"], 1);
+    let r = tool(&mut h, &b, "inbox", json!({"project":"beta"}));
+    assert_eq!(r["messages"][0]["from"], "agent-2");
+    assert_eq!(r["unread"], 0);
+    // Board: compare-and-set, revisions never reused.
+    let r = tool(
+        &mut h,
+        &a,
+        "board_set",
+        json!({"project":"beta","key":"plan","value":{"v":1},"if_revision":0}),
+    );
+    let rev = r["revision"].as_u64().unwrap();
+    let r = tool(
+        &mut h,
+        &b,
+        "board_set",
+        json!({"project":"beta","key":"plan","value":2,"if_revision":0}),
+    );
+    assert_eq!(kind(&r), "revision_mismatch");
+    let r = tool(
+        &mut h,
+        &b,
+        "board_get",
+        json!({"project":"beta","key":"plan"}),
+    );
+    assert_eq!(r["value"], json!({"v":1}));
+    tool(
+        &mut h,
+        &a,
+        "board_delete",
+        json!({"project":"beta","key":"plan"}),
+    );
+    let r = tool(
+        &mut h,
+        &a,
+        "board_set",
+        json!({"project":"beta","key":"plan","value":3,"if_revision":0}),
+    );
+    assert!(r["revision"].as_u64().unwrap() > rev);
+    // A wait with nothing to wake it ends at its timeout.
+    let w = h.call(Some(&b), json!("w"), "wait", json!({"timeout_s":2}));
+    h.advance(Duration::from_secs(1));
+    assert!(!h.replies.contains_key(&w));
+    h.advance(Duration::from_secs(2));
+    let r = h.reply_json(w).unwrap();
+    assert_eq!(r["result"]["structuredContent"]["woke"], false);
+    // Bad input is a typed error at once.
+    let r = tool(&mut h, &a, "claim", json!({"project":"beta","resource":""}));
+    assert_eq!(kind(&r), "bad_name");
+    let r = tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"x","ttl_s":99999}),
+    );
+    assert_eq!(r["ttl_clamped_s"], 3600, "{r}");
+}
+
+#[test]
+fn callers_without_a_session_get_an_unguessable_handle() {
+    let mut h = Harness::new();
+    let r = h.rpc(
+        None,
+        json!(1),
+        "tools/call",
+        json!({"name":"claim","arguments":{"resource":"x"}}),
+    );
+    assert_eq!(kind(&r), "no_agent");
+    let r = h.rpc(
+        None,
+        json!(1),
+        "tools/call",
+        json!({"name":"checkin","arguments":{"project":"beta"}}),
+    );
+    let handle = r["result"]["structuredContent"]["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(handle.len(), 35, "{handle}");
+    let r = h.rpc(
+        None,
+        json!(1),
+        "tools/call",
+        json!({"name":"claim","arguments":{"resource":"x","project":"beta","agent":handle}}),
+    );
+    assert_eq!(r["result"]["structuredContent"]["acquired"], true);
+    let r = h.rpc(
+        None,
+        json!(1),
+        "tools/call",
+        json!({"name":"claim","arguments":{"resource":"x","project":"beta","agent":"ah-guess"}}),
+    );
+    assert_eq!(kind(&r), "unknown_agent");
+}
+
+#[test]
+fn a_parked_wait_sends_progress_and_a_sled_event_wakes_it() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta", None);
+    let a = h.initialize();
+    tool(&mut h, &a, "checkin", json!({"project":"beta"}));
+    let w = h.send(
+        HttpMethod::Post,
+        Some(&a),
+        r#"{"jsonrpc":"2.0","id":"w","method":"tools/call","params":{"name":"wait","arguments":{},"_meta":{"progressToken":"p1"}}}"#,
+    );
+    h.advance(Duration::from_secs(6));
+    let events = h.streams.get(&w).expect("the answer became a stream");
+    assert_eq!(events[0].1["method"], "notifications/progress");
+    assert_eq!(events[0].1["params"]["progressToken"], "p1");
+    h.sled_says(
+        beta,
+        json!({"uplink":"event","seq":1,"kind":"story_moved","story":"beta-1"}),
+    );
+    let events = &h.streams[&w];
+    let last = &events.last().unwrap().1;
+    assert_eq!(
+        last["result"]["structuredContent"]["reasons"][0],
+        json!({"kind":"sled_event","seq":1,"event":"story_moved","story":"beta-1"})
+    );
+    assert!(h.streams_closed.contains(&w));
+}
