@@ -502,9 +502,15 @@ impl Gateway {
             Some(m) => Some(call_arguments::<Value>(Some(m))?),
             None => None,
         };
-        // The fence is the gateway's to give: a client's is never passed on.
+        // The fence is the gateway's to give: a client's is never passed on. An agent handle
+        // (callers without a session) says who writes, and is never passed on either.
+        let mut handle = None;
         if let Some(Value::Object(m)) = meta.as_mut() {
             m.remove(FENCE_META);
+            handle = m.remove(coordination::AGENT_META);
+            if m.is_empty() {
+                meta = None;
+            }
         }
         // A write to a resource the sled declared leasable: refused if another agent holds
         // it, fenced if the caller does.
@@ -516,7 +522,10 @@ impl Gateway {
                 Some(format!("{kind}:{value}"))
             });
         if let Some(resource) = leased {
-            if let Some(fence) = self.check_lease(now, caller, &route.project, &resource)? {
+            let agent = self.writer_of(caller, handle.as_ref())?;
+            if let Some(fence) =
+                self.check_lease(now, agent.as_deref(), &route.project, &resource)?
+            {
                 let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
                 if let Value::Object(m) = m {
                     m.insert(

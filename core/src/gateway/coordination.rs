@@ -50,6 +50,11 @@ pub(crate) const COORDINATION_TOOLS: &[&str] = &[
     WAIT,
 ];
 
+/// The `params._meta` key by which a caller without a session names its agent handle on a
+/// project tool call, so that its writes are checked (and fenced) as that agent's. Removed
+/// before the call is forwarded.
+pub(crate) const AGENT_META: &str = "io.mcp-gateway/agent";
+
 /// The most entries one `board_list` answer carries (`more` says when there were others).
 const BOARD_LIST_PAGE: usize = 200;
 /// The most messages one `inbox` answer carries.
@@ -907,12 +912,36 @@ impl Gateway {
         self.drain_woken(now);
     }
 
+    /// Who writes in a project tool call: the agent behind the `_meta` handle when one is
+    /// given (it must be one this gateway issued), else the session's agent, else nobody
+    /// (then the write holds no lease).
+    pub(super) fn writer_of(
+        &self,
+        caller: Caller<'_>,
+        handle: Option<&Value>,
+    ) -> Result<Option<String>, RpcError> {
+        if let Some(h) = handle {
+            let known = h.as_str().and_then(|h| {
+                let name = self.coordination.known_name(h)?;
+                (self.coordination.handles.get(name).map(String::as_str) == Some(h))
+                    .then(|| name.to_owned())
+            });
+            return known
+                .map(Some)
+                .ok_or(RpcError::UnknownAgent { tool: "tools/call" });
+        }
+        Ok(match caller {
+            Caller::Session(s) => self.coordination.known_name(s).map(str::to_owned),
+            Caller::Sessionless => None,
+        })
+    }
+
     /// The lease check of a project tool call that writes `resource`: the fence to attach,
     /// or the refusal.
     pub(super) fn check_lease(
         &mut self,
         now: Instant,
-        caller: Caller<'_>,
+        agent: Option<&str>,
         project: &str,
         resource: &str,
     ) -> Result<Option<u64>, RpcError> {
@@ -920,15 +949,13 @@ impl Gateway {
             .registry
             .get(project)
             .is_some_and(|(_, spec)| spec.leases_required);
-        let agent = match caller {
-            Caller::Session(s) => self.coordination.known_name(s).unwrap_or("").to_owned(),
-            Caller::Sessionless => String::new(),
-        };
-        match self
-            .coordination
-            .coord
-            .check_write(now, project, &agent, resource, required)
-        {
+        match self.coordination.coord.check_write(
+            now,
+            project,
+            agent.unwrap_or(""),
+            resource,
+            required,
+        ) {
             WriteCheck::Fenced { fence } => Ok(Some(fence)),
             WriteCheck::Unfenced => Ok(None),
             WriteCheck::Refused {

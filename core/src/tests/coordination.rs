@@ -410,3 +410,48 @@ fn a_parked_wait_sends_progress_and_a_sled_event_wakes_it() {
     );
     assert!(h.streams_closed.contains(&w));
 }
+
+#[test]
+fn a_caller_without_a_session_writes_as_its_agent_handle() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta", None);
+    let r = h.rpc(
+        None,
+        json!(1),
+        "tools/call",
+        json!({"name":"checkin","arguments":{"project":"beta"}}),
+    );
+    let handle = r["result"]["structuredContent"]["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = h.rpc(None, json!(2), "tools/call", json!({"name":"claim","arguments":{"project":"beta","resource":"story:beta-1","agent":handle}}));
+    let fence = r["result"]["structuredContent"]["fence"].clone();
+    let body = json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{
+        "name":"move_story","arguments":{"project":"beta","story_id":"beta-1","stage":"review"},
+        "_meta":{"io.mcp-gateway/agent":handle}}});
+    let t = h.send(HttpMethod::Post, None, &body.to_string());
+    let f = h.take_frames(beta);
+    let meta = &f[0]["params"]["_meta"];
+    assert_eq!(meta["io.mcp-gateway/fence"]["fence"], fence, "{meta}");
+    assert!(
+        meta.get("io.mcp-gateway/agent").is_none(),
+        "the handle is never forwarded"
+    );
+    h.sled_answers_all_frames(beta, f);
+    h.reply_json(t).unwrap();
+    // Without the handle, the same caller is nobody: the lease holder is someone else.
+    let t = h.call(
+        None,
+        json!(4),
+        "move_story",
+        json!({"project":"beta","story_id":"beta-1"}),
+    );
+    assert_eq!(kind(&h.reply_json(t).unwrap()), "lease_held");
+    // A handle the gateway did not issue is refused.
+    let body = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{
+        "name":"move_story","arguments":{"project":"beta","story_id":"beta-1"},
+        "_meta":{"io.mcp-gateway/agent":"ah-forged"}}});
+    let t = h.send(HttpMethod::Post, None, &body.to_string());
+    assert_eq!(kind(&h.reply_json(t).unwrap()), "unknown_agent");
+}
