@@ -74,6 +74,8 @@ pub(super) struct Coordination {
     next_agent: u64,
     parked: HashMap<WaitToken, Parked>,
     by_http: HashMap<HttpToken, WaitToken>,
+    /// Parked waits that asked for progress, by when the next is due.
+    progress_due: std::collections::BTreeSet<(Instant, WaitToken)>,
     next_wait: u64,
 }
 
@@ -101,6 +103,7 @@ impl Coordination {
             next_agent: 0,
             parked: HashMap::new(),
             by_http: HashMap::new(),
+            progress_due: std::collections::BTreeSet::new(),
             next_wait: 0,
         }
     }
@@ -122,16 +125,27 @@ impl Coordination {
 
     /// When the next coordination timer is due (expiries, wait deadlines, progress ticks).
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        let progress = self
-            .parked
-            .values()
-            .filter(|p| p.progress.is_some())
-            .map(|p| p.next_progress)
-            .min();
+        let progress = self.progress_due.first().map(|(at, _)| *at);
         match (self.coord.poll_timeout(), progress) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    fn park(&mut self, wait: WaitToken, parked: Parked) {
+        self.by_http.insert(parked.http, wait);
+        if parked.progress.is_some() {
+            self.progress_due.insert((parked.next_progress, wait));
+        }
+        self.parked.insert(wait, parked);
+    }
+
+    /// Forgets a parked wait (answered, withdrawn or ended).
+    fn unpark(&mut self, wait: WaitToken) -> Option<Parked> {
+        let parked = self.parked.remove(&wait)?;
+        self.by_http.remove(&parked.http);
+        self.progress_due.remove(&(parked.next_progress, wait));
+        Some(parked)
     }
 
     pub(super) fn stats(&self) -> crate::coord::CoordStats {
@@ -747,8 +761,7 @@ impl Gateway {
                     }
                     _ => None,
                 };
-                self.coordination.by_http.insert(token, wait);
-                self.coordination.parked.insert(
+                self.coordination.park(
                     wait,
                     Parked {
                         http: token,
@@ -787,10 +800,9 @@ impl Gateway {
     /// Answers every `wait` the coordination state has woken.
     pub(super) fn drain_woken(&mut self, now: Instant) {
         while let Some((wait, ready)) = self.coordination.coord.poll_woken() {
-            let Some(parked) = self.coordination.parked.remove(&wait) else {
+            let Some(parked) = self.coordination.unpark(wait) else {
                 continue;
             };
-            self.coordination.by_http.remove(&parked.http);
             let project = ready.project.clone().or(parked.project.clone());
             let result = self.wait_result(now, &parked.agent, project.as_deref(), &ready);
             self.answer_parked(parked, &result);
@@ -818,18 +830,18 @@ impl Gateway {
     pub(super) fn coordination_timeout(&mut self, now: Instant) {
         self.coordination.coord.handle_timeout(now);
         self.drain_woken(now);
-        let due: Vec<WaitToken> = self
-            .coordination
-            .parked
-            .iter()
-            .filter(|(_, p)| p.progress.is_some() && p.next_progress <= now)
-            .map(|(w, _)| *w)
-            .collect();
-        for wait in due {
+        while let Some(&(at, wait)) = self.coordination.progress_due.first() {
+            if at > now {
+                break;
+            }
+            self.coordination.progress_due.pop_first();
             let Some(p) = self.coordination.parked.get_mut(&wait) else {
                 continue;
             };
             p.next_progress = now + WAIT_PROGRESS_EVERY;
+            self.coordination
+                .progress_due
+                .insert((p.next_progress, wait));
             p.sent_progress += 1;
             let (http, count, first) = (p.http, p.sent_progress, !p.streamed);
             p.streamed = true;
@@ -855,10 +867,10 @@ impl Gateway {
     /// The client behind a parked `wait` went away: the wait is withdrawn. Returns whether
     /// `token` was one.
     pub(super) fn coordination_aborted(&mut self, token: HttpToken) -> bool {
-        let Some(wait) = self.coordination.by_http.remove(&token) else {
+        let Some(&wait) = self.coordination.by_http.get(&token) else {
             return false;
         };
-        self.coordination.parked.remove(&wait);
+        self.coordination.unpark(wait);
         self.coordination.coord.cancel_wait(wait);
         self.post_streams.remove(&token);
         true
@@ -872,8 +884,7 @@ impl Gateway {
         };
         let ended = self.coordination.coord.end_agent(now, &name);
         for wait in ended.cancelled_waits {
-            if let Some(parked) = self.coordination.parked.remove(&wait) {
-                self.coordination.by_http.remove(&parked.http);
+            if let Some(parked) = self.coordination.unpark(wait) {
                 let result = client::tool_result(json!({
                     "woke": false, "reasons": [], "ended": "the session ended",
                 }));

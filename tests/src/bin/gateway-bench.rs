@@ -13,6 +13,9 @@
 //! 10,000 idle sessions and reads the gateway's RSS; `--run tools-list` connects emulated
 //! sleds with 1,000 tools each (see `bench/widesled.rs`) and times tools/list.
 //!
+//! `--run coord` (bench/coord.rs) measures coordination: lease round trips and fenced writes
+//! against plain calls, and 10,000 sessions parked in `wait` woken by one message.
+//!
 //! Every child is stopped on exit, error or Ctrl-C; every load loop is bounded in time and
 //! count. See BENCHMARKS.md.
 
@@ -27,6 +30,8 @@ use hdrhistogram::Histogram;
 
 #[path = "../bench/client.rs"]
 mod client;
+#[path = "../bench/coord.rs"]
+mod coord;
 #[path = "../bench/procs.rs"]
 mod procs;
 #[path = "../bench/widesled.rs"]
@@ -46,6 +51,9 @@ enum Run {
     /// aggregate_pipeline_status across --fanout-sleds sleds against each sled's own answer
     /// time.
     Fanout,
+    /// Coordination: lease round trips and fenced writes against plain calls, and
+    /// --coord-waiters parked waits woken by one message.
+    Coord,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -70,7 +78,7 @@ impl Mode {
 #[command(name = "gateway-bench")]
 struct Args {
     /// Which runs (repeatable, or comma-separated).
-    #[arg(long, value_enum, value_delimiter = ',', default_values = ["compare", "scale", "tools-list", "fanout"])]
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["compare", "scale", "tools-list", "fanout", "coord"])]
     run: Vec<Run>,
     /// Concurrent client sessions, one level per value.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
@@ -123,6 +131,12 @@ struct Args {
     /// aggregate_pipeline_status calls measured in the fanout run.
     #[arg(long, default_value_t = 20)]
     fanout_calls: usize,
+    /// Measured round trips of each kind in the coord run.
+    #[arg(long, default_value_t = 2000)]
+    coord_calls: usize,
+    /// Sessions parked in `wait` at once in the coord run.
+    #[arg(long, default_value_t = 10_000)]
+    coord_waiters: usize,
     /// nginx worker_processes.
     #[arg(long, default_value = "auto")]
     nginx_workers: String,
@@ -200,6 +214,9 @@ async fn run(args: &Args) -> Res<()> {
     }
     if args.run.contains(&Run::Fanout) {
         fanout(args, &tmp, &mut targets).await?;
+    }
+    if args.run.contains(&Run::Coord) {
+        coord::coord(args, &tmp, &mut targets).await?;
     }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
