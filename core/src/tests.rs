@@ -3,6 +3,7 @@
 
 mod auth;
 mod coordination;
+mod coordination_sim;
 mod fleet;
 mod gateway;
 mod interleavings;
@@ -58,6 +59,16 @@ impl Harness {
     }
 
     pub(crate) fn with(projects: &[&str], default: Option<&str>) -> Harness {
+        Harness::with_config(projects, default, Config::default(), [7; 32])
+    }
+
+    /// A gateway over `projects` with its own config and seed.
+    pub(crate) fn with_config(
+        projects: &[&str],
+        default: Option<&str>,
+        config: Config,
+        seed: [u8; 32],
+    ) -> Harness {
         let specs = projects
             .iter()
             .enumerate()
@@ -65,7 +76,7 @@ impl Harness {
             .collect();
         let registry = Registry::from_projects(specs, default).unwrap();
         Harness {
-            gw: Gateway::new(registry, Config::default(), [7; 32]),
+            gw: Gateway::new(registry, config, seed),
             // Only differences of instants matter; this is the fake clock's origin.
             #[allow(clippy::disallowed_methods)]
             now: Instant::now(),

@@ -25,6 +25,17 @@ impl Coord {
         let (ttl, ttl_clamped) = grant_ttl("lease", ttl, l.lease_ttl, l.lease_ttl_max)?;
         let expires_at = deadline("lease", now, ttl)?;
         self.touch(now, project, agent, None)?;
+        #[cfg(feature = "planted-bugs")]
+        if self.planted(super::CoordBug::LeaseExpiryInclusive)
+            && self
+                .projects
+                .get(project)
+                .and_then(|p| p.leases.get(resource))
+                .is_some_and(|l| l.holder != agent && l.expires_at <= now)
+        {
+            // The planted bug's other half: a claimant sees the lease as expired.
+            self.end_lease(project, resource, End::Lost(LostReason::Expired));
+        }
         let p = self
             .projects
             .get_mut(project)
@@ -143,6 +154,12 @@ impl Coord {
         let fence = self
             .end_lease(project, resource, End::Released)
             .expect("check_holder found the lease");
+        #[cfg(feature = "planted-bugs")]
+        if self.planted(super::CoordBug::FenceReusedAfterRelease) {
+            if let Some(p) = self.projects.get_mut(project).filter(|p| p.fence == fence) {
+                p.fence -= 1;
+            }
+        }
         Ok(Released { fence })
     }
 
@@ -200,9 +217,13 @@ impl Coord {
     ) -> WriteCheck {
         self.handle_timeout(now);
         let p = self.projects.get(project);
+        #[cfg(feature = "planted-bugs")]
+        let inclusive = self.planted(super::CoordBug::LeaseExpiryInclusive);
+        #[cfg(not(feature = "planted-bugs"))]
+        let inclusive = false;
         match p
             .and_then(|p| p.leases.get(resource))
-            .filter(|l| now < l.expires_at)
+            .filter(|l| now < l.expires_at || (inclusive && now == l.expires_at))
         {
             Some(l) if l.holder == agent => WriteCheck::Fenced { fence: l.fence },
             Some(l) => WriteCheck::Refused {
@@ -218,10 +239,19 @@ impl Coord {
     }
 
     /// A sled reports the highest fence it has accepted: the next grant is above it.
+    /// At the first report, leases granted before it (a restarted gateway whose agents came
+    /// back before the sled) that are not above it get fresh fences above it, so that no
+    /// fence the sled accepted is reissued and their holders' writes are not refused as stale.
     /// Returns the project's fence counter.
     pub fn raise_fence_floor(&mut self, project: &str, floor: u64) -> Result<u64, CoordError> {
         let p = self.project_mut(project)?;
         p.fence = p.fence.max(floor);
+        if !std::mem::replace(&mut p.floor_known, true) {
+            for lease in p.leases.values_mut().filter(|l| l.fence <= floor) {
+                p.fence = next(p.fence, "fence")?;
+                lease.fence = p.fence;
+            }
+        }
         Ok(p.fence)
     }
 

@@ -56,6 +56,11 @@
 //!   notices are kept per agent and project (the gateway drains lost leases on every
 //!   result, so these bounds are a defence, not a working limit); beyond, the oldest lost
 //!   report goes and new released notices are not kept.
+//! - **Fence floor.** A sled's hello reports the highest fence it has accepted; the counter
+//!   jumps above it. Leases granted before the project's first report (a restarted gateway's
+//!   agents claiming before the sled redials) with a fence not above it are given fresh fences
+//!   above it then: their holders could not have written yet, and otherwise a fence the sled
+//!   accepted from an older lease would be reissued and their writes refused as stale.
 //! - **Counters.** Fences, message ids, board revisions and sled event numbers are per
 //!   project and never reused. One that would pass `u64::MAX` (only a fence floor reported
 //!   near it can get there) is refused with [`CoordError::Exhausted`], never wrapped.
@@ -120,6 +125,25 @@ pub struct Limits {
     pub max_agents_per_project: usize,
     pub max_projects: usize,
     pub forget_after: Duration,
+    /// Test-only: a known coordination bug to plant, so the coordination simulation can show
+    /// that it catches it (`core/src/tests/coordination_sim.rs`).
+    #[cfg(feature = "planted-bugs")]
+    pub planted: Option<CoordBug>,
+}
+
+/// Coordination bugs planted on purpose (feature `planted-bugs`), each a plausible slip the
+/// coordination simulation must catch.
+#[cfg(feature = "planted-bugs")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoordBug {
+    /// `<=` for `<`: at the instant a lease expires its holder still holds it (its renew
+    /// succeeds, its write is fenced) while another agent's claim also succeeds.
+    LeaseExpiryInclusive,
+    /// A release gives its fence back: the next grant reuses it.
+    FenceReusedAfterRelease,
+    /// The lost wakeup: `wait` looks, then registers, and what was committed in between (here:
+    /// what is already pending) does not wake it.
+    WaitLooksThenRegisters,
 }
 
 impl Default for Limits {
@@ -144,9 +168,11 @@ impl Default for Limits {
             max_wait: Duration::from_secs(25),
             max_name_len: 256,
             max_task_bytes: 1024,
-            max_agents_per_project: 10_000,
+            max_agents_per_project: 20_000,
             max_projects: 4096,
             forget_after: Duration::from_secs(3600),
+            #[cfg(feature = "planted-bugs")]
+            planted: None,
         }
     }
 }
@@ -458,7 +484,8 @@ enum Timer {
     Message { project: String, id: u64 },
     Board { project: String, key: String },
     Forget { project: String, agent: AgentId },
-    // Last, so that at one instant whatever else is due wakes a waiter before its deadline.
+    // Last, so that at one instant whatever else is due wakes a waiter before its deadline
+    // (its firing flushes the wakes of what fired before it).
     Wait(WaitToken),
 }
 
@@ -537,6 +564,8 @@ struct Member {
 #[derive(Debug, Default)]
 struct Project {
     fence: u64,
+    /// Whether a sled has reported its fence high-water mark ([`Coord::raise_fence_floor`]).
+    floor_known: bool,
     leases: BTreeMap<String, Lease>,
     /// Per resource, the agents refused on it while it is held.
     refused: BTreeMap<String, BTreeSet<AgentId>>,
@@ -645,6 +674,12 @@ impl Coord {
         &self.limits
     }
 
+    /// Whether `bug` is planted (feature `planted-bugs`).
+    #[cfg(feature = "planted-bugs")]
+    fn planted(&self, bug: CoordBug) -> bool {
+        self.limits.planted == Some(bug)
+    }
+
     /// The earliest instant something expires: presence, lease, message, board key, waiter.
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.first().map(|(at, _)| *at)
@@ -665,11 +700,20 @@ impl Coord {
         match timer {
             Timer::Presence { project, agent } => self.presence_expired(now, &project, &agent),
             Timer::Lease { project, resource } => {
-                let due = self
+                let expires_at = self
                     .projects
                     .get(&project)
                     .and_then(|p| p.leases.get(&resource))
-                    .is_some_and(|l| l.expires_at <= now);
+                    .map(|l| l.expires_at);
+                #[cfg(feature = "planted-bugs")]
+                if self.planted(CoordBug::LeaseExpiryInclusive) && expires_at == Some(now) {
+                    // The planted `<=`: still held at its expiry instant, gone just after.
+                    let later = now + Duration::from_nanos(1);
+                    self.timers
+                        .insert((later, Timer::Lease { project, resource }));
+                    return;
+                }
+                let due = expires_at.is_some_and(|at| at <= now);
                 if due {
                     self.end_lease(&project, &resource, End::Lost(LostReason::Expired));
                 }
@@ -692,6 +736,8 @@ impl Coord {
             }
             Timer::Forget { project, agent } => self.maybe_forget(now, &project, &agent),
             Timer::Wait(token) => {
+                // What else fell due at this instant (ordered before) wakes it first.
+                self.flush_wakes();
                 if self.unpark(token).is_some() {
                     self.stats.waits_timed_out += 1;
                     let ready = WaitReady {

@@ -154,13 +154,27 @@ fn fences_only_grow_per_project() {
         Ok(1),
         "another project counts apart"
     );
-    assert_eq!(c.raise_fence_floor("p", 100), Ok(100));
+    // The first report of a sled's high-water mark re-fences the live leases not above it
+    // (granted before the sled redialled a restarted gateway), in resource order.
+    assert_eq!(c.raise_fence_floor("p", 100), Ok(102));
+    let fences: Vec<(String, u64)> = c
+        .claims(t, "p")
+        .into_iter()
+        .map(|l| (l.resource, l.fence))
+        .collect();
+    assert_eq!(fences, [("x".into(), 101), ("y".into(), 102)]);
+    assert_eq!(
+        c.raise_fence_floor("p", 102),
+        Ok(102),
+        "later reports re-fence nothing"
+    );
+    assert_eq!(c.claims(t, "p")[0].fence, 101);
     assert_eq!(
         c.raise_fence_floor("p", 7),
-        Ok(100),
+        Ok(102),
         "a floor never lowers the counter"
     );
-    assert_eq!(c.claim(t, "p", "b", "z", None).map(fence), Ok(101));
+    assert_eq!(c.claim(t, "p", "b", "z", None).map(fence), Ok(103));
     assert_eq!(c.raise_fence_floor("p", u64::MAX), Ok(u64::MAX));
     assert_eq!(
         c.claim(t, "p", "b", "w", None),
@@ -1279,7 +1293,21 @@ proptest! {
                     let _ = c.force_release(now, P[p], R[r]);
                 }
                 Op::Floor(p, f) => {
+                    let before: BTreeMap<String, u64> =
+                        c.claims(now, P[p]).into_iter().map(|l| (l.resource, l.fence)).collect();
                     let counter = c.raise_fence_floor(P[p], f).unwrap();
+                    // The first report re-fences the leases not above it: their grants move.
+                    for l in c.claims(now, P[p]) {
+                        let old = before[&l.resource];
+                        if old != l.fence {
+                            prop_assert!(old <= f && l.fence > f.max(top_fence[p]), "{} re-fenced {} -> {}", l.resource, old, l.fence);
+                            let g = grants.remove(&(p, old));
+                            prop_assert!(g.is_some());
+                            if let Some(g) = g {
+                                grants.insert((p, l.fence), g);
+                            }
+                        }
+                    }
                     top_fence[p] = top_fence[p].max(counter);
                 }
                 Op::Checkin(p, a) => {

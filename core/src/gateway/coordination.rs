@@ -195,8 +195,11 @@ pub(crate) fn tool_definitions() -> Vec<Value> {
         json!({
             "name": RELEASE,
             "title": "Release a lease",
-            "description": "Give up a lease you hold. Releasing one you do not hold, or one that expired, is an error.",
-            "inputSchema": object(json!({ "resource": resource, "project": project, "agent": agent }), &["resource"]),
+            "description": "Give up a lease you hold. Releasing one you do not hold, or one that expired, is an error. An operator's `force` ends whoever's lease it is: its holder is told (in `lost`, once), and the fence moves on so the evicted holder's writes in flight are refused by the sled.",
+            "inputSchema": object(json!({
+                "resource": resource, "project": project, "agent": agent,
+                "force": { "type": "boolean", "description": "End the lease whoever holds it (an operator's act)." },
+            }), &["resource"]),
         }),
         json!({
             "name": CLAIMS,
@@ -389,7 +392,7 @@ fn allowed(tool: &str) -> &'static [&'static str] {
         CHECKIN => &["project", "agent", "name", "task", "ttl_s"],
         ROSTER | CLAIMS => &["project", "agent"],
         CLAIM | RENEW => &["resource", "project", "agent", "ttl_s"],
-        RELEASE => &["resource", "project", "agent"],
+        RELEASE => &["resource", "project", "agent", "force"],
         SEND => &["body", "to", "project", "agent", "ttl_s"],
         INBOX => &["project", "agent", "peek", "limit"],
         BOARD_SET => &["key", "value", "if_revision", "project", "agent", "ttl_s"],
@@ -511,10 +514,29 @@ impl Gateway {
             }
             RELEASE => {
                 let resource: String = required(tool, arguments, "resource")?;
-                let r = c
-                    .release(now, &project, &agent, &resource)
-                    .map_err(|e| coord_error(tool, e))?;
-                json!({ "released": true, "resource": resource, "fence": r.fence })
+                let force = arg::<bool>(tool, arguments, "force")?.unwrap_or(false);
+                let r = if force {
+                    let holder = c
+                        .claims(now, &project)
+                        .into_iter()
+                        .find(|l| l.resource == resource)
+                        .map(|l| l.holder);
+                    let r = c
+                        .force_release(now, &project, &resource)
+                        .map_err(|e| coord_error(tool, e))?;
+                    tracing::warn!(
+                        project,
+                        resource,
+                        by = agent,
+                        holder = holder.as_deref().unwrap_or("?"),
+                        "lease released by force"
+                    );
+                    r
+                } else {
+                    c.release(now, &project, &agent, &resource)
+                        .map_err(|e| coord_error(tool, e))?
+                };
+                json!({ "released": true, "resource": resource, "fence": r.fence, "forced": force })
             }
             CLAIMS => {
                 let leases: Vec<Value> = c.claims(now, &project).iter().map(lease_json).collect();

@@ -455,3 +455,26 @@ fn a_caller_without_a_session_writes_as_its_agent_handle() {
     let t = h.send(HttpMethod::Post, None, &body.to_string());
     assert_eq!(kind(&h.reply_json(t).unwrap()), "unknown_agent");
 }
+
+#[test]
+fn a_forced_release_is_reported_to_the_holder_once_and_its_fence_is_passed() {
+    let mut h = Harness::new();
+    connect(&mut h, "beta", None);
+    let (a, op) = (h.initialize(), h.initialize());
+    let c = tool(&mut h, &a, "claim", json!({"project":"beta","resource":"story:beta-1"}));
+    let fence = c["fence"].as_u64().unwrap();
+    let r = tool(&mut h, &op, "release", json!({"project":"beta","resource":"story:beta-1","force":true}));
+    assert_eq!(r["forced"], true, "{r}");
+    let r = tool(&mut h, &a, "claims", json!({"project":"beta"}));
+    assert_eq!(r["lost"][0]["reason"], "forced_release", "{r}");
+    assert_eq!(r["lost"][0]["fence"], fence);
+    let r = tool(&mut h, &a, "claims", json!({"project":"beta"}));
+    assert_eq!(r["lost"], json!([]));
+    // The next grant's fence is past the evicted one's, with room for the forced bump.
+    let c = tool(&mut h, &op, "claim", json!({"project":"beta","resource":"story:beta-1"}));
+    assert!(c["fence"].as_u64().unwrap() >= fence + 2, "{c}");
+    // Forcing a free resource is an error, not a quiet success.
+    tool(&mut h, &op, "release", json!({"project":"beta","resource":"story:beta-1"}));
+    let r = tool(&mut h, &op, "release", json!({"project":"beta","resource":"story:beta-1","force":true}));
+    assert_eq!(kind(&r), "no_lease");
+}
