@@ -599,6 +599,10 @@ pub struct Coord {
     waiters_by_agent: BTreeMap<AgentId, BTreeSet<WaitToken>>,
     waiters_by_project: BTreeMap<String, BTreeSet<WaitToken>>,
     woken: VecDeque<(WaitToken, WaitReady)>,
+    /// Agents that hear of what concerns them without waiting (sessions with an event stream).
+    watched: BTreeSet<AgentId>,
+    /// (watched agent, project) where something concerning it happened, not yet polled.
+    notices: BTreeSet<(AgentId, String)>,
     /// Whom something happened to since the last wake pass: (project, agent or everyone).
     dirty: BTreeSet<(String, Option<AgentId>)>,
     timers: Timers,
@@ -664,6 +668,8 @@ impl Coord {
             waiters_by_agent: BTreeMap::new(),
             waiters_by_project: BTreeMap::new(),
             woken: VecDeque::new(),
+            watched: BTreeSet::new(),
+            notices: BTreeSet::new(),
             dirty: BTreeSet::new(),
             timers: BTreeSet::new(),
             stats: CoordStats::default(),

@@ -265,6 +265,8 @@ impl Coord {
     /// it as lost; those refused on them are woken), and its parked waits are removed.
     pub fn end_agent(&mut self, now: Instant, agent: &str) -> Ended {
         self.handle_timeout(now);
+        self.watched.remove(agent);
+        self.notices.retain(|(a, _)| a != agent);
         let mut ended = Ended::default();
         for token in self
             .waiters_by_agent

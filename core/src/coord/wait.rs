@@ -106,6 +106,20 @@ impl Coord {
         self.woken.pop_front()
     }
 
+    /// `agent` hears of what concerns it without waiting: each time something does (what would
+    /// wake a wait of its: a message, a lease lost, a refused resource released, a sled event),
+    /// `(agent, project)` comes out of [`Coord::poll_notice`] once. Reports are not consumed.
+    /// Ended by [`Coord::end_agent`].
+    pub fn watch(&mut self, agent: &str) {
+        self.watched.insert(agent.to_owned());
+    }
+
+    /// The next (agent, project) notice for a watched agent.
+    pub fn poll_notice(&mut self) -> Option<(super::AgentId, String)> {
+        self.flush_wakes();
+        self.notices.pop_first()
+    }
+
     /// Records a sled event on `project`, which concerns every agent there; returns its number.
     pub fn sled_event(
         &mut self,
@@ -201,7 +215,32 @@ impl Coord {
     /// out of `poll_woken`.
     pub(super) fn flush_wakes(&mut self) {
         while let Some((project, agent)) = self.dirty.pop_first() {
+            self.notice(&project, agent.as_deref());
             self.wake_now(&project, agent.as_deref());
+        }
+    }
+
+    /// Notices for the watched agents concerned by what happened on `project`: the one named,
+    /// or (`None`) every watched agent present there.
+    fn notice(&mut self, project: &str, agent: Option<&str>) {
+        if self.watched.is_empty() {
+            return;
+        }
+        let Some(p) = self.projects.get(project) else {
+            return;
+        };
+        let concerned: Vec<super::AgentId> = match agent {
+            Some(a) if self.watched.contains(a) && p.members.contains_key(a) => vec![a.to_owned()],
+            Some(_) => Vec::new(),
+            None => p
+                .members
+                .iter()
+                .filter(|(a, m)| m.present_until.is_some() && self.watched.contains(*a))
+                .map(|(a, _)| a.clone())
+                .collect(),
+        };
+        for a in concerned {
+            self.notices.insert((a, project.to_owned()));
         }
     }
 

@@ -55,6 +55,10 @@ pub(crate) const COORDINATION_TOOLS: &[&str] = &[
 /// before the call is forwarded.
 pub(crate) const AGENT_META: &str = "io.mcp-gateway/agent";
 
+/// The notification a session gets on its event stream (GET) when something concerns it in a
+/// project: what would wake its `wait` there.
+pub(crate) const COORDINATION_NOTIFICATION: &str = "notifications/io.mcp-gateway/coordination";
+
 /// The most entries one `board_list` answer carries (`more` says when there were others).
 const BOARD_LIST_PAGE: usize = 200;
 /// The most messages one `inbox` answer carries.
@@ -69,6 +73,8 @@ pub(super) struct Coordination {
     pub(super) coord: Coord,
     /// Public agent names, by session id or handle.
     names: HashMap<String, String>,
+    /// Session ids, by the public name of their agent (handles are not here).
+    sessions: HashMap<String, String>,
     /// Issued agent handles (the secret), by public name, so that ending one is possible.
     handles: HashMap<String, String>,
     next_agent: u64,
@@ -99,6 +105,7 @@ impl Coordination {
         Coordination {
             coord: Coord::new(limits),
             names: HashMap::new(),
+            sessions: HashMap::new(),
             handles: HashMap::new(),
             next_agent: 0,
             parked: HashMap::new(),
@@ -663,7 +670,17 @@ impl Gateway {
             };
         }
         match caller {
-            Caller::Session(s) => Ok((self.coordination.name_of(s), None)),
+            Caller::Session(s) => {
+                let name = self.coordination.name_of(s);
+                // A session hears of what concerns it on its event stream too.
+                if !self.coordination.sessions.contains_key(&name) {
+                    self.coordination
+                        .sessions
+                        .insert(name.clone(), s.to_owned());
+                    self.coordination.coord.watch(&name);
+                }
+                Ok((name, None))
+            }
             Caller::Sessionless if tool == CHECKIN => {
                 let max = self.config.max_sessions;
                 if self.coordination.handles.len() >= max {
@@ -819,8 +836,25 @@ impl Gateway {
         client::tool_result(out)
     }
 
-    /// Answers every `wait` the coordination state has woken.
+    /// Answers every `wait` the coordination state has woken, and tells sessions on their
+    /// event stream (GET) when something concerns them.
     pub(super) fn drain_woken(&mut self, now: Instant) {
+        while let Some((agent, project)) = self.coordination.coord.poll_notice() {
+            let Some(session) = self.coordination.sessions.get(&agent).cloned() else {
+                continue;
+            };
+            let data = json!({
+                "jsonrpc": "2.0",
+                "method": COORDINATION_NOTIFICATION,
+                "params": {
+                    "project": project,
+                    "agent": agent,
+                    "hint": "something concerns you here: call wait (it returns at once with what), inbox or claims",
+                },
+            })
+            .to_string();
+            self.notify_session(&session, data);
+        }
         while let Some((wait, ready)) = self.coordination.coord.poll_woken() {
             let Some(parked) = self.coordination.unpark(wait) else {
                 continue;
@@ -904,6 +938,7 @@ impl Gateway {
         let Some(name) = self.coordination.names.remove(session) else {
             return;
         };
+        self.coordination.sessions.remove(&name);
         let ended = self.coordination.coord.end_agent(now, &name);
         for wait in ended.cancelled_waits {
             if let Some(parked) = self.coordination.unpark(wait) {

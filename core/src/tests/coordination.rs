@@ -461,9 +461,19 @@ fn a_forced_release_is_reported_to_the_holder_once_and_its_fence_is_passed() {
     let mut h = Harness::new();
     connect(&mut h, "beta", None);
     let (a, op) = (h.initialize(), h.initialize());
-    let c = tool(&mut h, &a, "claim", json!({"project":"beta","resource":"story:beta-1"}));
+    let c = tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
     let fence = c["fence"].as_u64().unwrap();
-    let r = tool(&mut h, &op, "release", json!({"project":"beta","resource":"story:beta-1","force":true}));
+    let r = tool(
+        &mut h,
+        &op,
+        "release",
+        json!({"project":"beta","resource":"story:beta-1","force":true}),
+    );
     assert_eq!(r["forced"], true, "{r}");
     let r = tool(&mut h, &a, "claims", json!({"project":"beta"}));
     assert_eq!(r["lost"][0]["reason"], "forced_release", "{r}");
@@ -471,10 +481,56 @@ fn a_forced_release_is_reported_to_the_holder_once_and_its_fence_is_passed() {
     let r = tool(&mut h, &a, "claims", json!({"project":"beta"}));
     assert_eq!(r["lost"], json!([]));
     // The next grant's fence is past the evicted one's, with room for the forced bump.
-    let c = tool(&mut h, &op, "claim", json!({"project":"beta","resource":"story:beta-1"}));
+    let c = tool(
+        &mut h,
+        &op,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
     assert!(c["fence"].as_u64().unwrap() >= fence + 2, "{c}");
     // Forcing a free resource is an error, not a quiet success.
-    tool(&mut h, &op, "release", json!({"project":"beta","resource":"story:beta-1"}));
-    let r = tool(&mut h, &op, "release", json!({"project":"beta","resource":"story:beta-1","force":true}));
+    tool(
+        &mut h,
+        &op,
+        "release",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    let r = tool(
+        &mut h,
+        &op,
+        "release",
+        json!({"project":"beta","resource":"story:beta-1","force":true}),
+    );
     assert_eq!(kind(&r), "no_lease");
+}
+
+#[test]
+fn a_session_with_an_event_stream_hears_what_concerns_it() {
+    let mut h = Harness::new();
+    let (a, b) = (h.initialize(), h.initialize());
+    tool(&mut h, &b, "checkin", json!({"project":"beta"}));
+    let get = h.send(HttpMethod::Get, Some(&b), "");
+    assert!(h.streams.contains_key(&get), "b's event stream is open");
+    tool(
+        &mut h,
+        &a,
+        "send",
+        json!({"project":"beta","to":"agent-1","body":"hi"}),
+    );
+    let events = &h.streams[&get];
+    let last = &events.last().expect("a notification").1;
+    assert_eq!(last["method"], "notifications/io.mcp-gateway/coordination");
+    assert_eq!(last["params"]["project"], "beta");
+    // The sender hears nothing of its own message; a message elsewhere is not b's.
+    let before = h.streams[&get].len();
+    tool(
+        &mut h,
+        &a,
+        "send",
+        json!({"project":"alpha","body":"not for b"}),
+    );
+    assert_eq!(h.streams[&get].len(), before);
+    // The notice does not consume: b's wait returns at once with the message.
+    let r = tool(&mut h, &b, "wait", json!({"projects":["beta"]}));
+    assert_eq!(r["reasons"][0]["kind"], "message", "{r}");
 }
