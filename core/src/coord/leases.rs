@@ -206,6 +206,40 @@ impl Coord {
             .collect()
     }
 
+    /// `agent`'s write to `resource` was refused ([`WriteCheck::Refused`]): like a refused
+    /// claim, it makes the agent present on the project and its `wait` wakes when the resource
+    /// is released (a `Released` reason, once).
+    pub fn note_refused_write(
+        &mut self,
+        now: Instant,
+        project: &str,
+        agent: &str,
+        resource: &str,
+    ) -> Result<(), CoordError> {
+        self.handle_timeout(now);
+        check_name("resource", resource, self.limits.max_name_len)?;
+        let held = self
+            .projects
+            .get(project)
+            .and_then(|p| p.leases.get(resource))
+            .is_some_and(|l| now < l.expires_at && l.holder != agent);
+        if !held {
+            return Ok(());
+        }
+        let m = self.touch(now, project, agent, None)?;
+        m.refused_on.insert(resource.to_owned());
+        m.released.remove(resource);
+        let p = self
+            .projects
+            .get_mut(project)
+            .expect("touch made the project");
+        p.refused
+            .entry(resource.to_owned())
+            .or_default()
+            .insert(agent.to_owned());
+        Ok(())
+    }
+
     /// May `agent` write `resource` now, and under which fence?
     pub fn check_write(
         &mut self,

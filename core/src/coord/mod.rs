@@ -217,14 +217,20 @@ pub enum CoordError {
     },
     #[error("bad {what} ttl: it must be more than zero")]
     BadTtl { what: &'static str },
-    #[error("`{resource}` is not held by the caller (held by {holder:?})")]
+    #[error(
+        "`{resource}` is not held by the caller ({})",
+        holder.as_deref().map_or_else(|| "nobody holds it".to_owned(), |h| format!("{h} holds it"))
+    )]
     NotHolder {
         resource: String,
         holder: Option<AgentId>,
     },
     #[error("no lease on `{resource}`{}", if *.expired { " (it expired)" } else { "" })]
     NoLease { resource: String, expired: bool },
-    #[error("board key `{key}` is at revision {current:?}, not the one given")]
+    #[error(
+        "board key `{key}` is {}, not at the revision given",
+        current.map_or_else(|| "absent".to_owned(), |r| format!("at revision {r}"))
+    )]
     RevisionMismatch { key: String, current: Option<u64> },
     #[error("no board key `{key}`")]
     NoKey { key: String },
@@ -236,7 +242,7 @@ pub enum CoordError {
         max_bytes: usize,
         got: usize,
     },
-    #[error("inbox of {to:?} is full ({max} unread)")]
+    #[error("the inbox of {} is full ({max} unread)", match to { Recipient::Agent(a) => a.as_str(), Recipient::Channel => "the channel" })]
     InboxFull { to: Recipient, max: usize },
     #[error("too many parked waiters (at most {max})")]
     TooManyWaiters { max: usize },

@@ -670,17 +670,7 @@ impl Gateway {
             };
         }
         match caller {
-            Caller::Session(s) => {
-                let name = self.coordination.name_of(s);
-                // A session hears of what concerns it on its event stream too.
-                if !self.coordination.sessions.contains_key(&name) {
-                    self.coordination
-                        .sessions
-                        .insert(name.clone(), s.to_owned());
-                    self.coordination.coord.watch(&name);
-                }
-                Ok((name, None))
-            }
+            Caller::Session(s) => Ok((self.session_agent(s), None)),
             Caller::Sessionless if tool == CHECKIN => {
                 let max = self.config.max_sessions;
                 if self.coordination.handles.len() >= max {
@@ -706,6 +696,20 @@ impl Gateway {
             }
             Caller::Sessionless => Err(RpcError::NoAgent { tool }),
         }
+    }
+
+    /// The public name of a session's agent, made on its first coordination call or leased
+    /// write.
+    fn session_agent(&mut self, session: &str) -> String {
+        let name = self.coordination.name_of(session);
+        // A session hears of what concerns it on its event stream too.
+        if !self.coordination.sessions.contains_key(&name) {
+            self.coordination
+                .sessions
+                .insert(name.clone(), session.to_owned());
+            self.coordination.coord.watch(&name);
+        }
+        name
     }
 
     /// The project a coordination call acts in: its `project`, else the caller's default.
@@ -984,7 +988,7 @@ impl Gateway {
     /// given (it must be one this gateway issued), else the session's agent, else nobody
     /// (then the write holds no lease).
     pub(super) fn writer_of(
-        &self,
+        &mut self,
         caller: Caller<'_>,
         handle: Option<&Value>,
     ) -> Result<Option<String>, RpcError> {
@@ -999,7 +1003,7 @@ impl Gateway {
                 .ok_or(RpcError::UnknownAgent { tool: "tools/call" });
         }
         Ok(match caller {
-            Caller::Session(s) => self.coordination.known_name(s).map(str::to_owned),
+            Caller::Session(s) => Some(self.session_agent(s)),
             Caller::Sessionless => None,
         })
     }
@@ -1030,13 +1034,25 @@ impl Gateway {
                 holder,
                 holder_name,
                 expires_in,
-            } => Err(RpcError::LeaseHeld {
-                project: project.to_owned(),
-                resource: resource.to_owned(),
-                holder,
-                holder_name,
-                expires_in,
-            }),
+            } => {
+                if let Some(agent) = agent {
+                    // Its `wait` wakes when the resource is released.
+                    if let Err(e) = self
+                        .coordination
+                        .coord
+                        .note_refused_write(now, project, agent, resource)
+                    {
+                        tracing::debug!(project, resource, "refused write not noted: {e}");
+                    }
+                }
+                Err(RpcError::LeaseHeld {
+                    project: project.to_owned(),
+                    resource: resource.to_owned(),
+                    holder,
+                    holder_name,
+                    expires_in,
+                })
+            }
             WriteCheck::LeaseRequired => Err(RpcError::LeaseRequired {
                 project: project.to_owned(),
                 resource: resource.to_owned(),

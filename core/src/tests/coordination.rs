@@ -534,3 +534,37 @@ fn a_session_with_an_event_stream_hears_what_concerns_it() {
     let r = tool(&mut h, &b, "wait", json!({"projects":["beta"]}));
     assert_eq!(r["reasons"][0]["kind"], "message", "{r}");
 }
+
+#[test]
+fn a_refused_write_wakes_its_writer_when_the_lease_is_released() {
+    let mut h = Harness::new();
+    connect(&mut h, "beta", None);
+    let (a, b) = (h.initialize(), h.initialize());
+    tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    // b never asked for the lease: its write was refused, and that is enough to be told.
+    let t = move_story(&mut h, &b, "beta-1");
+    assert_eq!(kind(&h.reply_json(t).unwrap()), "lease_held");
+    let w = h.call(
+        Some(&b),
+        json!("w"),
+        "wait",
+        json!({"projects":["alpha","beta"]}),
+    );
+    assert!(!h.replies.contains_key(&w), "parked");
+    tool(
+        &mut h,
+        &a,
+        "release",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    let r = h.reply_json(w).expect("woken by the release");
+    assert_eq!(
+        r["result"]["structuredContent"]["reasons"][0],
+        json!({"kind":"released","resource":"story:beta-1"})
+    );
+}

@@ -1568,6 +1568,18 @@ impl Sim {
             },
             None => Expect::Unfenced,
         };
+        // A refused write, like a refused claim, makes the writer wait for the release.
+        if let (Some(_), Expect::Refused { .. }) = (a, &expect) {
+            self.m.touch(project, &by);
+            let pm = self.m.pm(project);
+            pm.refused
+                .entry(resource.clone())
+                .or_default()
+                .insert(by.clone());
+            if let Some(m) = pm.members.get_mut(&by) {
+                m.released.remove(&resource);
+            }
+        }
         self.note(format!(
             "{by} writes {project}/{resource} (write {nonce}, delay {delay}): expect {expect:?}"
         ));
