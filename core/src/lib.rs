@@ -47,4 +47,4 @@ pub use identity::{Pin, Pins, PinsError};
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
 pub use registry::{LeaseMode, ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
 pub use strict::{Unreadable, MAX_CLIENT_DEPTH, MAX_FRAME_DEPTH};
-pub use tools::GATEWAY_TOOLS;
+pub use tools::{tool_definitions as gateway_tool_definitions, GATEWAY_TOOLS};

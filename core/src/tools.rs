@@ -46,6 +46,14 @@ const PROJECT_PROPERTY_DESCRIPTION: &str = "Registered project to run this call 
 
 /// The gateway's tools as they appear in `tools/list`, each serialised once.
 pub(crate) fn gateway_tool_definitions() -> Vec<String> {
+    tool_definitions().iter().map(Value::to_string).collect()
+}
+
+/// The gateway's own tools (name, title, description, `inputSchema`, annotations) in the order
+/// `tools/list` shows them, for programs that mirror them: the `gateway` binary's shell
+/// commands are generated from these, so a tool and its command cannot drift. Exported as
+/// `gateway_core::gateway_tool_definitions`.
+pub fn tool_definitions() -> Vec<Value> {
     let defs = [
         json!({
             "name": SWITCH_PROJECT,
@@ -103,9 +111,8 @@ pub(crate) fn gateway_tool_definitions() -> Vec<String> {
             "annotations": { "destructiveHint": false }
         }),
     ];
-    defs.iter()
-        .chain(&crate::gateway::coordination::tool_definitions())
-        .map(Value::to_string)
+    defs.into_iter()
+        .chain(crate::gateway::coordination::tool_definitions())
         .collect()
 }
 

@@ -332,7 +332,7 @@ async fn wait_live(gateway: &str, projects: &[String]) {
     let deadline = tokio::time::Instant::now() + IMPOSTOR_WAIT;
     while tokio::time::Instant::now() < deadline {
         let live = async {
-            let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &url)
+            let mut c = gateway_client::McpClient::connect(gateway_client::TokioConnect, &url)
                 .await
                 .ok()?;
             let r = c

@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use gateway_client::Connect;
 use gateway_core::ProbeOutcome;
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
-use sled_sim::net::Connect;
 use tokio::sync::watch;
 
 /// Carries out [`gateway_core::Output::Probe`]: one `GET` of a project's `url`.
@@ -38,7 +38,7 @@ pub struct HttpProber<C: Connect>(pub C);
 
 impl<C: Connect> Prober for HttpProber<C> {
     fn probe(&self, url: &str, timeout: Duration) -> BoxFuture<'static, ProbeOutcome> {
-        let parsed = match sled_sim::HttpUrl::parse(url) {
+        let parsed = match gateway_client::HttpUrl::parse(url) {
             Ok(u) => u,
             Err(e) => {
                 let reason = format!("cannot probe {url:?}: {}", e.reason);
@@ -69,7 +69,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// One `GET`: connect, send, wait for the response head. The body is not read.
-async fn get_status<C: Connect>(connector: C, url: sled_sim::HttpUrl) -> Result<u16, String> {
+async fn get_status<C: Connect>(connector: C, url: gateway_client::HttpUrl) -> Result<u16, String> {
     let host_port = url.host_port();
     let stream = connector
         .connect(&host_port)
@@ -318,7 +318,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_bad_url_fails_at_once() {
-        let p = HttpProber(sled_sim::TokioConnect);
+        let p = HttpProber(gateway_client::TokioConnect);
         for url in ["https://x:1/", "not a url", "ftp://x"] {
             match p.probe(url, Duration::from_secs(60)).await {
                 ProbeOutcome::Failed(reason) => assert!(reason.contains(url), "{reason}"),

@@ -132,7 +132,7 @@ impl ServerOptions {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reload_from: None,
-            prober: Arc::new(HttpProber(sled_sim::net::TokioConnect)),
+            prober: Arc::new(HttpProber(gateway_client::TokioConnect)),
             pin_file: None,
             http_idle_timeout: Some(DEFAULT_HTTP_IDLE_TIMEOUT),
         }

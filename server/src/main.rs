@@ -1,17 +1,20 @@
 //! `gateway`: the MCP gateway binary. `gateway serve` runs it for a `projects.toml`;
-//! `gateway demo` runs it with an emulated fleet of sleds, for trying it out.
+//! `gateway demo` runs it with an emulated fleet of sleds, for trying it out; `gateway stdio`
+//! bridges a stdio MCP client; and the shell commands (`gateway list-projects`, `gateway claim`,
+//! `gateway listen`, `gateway doctor`, …: see `shell`) use a gateway from a shell.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use gateway_core::{Config, Registry};
 use gateway_server::ServerOptions;
 use tokio::net::TcpListener;
 
 mod demo;
+mod shell;
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 
@@ -120,7 +123,7 @@ enum Command {
 
 /// Checks a `--url` value (clap names the flag and the value when this fails, and exits 2).
 fn parse_mcp_url(url: &str) -> Result<String, String> {
-    sled_sim::HttpUrl::parse(url)
+    gateway_client::HttpUrl::parse(url)
         .map(|_| url.to_owned())
         .map_err(|e| e.reason)
 }
@@ -241,7 +244,12 @@ impl McpFlags {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The shell's commands are generated from the core's tool definitions at run time.
+    let matches = shell::augment(Cli::command()).get_matches();
+    if let Some(code) = shell::dispatch(&matches) {
+        return code;
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // The stdio bridge's stderr usually lands in an MCP client's log: quieter, no colours.
     let stdio = matches!(cli.command, Command::Stdio { .. });
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {

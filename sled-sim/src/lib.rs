@@ -2,8 +2,8 @@
 //!
 //! A sled serves one project's MCP tools ([`mcp::Sled`], over the project model in [`model`])
 //! and connects out to the gateway over a WebSocket uplink ([`uplink::run_uplink`]); it can also
-//! serve MCP directly over HTTP ([`http::router`]). [`client::McpClient`] drives a gateway (or a
-//! sled) over Streamable HTTP, and [`fleet::Fleet`] runs one sled per project. [`script`] plays
+//! serve MCP directly over HTTP ([`http::router`]). [`client::McpClient`] (from `gateway-client`)
+//! drives a gateway (or a sled) over Streamable HTTP, and [`fleet::Fleet`] runs one sled per project. [`script`] plays
 //! seeded client sessions against a gateway and judges every response. Each sled can prove an
 //! Ed25519 identity on connect ([`identity::sled_key`]) and relays CRDT events up its uplink.
 //!
@@ -11,7 +11,6 @@
 //! seeded RNG, and nothing observable depends on hash order: the same code runs as a host in a
 //! deterministic simulation.
 
-pub mod client;
 pub mod fixture;
 pub mod fleet;
 pub mod http;
@@ -22,6 +21,10 @@ pub mod net;
 pub mod script;
 pub mod sim_sled;
 pub mod uplink;
+
+/// The MCP client, `gateway-client`'s (re-exported so that `sled_sim::client::…` paths keep
+/// working).
+pub use gateway_client::client;
 
 pub use client::{ClientError, McpClient};
 pub use fixture::Fixture;

@@ -659,7 +659,10 @@ impl Sled {
                     "failing": failing,
                 }))
             }
-            "whoami" => Ok(json!({ "sled": self.sled_name, "seed": self.seed })),
+            "whoami" => Ok(json!({
+                "sled": self.sled_name, "seed": self.seed,
+                "fence_high_water": self.fence_high_water(),
+            })),
             _ => self.run_story_tool(name, story_id, args),
         }
     }
@@ -1020,7 +1023,7 @@ pub fn tool_definition(name: &str) -> Option<Value> {
         ),
         "whoami" => (
             "Who am I",
-            "The project this sled serves, the sled's name and its seed.",
+            "The project this sled serves, the sled's name, its seed, and the highest lease fence it has accepted (`fence_high_water`, null before any).",
             object_schema(json!({}), &[]),
             true,
         ),
@@ -1743,7 +1746,10 @@ mod tests {
     fn whoami_and_nonce() {
         let mut s = sled();
         let w = ok(&mut s, "whoami", json!({}));
-        assert_eq!(w, json!({"project":"beta","sled":"beta-sled","seed":7}));
+        assert_eq!(
+            w,
+            json!({"project":"beta","sled":"beta-sled","seed":7,"fence_high_water":null})
+        );
         // No arguments at all is fine too.
         let r = rpc(
             &mut s,

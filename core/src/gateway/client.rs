@@ -648,7 +648,7 @@ impl Gateway {
             .projects()
             .iter()
             .map(|p| {
-                json!({
+                let mut entry = json!({
                     "name": p.name,
                     "url": p.url,
                     "ssh_port": p.ssh_port,
@@ -657,7 +657,19 @@ impl Gateway {
                     "sled": p.sled,
                     "live": self.is_live(&p.name),
                     "active": active == Some(p.name.as_str()),
-                })
+                });
+                // The live sled's high-water mark of accepted fences, when its hello reported
+                // one; every fence granted since is above it, which `gateway doctor` checks.
+                let floor = self
+                    .projects
+                    .get(&p.name)
+                    .and_then(|s| s.uplink)
+                    .and_then(|id| self.uplinks.get(&id))
+                    .and_then(|u| u.fence_floor);
+                if let Some(floor) = floor {
+                    entry["fence_floor"] = json!(floor);
+                }
+                entry
             })
             .collect();
         Ok(tool_result(

@@ -18,13 +18,17 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tracing::debug;
 
-use crate::mcp::LATEST_PROTOCOL_VERSION;
 use crate::net::{Connect, HttpUrl};
 
 /// The session header.
 pub const SESSION_HEADER: &str = "mcp-session-id";
 /// The protocol version header sent after initialize.
 pub const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// The protocol version [`McpClient::initialize`] asks for.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+/// The `clientInfo.name` [`McpClient::initialize`] sends unless told otherwise
+/// ([`McpClient::set_client_name`]).
+pub const DEFAULT_CLIENT_NAME: &str = "gateway-client";
 /// How long a request may take by default (see [`McpClient::set_timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -61,6 +65,8 @@ pub struct McpClient<C: Connect> {
     session_id: Option<String>,
     protocol_version: Option<String>,
     timeout: Option<Duration>,
+    client_name: String,
+    authorization: Option<String>,
 }
 
 impl<C: Connect> std::fmt::Debug for McpClient<C> {
@@ -87,6 +93,8 @@ impl<C: Connect> McpClient<C> {
             session_id: None,
             protocol_version: None,
             timeout: Some(DEFAULT_TIMEOUT),
+            client_name: DEFAULT_CLIENT_NAME.to_owned(),
+            authorization: None,
         };
         client.open().await?;
         Ok(client)
@@ -144,6 +152,16 @@ impl<C: Connect> McpClient<C> {
     /// How long one request may take (`None`: forever). The default is [`DEFAULT_TIMEOUT`].
     pub fn set_timeout(&mut self, timeout: Option<Duration>) {
         self.timeout = timeout;
+    }
+
+    /// The `clientInfo.name` sent at initialize (default [`DEFAULT_CLIENT_NAME`]).
+    pub fn set_client_name(&mut self, name: impl Into<String>) {
+        self.client_name = name.into();
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every request (`None`: no such header).
+    pub fn set_bearer_token(&mut self, token: Option<String>) {
+        self.authorization = token.map(|t| format!("Bearer {t}"));
     }
 
     /// The endpoint URL.
@@ -220,6 +238,11 @@ impl<C: Connect> McpClient<C> {
         }
         if let Some(v) = &self.protocol_version {
             map.insert(PROTOCOL_VERSION_HEADER, value(v)?);
+        }
+        if let Some(v) = &self.authorization {
+            let mut v = HeaderValue::from_str(v).map_err(|_| invalid("Authorization"))?;
+            v.set_sensitive(true);
+            map.insert(hyper::header::AUTHORIZATION, v);
         }
         for (name, v) in headers {
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid(name))?;
@@ -428,9 +451,9 @@ impl<C: Connect> McpClient<C> {
         self.session_id = None;
         self.protocol_version = None;
         let params = json!({
-            "protocolVersion": LATEST_PROTOCOL_VERSION,
+            "protocolVersion": PROTOCOL_VERSION,
             "capabilities": capabilities,
-            "clientInfo": { "name": "sled-sim-client", "version": env!("CARGO_PKG_VERSION") },
+            "clientInfo": { "name": self.client_name, "version": env!("CARGO_PKG_VERSION") },
         });
         let (response, headers) = self.exchange(json!(0), "initialize", params).await?;
         if let Some(error) = response.get("error") {
