@@ -31,6 +31,7 @@ mod registry;
 mod session;
 mod strict;
 mod tools;
+mod trace;
 pub mod uplink;
 
 #[cfg(test)]

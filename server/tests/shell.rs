@@ -426,7 +426,7 @@ async fn listen_exits_0_on_a_channel_message_and_2_at_its_deadline() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // It checked in: its agent is on beta's roster.
+    // It waits: its agent is on beta's roster.
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         if listener.agent_file.exists() {
@@ -481,6 +481,14 @@ async fn listen_exits_0_on_a_channel_message_and_2_at_its_deadline() {
             .any(|r| r["kind"] == "message" && r["to"] == "channel" && r["id"] == id),
         "{wake}"
     );
+
+    // Unread, the message wakes the next listen at once too: a listen never takes it.
+    let t = Instant::now();
+    let out = listener.run(&["listen", "--project", "beta", "--until", "+20"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["reasons"], wake["reasons"], "{again}");
 
     // Nothing for a newcomer: exit 2 at the deadline, not before.
     let quiet = User::new(&demo.url, &dir, "quiet");

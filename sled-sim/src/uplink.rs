@@ -953,6 +953,14 @@ where
                         Frame::Rpc(msg) => {
                             waiting.retain(|_, h| !h.is_finished());
                             let method = msg.get("method").and_then(Value::as_str);
+                            // The W3C trace the gateway carried from its client, for operators
+                            // who follow one call from end to end.
+                            if let Some(parent) = msg.pointer("/params/_meta/traceparent").and_then(Value::as_str) {
+                                let mut ids = parent.split('-').skip(1);
+                                info!(project = %project, method = method.unwrap_or("-"),
+                                    trace_id = ids.next().unwrap_or("-"), parent_span = ids.next().unwrap_or("-"),
+                                    "request in a trace");
+                            }
                             if method.is_none() && peer.deliver(&msg) {
                                 // The answer to a handler's own request, handed to it.
                             } else if method == Some("notifications/cancelled") {

@@ -490,6 +490,8 @@ struct Call {
     modern: bool,
     /// How the result is changed on its way back.
     rewrite: proxy::Rewrite,
+    /// The W3C trace id the client's `_meta.traceparent` carried, for the log lines.
+    trace_id: Option<String>,
     /// Whether the answer has become an SSE stream: it does at the first message for the
     /// client before the response (progress, a log message); until then it is plain JSON.
     streamed: bool,

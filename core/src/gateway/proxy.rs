@@ -4,6 +4,7 @@
 //! roots), and resource subscriptions.
 
 use super::*;
+use crate::trace;
 
 /// The `_meta` key by which a client names the project of a request that has no `project`
 /// argument (resources, completion), e.g. `"_meta": {"io.mcp-gateway/project": "beta"}`.
@@ -184,6 +185,7 @@ impl Gateway {
             _ => rpc_id,
         };
         uplink.next_id = uplink.next_id.max(rpc_id + 1);
+        let mut trace_id = None;
         let progress = match meta.as_mut() {
             None => None,
             Some(Value::Object(meta)) => {
@@ -207,6 +209,29 @@ impl Gateway {
                     }
                     None => None,
                 };
+                // The gateway is a span of the client's trace: the sled's parent.
+                match meta
+                    .get(trace::TRACEPARENT)
+                    .and_then(Value::as_str)
+                    .map(trace::parse)
+                {
+                    Some(Some(parent)) => {
+                        use rand_chacha::rand_core::RngCore;
+                        let mut span = [0u8; 8];
+                        self.rng.fill_bytes(&mut span);
+                        meta.insert(
+                            trace::TRACEPARENT.into(),
+                            Value::String(trace::child(&parent, span)),
+                        );
+                        trace_id = Some(parent.trace_id);
+                    }
+                    Some(None) | None if meta.contains_key(trace::TRACEPARENT) => {
+                        tracing::debug!("an invalid traceparent was dropped");
+                        meta.remove(trace::TRACEPARENT);
+                        meta.remove(trace::TRACESTATE);
+                    }
+                    _ => {}
+                }
                 progress
             }
             Some(_) => {
@@ -257,12 +282,23 @@ impl Gateway {
                 modern: mode.modern,
                 streamed: false,
                 rewrite,
+                trace_id: None,
             }),
         );
         self.by_token.insert(token, (uplink_id, rpc_id));
         self.timers
             .insert((deadline, Timer::Request(uplink_id, rpc_id)));
         self.counters.calls_forwarded += 1;
+        tracing::debug!(
+            trace_id = trace_id.as_deref().unwrap_or("-"),
+            uplink = uplink_id.0,
+            id = rpc_id,
+            method,
+            "request forwarded"
+        );
+        if let Some(Pending::Call(call)) = self.pending.get_mut(&(uplink_id, rpc_id)) {
+            call.trace_id = trace_id;
+        }
         self.outputs.push_back(Output::UplinkSend {
             uplink: uplink_id,
             text,
@@ -272,6 +308,14 @@ impl Gateway {
 
     /// Books a call that left the pending table: its session's count, and the metrics.
     pub(super) fn call_ended(&mut self, call: &Call, outcome: Outcome, took: Option<Duration>) {
+        tracing::debug!(
+            trace_id = call.trace_id.as_deref().unwrap_or("-"),
+            project = call.project,
+            tool = call.tool,
+            outcome = outcome.name(),
+            took_us = took.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
+            "call ended"
+        );
         if let Some(s) = &call.session {
             if let Some(n) = self.session_calls.get_mut(s) {
                 *n -= 1;

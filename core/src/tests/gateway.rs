@@ -770,3 +770,48 @@ fn a_call_the_sled_could_not_read_fails_at_once_not_at_its_deadline() {
     assert_eq!(h.sled_answers_all(alpha, "alpha"), 1);
     assert!(h.reply_json(t).unwrap()["result"].is_object());
 }
+
+#[test]
+fn a_clients_trace_reaches_the_sled_with_the_gateways_span_between() {
+    let mut h = Harness::new();
+    let s = h.initialize();
+    let alpha = h.connect_sled("alpha");
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let body = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+        "name":"show","arguments":{"story_id":"alpha-1"},
+        "_meta":{"traceparent":parent,"tracestate":"vendor=x"}}});
+    let t = h.send(HttpMethod::Post, Some(&s), &body.to_string());
+    let f = h.take_frames(alpha);
+    let meta = &f[0]["params"]["_meta"];
+    let forwarded = meta["traceparent"].as_str().unwrap().to_owned();
+    let parts: Vec<&str> = forwarded.split('-').collect();
+    assert_eq!(
+        parts[1], "4bf92f3577b34da6a3ce929d0e0e4736",
+        "the client's trace"
+    );
+    assert_ne!(
+        parts[2], "00f067aa0ba902b7",
+        "the gateway's own span is the sled's parent"
+    );
+    assert_eq!((parts[0], parts[3], parts[2].len()), ("00", "01", 16));
+    assert_eq!(meta["tracestate"], "vendor=x");
+    h.sled_answers_all_frames(alpha, f);
+    h.reply_json(t).unwrap();
+    // Another call of the same trace gets another span of the gateway's.
+    let t = h.send(HttpMethod::Post, Some(&s), &body.to_string());
+    let f = h.take_frames(alpha);
+    assert_ne!(f[0]["params"]["_meta"]["traceparent"], forwarded);
+    h.sled_answers_all_frames(alpha, f);
+    h.reply_json(t).unwrap();
+    // An invalid traceparent is not forwarded, nor its tracestate.
+    let body = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"show","arguments":{"story_id":"alpha-1"},
+        "_meta":{"traceparent":"00-zz-bad-01","tracestate":"vendor=x","progressToken":"p"}}});
+    h.send(HttpMethod::Post, Some(&s), &body.to_string());
+    let f = h.take_frames(alpha);
+    let meta = &f[0]["params"]["_meta"];
+    assert!(
+        meta.get("traceparent").is_none() && meta.get("tracestate").is_none(),
+        "{meta}"
+    );
+}

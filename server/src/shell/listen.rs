@@ -171,21 +171,8 @@ pub(crate) async fn run(conn: &mut Conn, m: &ArgMatches) -> u8 {
     let hint = projects.first().cloned();
     let mut failures = 0u32;
 
-    // Present in each named project before the first wait.
-    for p in &projects {
-        loop {
-            let mut args = Map::new();
-            args.insert("project".into(), json!(p));
-            match agent::call_as_agent(conn, "checkin", args, Some(p), None).await {
-                Ok(_) => break,
-                Err(f) => match backoff(&f, &mut failures, deadline).await {
-                    Some(code) => return code,
-                    None => continue,
-                },
-            }
-        }
-    }
-
+    // No checkin first: it would read (and so take) the agent's unread messages, which this
+    // wait must report. `wait` itself makes the agent present in each project it names.
     loop {
         let timeout_s = match deadline {
             None => MAX_WAIT_S,
