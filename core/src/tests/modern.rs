@@ -316,3 +316,61 @@ fn a_listener_hears_when_the_stateless_tool_list_changes() {
     );
     assert!(h.streams_closed.contains(&t));
 }
+
+#[test]
+fn a_stateless_client_coordinates_with_an_agent_handle() {
+    let mut h = Harness::new();
+    h.connect_sled("beta");
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"checkin","arguments":{"project":"beta","name":"stateless"}}),
+        &|_| {},
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(status, 200, "{r}");
+    let sc = &r["result"]["structuredContent"];
+    let handle = sc["handle"]
+        .as_str()
+        .expect("a handle for a caller without a session")
+        .to_owned();
+    assert_eq!(r["result"]["resultType"], "complete");
+    let t = modern(
+        &mut h,
+        2,
+        "tools/call",
+        json!({"name":"claim","arguments":{"project":"beta","resource":"story:beta-1","agent":handle}}),
+        &|_| {},
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["result"]["structuredContent"]["acquired"], true, "{r}");
+    // A handshake-era session sees the stateless agent as the holder, by its public name.
+    let s = h.initialize();
+    let r = h.rpc(
+        Some(&s),
+        json!(3),
+        "tools/call",
+        json!({"name":"claims","arguments":{"project":"beta"}}),
+    );
+    let leases = &r["result"]["structuredContent"]["leases"];
+    assert_eq!(leases[0]["holder"], sc["agent"], "{r}");
+    assert!(
+        !r.to_string().contains(&handle),
+        "a handle is never shown to others"
+    );
+    // Without the handle, a stateless coordination call has no agent.
+    let t = modern(
+        &mut h,
+        4,
+        "tools/call",
+        json!({"name":"release","arguments":{"project":"beta","resource":"story:beta-1"}}),
+        &|_| {},
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(
+        (status, r["error"]["data"]["kind"].as_str()),
+        (400, Some("no_agent")),
+        "{r}"
+    );
+}
