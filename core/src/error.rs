@@ -230,6 +230,14 @@ pub enum RpcError {
         project: String,
         resource: String,
     },
+    /// A call to a project with live leases whose sled's tools are not listed yet (it just
+    /// connected to a gateway that never saw its tools), so which writes need a lease is not
+    /// known: not sent; retry in a moment.
+    ToolsPending {
+        project: String,
+        sled: String,
+        retry_after: Duration,
+    },
 }
 
 impl RpcError {
@@ -271,7 +279,9 @@ impl RpcError {
                 | CoordError::Exhausted { .. } => code::SERVER_ERROR,
             },
             RpcError::NoAgent { .. } | RpcError::UnknownAgent { .. } => code::INVALID_PARAMS,
-            RpcError::LeaseHeld { .. } | RpcError::LeaseRequired { .. } => code::SERVER_ERROR,
+            RpcError::LeaseHeld { .. }
+            | RpcError::LeaseRequired { .. }
+            | RpcError::ToolsPending { .. } => code::SERVER_ERROR,
         }
     }
 
@@ -326,6 +336,7 @@ impl RpcError {
             RpcError::UnknownAgent { .. } => "unknown_agent",
             RpcError::LeaseHeld { .. } => "lease_held",
             RpcError::LeaseRequired { .. } => "lease_required",
+            RpcError::ToolsPending { .. } => "tools_pending",
         }
     }
 
@@ -416,6 +427,10 @@ impl RpcError {
             ),
             RpcError::LeaseRequired { project, resource } => format!(
                 "Refused: project '{project}' requires a lease for every write; claim {resource} first, then retry"
+            ),
+            RpcError::ToolsPending { project, sled, retry_after } => format!(
+                "Not sent: sled '{sled}' of project '{project}' has just connected and its tools are not listed yet, so the gateway cannot tell which writes need a lease; retry after {} ms",
+                retry_after.as_millis()
             ),
         }
     }
@@ -559,6 +574,15 @@ impl RpcError {
             }),
             RpcError::LeaseRequired { project, resource } => json!({
                 "kind": kind, "project": project, "resource": resource, "outcome": "not_sent",
+            }),
+            RpcError::ToolsPending {
+                project,
+                sled,
+                retry_after,
+            } => json!({
+                "kind": kind, "project": project, "sled": sled,
+                "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                "outcome": "not_sent",
             }),
         }
     }
@@ -988,6 +1012,14 @@ mod tests {
                 RpcError::LeaseRequired {
                     project: "beta".into(),
                     resource: "story:beta-1".into(),
+                },
+            ),
+            (
+                "tools_pending",
+                RpcError::ToolsPending {
+                    project: "beta".into(),
+                    sled: "beta-sled".into(),
+                    retry_after: Duration::from_millis(1000),
                 },
             ),
             (

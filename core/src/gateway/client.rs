@@ -485,6 +485,12 @@ impl Gateway {
             Some(_) => tool.clone(),
             None => "_unlisted".to_owned(),
         };
+        let lease = match listed {
+            Some(t) => t.lease.clone(),
+            // Not listed now: the sled's uplink came back and its tools are not listed again
+            // yet. Writes stay checked by what it listed last.
+            None => self.remembered_lease(now, &route.project, &tool)?,
+        };
         #[derive(serde::Serialize)]
         struct Forwarded<'a> {
             name: &'a str,
@@ -514,13 +520,11 @@ impl Gateway {
         }
         // A write to a resource the sled declared leasable: refused if another agent holds
         // it, fenced if the caller does.
-        let leased = listed
-            .and_then(|t| t.lease.as_ref())
-            .and_then(|(property, kind)| {
-                let value = arguments.get(property)?;
-                let value: String = serde_json::from_str(value.get()).ok()?;
-                Some(format!("{kind}:{value}"))
-            });
+        let leased = lease.as_ref().and_then(|(property, kind)| {
+            let value = arguments.get(property)?;
+            let value: String = serde_json::from_str(value.get()).ok()?;
+            Some(format!("{kind}:{value}"))
+        });
         if let Some(resource) = leased {
             let agent = self.writer_of(caller, handle.as_ref())?;
             if let Some(fence) =

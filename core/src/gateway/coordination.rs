@@ -1008,6 +1008,30 @@ impl Gateway {
         })
     }
 
+    /// The lease annotation of `tool` as `project`'s sled last listed it. Before any listing
+    /// in this gateway's life, a call cannot be checked: while the project has live leases it
+    /// is refused (retryable) rather than sent unchecked.
+    pub(super) fn remembered_lease(
+        &mut self,
+        now: Instant,
+        project: &str,
+        tool: &str,
+    ) -> Result<Option<(String, String)>, RpcError> {
+        match self
+            .projects
+            .get(project)
+            .and_then(|p| p.leases_known.as_ref())
+        {
+            Some(known) => Ok(known.get(tool).cloned()),
+            None if self.coordination.coord.claims(now, project).is_empty() => Ok(None),
+            None => Err(RpcError::ToolsPending {
+                project: project.to_owned(),
+                sled: self.sled_of(project),
+                retry_after: self.config.retry_after,
+            }),
+        }
+    }
+
     /// The lease check of a project tool call that writes `resource`: the fence to attach,
     /// or the refusal.
     pub(super) fn check_lease(

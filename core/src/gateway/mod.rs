@@ -397,6 +397,10 @@ struct ProjectState {
     listing: Option<String>,
     /// Bumped at every new refresh, so an older refresh's pages are ignored.
     refresh: u64,
+    /// The lease annotations of its tools as last listed (tool → resource property and kind),
+    /// kept when the uplink goes, so that writes stay checked until the tools are listed
+    /// again; `None` until a listing arrived in this gateway's life.
+    leases_known: Option<HashMap<String, (String, String)>>,
     /// Heartbeats, probes, relay and identity, for the fleet tools.
     health: fleet::Health,
 }
@@ -414,6 +418,13 @@ impl ProjectState {
             }
             s
         });
+        if let Some(ts) = &tools {
+            self.leases_known = Some(
+                ts.iter()
+                    .filter_map(|t| Some((t.name.clone(), t.lease.clone()?)))
+                    .collect(),
+            );
+        }
         std::mem::replace(&mut self.tools, tools)
     }
 }

@@ -568,3 +568,80 @@ fn a_refused_write_wakes_its_writer_when_the_lease_is_released() {
         json!({"kind":"released","resource":"story:beta-1"})
     );
 }
+
+#[test]
+fn writes_stay_checked_while_a_returning_sleds_tools_are_not_listed_again() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta", None);
+    let (a, b) = (h.initialize(), h.initialize());
+    let c = tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    let fence = c["fence"].clone();
+    // The sled bounces; its new uplink's tools/list is not answered yet.
+    h.handle(crate::Input::UplinkClosed { uplink: beta });
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let frames = h.take_frames(u);
+    assert_eq!(frames[1]["method"], "tools/list");
+    let t = move_story(&mut h, &b, "beta-1");
+    assert_eq!(
+        kind(&h.reply_json(t).unwrap()),
+        "lease_held",
+        "checked by what was listed last"
+    );
+    let t = move_story(&mut h, &a, "beta-1");
+    let f = h.take_frames(u);
+    assert_eq!(
+        f[0]["params"]["_meta"]["io.mcp-gateway/fence"]["fence"], fence,
+        "{}",
+        f[0]
+    );
+    h.sled_answers_all_frames(u, f);
+    h.reply_json(t).unwrap();
+}
+
+#[test]
+fn a_sled_whose_tools_were_never_listed_is_not_written_unchecked_while_leases_live() {
+    let mut h = Harness::new();
+    let a = h.initialize();
+    // A lease on beta before its sled ever connected to this gateway (a restart, say).
+    tool(
+        &mut h,
+        &a,
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    h.take_frames(u);
+    let t = move_story(&mut h, &a, "beta-1");
+    let r = h.reply_json(t).expect("refused at once");
+    assert_eq!(kind(&r), "tools_pending");
+    assert_eq!(r["error"]["data"]["retry_after_ms"], 1000);
+    assert!(h.take_frames(u).is_empty(), "nothing sent unchecked");
+    // A project without leases is not held up.
+    let alpha = h.open_uplink();
+    h.sled_says(
+        alpha,
+        json!({"uplink":"hello","protocol":1,"project":"alpha","sled":"alpha"}),
+    );
+    h.take_frames(alpha);
+    let t = h.call(
+        Some(&a),
+        json!(5),
+        "show",
+        json!({"project":"alpha","story_id":"alpha-1"}),
+    );
+    assert_eq!(h.sled_answers_all(alpha, "alpha"), 1);
+    h.reply_json(t).unwrap();
+}
