@@ -1,5 +1,6 @@
 //! The deterministic simulation harness (the tests are in `tests/tests/simulation.rs`; the fleet
-//! tools' scenarios are in [`fleet`], their tests in `tests/tests/fleet_sim.rs`).
+//! tools' scenarios are in [`fleet`], their tests in `tests/tests/fleet_sim.rs`; coordination
+//! under faults is in [`coord`], its tests in `tests/tests/coord_sim.rs`).
 //!
 //! One seed is one run under turmoil: the real gateway server (`gateway_server::serve` on a
 //! turmoil listener) on host `gateway`, one real sled uplink (`sled_sim::run_uplink`) per project
@@ -14,6 +15,7 @@
 //! clock) are not part of the trace. The trace hash covers every request, response and its
 //! simulated timing, and every sled's final stories.
 
+pub mod coord;
 pub mod fleet;
 pub mod net;
 pub mod oracle;

@@ -1,0 +1,173 @@
+//! Coordination under turmoil (the harness is `gateway_tests::sim::coord`): the real gateway,
+//! two real sled uplinks and 3–5 agent sessions on client hosts, with partitions, a sled crash
+//! and a gateway crash drawn from the seed.
+//!
+//! - `coord_sweep`: `DST_SEEDS` seeds (default 48), on every core; fails on any violation.
+//! - `coord_same_seed_same_trace`: one seed run twice gives the same trace.
+//! - `coord_planted_fence_reused_after_release_is_caught`: the gateway with
+//!   `CoordBug::FenceReusedAfterRelease` planted must fail some seeds, and the first failing
+//!   seed must replay to the same violations.
+//!
+//! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
+//! that seed and prints its scenario and trace; `DST_LOG=debug` adds every host's logs.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use gateway_core::coord::CoordBug;
+use gateway_tests::sim::coord::{run_coord, CoordReport, CoordScenario};
+use gateway_tests::sim::runner::{
+    env_u64, replay_command, replaying, run_parallel, seeds, threads,
+};
+
+fn describe(test: &str, r: &CoordReport) -> String {
+    let mut out = format!(
+        "DST_SEED={}\n{}\n  replay: {}\n",
+        r.seed,
+        r.scenario,
+        replay_command("coord_sim", test, r.seed)
+    );
+    for v in r.violations.iter().take(12) {
+        out.push_str(&format!("  - {v}\n"));
+    }
+    if r.violations.len() > 12 {
+        out.push_str(&format!("  … and {} more\n", r.violations.len() - 12));
+    }
+    out
+}
+
+fn summary(test: &str, reports: &[CoordReport], wall: f64) {
+    let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
+    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
+    for r in reports {
+        for (k, n) in &r.coverage {
+            *coverage.entry(k.clone()).or_default() += n;
+        }
+    }
+    println!(
+        "{test}: {} seeds in {wall:.2} s wall on {} threads ({simulated:.0} simulated s); slowest seed {:.2} s",
+        reports.len(),
+        threads(),
+        reports
+            .iter()
+            .map(|r| r.wall.as_secs_f64())
+            .fold(0.0, f64::max),
+    );
+    println!("{test}: coverage {coverage:?}");
+    if replaying() {
+        let r = &reports[0];
+        println!("{}", r.scenario);
+        println!(
+            "trace hash {:016x}, simulated {:?}",
+            r.trace_hash, r.sim_time
+        );
+        for line in &r.trace {
+            println!("  {line}");
+        }
+    }
+}
+
+#[test]
+fn coord_sweep() {
+    let test = "coord_sweep";
+    let scenarios: Vec<CoordScenario> = seeds(48, true)
+        .into_iter()
+        .map(|seed| CoordScenario::draw(seed, None))
+        .collect();
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run_coord);
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| describe(test, r))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn coord_same_seed_same_trace() {
+    let seed = env_u64("DST_SEED").unwrap_or(5);
+    let s = CoordScenario::draw(seed, None);
+    let runs = run_parallel(&[0, 1], |_| run_coord(&s));
+    let (x, y) = (&runs[0], &runs[1]);
+    assert!(!x.trace.is_empty(), "seed {seed} recorded nothing");
+    if x.trace != y.trace || x.trace_hash != y.trace_hash || x.sim_time != y.sim_time {
+        let first = x
+            .trace
+            .iter()
+            .zip(&y.trace)
+            .position(|(l, r)| l != r)
+            .unwrap_or(x.trace.len().min(y.trace.len()));
+        panic!(
+            "seed {seed} is not deterministic (traces {:016x} and {:016x}, simulated {:?} and {:?}); first difference at line {first}:\n  {:?}\n  {:?}\nreplay: {}",
+            x.trace_hash,
+            y.trace_hash,
+            x.sim_time,
+            y.sim_time,
+            x.trace.get(first),
+            y.trace.get(first),
+            replay_command("coord_sim", "coord_same_seed_same_trace", seed)
+        );
+    }
+    assert_eq!(
+        x.violations, y.violations,
+        "seed {seed}: same trace, different verdicts"
+    );
+}
+
+/// Runs the gateway with `bug` planted over the first seeds; the sweep must catch it, and the
+/// first failing seed must replay to the same violations.
+fn planted(test: &str, bug: CoordBug, default_seeds: u64) {
+    let scenarios: Vec<CoordScenario> = seeds(default_seeds, true)
+        .into_iter()
+        .map(|seed| CoordScenario::draw(seed, Some(bug)))
+        .collect();
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run_coord);
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let caught = reports.iter().filter(|r| !r.passed()).count();
+    let first = reports.iter().position(|r| !r.passed());
+    println!(
+        "{bug:?}: caught by {caught}/{} seeds ({:.0} % per seed), first caught at seed {:?}",
+        reports.len(),
+        100.0 * caught as f64 / reports.len().max(1) as f64,
+        first.map(|i| reports[i].seed),
+    );
+    let Some(first) = first else {
+        panic!("{bug:?} was not caught by any of {} seeds", reports.len());
+    };
+    let r = &reports[first];
+    println!("{}", describe(test, r));
+    let again = run_coord(&scenarios[first]);
+    assert_eq!(
+        (&again.violations, again.trace_hash),
+        (&r.violations, r.trace_hash),
+        "seed {} does not replay to the same failure",
+        r.seed
+    );
+}
+
+#[test]
+fn coord_planted_fence_reused_after_release_is_caught() {
+    planted(
+        "coord_planted_fence_reused_after_release_is_caught",
+        CoordBug::FenceReusedAfterRelease,
+        16,
+    );
+}
+
+#[test]
+fn coord_planted_lease_expiry_inclusive_is_caught() {
+    planted(
+        "coord_planted_lease_expiry_inclusive_is_caught",
+        CoordBug::LeaseExpiryInclusive,
+        16,
+    );
+}
