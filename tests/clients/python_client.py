@@ -106,6 +106,19 @@ async def stateless(mode):
               r.structured_content["project"] == "beta", r)
         r = await c.call_tool("whoami", {})
         check(f"[{mode}] without `project`: the registry's default", r.structured_content["project"] == "alpha", r)
+        # Resources and prompts of two projects, routed per request like tools.
+        made = {}
+        for project in ("alpha", "beta"):
+            r = await c.call_tool("create_story", {"name": f"{mode} story on {project}", "acceptance_criteria": ["done"], "project": project})
+            made[project] = r.structured_content["story"]["id"]
+        r = await c.read_resource(f"story://beta/{made['beta']}", meta={"io.mcp-gateway/project": "beta"})
+        check(f"[{mode}] reads a resource of beta by _meta", '"project":"beta"' in r.contents[0].text, r)
+        r = await c.read_resource(f"story://alpha/{made['alpha']}")
+        check(f"[{mode}] reads a resource of the default project", '"project":"alpha"' in r.contents[0].text, r)
+        for project in ("alpha", "beta"):
+            r = await c.get_prompt("story_brief", {"story_id": made[project], "project": project})
+            check(f"[{mode}] gets a prompt of {project} by its argument",
+                  r.messages[0].content.text.startswith(f"Project {project}"), r)
         # Closing the response stream is the cancellation signal of this era.
         name = f"cancelled from python {mode}"
         with anyio.move_on_after(0.1) as scope:

@@ -27,6 +27,16 @@ struct ProjectArgument {
     project: Option<Value>,
 }
 
+/// The requests of the stateless era forwarded to a project besides `tools/call`.
+const MODERN_PROXIED: &[&str] = &[
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+];
+
 impl Gateway {
     pub(super) fn on_modern(&mut self, now: Instant, token: HttpToken, request: HttpRequest) {
         let method = match request.method {
@@ -91,6 +101,21 @@ impl Gateway {
                         modern: true,
                     },
                 ),
+                // Routed per request like a tool call: to the project named in
+                // `_meta["io.mcp-gateway/project"]` (or prompts/get's `project` argument), else
+                // the file's default. Subscriptions go through `subscriptions/listen` instead.
+                m if MODERN_PROXIED.contains(&m) => self.proxy_method(
+                    now,
+                    token,
+                    Caller::Sessionless,
+                    &id,
+                    m,
+                    params,
+                    CallMode {
+                        stream_ok,
+                        modern: true,
+                    },
+                ),
                 _ => Err(RpcError::MethodNotFound { method: rpc_method }),
             });
         match answer {
@@ -141,6 +166,27 @@ impl Gateway {
                 header: "Mcp-Method",
             });
         }
+        if MODERN_PROXIED.contains(&method) {
+            // The project a proxied request names in its body, which the header must mirror.
+            let in_meta = meta.get(proxy::PROJECT_META).and_then(Value::as_str);
+            let in_arguments = envelope
+                .arguments
+                .as_ref()
+                .and_then(|a| a.project.as_ref())
+                .and_then(Value::as_str);
+            let project = in_meta.or(if method == "prompts/get" {
+                in_arguments
+            } else {
+                None
+            });
+            if let Some(h) = request.mcp_param_project.as_deref() {
+                if headers::decode_header_value(h).as_deref() != project {
+                    return Err(RpcError::HeaderMismatch {
+                        header: "Mcp-Param-Project",
+                    });
+                }
+            }
+        }
         if method == "tools/call" {
             let name: Option<String> = envelope
                 .name
@@ -181,7 +227,7 @@ impl Gateway {
     pub(super) fn discover(&self) -> String {
         json!({
             "supportedVersions": headers::MODERN_VERSIONS,
-            "capabilities": { "tools": {} },
+            "capabilities": { "tools": {}, "resources": {}, "prompts": {}, "completions": {} },
             "instructions": INSTRUCTIONS,
             "ttlMs": LIST_TTL_MS,
             "cacheScope": "private",

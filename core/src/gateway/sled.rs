@@ -221,10 +221,15 @@ impl Gateway {
                     (None, Some(error)) if unreadable.is_some() => {
                         (jsonrpc::raw_error_response(id, error.get()), Outcome::Error)
                     }
-                    (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => (
-                        jsonrpc::ok_response(id, &proxy::rewrite_prompts(result.get())),
-                        Outcome::Ok,
-                    ),
+                    (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => {
+                        let listed = proxy::rewrite_prompts(result.get());
+                        let listed = if call.modern {
+                            modern::with_result_type(&listed)
+                        } else {
+                            listed
+                        };
+                        (jsonrpc::ok_response(id, &listed), Outcome::Ok)
+                    }
                     (Some(result), None) if call.modern => (
                         jsonrpc::ok_response(id, &modern::with_result_type(result.get())),
                         Outcome::Ok,

@@ -23,7 +23,13 @@ fn modern(
     mut params: Value,
     tweak: &dyn Fn(&mut HttpRequest),
 ) -> HttpToken {
-    params["_meta"] = envelope();
+    let mut meta = envelope();
+    if let Some(Value::Object(given)) = params.get("_meta") {
+        for (k, v) in given {
+            meta[k] = v.clone();
+        }
+    }
+    params["_meta"] = meta;
     let name = params["name"].as_str().map(str::to_owned);
     let project = params["arguments"]["project"].as_str().map(str::to_owned);
     let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
@@ -371,6 +377,87 @@ fn a_stateless_client_coordinates_with_an_agent_handle() {
     assert_eq!(
         (status, r["error"]["data"]["kind"].as_str()),
         (400, Some("no_agent")),
+        "{r}"
+    );
+}
+
+#[test]
+fn resources_prompts_and_completion_are_routed_per_request() {
+    let mut h = Harness::new();
+    let alpha = h.connect_sled("alpha");
+    let beta = h.connect_sled("beta");
+    // resources/read names its project in _meta; the key and the era's fields are removed.
+    let t = modern(
+        &mut h,
+        1,
+        "resources/read",
+        json!({"uri":"story://beta/beta-1","_meta":{"io.mcp-gateway/project":"beta"}}),
+        &|r| r.mcp_param_project = Some("beta".into()),
+    );
+    assert!(h.take_frames(alpha).is_empty());
+    let f = h.take_frames(beta);
+    assert_eq!(f[0]["method"], "resources/read");
+    assert_eq!(f[0]["params"]["uri"], "story://beta/beta-1");
+    assert!(f[0]["params"].get("_meta").is_none(), "{}", f[0]);
+    h.sled_says(beta, json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"contents":[{"uri":"story://beta/beta-1","text":"{}"}]}}));
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(status, 200);
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
+    assert_eq!(r["result"]["contents"][0]["uri"], "story://beta/beta-1");
+    // prompts/get names it in its `project` argument; without any, the file's default.
+    let t = modern(
+        &mut h,
+        2,
+        "prompts/get",
+        json!({"name":"story_brief","arguments":{"project":"beta","story_id":"beta-1"}}),
+        &|_| {},
+    );
+    let f = h.take_frames(beta);
+    assert_eq!(f[0]["params"]["arguments"], json!({"story_id":"beta-1"}));
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"messages":[]}}),
+    );
+    assert_eq!(answer(&mut h, t).0, 200);
+    let t = modern(
+        &mut h,
+        3,
+        "completion/complete",
+        json!({"ref":{"type":"ref/prompt","name":"story_brief"},"argument":{"name":"story_id","value":"al"}}),
+        &|_| {},
+    );
+    let f = h.take_frames(alpha);
+    assert_eq!(f[0]["method"], "completion/complete");
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"completion":{"values":["alpha-1"]}}}),
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["result"]["completion"]["values"][0], "alpha-1");
+    // The header must mirror the body.
+    let t = modern(
+        &mut h,
+        4,
+        "resources/read",
+        json!({"uri":"story://beta/beta-1","_meta":{"io.mcp-gateway/project":"beta"}}),
+        &|r| r.mcp_param_project = Some("alpha".into()),
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(
+        (status, r["error"]["data"]["kind"].as_str()),
+        (400, Some("header_mismatch"))
+    );
+    let t = modern(
+        &mut h,
+        5,
+        "resources/read",
+        json!({"uri":"x","_meta":{"io.mcp-gateway/project":"zeta"}}),
+        &|_| {},
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(
+        (status, r["error"]["data"]["kind"].as_str()),
+        (400, Some("unknown_project")),
         "{r}"
     );
 }
