@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{
-    client::Conn, cpu_secs, metric, new_hist, registered, start_gateway, start_sleds_with,
-    timed_call, vm_kib, wait_live, Args, Res, Targets, TempDir,
+    client::Conn, cpu_secs, metric, new_hist, open_sessions, registered, start_gateway,
+    start_sleds_with, timed_call, vm_kib, wait_live, Args, Res, Targets, TempDir,
 };
 
 /// Percentile of a histogram of nanoseconds, in microseconds.
@@ -185,25 +185,7 @@ pub(super) async fn coord(args: &Args, tmp: &TempDir, targets: &mut Targets) -> 
     let mib = |field| vm_kib(pid, field) as f64 / 1024.0;
     let before = mib("VmRSS");
     let t = Instant::now();
-    let workers = 32usize;
-    let mut tasks = Vec::new();
-    for wkr in 0..workers {
-        tasks.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
-            for _ in (wkr..w).step_by(workers) {
-                c.session = None;
-                c.version = None;
-                c.initialize("/mcp").await.map_err(|e| e.to_string())?;
-                ids.push((c.session.clone(), c.version.clone()));
-            }
-            Ok::<_, String>(ids)
-        }));
-    }
-    let mut ids = Vec::new();
-    for task in tasks {
-        ids.extend(task.await.map_err(|e| e.to_string())??);
-    }
+    let ids = open_sessions(addr, w, 32).await?;
     let sessions_at = t.elapsed();
     let wait = Bytes::from(format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"wait","arguments":{{"projects":["{beta}"],"timeout_s":25}}}}}}"#

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
+use hyper::header::HeaderValue;
 
 #[path = "../bench/client.rs"]
 mod client;
@@ -1162,26 +1163,8 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     // Idle sessions: initialized over 32 connections, then left alone (an MCP session needs
     // no open connection).
     let t = Instant::now();
-    let total = args.idle_sessions;
     let workers = 32usize;
-    let mut tasks = Vec::new();
-    for wkr in 0..workers {
-        tasks.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
-            for _ in (wkr..total).step_by(workers) {
-                c.session = None;
-                c.version = None;
-                c.initialize("/mcp").await.map_err(|e| e.to_string())?;
-                ids.push((c.session.clone(), c.version.clone()));
-            }
-            Ok::<_, String>(ids)
-        }));
-    }
-    let mut ids = Vec::new();
-    for t in tasks {
-        ids.extend(t.await.map_err(|e| e.to_string())??);
-    }
+    let ids = open_sessions(addr, args.idle_sessions, workers).await?;
     let made = ids.len();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let sessions_hwm = mib("VmHWM");
@@ -1296,6 +1279,33 @@ async fn scale(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
     drop(sleds);
     drop(gw);
     Ok(())
+}
+
+/// A session's `Mcp-Session-Id` and `MCP-Protocol-Version` headers.
+type SessionHeaders = (Option<HeaderValue>, Option<HeaderValue>);
+
+/// Opens `total` MCP sessions over `workers` connections (an MCP session needs no open
+/// connection of its own) and returns their headers.
+async fn open_sessions(addr: SocketAddr, total: usize, workers: usize) -> Res<Vec<SessionHeaders>> {
+    let mut tasks = Vec::new();
+    for wkr in 0..workers {
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
+            for _ in (wkr..total).step_by(workers) {
+                c.session = None;
+                c.version = None;
+                c.initialize("/mcp").await.map_err(|e| e.to_string())?;
+                ids.push((c.session.clone(), c.version.clone()));
+            }
+            Ok::<_, String>(ids)
+        }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    Ok(ids)
 }
 
 /// A series' value from the gateway's `GET /metrics`, over a connection of its own.
