@@ -503,6 +503,9 @@ struct Call {
     rewrite: proxy::Rewrite,
     /// The W3C trace id the client's `_meta.traceparent` carried, for the log lines.
     trace_id: Option<String>,
+    /// A stateless-era request's own log level (`_meta["io.modelcontextprotocol/logLevel"]`):
+    /// the threshold of the log messages relayed to it.
+    log_level: Option<u8>,
     /// Whether the answer has become an SSE stream: it does at the first message for the
     /// client before the response (progress, a log message); until then it is plain JSON.
     streamed: bool,

@@ -30,6 +30,9 @@ const SERVER_REQUESTS: &[(&str, &str)] = &[
     ("roots/list", "roots"),
 ];
 
+/// The stateless era's per-request log level key in `params._meta`.
+const MODERN_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+
 /// A forwarded request's params: a JSON object's text, without `_meta`, and the `_meta` the
 /// client sent (if any), which [`Gateway::forward`] rewrites and adds.
 pub(super) struct Outgoing {
@@ -186,10 +189,28 @@ impl Gateway {
         };
         uplink.next_id = uplink.next_id.max(rpc_id + 1);
         let mut trace_id = None;
+        let mut log_level = None;
         let progress = match meta.as_mut() {
             None => None,
             Some(Value::Object(meta)) => {
                 if mode.modern {
+                    // The era's per-request log level: the threshold of this call's log
+                    // messages, as `logging/setLevel` is a session's.
+                    match meta.get(MODERN_LOG_LEVEL) {
+                        None => {}
+                        Some(level) => match level.as_str().and_then(client::log_rank) {
+                            Some(rank) => log_level = Some(rank),
+                            None => {
+                                return Err(RpcError::InvalidParams {
+                                    method: method.to_owned(),
+                                    detail: format!(
+                                        "`_meta[\"{MODERN_LOG_LEVEL}\"]` must be one of {}",
+                                        client::LOG_LEVELS.join(", ")
+                                    ),
+                                })
+                            }
+                        },
+                    }
                     meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
                 }
                 // A progress token is the client's, unique only in its session.
@@ -283,6 +304,7 @@ impl Gateway {
                 streamed: false,
                 rewrite,
                 trace_id: None,
+                log_level,
             }),
         );
         self.by_token.insert(token, (uplink_id, rpc_id));

@@ -193,11 +193,12 @@ impl Gateway {
                 .and_then(Value::as_str)
                 .and_then(client::log_rank);
             let threshold = match self.pending.get(&(uplink, related)) {
-                Some(Pending::Call(c)) => c
-                    .session
-                    .as_deref()
-                    .and_then(|s| self.sessions.get(s))
-                    .and_then(|s| s.log_level),
+                Some(Pending::Call(c)) => c.log_level.or_else(|| {
+                    c.session
+                        .as_deref()
+                        .and_then(|s| self.sessions.get(s))
+                        .and_then(|s| s.log_level)
+                }),
                 _ => None,
             };
             if let (Some(level), Some(threshold)) = (level, threshold) {

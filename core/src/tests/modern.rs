@@ -461,3 +461,55 @@ fn resources_prompts_and_completion_are_routed_per_request() {
         "{r}"
     );
 }
+
+#[test]
+fn a_stateless_requests_own_log_level_filters_its_log_messages() {
+    let mut h = Harness::new();
+    let alpha = h.connect_sled("alpha");
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"show","arguments":{"story_id":"alpha-1"},"_meta":{"io.modelcontextprotocol/logLevel":"warning"}}),
+        &|_| {},
+    );
+    let f = h.take_frames(alpha);
+    let id = f[0]["id"].clone();
+    assert!(
+        f[0]["params"].get("_meta").is_none(),
+        "the era's fields stay at the gateway"
+    );
+    for (level, text) in [("info", "quiet"), ("error", "loud")] {
+        h.sled_says(
+            alpha,
+            json!({"jsonrpc":"2.0","method":"notifications/message","params":{
+            "level":level,"data":text,"_meta":{"io.mcp-gateway/relatedRequest":id}}}),
+        );
+    }
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","id":id,"result":{"content":[]}}),
+    );
+    let events = &h.streams[&t];
+    let logs: Vec<&Value> = events
+        .iter()
+        .map(|(_, e)| e)
+        .filter(|e| e["method"] == "notifications/message")
+        .collect();
+    assert_eq!(logs.len(), 1, "{events:?}");
+    assert_eq!(logs[0]["params"]["data"], "loud");
+    // A level that is not one is refused, naming the levels.
+    let t = modern(
+        &mut h,
+        2,
+        "tools/call",
+        json!({"name":"show","arguments":{},"_meta":{"io.modelcontextprotocol/logLevel":"loud"}}),
+        &|_| {},
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(
+        (status, r["error"]["code"].as_i64()),
+        (400, Some(-32602)),
+        "{r}"
+    );
+}
