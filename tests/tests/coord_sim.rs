@@ -17,7 +17,7 @@ use std::time::Instant;
 use gateway_core::coord::CoordBug;
 use gateway_tests::sim::coord::{run_coord, CoordReport, CoordScenario};
 use gateway_tests::sim::runner::{
-    env_u64, replay_command, replaying, run_parallel, seeds, threads,
+    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, threads, RunTrace,
 };
 
 fn describe(test: &str, r: &CoordReport) -> String {
@@ -97,25 +97,20 @@ fn coord_same_seed_same_trace() {
     let s = CoordScenario::draw(seed, None);
     let runs = run_parallel(&[0, 1], |_| run_coord(&s));
     let (x, y) = (&runs[0], &runs[1]);
-    assert!(!x.trace.is_empty(), "seed {seed} recorded nothing");
-    if x.trace != y.trace || x.trace_hash != y.trace_hash || x.sim_time != y.sim_time {
-        let first = x
-            .trace
-            .iter()
-            .zip(&y.trace)
-            .position(|(l, r)| l != r)
-            .unwrap_or(x.trace.len().min(y.trace.len()));
-        panic!(
-            "seed {seed} is not deterministic (traces {:016x} and {:016x}, simulated {:?} and {:?}); first difference at line {first}:\n  {:?}\n  {:?}\nreplay: {}",
-            x.trace_hash,
-            y.trace_hash,
-            x.sim_time,
-            y.sim_time,
-            x.trace.get(first),
-            y.trace.get(first),
-            replay_command("coord_sim", "coord_same_seed_same_trace", seed)
-        );
-    }
+    assert_same_run(
+        &format!("seed {seed}"),
+        &replay_command("coord_sim", "coord_same_seed_same_trace", seed),
+        RunTrace {
+            trace: &x.trace,
+            trace_hash: x.trace_hash,
+            sim_time: x.sim_time,
+        },
+        RunTrace {
+            trace: &y.trace,
+            trace_hash: y.trace_hash,
+            sim_time: y.sim_time,
+        },
+    );
     assert_eq!(
         x.violations, y.violations,
         "seed {seed}: same trace, different verdicts"

@@ -19,7 +19,9 @@ use gateway_tests::sim::fleet::{
     run_fanout, run_impostor, run_relay, FanoutScenario, FleetReport, ImpostorScenario,
     RelayScenario,
 };
-use gateway_tests::sim::runner::{replay_command, replaying, run_parallel, seeds, threads};
+use gateway_tests::sim::runner::{
+    assert_same_run, replay_command, replaying, run_parallel, seeds, threads, RunTrace,
+};
 
 /// Runs `run` over the test's seeds, prints what happened, and fails with every failing seed.
 fn sweep<S: Sync>(
@@ -138,28 +140,20 @@ fn fleet_same_seed_same_trace() {
     let reports = run_parallel(&twice, |i| runs[*i].1());
     let (a, b) = reports.split_at(runs.len());
     for ((name, _), (x, y)) in runs.iter().zip(a.iter().zip(b)) {
-        assert!(
-            !x.trace.is_empty(),
-            "the {name} run of seed {seed} recorded nothing"
+        assert_same_run(
+            &format!("the {name} run of seed {seed}"),
+            &replay_command("fleet_sim", "fleet_same_seed_same_trace", seed),
+            RunTrace {
+                trace: &x.trace,
+                trace_hash: x.trace_hash,
+                sim_time: x.sim_time,
+            },
+            RunTrace {
+                trace: &y.trace,
+                trace_hash: y.trace_hash,
+                sim_time: y.sim_time,
+            },
         );
-        if x.trace != y.trace || x.trace_hash != y.trace_hash || x.sim_time != y.sim_time {
-            let first = x
-                .trace
-                .iter()
-                .zip(&y.trace)
-                .position(|(l, r)| l != r)
-                .unwrap_or(x.trace.len().min(y.trace.len()));
-            panic!(
-                "the {name} run of seed {seed} is not deterministic (traces {:016x} and {:016x}, simulated {:?} and {:?}); first difference at line {first}:\n  {:?}\n  {:?}\nreplay: {}",
-                x.trace_hash,
-                y.trace_hash,
-                x.sim_time,
-                y.sim_time,
-                x.trace.get(first),
-                y.trace.get(first),
-                replay_command("fleet_sim", "fleet_same_seed_same_trace", seed)
-            );
-        }
         assert_eq!(
             x.violations, y.violations,
             "the {name} run of seed {seed}: same trace, different verdicts"

@@ -75,3 +75,33 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_default()
 }
+
+/// One run's observable behaviour, for [`assert_same_run`].
+pub struct RunTrace<'a> {
+    pub trace: &'a [String],
+    pub trace_hash: u64,
+    pub sim_time: std::time::Duration,
+}
+
+/// Panics, naming the first line that differs and how to replay, when two runs of the same
+/// seed did not behave the same (`what` names the run, e.g. "seed 7").
+pub fn assert_same_run(what: &str, replay: &str, x: RunTrace<'_>, y: RunTrace<'_>) {
+    assert!(!x.trace.is_empty(), "{what} recorded nothing");
+    if x.trace != y.trace || x.trace_hash != y.trace_hash || x.sim_time != y.sim_time {
+        let first = x
+            .trace
+            .iter()
+            .zip(y.trace)
+            .position(|(l, r)| l != r)
+            .unwrap_or(x.trace.len().min(y.trace.len()));
+        panic!(
+            "{what} is not deterministic (traces {:016x} and {:016x}, simulated {:?} and {:?}); first difference at line {first}:\n  {:?}\n  {:?}\nreplay: {replay}",
+            x.trace_hash,
+            y.trace_hash,
+            x.sim_time,
+            y.sim_time,
+            x.trace.get(first),
+            y.trace.get(first),
+        );
+    }
+}
