@@ -33,6 +33,8 @@ pub(crate) mod code {
     pub(crate) const HEADER_MISMATCH: i64 = -32020;
     /// 2026-07-28: the request's protocol version is not one the server speaks.
     pub(crate) const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+    /// 2026-07-28: answering needs a client capability the request did not declare.
+    pub(crate) const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
     /// Refusals at the HTTP level (unknown session, wrong content type, ...).
     pub(crate) const SERVER_ERROR: i64 = -32000;
 }
@@ -196,6 +198,25 @@ pub enum RpcError {
         member: &'static str,
         problem: Unreadable,
     },
+    /// 2026-07-28: the sled asked the client of a call for something (sampling, elicitation,
+    /// roots) that the request's `clientCapabilities` did not declare. The call was cancelled at
+    /// the sled.
+    MissingClientCapability {
+        project: String,
+        sled: String,
+        capability: &'static str,
+    },
+    /// `[[access]]`: the caller may see the project but lacks the right this needs.
+    Forbidden {
+        project: String,
+        right: &'static str,
+        what: String,
+    },
+    /// 2026-07-28: a retry's `requestState` names no call waiting for its input (unknown,
+    /// already used, expired with its call, or presented with another method or name).
+    UnknownRequestState {
+        method: String,
+    },
     /// The sled said it could not read the frame carrying the call (an `unreadable` control
     /// frame): the call was not applied.
     SledUnreadable {
@@ -264,6 +285,9 @@ impl RpcError {
             RpcError::TooManyCalls { .. } => code::SERVER_ERROR,
             RpcError::Unreadable { .. } => code::INVALID_PARAMS,
             RpcError::SledUnreadable { .. } => code::INTERNAL_ERROR,
+            RpcError::MissingClientCapability { .. } => code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            RpcError::UnknownRequestState { .. } => code::INVALID_PARAMS,
+            RpcError::Forbidden { .. } => code::SERVER_ERROR,
             RpcError::Coordination { error, .. } => match error {
                 CoordError::BadName { .. }
                 | CoordError::BadTtl { .. }
@@ -318,6 +342,9 @@ impl RpcError {
                 ..
             } => "unreadable_value",
             RpcError::SledUnreadable { .. } => "sled_could_not_read",
+            RpcError::MissingClientCapability { .. } => "missing_client_capability",
+            RpcError::UnknownRequestState { .. } => "unknown_request_state",
+            RpcError::Forbidden { .. } => "forbidden",
             RpcError::Coordination { error, .. } => match error {
                 CoordError::BadName { .. } => "bad_name",
                 CoordError::BadTtl { .. } => "bad_ttl",
@@ -404,6 +431,15 @@ impl RpcError {
             RpcError::Unreadable { member, problem } => format!(
                 "Invalid {member}: {problem}; a strict JSON reader would reject it, so it was not forwarded (values may nest at most {} levels, string escapes must be Unicode scalar values, numbers must fit a double)",
                 crate::strict::MAX_CLIENT_DEPTH
+            ),
+            RpcError::MissingClientCapability { project, sled, capability } => format!(
+                "Missing required client capability: sled '{sled}' of project '{project}' asked the client of this call for '{capability}', which the request's clientCapabilities did not declare; the call was cancelled at the sled"
+            ),
+            RpcError::Forbidden { project, right, what } => format!(
+                "Forbidden: {what} on project '{project}' needs the '{right}' right, which this caller does not have there (projects.toml [[access]])"
+            ),
+            RpcError::UnknownRequestState { method } => format!(
+                "Invalid params for {method}: requestState names no call waiting for input (it was used already, its call ended, or the retry's method or name differs from the original request's); send the request again without requestState"
             ),
             RpcError::SledUnreadable { project, sled, reason } => format!(
                 "Sled '{sled}' of project '{project}' could not read the call ({reason}); the call was not applied"
@@ -506,6 +542,20 @@ impl RpcError {
                     json!({ "kind": kind, "member": member, "detail": detail })
                 }
             },
+            RpcError::MissingClientCapability {
+                project,
+                sled,
+                capability,
+            } => json!({
+                "kind": kind, "project": project, "sled": sled,
+                "requiredCapabilities": { *capability: {} },
+            }),
+            RpcError::UnknownRequestState { method } => json!({ "kind": kind, "method": method }),
+            RpcError::Forbidden {
+                project,
+                right,
+                what,
+            } => json!({ "kind": kind, "project": project, "right": right, "what": what }),
             RpcError::SledUnreadable {
                 project,
                 sled,
@@ -618,8 +668,22 @@ pub enum HttpError {
     UnsupportedProtocolVersion { got: String },
     /// A second GET stream for a session that already has one open.
     StreamConflict,
-    /// Client authentication is on and the request has no valid bearer token.
-    Unauthorized { presented: bool },
+    /// Client authentication is on and the request has no valid bearer token. With OAuth on,
+    /// the challenge names the protected resource metadata and the scopes required.
+    Unauthorized {
+        /// Whether a bearer token was sent (the challenge then says `invalid_token`).
+        presented: bool,
+        /// The URL of the protected resource metadata (RFC 9728), with OAuth on.
+        resource_metadata: Option<String>,
+        /// The scopes required, space-separated, with OAuth on and scopes required.
+        scope: Option<String>,
+    },
+    /// A valid access token without a scope this gateway requires.
+    InsufficientScope {
+        /// The scopes required, space-separated.
+        scope: String,
+        resource_metadata: String,
+    },
     /// A method `/mcp` does not serve.
     MethodNotAllowed {
         method: &'static str,
@@ -647,6 +711,7 @@ impl HttpError {
             HttpError::UnsupportedProtocolVersion { .. } => 400,
             HttpError::StreamConflict => 409,
             HttpError::Unauthorized { .. } => 401,
+            HttpError::InsufficientScope { .. } => 403,
             HttpError::MethodNotAllowed { .. } => 405,
             HttpError::UnsupportedContentType { .. } => 415,
             HttpError::ShuttingDown => 503,
@@ -665,6 +730,7 @@ impl HttpError {
             HttpError::UnsupportedProtocolVersion { .. } => "unsupported_protocol_version",
             HttpError::StreamConflict => "stream_conflict",
             HttpError::Unauthorized { .. } => "unauthorized",
+            HttpError::InsufficientScope { .. } => "insufficient_scope",
             HttpError::MethodNotAllowed { .. } => "method_not_allowed",
             HttpError::UnsupportedContentType { .. } => "unsupported_content_type",
             HttpError::ShuttingDown => "shutting_down",
@@ -691,8 +757,17 @@ impl HttpError {
                 crate::http::PROTOCOL_VERSIONS.join(", ")
             ),
             HttpError::StreamConflict => "Conflict: this session already has an open GET stream; close it before opening another".into(),
-            HttpError::Unauthorized { presented: false } => "Unauthorized: this gateway requires a bearer token (Authorization: Bearer <token>)".into(),
-            HttpError::Unauthorized { presented: true } => "Unauthorized: the bearer token is not valid for this gateway".into(),
+            HttpError::Unauthorized { presented: false, resource_metadata: None, .. } => "Unauthorized: this gateway requires a bearer token (Authorization: Bearer <token>)".into(),
+            HttpError::Unauthorized { presented: true, resource_metadata: None, .. } => "Unauthorized: the bearer token is not valid for this gateway".into(),
+            HttpError::Unauthorized { presented: false, resource_metadata: Some(url), .. } => format!(
+                "Unauthorized: this gateway requires an OAuth access token issued for it (Authorization: Bearer <token>); its protected resource metadata is at {url}"
+            ),
+            HttpError::Unauthorized { presented: true, resource_metadata: Some(url), .. } => format!(
+                "Unauthorized: the bearer token is not a valid access token for this gateway; its protected resource metadata is at {url}"
+            ),
+            HttpError::InsufficientScope { scope, .. } => format!(
+                "Forbidden: the access token lacks a scope this gateway requires; ask for: {scope}"
+            ),
             HttpError::MethodNotAllowed { method, allow } => format!(
                 "Method not allowed: {method} on /mcp for this protocol version; allowed: {allow}"
             ),
@@ -715,12 +790,46 @@ impl HttpError {
     pub fn headers(&self) -> Vec<(&'static str, String)> {
         match self {
             HttpError::MethodNotAllowed { allow, .. } => vec![("Allow", (*allow).into())],
-            HttpError::Unauthorized { presented: false } => {
-                vec![("WWW-Authenticate", r#"Bearer realm="mcp-gateway""#.into())]
+            HttpError::Unauthorized {
+                presented,
+                resource_metadata: None,
+                ..
+            } => {
+                let error = if *presented {
+                    r#", error="invalid_token""#
+                } else {
+                    ""
+                };
+                vec![(
+                    "WWW-Authenticate",
+                    format!(r#"Bearer realm="mcp-gateway"{error}"#),
+                )]
             }
-            HttpError::Unauthorized { presented: true } => vec![(
+            // RFC 6750 §3 and RFC 9728 §5.1. The URL and scopes were checked when the file was
+            // read to need no escaping in a quoted string.
+            HttpError::Unauthorized {
+                presented,
+                resource_metadata: Some(url),
+                scope,
+            } => {
+                let mut challenge = String::from("Bearer ");
+                if *presented {
+                    challenge.push_str(r#"error="invalid_token", "#);
+                }
+                challenge.push_str(&format!(r#"resource_metadata="{url}""#));
+                if let Some(scope) = scope {
+                    challenge.push_str(&format!(r#", scope="{scope}""#));
+                }
+                vec![("WWW-Authenticate", challenge)]
+            }
+            HttpError::InsufficientScope {
+                scope,
+                resource_metadata,
+            } => vec![(
                 "WWW-Authenticate",
-                r#"Bearer realm="mcp-gateway", error="invalid_token""#.into(),
+                format!(
+                    r#"Bearer error="insufficient_scope", scope="{scope}", resource_metadata="{resource_metadata}""#
+                ),
             )],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
             HttpError::TooManySessions { retry_after, .. } => {
@@ -1023,6 +1132,28 @@ mod tests {
                 },
             ),
             (
+                "missing_client_capability",
+                RpcError::MissingClientCapability {
+                    project: "beta".into(),
+                    sled: "beta-sled".into(),
+                    capability: "sampling",
+                },
+            ),
+            (
+                "forbidden",
+                RpcError::Forbidden {
+                    project: "beta".into(),
+                    right: "write",
+                    what: "tools/call move_story".into(),
+                },
+            ),
+            (
+                "unknown_request_state",
+                RpcError::UnknownRequestState {
+                    method: "tools/call".into(),
+                },
+            ),
+            (
                 "sled_could_not_read",
                 RpcError::SledUnreadable {
                     project: "beta".into(),
@@ -1071,8 +1202,35 @@ mod tests {
                 max: 10_000,
                 retry_after: Duration::from_millis(1000),
             },
-            HttpError::Unauthorized { presented: false },
-            HttpError::Unauthorized { presented: true },
+            HttpError::Unauthorized {
+                presented: false,
+                resource_metadata: None,
+                scope: None,
+            },
+            HttpError::Unauthorized {
+                presented: true,
+                resource_metadata: None,
+                scope: None,
+            },
+            HttpError::Unauthorized {
+                presented: false,
+                resource_metadata: Some(
+                    "https://gw.example.com/.well-known/oauth-protected-resource/mcp".into(),
+                ),
+                scope: Some("mcp".into()),
+            },
+            HttpError::Unauthorized {
+                presented: true,
+                resource_metadata: Some(
+                    "https://gw.example.com/.well-known/oauth-protected-resource/mcp".into(),
+                ),
+                scope: None,
+            },
+            HttpError::InsufficientScope {
+                scope: "mcp mcp:write".into(),
+                resource_metadata:
+                    "https://gw.example.com/.well-known/oauth-protected-resource/mcp".into(),
+            },
         ];
         for (i, e) in all.iter().enumerate() {
             let body: Value = serde_json::from_str(&e.body()).unwrap();

@@ -20,7 +20,9 @@
 //! Time is always the caller's `now`; session ids come from a seeded generator
 //! ([`Gateway::new`] takes the seed), so the same inputs give the same outputs.
 
+pub mod auth;
 pub mod coord;
+pub mod directory;
 mod error;
 mod gateway;
 mod http;
@@ -28,6 +30,7 @@ pub mod identity;
 mod jsonrpc;
 mod metrics;
 mod registry;
+pub mod rights;
 mod session;
 mod strict;
 mod tools;
@@ -37,6 +40,7 @@ pub mod uplink;
 #[cfg(test)]
 mod tests;
 
+pub use auth::{AccessToken, Identity, OAuthConfig, Principal};
 pub use error::{CallLimit, HttpError, RpcError, UplinkLoss};
 #[cfg(feature = "planted-bugs")]
 pub use gateway::PlantedBug;
@@ -49,3 +53,4 @@ pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECOND
 pub use registry::{LeaseMode, ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
 pub use strict::{Unreadable, MAX_CLIENT_DEPTH, MAX_FRAME_DEPTH};
 pub use tools::{tool_definitions as gateway_tool_definitions, GATEWAY_TOOLS};
+pub use trace::{AttributeValue, SpanRecord};

@@ -9,9 +9,12 @@ mod gateway;
 mod interleavings;
 mod limits;
 mod modern;
+mod mrtr;
 mod reload;
+mod rights;
 mod streams;
 mod surface;
+mod trace;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -42,6 +45,8 @@ pub(crate) struct Harness {
     pub(crate) probes: Vec<(ProbeId, String, String)>,
     /// Every pin file the gateway asked to save, oldest first.
     pub(crate) saved_pins: Vec<String>,
+    /// Every span the gateway asked to export, oldest first.
+    pub(crate) spans: Vec<crate::SpanRecord>,
 }
 
 /// The tools an emulated sled reports.
@@ -90,6 +95,7 @@ impl Harness {
             streams_closed: Vec::new(),
             probes: Vec::new(),
             saved_pins: Vec::new(),
+            spans: Vec::new(),
         }
     }
 
@@ -157,6 +163,10 @@ impl Harness {
                 Output::SavePins { text } => {
                     crate::Pins::parse(&text).expect("the gateway saves pin files it can read");
                     self.saved_pins.push(text);
+                }
+                Output::Span(span) => {
+                    assert!(span.start <= span.end, "a span ends after it starts");
+                    self.spans.push(*span);
                 }
                 Output::StreamClose { token } => {
                     assert!(

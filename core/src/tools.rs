@@ -127,6 +127,8 @@ pub(crate) struct CachedTool {
     /// The property naming the resource this tool writes, and the resource's kind, when the
     /// sled marked one with [`crate::uplink::LEASE_KEYWORD`]: the call writes `kind:value`.
     pub(crate) lease: Option<(String, String)>,
+    /// The sled annotates it `readOnlyHint: true`: calling it needs the `read` right only.
+    pub(crate) read_only: bool,
 }
 
 /// Whether `name` is a valid MCP tool name: 1 to 128 characters of `[A-Za-z0-9_.-]`.
@@ -167,7 +169,12 @@ pub(crate) fn prepare_sled_tools(project: &str, tools: Vec<Value>) -> Vec<Cached
             tracing::warn!(project, tool = %name, "sled tool declares its own `project` property; its values must be registered project names, since the gateway routes on them");
         }
         let lease = leased_property(&tool);
+        let read_only = tool
+            .pointer("/annotations/readOnlyHint")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         out.push(CachedTool {
+            read_only,
             name,
             declares_project,
             json: tool.to_string(),

@@ -9,7 +9,7 @@
 //! timers. Answers and frames go out with `try_send` on bounded channels, so one slow peer
 //! cannot stall the gateway: a stream or uplink whose queue is full is cut off. HTTP probes run
 //! in tasks of their own and come back as [`Command::ProbeDone`]; pins go to the pin writer
-//! through a `watch`.
+//! through a `watch`; spans go to the OTLP batch processor's bounded queue with a `try_send`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -71,13 +71,17 @@ pub(crate) enum Command {
     },
 }
 
-/// How the driver carries out the fleet's outputs.
+/// How the driver carries out the outputs that are neither answers nor frames: the fleet's
+/// probes and pins, and spans.
 pub(crate) struct FleetIo {
     pub(crate) prober: Arc<dyn Prober>,
     /// The driver's own command channel, for probe results. Weak, so that it does not keep
     /// the driver alive: the driver ends when every connection task has.
     pub(crate) commands: mpsc::WeakSender<Command>,
     pub(crate) pins: PinSink,
+    /// Where spans are exported; `None` when no OTLP endpoint is configured (the core then
+    /// makes none).
+    pub(crate) spans: Option<Arc<crate::otlp::SpanExport>>,
 }
 
 /// What the driver sends an HTTP handler: one whole answer, or a stream of events.
@@ -371,6 +375,15 @@ impl Driver {
                     timeout,
                 } => self.start_probe(probe, project, url, timeout),
                 Output::SavePins { text } => self.fleet.pins.save(text),
+                Output::Span(span) => match &self.fleet.spans {
+                    Some(spans) => {
+                        // One reading of both clocks for the span's two instants, so that its
+                        // duration is the core's.
+                        let (mono, wall) = (now(), std::time::SystemTime::now());
+                        spans.export(*span, |at| wall_clock(at, mono, wall));
+                    }
+                    None => tracing::debug!("a span with no exporter; dropped"),
+                },
             }
         }
     }
@@ -381,10 +394,45 @@ fn now() -> std::time::Instant {
     Instant::now().into_std()
 }
 
+/// The wall-clock time of the driver's instant `at`, given one reading of both clocks
+/// (`mono`, `wall`) taken at or after it.
+fn wall_clock(
+    at: std::time::Instant,
+    mono: std::time::Instant,
+    wall: std::time::SystemTime,
+) -> std::time::SystemTime {
+    let ago = mono.saturating_duration_since(at);
+    wall.checked_sub(ago).unwrap_or(wall)
+}
+
 /// Sleeps until `at`; never resolves for `None`.
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_become_wall_clock_times_by_their_distance_from_now() {
+        let mono = std::time::Instant::now();
+        let wall = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let start = mono.checked_sub(Duration::from_millis(1500)).unwrap();
+        let end = mono.checked_sub(Duration::from_millis(250)).unwrap();
+        assert_eq!(
+            wall_clock(start, mono, wall),
+            wall - Duration::from_millis(1500)
+        );
+        assert_eq!(
+            wall_clock(end, mono, wall),
+            wall - Duration::from_millis(250)
+        );
+        assert_eq!(wall_clock(mono, mono, wall), wall);
+        // An instant after the reading (not given by the driver) is taken as now.
+        assert_eq!(wall_clock(mono + Duration::from_secs(1), mono, wall), wall);
     }
 }

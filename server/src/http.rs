@@ -35,6 +35,10 @@ pub(crate) struct AppState {
     pub(crate) max_body_bytes: usize,
     /// The server's own counts, for `/metrics`.
     pub(crate) counters: Arc<crate::fleet::ServerCounters>,
+    /// Verifies bearer tokens as OAuth access tokens and serves the metadata.
+    pub(crate) oauth: Arc<crate::oauth::ResourceServer>,
+    /// Whether `/metrics` is served here (see `ops.rs`).
+    pub(crate) metrics: Arc<crate::ops::MetricsPlacement>,
 }
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -42,6 +46,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/mcp", get(mcp).post(mcp).delete(mcp))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        // RFC 9728: at the root, and suffixed with the path of the resource, `/mcp`.
+        .route(gateway_core::auth::METADATA_PATH, get(resource_metadata))
+        .route(
+            &format!("{}/mcp", gateway_core::auth::METADATA_PATH),
+            get(resource_metadata),
+        )
         .route(gateway_core::uplink::UPLINK_PATH, get(uplink))
         .with_state(state)
 }
@@ -50,24 +60,30 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// `GET /metrics`: the core's counts in the Prometheus text format. The driver hands over a
-/// snapshot and goes on; rendering happens here.
+/// `GET /metrics` on the MCP port: the core's counts in the Prometheus text format, unless
+/// they have a listen address of their own or client authentication is on (then 404; see
+/// `ops.rs`).
 async fn metrics(State(state): State<AppState>) -> Response {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let snapshot = match state.cmd.send(Command::Metrics { reply: tx }).await {
-        Ok(()) => rx.await.ok(),
-        Err(_) => None,
-    };
-    match snapshot {
-        Some(m) => (
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
-            )],
-            crate::metrics::render(&m, &state.counters),
+    if !state.metrics.on_mcp_port() {
+        return crate::ops::not_here();
+    }
+    crate::ops::metrics_response(&state.cmd, &state.counters).await
+}
+
+/// The protected resource metadata (RFC 9728) when projects.toml has `[oauth]`; else 404. Any
+/// origin may read it (browser-based clients discover the authorization server with it).
+async fn resource_metadata(State(state): State<AppState>) -> Response {
+    match state.oauth.metadata() {
+        Some(json) => (
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+                (header::CACHE_CONTROL, "max-age=300"),
+            ],
+            json,
         )
             .into_response(),
-        None => refusal(HttpError::ShuttingDown),
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
@@ -108,6 +124,10 @@ async fn mcp(
             return refusal(HttpError::BodyUnreadable);
         }
     };
+    let authorization = header_text(&headers, header::AUTHORIZATION);
+    // Verified here, in this request's task (it may wait for the issuer's keys); the core
+    // decides what to do with what was found.
+    let access_token = state.oauth.check(authorization.as_deref()).await;
     let request = HttpRequest {
         method,
         session: header_text(&headers, HeaderName::from_static(SESSION_HEADER)),
@@ -119,7 +139,8 @@ async fn mcp(
         mcp_method: header_text(&headers, HeaderName::from_static("mcp-method")),
         mcp_name: header_text(&headers, HeaderName::from_static("mcp-name")),
         mcp_param_project: header_text(&headers, HeaderName::from_static("mcp-param-project")),
-        authorization: header_text(&headers, header::AUTHORIZATION),
+        authorization,
+        access_token,
         body,
     };
     let token = state.ids.next_http();

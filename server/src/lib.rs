@@ -41,6 +41,15 @@
 //! [`ServerOptions::pin_file`], one writer task replaces the file atomically (see
 //! [`fleet::write_pins_atomically`]); without, the pins live in memory only. A pin file is
 //! read when `serve` starts, before any event; one that does not parse is an error.
+//!
+//! # Tracing
+//!
+//! With [`ServerOptions::otlp`], the core's spans ([`gateway_core::Output::Span`]) are exported
+//! to an OpenTelemetry collector over OTLP/HTTP (see [`otlp`]): the driver converts their
+//! instants to wall-clock times and hands them to the SDK's batch processor, whose own thread
+//! sends them; `serve` flushes what is left once the driver has stopped. Without it, nothing is
+//! built, no thread or task is started, and the core makes no span (so a simulation stays
+//! deterministic).
 
 use std::future::Future;
 use std::sync::atomic::AtomicU64;
@@ -53,10 +62,14 @@ use tokio::time::Instant;
 pub use fleet::{HttpProber, Prober};
 
 mod accept;
+pub mod cluster;
 mod driver;
 pub mod fleet;
 mod http;
 pub mod metrics;
+pub mod oauth;
+mod ops;
+pub mod otlp;
 mod reload;
 pub mod stdio;
 mod uplink;
@@ -104,6 +117,11 @@ pub struct ServerOptions {
     /// How long an HTTP connection may wait for the head of its next request (idle between
     /// requests, or sending its headers) before it is closed; `None`: never closed for that.
     pub http_idle_timeout: Option<Duration>,
+    /// How access tokens' keys are fetched and kept, when projects.toml has `[oauth]`.
+    pub oauth: oauth::OAuthOptions,
+    /// Where the core's spans are exported over OTLP/HTTP; `None` (the default): no export,
+    /// and [`gateway_core::Config::export_spans`] is turned off.
+    pub otlp: Option<otlp::OtlpConfig>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -118,6 +136,8 @@ impl std::fmt::Debug for ServerOptions {
             .field("prober", &"dyn Prober")
             .field("pin_file", &self.pin_file)
             .field("http_idle_timeout", &self.http_idle_timeout)
+            .field("oauth", &self.oauth)
+            .field("otlp", &self.otlp)
             .finish()
     }
 }
@@ -135,6 +155,8 @@ impl ServerOptions {
             prober: Arc::new(HttpProber(gateway_client::TokioConnect)),
             pin_file: None,
             http_idle_timeout: Some(DEFAULT_HTTP_IDLE_TIMEOUT),
+            oauth: oauth::OAuthOptions::default(),
+            otlp: None,
         }
     }
 }
@@ -143,7 +165,8 @@ impl ServerOptions {
 /// crate docs) has run its course.
 ///
 /// Routes: `POST`/`GET`/`DELETE /mcp` (MCP Streamable HTTP, decided by the core),
-/// `GET /healthz` (`ok`), `GET /metrics` (the Prometheus text format, see [`metrics`]), and
+/// `GET /healthz` (`ok`), `GET /metrics` (the Prometheus text format, see [`metrics`]; only
+/// while client authentication is off, see [`serve_with_metrics`]), and
 /// `GET` [`gateway_core::uplink::UPLINK_PATH`] (the sleds' uplink WebSocket).
 pub async fn serve<L>(
     listener: L,
@@ -154,9 +177,30 @@ where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
 {
+    serve_with_metrics(listener, None::<L>, opts, shutdown).await
+}
+
+/// [`serve`], with `GET /metrics` (and `GET /healthz`) also served on `metrics_listener`, when
+/// given, by a task of its own; `/metrics` is then never served on `listener`. Without it,
+/// `listener` serves `/metrics` only while projects.toml turns on no client authentication
+/// (no `client_tokens`, no `[oauth]`), following the file in force across reloads; with
+/// authentication on it answers 404 there. The metrics listener stops accepting when shutdown
+/// starts.
+pub async fn serve_with_metrics<L, M>(
+    listener: L,
+    metrics_listener: Option<M>,
+    opts: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+    M: axum::serve::Listener,
+    M::Addr: std::fmt::Debug,
+{
     let ServerOptions {
         registry,
-        core,
+        mut core,
         seed,
         shutdown_grace,
         max_body_bytes,
@@ -164,7 +208,15 @@ where
         prober,
         pin_file,
         http_idle_timeout,
+        oauth,
+        otlp,
     } = opts;
+    // Spans are made only when they can go somewhere.
+    core.export_spans = otlp.is_some();
+    // Bearer tokens are verified in the request tasks; new issuers' keys are fetched from now
+    // on, so the first request finds them.
+    let resource_server = oauth::ResourceServer::new(registry.oauth(), oauth);
+    let metrics_placement = ops::MetricsPlacement::new(metrics_listener.is_some(), &registry);
     let mut gateway = gateway_core::Gateway::new(registry, core, seed);
     let counters = Arc::new(fleet::ServerCounters::default());
     // The pins from an earlier run go in before any event, so no sled is pinned anew by
@@ -185,11 +237,19 @@ where
         }
         None => (fleet::PinSink::Memory, None),
     };
+    // Built last before the driver starts, so that no early return leaves its thread behind.
+    let spans = match &otlp {
+        Some(config) => Some(Arc::new(
+            otlp::SpanExport::start(config).map_err(std::io::Error::other)?,
+        )),
+        None => None,
+    };
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
     let fleet_io = driver::FleetIo {
         prober,
         commands: cmd_tx.downgrade(),
         pins,
+        spans: spans.clone(),
     };
 
     // Dropped when the driver task ends, whichever way: a driver that died before shutdown
@@ -201,16 +261,41 @@ where
     });
     // The watcher holds a sender of the driver's: it is stopped when shutdown starts, so the
     // driver can end once the connections have.
-    let watcher = reload_from
-        .map(|(path, text)| tokio::spawn(reload::watch(path, Some(text), cmd_tx.clone())));
+    let watcher = reload_from.map(|(path, text)| {
+        tokio::spawn(reload::watch(
+            path,
+            Some(text),
+            cmd_tx.clone(),
+            resource_server.clone(),
+            metrics_placement.clone(),
+        ))
+    });
 
     let state = http::AppState {
         cmd: cmd_tx.clone(),
         ids: Arc::new(Ids::default()),
         max_body_bytes,
         counters: counters.clone(),
+        oauth: resource_server,
+        metrics: metrics_placement,
     };
     let app = http::router(state);
+
+    // The metrics listener, if any: its own accept loop, a task, until shutdown starts (when
+    // `ops_stop` is dropped). Its connections are not counted with the MCP port's.
+    let (ops_stop, mut ops_stopped) = tokio::sync::watch::channel(());
+    let ops = metrics_listener.map(|l| {
+        let app = ops::router(cmd_tx.downgrade(), counters.clone());
+        tokio::spawn(accept::serve_http(
+            l,
+            app,
+            http_idle_timeout,
+            Arc::new(fleet::ServerCounters::default()),
+            async move {
+                let _ = ops_stopped.changed().await;
+            },
+        ))
+    });
 
     let (started_tx, started_rx) = oneshot::channel::<Instant>();
     let signal = async move {
@@ -224,6 +309,7 @@ where
                 tracing::error!("the gateway driver stopped; shutting the server down");
             }
         }
+        drop(ops_stop);
         let _ = started_tx.send(Instant::now());
     };
 
@@ -244,6 +330,13 @@ where
     if !served && tokio::time::timeout_at(give_up, server).await.is_err() {
         tracing::warn!("HTTP connections still open after the grace period; not waiting");
     }
+    if let Some(ops) = ops {
+        let ops_abort = ops.abort_handle();
+        if tokio::time::timeout_at(give_up, ops).await.is_err() {
+            tracing::warn!("metrics connections still open after the grace period; not waiting");
+            ops_abort.abort();
+        }
+    }
     let driver_abort = driver.abort_handle();
     let driven = match tokio::time::timeout_at(give_up, driver).await {
         Ok(r) => r,
@@ -253,6 +346,14 @@ where
             Ok(())
         }
     };
+    // The driver is gone: the spans it handed over (the last ones from the core's shutdown
+    // among them) go out now, on a thread that may block.
+    if let Some(spans) = spans {
+        let flushed = tokio::task::spawn_blocking(move || spans.shutdown()).await;
+        if let Err(e) = flushed {
+            tracing::error!(error = %e, "flushing the span export failed");
+        }
+    }
     // The driver is gone, and with it the pin sink: the writer writes the last pins it was
     // handed, if any, and ends.
     if let Some(writer) = pin_writer {

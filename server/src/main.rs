@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use gateway_core::{Config, Registry};
+use gateway_server::otlp::OtlpConfig;
 use gateway_server::ServerOptions;
 use tokio::net::TcpListener;
 
@@ -35,6 +36,7 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
         gateway demo                                  # gateway + 3 emulated sleds on 127.0.0.1:7878\n  \
         gateway serve --config projects.toml          # listens on 127.0.0.1:7878\n  \
         gateway serve --config projects.toml --listen 0.0.0.0:7878\n  \
+        gateway serve --config projects.toml --metrics-listen 127.0.0.1:9090\n  \
         gateway stdio --url http://127.0.0.1:7878/mcp # for stdio-only MCP clients"
 )]
 struct Cli {
@@ -74,10 +76,23 @@ enum Command {
         /// The address to listen on (port 0 picks a free port).
         #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
         listen: SocketAddr,
+        /// Serve GET /metrics (Prometheus) and GET /healthz on this address of their own, e.g.
+        /// 127.0.0.1:9090; /metrics is then never served on --listen. Unset: /metrics is served
+        /// on --listen only while projects.toml turns on no client authentication
+        /// (client_tokens or [oauth]); with it on, nowhere.
+        #[arg(long = "metrics-listen", value_name = "ADDR")]
+        metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
         mcp: McpFlags,
         #[command(flatten)]
         fleet: FleetFlags,
+        /// Export a span for each call of a client's trace (a `traceparent` in the request's
+        /// `_meta`) to an OpenTelemetry collector over OTLP/HTTP (http/protobuf), e.g.
+        /// http://127.0.0.1:4318 (spans go to URL/v1/traces). Unset: the URL in
+        /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (as written), else OTEL_EXPORTER_OTLP_ENDPOINT
+        /// (/v1/traces appended); none set: no export.
+        #[arg(long = "otlp-endpoint", value_name = "URL")]
+        otlp_endpoint: Option<String>,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -268,8 +283,10 @@ fn main() -> ExitCode {
         Command::Serve {
             config,
             listen,
+            metrics_listen,
             mcp,
             fleet,
+            otlp_endpoint,
         } => {
             let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
@@ -278,9 +295,25 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let otlp = match OtlpConfig::resolve(otlp_endpoint.as_deref(), |var| {
+                std::env::var(var).ok()
+            }) {
+                Ok(o) => o,
+                Err(message) => {
+                    eprintln!("gateway: {message}");
+                    return ExitCode::from(2);
+                }
+            };
             run(
                 cli.worker_threads,
-                serve(registry, (config, text), listen, mcp, fleet),
+                serve(
+                    registry,
+                    (config, text),
+                    (listen, metrics_listen),
+                    mcp,
+                    fleet,
+                    otlp,
+                ),
             )
         }
         Command::Demo {
@@ -400,14 +433,24 @@ async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
     Ok((listener, addr))
 }
 
+/// `gateway serve`: `listen` is the MCP port's address and the metrics address, if any.
 async fn serve(
     registry: Registry,
     reload_from: (std::path::PathBuf, String),
-    listen: SocketAddr,
+    listen: (SocketAddr, Option<SocketAddr>),
     mcp: McpFlags,
     fleet: FleetFlags,
+    otlp: Option<OtlpConfig>,
 ) -> Result<(), String> {
-    let (listener, addr) = bind(listen).await?;
+    let (listener, addr) = bind(listen.0).await?;
+    let metrics_listener = match listen.1 {
+        Some(at) => {
+            let (l, metrics_addr) = bind(at).await?;
+            tracing::info!(%metrics_addr, "metrics at http://{metrics_addr}/metrics");
+            Some(l)
+        }
+        None => None,
+    };
     log_registry(&registry);
     if registry.is_empty() {
         tracing::warn!("no projects are registered: every proxied call will fail");
@@ -417,9 +460,10 @@ async fn serve(
     let mut opts = ServerOptions::new(registry, rand::random());
     mcp.apply(&mut opts);
     fleet.apply(&mut opts, &reload_from.0);
+    opts.otlp = otlp;
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
-    gateway_server::serve(listener, opts, shutdown_signal())
+    gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())
         .await
         .map_err(|e| e.to_string())
 }
@@ -556,6 +600,64 @@ mod tests {
         assert_eq!(opts.core.relay_stale_after, Duration::from_secs(60));
         assert_eq!(opts.core.fanout_timeout, Duration::from_secs(7));
         assert_eq!(opts.core.fanout_sled_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn otlp_endpoint_flag_is_read_by_serve() {
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "p.toml",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4318",
+        ])
+        .unwrap();
+        let Command::Serve { otlp_endpoint, .. } = cli.command else {
+            panic!("not serve");
+        };
+        let otlp = OtlpConfig::resolve(otlp_endpoint.as_deref(), |_| None).unwrap();
+        assert_eq!(
+            otlp.map(|o| o.traces_url).as_deref(),
+            Some("http://127.0.0.1:4318/v1/traces")
+        );
+        let cli = Cli::try_parse_from(["gateway", "serve", "--config", "p.toml"]).unwrap();
+        let Command::Serve { otlp_endpoint, .. } = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(otlp_endpoint, None);
+    }
+
+    #[test]
+    fn metrics_listen_flag_is_read_by_serve() {
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "p.toml",
+            "--metrics-listen",
+            "127.0.0.1:9090",
+        ])
+        .unwrap();
+        let Command::Serve { metrics_listen, .. } = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(metrics_listen, Some("127.0.0.1:9090".parse().unwrap()));
+        let cli = Cli::try_parse_from(["gateway", "serve", "--config", "p.toml"]).unwrap();
+        let Command::Serve { metrics_listen, .. } = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(metrics_listen, None);
+        let e = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "p.toml",
+            "--metrics-listen",
+            "localhost",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
             h.count
         );
     }
-    let gauges: [(&str, &str, usize); 4] = [
+    let gauges: [(&str, &str, usize); 5] = [
         ("gateway_sessions", "Live MCP sessions.", s.sessions),
         (
             "gateway_uplinks_live",
@@ -96,6 +96,11 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
             "gateway_open_streams",
             "Open SSE streams (GET streams and streamed answers).",
             s.open_streams,
+        ),
+        (
+            "gateway_calls_parked",
+            "Stateless calls waiting for their client's retry with input (input_required).",
+            s.parked_calls,
         ),
     ];
     for (name, help, v) in gauges {
@@ -118,7 +123,7 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
         "gateway_responses_dropped_total{{reason=\"unknown\"}} {}",
         s.responses_dropped_unknown
     );
-    let counters: [(&str, &str, u64); 8] = [
+    let counters: [(&str, &str, u64); 9] = [
         (
             "gateway_frames_invalid_total",
             "Uplink frames that were not valid protocol messages.",
@@ -158,6 +163,11 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
             "gateway_calls_timed_out_total",
             "Forwarded calls that reached their deadline.",
             s.calls_timed_out,
+        ),
+        (
+            "gateway_input_required_total",
+            "Stateless requests answered input_required: a sled asked their client for input.",
+            s.input_required,
         ),
     ];
     for (name, help, v) in counters {

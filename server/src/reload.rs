@@ -14,7 +14,15 @@ use crate::driver::Command;
 const POLL: Duration = Duration::from_secs(2);
 
 /// Watches `path` until the driver goes away. `loaded` is the text the gateway started with.
-pub(crate) async fn watch(path: PathBuf, loaded: Option<String>, cmd: mpsc::Sender<Command>) {
+/// `[oauth]` of a new file goes to `oauth` at once, whether client authentication is on to
+/// `metrics` (where `/metrics` is served), the rest to the core.
+pub(crate) async fn watch(
+    path: PathBuf,
+    loaded: Option<String>,
+    cmd: mpsc::Sender<Command>,
+    oauth: std::sync::Arc<crate::oauth::ResourceServer>,
+    metrics: std::sync::Arc<crate::ops::MetricsPlacement>,
+) {
     let mut last = loaded;
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -51,6 +59,8 @@ pub(crate) async fn watch(path: PathBuf, loaded: Option<String>, cmd: mpsc::Send
         match gateway_core::Registry::parse(&shown, &text) {
             Ok(registry) => {
                 tracing::info!(path = %shown, projects = registry.len(), "projects.toml reloaded");
+                oauth.reconfigure(registry.oauth());
+                metrics.follow(&registry);
                 if cmd.send(Command::Reload(Box::new(registry))).await.is_err() {
                     return;
                 }

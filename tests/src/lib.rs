@@ -1,6 +1,7 @@
 //! Shared helpers for the black-box tests (`tests/tests/*.rs`) and the deterministic
 //! simulation (`tests/tests/simulation.rs`).
 
+pub mod engine_model;
 pub mod sim;
 
 use std::net::SocketAddr;
@@ -108,7 +109,12 @@ pub struct Stack {
 impl Stack {
     /// Starts the gateway for `registry` and one sled per project in `sleds`.
     pub async fn start(registry: Registry, sleds: &[&str], opts: SledOptions) -> Stack {
-        let gateway = Gateway::start(ServerOptions::new(registry, [7; 32])).await;
+        Stack::start_with(ServerOptions::new(registry, [7; 32]), sleds, opts).await
+    }
+
+    /// Starts the gateway with `server` and one sled per project in `sleds`.
+    pub async fn start_with(server: ServerOptions, sleds: &[&str], opts: SledOptions) -> Stack {
+        let gateway = Gateway::start(server).await;
         let names: Vec<String> = sleds.iter().map(|s| (*s).to_owned()).collect();
         let fleet = Fleet::spawn(&gateway.base(), &names, opts);
         let stack = Stack {

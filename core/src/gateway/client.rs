@@ -33,15 +33,26 @@ impl Gateway {
         if self.shutting_down {
             return self.http_error(token, HttpError::ShuttingDown);
         }
-        let tokens = self.registry.client_tokens();
-        if !tokens.is_empty() {
-            let given = request.authorization.as_deref().and_then(|a| {
-                a.strip_prefix("Bearer ")
-                    .or_else(|| a.strip_prefix("bearer "))
-            });
-            if !given.is_some_and(|g| tokens.iter().any(|t| t.matches(g.trim()))) {
-                let presented = request.authorization.is_some();
-                return self.http_error(token, HttpError::Unauthorized { presented });
+        let identity = match crate::auth::authenticate(
+            &self.registry,
+            request.authorization.as_deref(),
+            &request.access_token,
+        ) {
+            Ok(identity) => identity,
+            Err(refusal) => return self.http_error(token, refusal),
+        };
+        self.caller = identity.clone();
+        // A session is bound to the identity that created it: another one naming it is told
+        // it does not exist, exactly as for an id that never did.
+        let owner = identity.session_owner();
+        if let Some(s) = request
+            .session
+            .as_deref()
+            .and_then(|id| self.sessions.get(id))
+        {
+            if s.owner != owner {
+                tracing::debug!("a session named by an identity other than its own");
+                return self.http_error(token, HttpError::UnknownSession);
             }
         }
         if !headers::origin_allowed(request.origin.as_deref(), &self.config.allowed_origins) {
@@ -78,11 +89,19 @@ impl Gateway {
                     None => self.http_error(token, HttpError::UnknownSession),
                 },
             },
-            HttpMethod::Post => self.on_post(now, token, request),
+            HttpMethod::Post => self.on_post(now, token, request, owner),
         }
     }
 
-    pub(super) fn on_post(&mut self, now: Instant, token: HttpToken, request: HttpRequest) {
+    /// `owner`: who a session created by this request belongs to
+    /// ([`crate::Identity::session_owner`]).
+    pub(super) fn on_post(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        request: HttpRequest,
+        owner: Option<String>,
+    ) {
         if !is_json(request.content_type.as_deref()) {
             return self.http_error(
                 token,
@@ -111,7 +130,7 @@ impl Gateway {
         };
         if let ClientMessage::Request { id, method, params } = &message {
             if method == "initialize" {
-                return self.on_initialize(now, token, id, *params);
+                return self.on_initialize(now, token, id, *params, owner);
             }
         }
         let caller = match request.session.as_deref() {
@@ -181,6 +200,7 @@ impl Gateway {
         token: HttpToken,
         id: &RawId,
         params: Option<&RawValue>,
+        owner: Option<String>,
     ) {
         let params: InitializeParams = match jsonrpc::params_of("initialize", params) {
             Ok(p) => p,
@@ -219,10 +239,18 @@ impl Gateway {
                 }
             }
         }
-        let default = self.registry.default_project().map(str::to_owned);
+        // A new session starts on the file's default, if its caller may see it.
+        let default = self
+            .registry
+            .default_project()
+            .filter(|p| self.sees(p))
+            .map(str::to_owned);
         let session =
             self.sessions
                 .create(default, (*version).to_owned(), params.capabilities, now);
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.owner = owner;
+        }
         self.arm_sweep(now);
         let result = json!({
             "protocolVersion": version,
@@ -241,7 +269,7 @@ impl Gateway {
     }
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
-        if self.listens.remove(&token).is_some() || self.coordination_aborted(token) {
+        if self.listener_gone(token) || self.coordination_aborted(token) {
             return;
         }
         if let Some(session) = self.get_streams.remove(&token) {
@@ -285,7 +313,8 @@ impl Gateway {
         }
         match caller {
             Caller::Session(id) => self.sessions.get(id)?.default_project.as_deref(),
-            Caller::Sessionless => self.registry.default_project(),
+            // Not one the caller may not see: naming it would reveal it.
+            Caller::Sessionless => self.registry.default_project().filter(|p| self.sees(p)),
         }
     }
 
@@ -302,7 +331,10 @@ impl Gateway {
             cursor: Option<String>,
         }
         let params: ListParams = jsonrpc::params_of("tools/list", params)?;
-        let project = self.default_of(caller).and_then(|p| self.projects.get(p));
+        let project = self
+            .default_of(caller)
+            .filter(|p| self.sees(p))
+            .and_then(|p| self.projects.get(p));
         let project_tools = project.and_then(|p| p.tools.as_deref()).unwrap_or(&[]);
         let total = self.gateway_tools.len() + project_tools.len();
         let page = self.config.tools_page_size.max(1);
@@ -377,12 +409,18 @@ impl Gateway {
             return;
         };
         let wanted = p.request_id.get();
+        // The planted bug looks at every session's calls.
+        #[cfg(feature = "planted-bugs")]
+        let any_session = self.config.planted == Some(PlantedBug::CancelAcrossSessions);
+        #[cfg(not(feature = "planted-bugs"))]
+        let any_session = false;
         let found = self
             .pending
             .iter()
             .filter_map(|(key, p)| match p {
                 Pending::Call(c)
-                    if c.session.as_deref() == Some(session) && c.client_id.as_str() == wanted =>
+                    if (any_session || c.session.as_deref() == Some(session))
+                        && c.client_id.as_str() == wanted =>
                 {
                     Some((c.sent_at, *key))
                 }
@@ -477,6 +515,13 @@ impl Gateway {
             .get(&route.project)
             .and_then(|s| s.tools.as_deref())
             .and_then(|ts| ts.iter().find(|t| t.name == tool));
+        // A tool the sled annotates read-only needs `read`; any other (unlisted ones too), `write`.
+        let need = if listed.is_some_and(|t| t.read_only) {
+            Right::Read
+        } else {
+            Right::Write
+        };
+        self.require(&route.project, need, format_args!("tools/call {tool}"))?;
         if !listed.is_some_and(|t| t.declares_project) {
             arguments.remove("project");
         }
@@ -611,7 +656,7 @@ impl Gateway {
             return Err(RpcError::SwitchWithoutSession);
         };
         let sid = session;
-        if self.registry.get(&project).is_none() {
+        if self.registry.get(&project).is_none() || !self.sees(&project) {
             return Err(RpcError::UnknownProject {
                 project,
                 registered: self.registered(),
@@ -646,11 +691,12 @@ impl Gateway {
         arguments: &Map<String, Value>,
     ) -> Result<String, RpcError> {
         only_arguments(LIST_PROJECTS, arguments, &[])?;
-        let active = self.default_of(caller);
+        let active = self.default_of(caller).filter(|p| self.sees(p));
         let projects: Vec<Value> = self
             .registry
             .projects()
             .iter()
+            .filter(|p| self.sees(&p.name))
             .map(|p| {
                 let mut entry = json!({
                     "name": p.name,
@@ -681,8 +727,9 @@ impl Gateway {
         ))
     }
 
+    /// The registered projects this caller may see (all of them without `[[access]]`).
     pub(super) fn registered(&self) -> Vec<String> {
-        self.registry.names().map(str::to_owned).collect()
+        self.visible_projects()
     }
 
     pub(super) fn reply(

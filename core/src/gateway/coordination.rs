@@ -430,6 +430,23 @@ impl Gateway {
             return self.coordination_wait(now, token, id, &agent, arguments, meta, mode);
         }
         let project = self.coordination_project(caller, arguments, tool)?;
+        let force = tool == RELEASE && arguments.get("force") == Some(&Value::Bool(true));
+        let need = match tool {
+            RELEASE if force => Right::Admin,
+            CLAIM | RENEW | RELEASE | SEND | BOARD_SET | BOARD_DELETE => Right::Write,
+            _ => Right::Read,
+        };
+        self.require(&project, need, format_args!("{tool}"))?;
+        if force {
+            tracing::info!(
+                target: "audit",
+                principal = self.principal_label(),
+                project,
+                tool,
+                action = "force_release",
+                "admin action"
+            );
+        }
         let c = &mut self.coordination.coord;
         let mut out = match tool {
             CHECKIN => {
@@ -735,7 +752,7 @@ impl Gateway {
             Some(Value::String(p)) => p.clone(),
             Some(_) => return Err(RpcError::ProjectNotString { tool: tool.into() }),
         };
-        if self.registry.get(&project).is_none() {
+        if self.registry.get(&project).is_none() || !self.sees(&project) {
             return Err(RpcError::UnknownProject {
                 project,
                 registered: self.registered(),
@@ -759,7 +776,7 @@ impl Gateway {
         let projects = match named {
             Some(ps) => {
                 for p in &ps {
-                    if self.registry.get(p).is_none() {
+                    if self.registry.get(p).is_none() || !self.sees(p) {
                         return Err(RpcError::UnknownProject {
                             project: p.clone(),
                             registered: self.registered(),
@@ -768,7 +785,10 @@ impl Gateway {
                 }
                 ps
             }
-            None => self.coordination.coord.present_in(now, agent),
+            None => {
+                let present = self.coordination.coord.present_in(now, agent);
+                present.into_iter().filter(|p| self.sees(p)).collect()
+            }
         };
         if projects.is_empty() {
             return Err(RpcError::InvalidParams {

@@ -310,7 +310,9 @@ impl Gateway {
         };
         let project = match arguments.get("project") {
             None => None,
-            Some(Value::String(p)) if self.registry.get(p).is_some() => Some(p.clone()),
+            Some(Value::String(p)) if self.registry.get(p).is_some() && self.sees(p) => {
+                Some(p.clone())
+            }
             Some(Value::String(p)) => {
                 return Err(RpcError::UnknownProject {
                     project: p.clone(),
@@ -331,7 +333,18 @@ impl Gateway {
                         .into(),
                 ));
             };
-            return self.repin(&project, key.as_deref());
+            self.require(&project, Right::Admin, format_args!("fleet_identity repin"))?;
+            let r = self.repin(&project, key.as_deref());
+            tracing::info!(
+                target: "audit",
+                principal = self.principal_label(),
+                project,
+                tool = FLEET_IDENTITY,
+                action = "repin",
+                outcome = if r.is_ok() { "ok" } else { "error" },
+                "admin action"
+            );
+            return r;
         }
         if key.is_some() {
             return Err(bad("`key` is only taken with action \"repin\"".into()));
@@ -339,7 +352,7 @@ impl Gateway {
         let mut rows = Vec::new();
         let mut summary: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for spec in self.registry.projects() {
-            if project.as_deref().is_some_and(|p| p != spec.name) {
+            if project.as_deref().is_some_and(|p| p != spec.name) || !self.sees(&spec.name) {
                 continue;
             }
             let state = &self.projects[&spec.name];
@@ -612,6 +625,9 @@ impl Gateway {
             .map(|s| (s, Vec::new()))
             .collect();
         for spec in self.registry.projects() {
+            if !self.sees(&spec.name) {
+                continue;
+            }
             let state = &self.projects[&spec.name];
             let h = &state.health;
             let uplink = state.uplink.and_then(|u| self.uplinks.get(&u));
@@ -780,7 +796,7 @@ impl Gateway {
         self.next_fanout += 1;
         let mut parts = BTreeMap::new();
         let mut waiting = 0;
-        let names: Vec<String> = self.registry.names().map(str::to_owned).collect();
+        let names = self.visible_projects();
         let params = json!({ "name": PIPELINE_TOOL, "arguments": {} }).to_string();
         for project in names {
             let part = self.send_pipeline_status(now, fanout_id, &project, per_sled, &params);

@@ -9,10 +9,13 @@
 //! `sled.rs` for uplinks and what sleds send, `streams.rs` for Server-Sent Events and the
 //! session sweep.
 
+mod access;
 mod client;
 pub(crate) mod coordination;
 mod fleet;
+mod listen;
 mod modern;
+mod mrtr;
 mod proxy;
 mod sled;
 mod streams;
@@ -29,6 +32,7 @@ use crate::http::{self as headers, PROTOCOL_VERSIONS};
 use crate::jsonrpc::{self, ClientMessage, RawId};
 use crate::metrics::Outcome;
 use crate::registry::Registry;
+use crate::rights::Right;
 use crate::session::Sessions;
 use crate::tools::{
     self, CachedTool, AGGREGATE_PIPELINE_STATUS, FLEET_IDENTITY, GATEWAY_HEALTH, LIST_PROJECTS,
@@ -91,6 +95,9 @@ pub struct HttpRequest {
     pub mcp_param_project: Option<String>,
     /// `Authorization`. Used only to let the request in; never forwarded to a sled.
     pub authorization: Option<String>,
+    /// What the server found when it verified the bearer token as an OAuth access token
+    /// (only when projects.toml has `[oauth]`); the core decides on it (`auth.rs`).
+    pub access_token: crate::auth::AccessToken,
     pub body: Vec<u8>,
 }
 
@@ -184,6 +191,10 @@ pub enum Output {
     /// write a temporary file, then rename it over the old one). The text is the whole file,
     /// so a later `SavePins` supersedes an earlier one that was not written yet.
     SavePins { text: String },
+    /// Export this span of the gateway's (only with [`Config::export_spans`]): a forwarded
+    /// request that carried a client's valid `traceparent` ended. Boxed: spans are rare
+    /// beside the other outputs.
+    Span(Box<crate::SpanRecord>),
 }
 
 /// Settings of the state machine that are not per project.
@@ -237,6 +248,9 @@ pub struct Config {
     pub pin_save_delay: Duration,
     /// Coordination's TTLs and bounds (presence, leases, messages, board, waits).
     pub coordination: crate::coord::Limits,
+    /// Emit an [`Output::Span`] for every forwarded request of a client's trace (a valid
+    /// `_meta.traceparent`) when it ends. Off by default: then no span is kept or made.
+    pub export_spans: bool,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -252,6 +266,18 @@ pub enum PlantedBug {
     /// The proxy bug: the client's own id goes up the uplink and responses are matched by it
     /// alone, so two sessions using the same id get each other's answers.
     CorrelateByClientId,
+    /// The progress relay finds its call by the client's progress token instead of the
+    /// gateway's: a sled's progress goes to the most recently started pending call whose client
+    /// chose the same token, which may be another session's (or a stateless client's).
+    ProgressByClientToken,
+    /// A client's `notifications/cancelled` releases the latest pending call with that
+    /// request id of any session, not only of the session that sent it.
+    CancelAcrossSessions,
+    /// `[[access]]`: the `read` right lets writes through too (any tool, claims).
+    RightsIgnoreReadOnly,
+    /// `[[access]]`: the projects a caller may see are every registered one where a list of
+    /// them is given (an `unknown_project`'s `registered`, the fleet tools).
+    HiddenProjectsListed,
 }
 
 impl Default for Config {
@@ -277,6 +303,7 @@ impl Default for Config {
             fanout_sled_timeout: Duration::from_secs(2),
             pin_save_delay: Duration::from_millis(500),
             coordination: crate::coord::Limits::default(),
+            export_spans: false,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -299,6 +326,10 @@ pub struct Stats {
     pub frames_invalid: u64,
     /// `unreadable` control frames: a sled said it could not read a frame the gateway sent.
     pub frames_unreadable_at_sled: u64,
+    /// Stateless requests answered `input_required` (a sled asked their client for input).
+    pub input_required: u64,
+    /// Stateless calls parked for their client's retry, or holding an answer for it.
+    pub parked_calls: usize,
     /// Calls the client cancelled.
     pub calls_cancelled: u64,
     /// Sessions ended by the idle TTL.
@@ -348,12 +379,16 @@ pub struct Gateway {
     /// Whether the session-expiry sweep timer is armed.
     sweep_armed: bool,
     /// Open stateless-era `subscriptions/listen` streams, with the id of the listen request.
-    listens: BTreeMap<HttpToken, RawId>,
+    listens: BTreeMap<HttpToken, listen::Listen>,
     /// Sessions subscribed to each (project, resource URI).
     subscriptions: std::collections::BTreeMap<(String, String), BTreeSet<String>>,
     /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).
     server_requests: HashMap<String, proxy::ServerRequest>,
     next_server_request: u64,
+    /// Stateless calls parked until their client retries with input (`requestState`).
+    retries: mrtr::Retries,
+    /// Who the HTTP request being handled comes from (`access.rs`).
+    caller: crate::auth::Identity,
     timers: BTreeSet<(Instant, Timer)>,
     outputs: VecDeque<Output>,
     shutting_down: bool,
@@ -468,6 +503,8 @@ enum Pending {
         tools: Vec<Value>,
         deadline: Instant,
     },
+    /// The gateway's own `resources/subscribe` or `unsubscribe` for its stateless listeners.
+    Subscription { project: String, deadline: Instant },
     /// One sled's `pipeline_status` for an `aggregate_pipeline_status`.
     FanoutPart {
         fanout: u64,
@@ -503,12 +540,19 @@ struct Call {
     rewrite: proxy::Rewrite,
     /// The W3C trace id the client's `_meta.traceparent` carried, for the log lines.
     trace_id: Option<String>,
+    /// The gateway's span of the client's trace, with span export on.
+    span: Option<Box<crate::trace::CallSpan>>,
     /// A stateless-era request's own log level (`_meta["io.modelcontextprotocol/logLevel"]`):
     /// the threshold of the log messages relayed to it.
     log_level: Option<u8>,
     /// Whether the answer has become an SSE stream: it does at the first message for the
     /// client before the response (progress, a log message); until then it is plain JSON.
     streamed: bool,
+    /// A stateless `tools/call`, `prompts/get` or `resources/read`: its multi round-trip
+    /// state (the sled's requests for the client, and the `requestState` while parked).
+    mrtr: Option<Box<mrtr::Rounds>>,
+    /// Who made the call, for its audit line (kept only when audit lines are on).
+    principal: Option<Box<str>>,
 }
 
 impl Pending {
@@ -516,6 +560,7 @@ impl Pending {
         match self {
             Pending::Call(Call { deadline, .. })
             | Pending::ToolsList { deadline, .. }
+            | Pending::Subscription { deadline, .. }
             | Pending::FanoutPart { deadline, .. } => *deadline,
         }
     }
@@ -547,6 +592,7 @@ struct Counters {
     responses_dropped_unknown: u64,
     frames_invalid: u64,
     frames_unreadable_at_sled: u64,
+    input_required: u64,
     calls_cancelled: u64,
     sessions_expired: u64,
     sessions_evicted: u64,
@@ -599,6 +645,8 @@ impl Gateway {
             listens: std::collections::BTreeMap::new(),
             server_requests: HashMap::new(),
             next_server_request: 0,
+            retries: mrtr::Retries::default(),
+            caller: crate::auth::Identity::Anonymous,
             timers: BTreeSet::new(),
             outputs: VecDeque::new(),
             shutting_down: false,
@@ -654,6 +702,8 @@ impl Gateway {
             responses_dropped_unknown: self.counters.responses_dropped_unknown,
             frames_invalid: self.counters.frames_invalid,
             frames_unreadable_at_sled: self.counters.frames_unreadable_at_sled,
+            input_required: self.counters.input_required,
+            parked_calls: self.retries.len(),
             calls_cancelled: self.counters.calls_cancelled,
             sessions_expired: self.counters.sessions_expired,
             open_streams: self.get_streams.len() + self.post_streams.len() + self.listens.len(),

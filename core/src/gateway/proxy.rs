@@ -10,6 +10,10 @@ use crate::trace;
 /// argument (resources, completion), e.g. `"_meta": {"io.mcp-gateway/project": "beta"}`.
 pub(crate) const PROJECT_META: &str = "io.mcp-gateway/project";
 
+/// The `_meta` key under which a project with `forward_principal` learns who calls:
+/// `{"issuer","subject","client_id"}` for an access token, `{"token": NAME}` for a client token.
+pub(crate) const PRINCIPAL_META: &str = "io.mcp-gateway/principal";
+
 /// Methods a project serves that the gateway forwards as they are.
 pub(super) const PROXIED_METHODS: &[&str] = &[
     "resources/list",
@@ -24,7 +28,7 @@ pub(super) const PROXIED_METHODS: &[&str] = &[
 
 /// Requests a sled may make of the client of one of its calls, and the client capability
 /// each needs.
-const SERVER_REQUESTS: &[(&str, &str)] = &[
+pub(super) const SERVER_REQUESTS: &[(&str, &str)] = &[
     ("sampling/createMessage", "sampling"),
     ("elicitation/create", "elicitation"),
     ("roots/list", "roots"),
@@ -92,7 +96,9 @@ impl Gateway {
             Some(Value::String(p)) => p.clone(),
             Some(_) => return Err(RpcError::ProjectNotString { tool }),
         };
-        let Some((_, spec)) = self.registry.get(&project) else {
+        // A project the caller may not see is answered as one that does not exist.
+        let visible = self.sees(&project);
+        let Some((_, spec)) = self.registry.get(&project).filter(|_| visible) else {
             return Err(RpcError::UnknownProject {
                 project,
                 registered: self.registered(),
@@ -142,6 +148,8 @@ impl Gateway {
             object: mut params,
             mut meta,
         } = params;
+        let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method))
+            .then(|| mrtr::Rounds::new(method, meta.as_ref(), timeout));
         let session = match caller {
             Caller::Session(s) => Some(s.to_owned()),
             Caller::Sessionless => None,
@@ -189,6 +197,7 @@ impl Gateway {
         };
         uplink.next_id = uplink.next_id.max(rpc_id + 1);
         let mut trace_id = None;
+        let mut span = None;
         let mut log_level = None;
         let progress = match meta.as_mut() {
             None => None,
@@ -238,11 +247,31 @@ impl Gateway {
                 {
                     Some(Some(parent)) => {
                         use rand_chacha::rand_core::RngCore;
-                        let mut span = [0u8; 8];
-                        self.rng.fill_bytes(&mut span);
+                        let mut span_id = [0u8; 8];
+                        self.rng.fill_bytes(&mut span_id);
+                        // The span to export when the call ends, only with export on.
+                        if self.config.export_spans {
+                            let protocol_version = session
+                                .as_deref()
+                                .and_then(|s| self.sessions.get(s))
+                                .map(|s| s.protocol_version.as_str());
+                            let target = trace::SpanTarget {
+                                method,
+                                params: &params,
+                                listed_tool: tool != "_unlisted",
+                                request_id: id.as_str(),
+                                project: &project,
+                                sled: self.sled_of(&project),
+                                protocol_version,
+                            };
+                            let tracestate = meta.get(trace::TRACESTATE).and_then(Value::as_str);
+                            span = Some(Box::new(trace::CallSpan::new(
+                                &parent, span_id, tracestate, target,
+                            )));
+                        }
                         meta.insert(
                             trace::TRACEPARENT.into(),
-                            Value::String(trace::child(&parent, span)),
+                            Value::String(trace::child(&parent, span_id)),
                         );
                         trace_id = Some(parent.trace_id);
                     }
@@ -262,6 +291,22 @@ impl Gateway {
                 })
             }
         };
+        // Who calls is the gateway's to say, and only to a project that asks for it.
+        if let Some(Value::Object(m)) = meta.as_mut() {
+            m.remove(PRINCIPAL_META);
+        }
+        if self
+            .registry
+            .get(&project)
+            .is_some_and(|(_, spec)| spec.forward_principal)
+        {
+            if let Some(who) = self.principal_meta() {
+                let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = m {
+                    m.insert(PRINCIPAL_META.to_owned(), who);
+                }
+            }
+        }
         // `_meta` goes in last, unless the rewrite left it empty.
         if let Some(Value::Object(meta)) =
             meta.filter(|m| m.as_object().is_some_and(|m| !m.is_empty()))
@@ -304,7 +349,11 @@ impl Gateway {
                 streamed: false,
                 rewrite,
                 trace_id: None,
+                span,
                 log_level,
+                mrtr,
+                principal: tracing::enabled!(target: "audit", tracing::Level::INFO)
+                    .then(|| self.principal_label().into_boxed_str()),
             }),
         );
         self.by_token.insert(token, (uplink_id, rpc_id));
@@ -330,6 +379,17 @@ impl Gateway {
 
     /// Books a call that left the pending table: its session's count, and the metrics.
     pub(super) fn call_ended(&mut self, call: &Call, outcome: Outcome, took: Option<Duration>) {
+        if let Some(principal) = &call.principal {
+            tracing::info!(
+                target: "audit",
+                principal = &**principal,
+                project = call.project,
+                tool = call.tool,
+                outcome = outcome.name(),
+                trace_id = call.trace_id.as_deref().unwrap_or("-"),
+                "call"
+            );
+        }
         tracing::debug!(
             trace_id = call.trace_id.as_deref().unwrap_or("-"),
             project = call.project,
@@ -338,6 +398,12 @@ impl Gateway {
             took_us = took.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
             "call ended"
         );
+        if let Some(span) = &call.span {
+            // Ended by its answer or deadline at `sent_at + took`; otherwise now.
+            let end = took.map_or_else(|| self.now.unwrap_or(call.sent_at), |t| call.sent_at + t);
+            let record = span.finish(outcome, call.sent_at, end);
+            self.outputs.push_back(Output::Span(Box::new(record)));
+        }
         if let Some(s) = &call.session {
             if let Some(n) = self.session_calls.get_mut(s) {
                 *n -= 1;
@@ -379,6 +445,7 @@ impl Gateway {
             }
         }
         let route = self.route(explicit.as_ref(), caller, method)?;
+        self.require(&route.project, Right::Read, format_args!("{method}"))?;
         let rewrite = match method {
             "prompts/list" => Rewrite::PromptsList,
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -464,12 +531,21 @@ impl Gateway {
                 ),
             );
         };
+        if call.modern {
+            return self.ask_stateless_client(
+                (uplink, related),
+                sled_id,
+                method,
+                capability,
+                params,
+            );
+        }
         let session = call.session.clone();
         let declared = session
             .as_deref()
             .and_then(|s| self.sessions.get(s))
             .is_some_and(|s| s.client_capabilities.get(capability).is_some());
-        if !declared || !call.stream_ok || call.modern {
+        if !declared || !call.stream_ok {
             return refuse(self, format!("Method not found: the client of this call did not declare the '{capability}' capability (or cannot receive requests on its answer stream)"));
         }
         self.next_server_request += 1;
@@ -541,6 +617,7 @@ impl Gateway {
         let Some(uri) = uri else {
             return;
         };
+        self.notify_listeners_updated(project, &uri);
         let sessions: Vec<String> = self
             .subscriptions
             .get(&(project.to_owned(), uri.clone()))

@@ -77,6 +77,7 @@ impl Gateway {
                     token,
                     key,
                     fence,
+                    epoch_seen: _,
                 }) if expects_hello => {
                     if let Some(u) = self.uplinks.get_mut(&id) {
                         u.fence_floor = fence;
@@ -137,6 +138,7 @@ impl Gateway {
                 {
                     if let Some(project) = self.live_project(id) {
                         self.notify_default_sessions(&project, &method);
+                        self.notify_listeners_list_changed(&project, &method);
                     }
                 }
                 None => self.relay_related(id, &method, message.params),
@@ -209,6 +211,15 @@ impl Gateway {
             u.pending.remove(&rid);
         }
         match pending {
+            Pending::Subscription { project, .. } => {
+                if let Some(e) = error {
+                    tracing::info!(
+                        project,
+                        error = e.get(),
+                        "the sled refused a resource subscription"
+                    );
+                }
+            }
             Pending::FanoutPart {
                 fanout,
                 project,
@@ -249,7 +260,7 @@ impl Gateway {
                     }
                 };
                 let took = now.saturating_duration_since(call.sent_at);
-                self.finish_call(call, body, outcome, Some(took));
+                self.finish_or_hold(call, body, outcome, took);
             }
             Pending::ToolsList {
                 project,
@@ -456,11 +467,13 @@ impl Gateway {
             protocol: PROTOCOL_VERSION,
             heartbeat_ms: u64::try_from(self.config.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),
+            epoch: None,
         };
         self.outputs.push_back(Output::UplinkSend {
             uplink: id,
             text: welcome.to_text(),
         });
+        self.resubscribe_listeners(&project);
         self.start_refresh(now, id, project);
     }
 
@@ -558,6 +571,9 @@ impl Gateway {
             }
             Pending::ToolsList { project, .. } => {
                 tracing::warn!(project, "tools/list to the sled timed out");
+            }
+            Pending::Subscription { project, .. } => {
+                tracing::warn!(project, "a resource subscription at the sled timed out");
             }
             Pending::FanoutPart {
                 fanout, project, ..
@@ -716,7 +732,7 @@ impl Gateway {
                         Outcome::UplinkLost,
                     );
                 }
-                Pending::ToolsList { .. } => {}
+                Pending::ToolsList { .. } | Pending::Subscription { .. } => {}
             }
         }
         // Find out at once whether the project's server is still there.

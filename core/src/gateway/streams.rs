@@ -101,16 +101,23 @@ impl Gateway {
     /// latency to record, when the call ended by the sled's answer or the deadline.
     pub(super) fn finish_call(
         &mut self,
-        call: Call,
+        mut call: Call,
         body: String,
         outcome: Outcome,
         took: Option<Duration>,
     ) {
+        if let Some(span) = call.span.as_mut().filter(|_| outcome != Outcome::Ok) {
+            span.error_code = error_code(&body);
+        }
         self.call_ended(&call, outcome, took);
-        self.by_token.remove(&call.token);
         if let Some((gateway_token, _)) = &call.progress {
             self.progress.remove(gateway_token);
         }
+        // A parked stateless call has no request to answer: its handle goes with it.
+        if self.forget_parked(&mut call) {
+            return;
+        }
+        self.by_token.remove(&call.token);
         if !call.streamed {
             let status = if call.modern {
                 error_code(&body).map_or(200, headers::modern_status)
@@ -157,6 +164,27 @@ impl Gateway {
         let client_token: Value =
             serde_json::from_str(client_token.get()).expect("a progress token is JSON");
         let key = *key;
+        #[cfg(feature = "planted-bugs")]
+        let key = match self.config.planted {
+            // The planted bug: the latest pending call under the same client token, anyone's.
+            Some(PlantedBug::ProgressByClientToken) => self
+                .pending
+                .iter()
+                .filter_map(|(k, p)| match p {
+                    Pending::Call(c)
+                        if c.progress.as_ref().is_some_and(|(_, t)| {
+                            serde_json::from_str::<Value>(t.get()).ok().as_ref()
+                                == Some(&client_token)
+                        }) =>
+                    {
+                        Some((c.sent_at, *k))
+                    }
+                    _ => None,
+                })
+                .max()
+                .map_or(key, |(_, k)| k),
+            _ => key,
+        };
         params.insert("progressToken".into(), client_token);
         let data =
             jsonrpc::notification("notifications/progress", &Value::Object(params).to_string());
@@ -218,7 +246,8 @@ impl Gateway {
             // The call finished, or the id is not a call's.
             return;
         };
-        if !call.stream_ok {
+        // A parked stateless call has no request to carry it until its client retries.
+        if !call.stream_ok || call.mrtr.as_ref().is_some_and(|m| m.is_parked()) {
             return;
         }
         let token = call.token;
