@@ -6,7 +6,9 @@
 //! The input is lines; each line's first byte picks what the client sends and the rest is put
 //! in as written: `c` a tools/call's `arguments`, `r` resources/read's params, `p` prompts/get's
 //! params, `m` a 2026-07-28 tools/call's `arguments`, `a` an answer (`result`) to the sled's
-//! pending sampling request, anything else a whole body.
+//! pending sampling request, `i` the answer in a 2026-07-28 retry's `inputResponses` to the
+//! sled's sampling request of a stateless call (the multi round-trip pattern), anything else a
+//! whole body.
 #![no_main]
 
 use std::time::Instant;
@@ -29,6 +31,8 @@ struct World {
     calls: Vec<u64>,
     /// The id the gateway gave the sled's sampling request on the client's stream.
     sampling: Option<String>,
+    /// The `requestState` and input key of a stateless call's `input_required` answer.
+    input: Option<(String, String)>,
 }
 
 impl World {
@@ -47,6 +51,21 @@ impl World {
                     }
                 }
                 Output::Http { reply, .. } => {
+                    let result = reply
+                        .body
+                        .as_deref()
+                        .and_then(|b| serde_json::from_str::<Value>(b).ok())
+                        .map(|v| v["result"].clone())
+                        .unwrap_or_default();
+                    if result["resultType"] == "input_required" {
+                        let state = result["requestState"].as_str().map(str::to_owned);
+                        let key = result["inputRequests"]
+                            .as_object()
+                            .and_then(|m| m.keys().next().cloned());
+                        if let (Some(s), Some(k)) = (state, key) {
+                            self.input = Some((s, k));
+                        }
+                    }
                     if self.session.is_none() {
                         self.session = reply
                             .headers
@@ -108,6 +127,7 @@ fuzz_target!(|data: &[u8]| {
         session: None,
         calls: Vec::new(),
         sampling: None,
+        input: None,
     };
     w.post(
         br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"f","version":"0"}}}"#.to_vec(),
@@ -125,6 +145,16 @@ fuzz_target!(|data: &[u8]| {
     if let Some(&call) = w.calls.last() {
         w.sled(format!(
             r#"{{"jsonrpc":"2.0","id":"q","method":"sampling/createMessage","params":{{"messages":[],"maxTokens":1,"_meta":{{"io.mcp-gateway/relatedRequest":{call}}}}}}}"#
+        ));
+    }
+    // And a stateless one, answered input_required, whose retry carries the client's answer.
+    w.post(
+        format!(r#"{{"jsonrpc":"2.0","id":"m","method":"tools/call","params":{{"_meta":{ENVELOPE},"name":"show","arguments":{{}}}}}}"#).into_bytes(),
+        Some("show"),
+    );
+    if let Some(&call) = w.calls.last() {
+        w.sled(format!(
+            r#"{{"jsonrpc":"2.0","id":"q2","method":"sampling/createMessage","params":{{"messages":[],"maxTokens":1,"_meta":{{"io.mcp-gateway/relatedRequest":{call}}}}}}}"#
         ));
     }
     for (i, line) in data.split(|&b| b == b'\n').take(16).enumerate() {
@@ -153,6 +183,17 @@ fuzz_target!(|data: &[u8]| {
                 ),
                 Some("show"),
             ),
+            b'i' => {
+                let (state, key) = w.input.clone().unwrap_or_else(|| ("rs-0".into(), "sampling-1".into()));
+                let (state, key) = (Value::String(state), Value::String(key));
+                w.post(
+                    wrap(
+                        &format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"_meta":{ENVELOPE},"name":"show","arguments":{{}},"requestState":{state},"inputResponses":{{{key}:"#),
+                        "}}}",
+                    ),
+                    Some("show"),
+                );
+            }
             b'a' => {
                 let id = w.sampling.clone().unwrap_or_else(|| "gw-req-1".into());
                 let id = serde_json::to_string(&id).expect("a string serialises");

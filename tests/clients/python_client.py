@@ -3,7 +3,8 @@
 "2026-07-28"), and a client of each era working side by side.
 
 Run by tests/tests/clients.rs with the gateway's URL; the gateway fronts projects alpha, beta
-and gamma (default alpha), whose sleds take about 300 ms per call. Prints one line per check
+and gamma (default alpha), whose sleds take about 300 ms per call, and delta, served by the
+conformance fixture. Prints one line per check
 and a closing "N passed, N failed" line; exits non-zero on any failure.
 """
 
@@ -11,6 +12,7 @@ import sys
 
 import anyio
 from mcp import Client
+from mcp import types
 
 URL = sys.argv[1]
 results = []
@@ -130,6 +132,39 @@ async def stateless(mode):
               name not in [s["name"] for s in r.structured_content["stories"]], r)
 
 
+async def sampling_round_trip():
+    """A sled's sampling request reaches a stateless client as an input_required answer; the
+    SDK answers it with its sampling callback and retries; the sled's call finishes with it.
+    Project delta is served by the conformance fixture, whose test_sampling asks the client."""
+    asked = []
+
+    async def sampling(context, params):
+        asked.append(params.messages[0].content.text)
+        return types.CreateMessageResult(role="assistant", model="python-test",
+                                         content=types.TextContent(type="text", text="four"))
+
+    async with Client(URL, mode="2026-07-28", sampling_callback=sampling) as c:
+        r = await c.call_tool("test_sampling", {"prompt": "2+2?", "project": "delta"})
+        check("[2026-07-28] answers a sled's sampling request through the gateway (input_required)",
+              asked == ["2+2?"] and r.content[0].text == "LLM response: four", (asked, r))
+        # completion/complete of a project's prompt argument, the project named in _meta.
+        r = await c.session.send_request(
+            types.CompleteRequest(params=types.CompleteRequestParams(
+                ref=types.PromptReference(type="ref/prompt", name="test_prompt_with_arguments"),
+                argument=types.CompletionArgument(name="arg1", value="par"),
+                _meta={"io.mcp-gateway/project": "delta"})),
+            types.CompleteResult)
+        check("[2026-07-28] completion/complete of delta's prompt argument",
+              r.completion.values == ["paris", "park", "party"], r)
+    async with Client(URL, mode="2026-07-28") as c:
+        try:
+            await c.call_tool("test_sampling", {"prompt": "2+2?", "project": "delta"})
+            check("[2026-07-28] without the sampling capability: -32021", False, "no error")
+        except Exception as e:  # MCPError
+            code = getattr(getattr(e, "error", None), "code", None)
+            check("[2026-07-28] without the sampling capability: -32021", code == -32021, repr(e))
+
+
 async def side_by_side():
     async with Client(URL, mode="legacy") as old, Client(URL, mode="2026-07-28") as new:
         await old.call_tool("switch_project", {"project": "gamma"})
@@ -177,6 +212,7 @@ async def main():
     await surface()
     for mode in ("auto", "2026-07-28"):
         await stateless(mode)
+    await sampling_round_trip()
     await side_by_side()
     await errors()
     await listen_check()

@@ -10,63 +10,21 @@ use gateway_tests::Stack;
 use sled_sim::SledOptions;
 use tokio::process::Command;
 
-/// The Python SDK version the checks were written against.
-const PYTHON_SDK: &str = "mcp==2.3.0";
-
-fn clients_dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    target.join("clients")
-}
-
-/// A Python with the SDK installed, in a virtualenv of its own.
-async fn python_with_sdk() -> PathBuf {
-    let venv = clients_dir().join("python");
-    let python = venv.join("bin/python");
-    let marker = venv.join(format!("installed-{PYTHON_SDK}"));
-    if marker.exists() {
-        return python;
-    }
-    let status = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&venv)
-        .status()
-        .await
-        .expect("python3 is needed for the client tests (it is on every machine of this kind)");
-    assert!(
-        status.success(),
-        "python3 -m venv {} failed",
-        venv.display()
-    );
-    let out = Command::new(venv.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            PYTHON_SDK,
-        ])
-        .output()
-        .await
-        .expect("pip runs");
-    assert!(
-        out.status.success(),
-        "pip install {PYTHON_SDK} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(&marker, "").expect("the marker can be written");
-    python
-}
+#[path = "support/python.rs"]
+mod python;
+use python::python_with_sdk;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_lists_calls_switches_hears_list_changed_and_cancels() {
     gateway_tests::init_tracing();
     let python = python_with_sdk().await;
+    // delta is served by the conformance fixture: its test_sampling asks the client.
     let opts = SledOptions {
         latency: Duration::from_millis(300),
+        fixture_projects: vec!["delta".into()],
         ..SledOptions::default()
     };
-    let names = ["alpha", "beta", "gamma"];
+    let names = ["alpha", "beta", "gamma", "delta"];
     let mut stack =
         Stack::start(gateway_tests::registry(&names, Some("alpha")), &names, opts).await;
     let addr = stack.addr;

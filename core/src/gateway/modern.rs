@@ -15,6 +15,12 @@ struct Envelope<'a> {
     meta: Option<Map<String, Value>>,
     #[serde(borrow, default)]
     name: Option<&'a RawValue>,
+    /// `resources/read`'s name, for a retry's check.
+    #[serde(borrow, default)]
+    uri: Option<&'a RawValue>,
+    /// A retry of a request answered `input_required`.
+    #[serde(rename = "requestState", default)]
+    request_state: Option<String>,
     /// Only `project` is read here; the other arguments are skipped, not built (tools/call
     /// parses them once, when it forwards).
     #[serde(default)]
@@ -25,6 +31,14 @@ struct Envelope<'a> {
 struct ProjectArgument {
     #[serde(default)]
     project: Option<Value>,
+}
+
+/// What the checks of a stateless request learned on the way.
+pub(super) struct Checked {
+    /// The request's `requestState`: it is a retry.
+    pub(super) request_state: Option<String>,
+    /// Its name (tool or prompt) or resource URI, which a retry must repeat.
+    pub(super) name: Option<String>,
 }
 
 /// The requests of the stateless era forwarded to a project besides `tools/call`.
@@ -79,43 +93,48 @@ impl Gateway {
         };
         let answer = self
             .modern_checks(&request, &rpc_method, params)
-            .and_then(|()| match rpc_method.as_str() {
+            .and_then(|checked| match rpc_method.as_str() {
+                // A retry with the input a sled asked for: to the parked call it names.
+                m if checked.request_state.is_some() && mrtr::MRTR_METHODS.contains(&m) => {
+                    self.resume(now, token, &id, m, checked, params, stream_ok)
+                }
                 "server/discover" => Ok(Some(self.discover())),
                 "tools/list" => Ok(Some(self.modern_tools_list())),
                 "subscriptions/listen" if !stream_ok => Err(RpcError::InvalidParams {
                     method: rpc_method.clone(),
                     detail: "subscriptions/listen answers with an event stream: send Accept: text/event-stream".into(),
                 }),
-                "subscriptions/listen" => {
-                    self.listen(token, &id, params);
-                    Ok(None)
-                }
-                "tools/call" => self.tools_call(
-                    now,
-                    token,
-                    Caller::Sessionless,
-                    &id,
-                    params,
-                    CallMode {
-                        stream_ok,
-                        modern: true,
-                    },
-                ),
+                "subscriptions/listen" => self.listen(token, &id, params).map(|()| None),
+                "tools/call" => self
+                    .tools_call(
+                        now,
+                        token,
+                        Caller::Sessionless,
+                        &id,
+                        params,
+                        CallMode {
+                            stream_ok,
+                            modern: true,
+                        },
+                    )
+                    .inspect(|_| self.name_call(token, checked.name)),
                 // Routed per request like a tool call: to the project named in
                 // `_meta["io.mcp-gateway/project"]` (or prompts/get's `project` argument), else
                 // the file's default. Subscriptions go through `subscriptions/listen` instead.
-                m if MODERN_PROXIED.contains(&m) => self.proxy_method(
-                    now,
-                    token,
-                    Caller::Sessionless,
-                    &id,
-                    m,
-                    params,
-                    CallMode {
-                        stream_ok,
-                        modern: true,
-                    },
-                ),
+                m if MODERN_PROXIED.contains(&m) => self
+                    .proxy_method(
+                        now,
+                        token,
+                        Caller::Sessionless,
+                        &id,
+                        m,
+                        params,
+                        CallMode {
+                            stream_ok,
+                            modern: true,
+                        },
+                    )
+                    .inspect(|_| self.name_call(token, checked.name)),
                 _ => Err(RpcError::MethodNotFound { method: rpc_method }),
             });
         match answer {
@@ -142,7 +161,7 @@ impl Gateway {
         request: &HttpRequest,
         method: &str,
         params: Option<&RawValue>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<Checked, RpcError> {
         let envelope: Envelope = jsonrpc::params_of(method, params)?;
         let meta = envelope.meta.unwrap_or_default();
         let missing: Vec<&'static str> = [
@@ -211,8 +230,16 @@ impl Gateway {
                 }
             }
         }
+        let name = envelope
+            .name
+            .or(envelope.uri)
+            .and_then(|n| serde_json::from_str(n.get()).ok());
+        let checked = Checked {
+            request_state: envelope.request_state,
+            name,
+        };
         match version {
-            Some(Value::String(v)) if headers::is_modern(v) => Ok(()),
+            Some(Value::String(v)) if headers::is_modern(v) => Ok(checked),
             Some(Value::String(v)) => Err(RpcError::UnsupportedVersion {
                 requested: v.clone(),
                 supported: headers::MODERN_VERSIONS.to_vec(),
@@ -223,11 +250,28 @@ impl Gateway {
         }
     }
 
+    /// Gives a just-forwarded call the name a retry of it must repeat.
+    fn name_call(&mut self, token: HttpToken, name: Option<String>) {
+        let Some(key) = self.by_token.get(&token) else {
+            return;
+        };
+        if let Some(Pending::Call(call)) = self.pending.get_mut(key) {
+            if let Some(m) = call.mrtr.as_mut() {
+                m.name = name;
+            }
+        }
+    }
+
     /// The `server/discover` result: what a stateless client learns instead of initialize.
     pub(super) fn discover(&self) -> String {
         json!({
             "supportedVersions": headers::MODERN_VERSIONS,
-            "capabilities": { "tools": {}, "resources": {}, "prompts": {}, "completions": {} },
+            "capabilities": {
+                "tools": { "listChanged": true },
+                "resources": { "subscribe": true, "listChanged": true },
+                "prompts": { "listChanged": true },
+                "completions": {},
+            },
             "instructions": INSTRUCTIONS,
             "ttlMs": LIST_TTL_MS,
             "cacheScope": "private",
@@ -241,11 +285,14 @@ impl Gateway {
         .to_string()
     }
 
-    /// The stateless `tools/list`: the same for every caller. The gateway's tools that need no
-    /// session (`list_projects`), then every live project's tools in registry order, each
-    /// name once (the first project to list a name gives its schema), each with `project`.
+    /// The stateless `tools/list`: the same for every caller (with `[[access]]`, for every
+    /// caller who may see the same projects). The gateway's tools that need no session
+    /// (`list_projects`), then every live project's tools in registry order, each name once
+    /// (the first project to list a name gives its schema), each with `project`. Cached while
+    /// no rules make it depend on the caller.
     pub(super) fn modern_tools_list(&mut self) -> String {
-        if let Some(cached) = &self.modern_listing {
+        let open = self.registry.rules().is_open();
+        if let Some(cached) = self.modern_listing.as_ref().filter(|_| open) {
             return cached.clone();
         }
         let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
@@ -259,6 +306,9 @@ impl Gateway {
             let Some(ts) = self.projects.get(&p.name).and_then(|s| s.tools.as_deref()) else {
                 continue;
             };
+            if !open && !self.sees(&p.name) {
+                continue;
+            }
             for t in ts {
                 if seen.insert(t.name.as_str()) {
                     parts.push(&t.json);
@@ -266,108 +316,61 @@ impl Gateway {
             }
         }
         let mut s = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum::<usize>() + 64);
-        s.push_str(r#"{"tools":["#);
+        // Made whole here (resultType, serverInfo) so that the cached text is sent as it is.
+        s.push_str(r#"{"resultType":"complete","tools":["#);
         s.push_str(&parts.join(","));
         s.push_str(&format!(
-            r#"],"ttlMs":{LIST_TTL_MS},"cacheScope":"private"}}"#
+            r#"],"ttlMs":{LIST_TTL_MS},"cacheScope":"private","_meta":{{"{META_SERVER_INFO}":{}}}}}"#,
+            server_info()
         ));
-        self.modern_listing = Some(s.clone());
+        if open {
+            self.modern_listing = Some(s.clone());
+        }
         s
     }
 }
 
-impl Gateway {
-    /// `subscriptions/listen`: a long-lived SSE answer carrying the change notifications the
-    /// client asked for. The gateway honors `toolsListChanged` (its stateless `tools/list`
-    /// changes when a project's sled comes, goes or changes its tools); the acknowledgment
-    /// names what is honored.
-    fn listen(&mut self, token: HttpToken, id: &RawId, params: Option<&RawValue>) {
-        let wants_tools = params
-            .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
-            .is_some_and(|p| p["notifications"]["toolsListChanged"] == true);
-        let honored = if wants_tools {
-            json!({ "toolsListChanged": true })
-        } else {
-            json!({})
-        };
-        let subscription: Value = serde_json::from_str(id.as_str()).expect("ids are JSON");
-        let ack = json!({
-            "jsonrpc": "2.0",
-            "method": "notifications/subscriptions/acknowledged",
-            "params": {
-                "notifications": honored,
-                "_meta": { "io.modelcontextprotocol/subscriptionId": subscription },
-            },
-        });
-        self.outputs.push_back(Output::StreamOpen { token });
-        let n = Some(self.next_event_id());
-        self.outputs.push_back(Output::StreamEvent {
-            token,
-            id: n,
-            data: ack.to_string(),
-        });
-        if wants_tools {
-            self.listens.insert(token, id.clone());
-        } else {
-            // Nothing to listen to: end the subscription at once, gracefully.
-            self.end_listen(token, id);
-        }
-    }
+/// The era's key for the server's identity in each result's `_meta`.
+const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
-    /// Tells every listener that the stateless `tools/list` changed.
-    pub(super) fn notify_listeners_tools_changed(&mut self) {
-        let listens: Vec<(HttpToken, RawId)> =
-            self.listens.iter().map(|(t, i)| (*t, i.clone())).collect();
-        for (token, id) in listens {
-            let subscription: Value = serde_json::from_str(id.as_str()).expect("ids are JSON");
-            let data = json!({
-                "jsonrpc": "2.0",
-                "method": "notifications/tools/list_changed",
-                "params": { "_meta": { "io.modelcontextprotocol/subscriptionId": subscription } },
-            });
-            let n = Some(self.next_event_id());
-            self.outputs.push_back(Output::StreamEvent {
-                token,
-                id: n,
-                data: data.to_string(),
-            });
-        }
-    }
-
-    /// Ends every subscription gracefully (shutdown).
-    pub(super) fn end_listens(&mut self) {
-        for (token, id) in std::mem::take(&mut self.listens) {
-            self.end_listen(token, &id);
-        }
-    }
-
-    fn end_listen(&mut self, token: HttpToken, id: &RawId) {
-        let result = format!(
-            r#"{{"resultType":"complete","_meta":{{"io.modelcontextprotocol/subscriptionId":{}}}}}"#,
-            id.as_str()
-        );
-        let n = Some(self.next_event_id());
-        self.outputs.push_back(Output::StreamEvent {
-            token,
-            id: n,
-            data: jsonrpc::ok_response(id.as_str(), &result),
-        });
-        self.outputs.push_back(Output::StreamClose { token });
-    }
+/// The gateway's `serverInfo`, as JSON text.
+fn server_info() -> String {
+    json!({ "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") }).to_string()
 }
 
-/// A result object with `"resultType":"complete"` added, as the stateless era requires.
+/// A result object as the stateless era requires it: `"resultType":"complete"` unless it has a
+/// `resultType`, and the gateway's `serverInfo` in `_meta` (a sled's own `_meta` keys kept,
+/// but the era's reserved keys are the gateway's to set). A result the gateway made whole
+/// already (it starts with `{"resultType":`) is returned as it is.
 pub(super) fn with_result_type(result: &str) -> String {
-    let trimmed = result.trim_start();
-    match trimmed.strip_prefix('{') {
-        Some(rest) if !result.contains(r#""resultType""#) => {
-            let sep = if rest.trim_start().starts_with('}') {
-                ""
-            } else {
-                ","
-            };
-            format!(r#"{{"resultType":"complete"{sep}{rest}"#)
-        }
-        _ => result.to_owned(),
+    if result.starts_with(r#"{"resultType":"#) {
+        return result.to_owned();
     }
+    let Ok(mut top) = serde_json::from_str::<BTreeMap<String, &RawValue>>(result) else {
+        return result.to_owned();
+    };
+    let mut meta: Map<String, Value> = top
+        .get("_meta")
+        .and_then(|m| serde_json::from_str(m.get()).ok())
+        .unwrap_or_default();
+    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+    meta.insert(
+        META_SERVER_INFO.into(),
+        serde_json::from_str(&server_info()).expect("JSON"),
+    );
+    let meta = serde_json::value::to_raw_value(&meta).expect("a map serialises");
+    let complete = RawValue::from_string(r#""complete""#.to_owned()).expect("JSON");
+    top.insert("_meta".into(), &meta);
+    let result_type = top.remove("resultType");
+    let mut out = String::with_capacity(result.len() + 128);
+    out.push_str(r#"{"resultType":"#);
+    out.push_str(result_type.unwrap_or(&complete).get());
+    for (k, v) in top {
+        out.push(',');
+        out.push_str(&Value::String(k).to_string());
+        out.push(':');
+        out.push_str(v.get());
+    }
+    out.push('}');
+    out
 }

@@ -16,7 +16,7 @@ fn envelope() -> Value {
 }
 
 /// A 2026-07-28 request with consistent headers; `tweak` may spoil them.
-fn modern(
+pub(super) fn modern(
     h: &mut Harness,
     id: u64,
     method: &str,
@@ -47,7 +47,7 @@ fn modern(
     h.request(r)
 }
 
-fn answer(h: &mut Harness, t: HttpToken) -> (u16, Value) {
+pub(super) fn answer(h: &mut Harness, t: HttpToken) -> (u16, Value) {
     let r = h.replies.remove(&t).expect("an answer");
     (
         r.status,
@@ -297,9 +297,10 @@ fn a_listener_hears_when_the_stateless_tool_list_changes() {
     assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
     assert_eq!(
         ack["params"]["notifications"],
-        json!({"toolsListChanged":true}),
-        "only what is honored"
+        json!({"toolsListChanged":true,"promptsListChanged":true}),
+        "the prompts of the registry's default project"
     );
+    assert_eq!(ack["params"]["_meta"]["io.mcp-gateway/project"], "alpha");
     assert_eq!(
         ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
         9
@@ -511,5 +512,126 @@ fn a_stateless_requests_own_log_level_filters_its_log_messages() {
         (status, r["error"]["code"].as_i64()),
         (400, Some(-32602)),
         "{r}"
+    );
+}
+
+#[test]
+fn a_listener_hears_its_projects_resource_updates_and_list_changes_and_no_others() {
+    let mut h = Harness::new();
+    let t = modern(
+        &mut h,
+        5,
+        "subscriptions/listen",
+        json!({"notifications":{"resourceSubscriptions":["story://beta/1"],"resourcesListChanged":true},
+               "_meta":{"io.mcp-gateway/project":"beta"}}),
+        &|_| {},
+    );
+    let ack = &h.streams[&t][0].1;
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"resourcesListChanged":true,"resourceSubscriptions":["story://beta/1"]})
+    );
+    // The sled is subscribed when it connects.
+    let beta = h.open_uplink();
+    h.sled_says(
+        beta,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let frames = h.take_frames(beta);
+    let sub = frames
+        .iter()
+        .find(|f| f["method"] == "resources/subscribe")
+        .expect("subscribed at the sled");
+    assert_eq!(sub["params"]["uri"], "story://beta/1");
+    h.sled_says(beta, json!({"jsonrpc":"2.0","id":sub["id"],"result":{}}));
+    let alpha = h.connect_sled("alpha");
+    for (u, uri) in [
+        (beta, "story://beta/1"),
+        (beta, "story://beta/2"),
+        (alpha, "story://beta/1"),
+    ] {
+        h.sled_says(u, json!({"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":uri}}));
+    }
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","method":"notifications/resources/list_changed"}),
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}),
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","method":"notifications/resources/list_changed"}),
+    );
+    let got: Vec<(String, Value)> = h.streams[&t][1..]
+        .iter()
+        .map(|(_, e)| {
+            (
+                e["method"].as_str().unwrap().to_owned(),
+                e["params"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].0, "notifications/resources/updated");
+    assert_eq!(got[0].1["uri"], "story://beta/1");
+    assert_eq!(
+        got[0].1["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        5
+    );
+    assert_eq!(got[1].0, "notifications/resources/list_changed");
+    // The listener goes: the sled is unsubscribed.
+    h.take_frames(beta);
+    h.handle(crate::Input::HttpAborted { token: t });
+    let frames = h.take_frames(beta);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!(frames[0]["method"], "resources/unsubscribe");
+    assert_eq!(frames[0]["params"]["uri"], "story://beta/1");
+    // An unknown project is refused before any stream opens.
+    let t = modern(
+        &mut h,
+        6,
+        "subscriptions/listen",
+        json!({"notifications":{"promptsListChanged":true},"_meta":{"io.mcp-gateway/project":"zeta"}}),
+        &|_| {},
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(
+        (status, r["error"]["data"]["kind"].as_str()),
+        (400, Some("unknown_project"))
+    );
+}
+
+#[test]
+fn stateless_results_carry_the_gateways_server_info() {
+    let mut h = Harness::new();
+    let alpha = h.connect_sled("alpha");
+    let t = modern(&mut h, 1, "tools/list", json!({}), &|_| {});
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["result"]["resultType"], "complete");
+    assert_eq!(
+        r["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "mcp-gateway"
+    );
+    let t = modern(
+        &mut h,
+        2,
+        "tools/call",
+        json!({"name":"show","arguments":{"story_id":"alpha-1"}}),
+        &|_| {},
+    );
+    let f = h.take_frames(alpha);
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","id":f[0]["id"],"result":{"content":[],"_meta":{"sled/own":1,"io.modelcontextprotocol/serverInfo":"forged"}}}),
+    );
+    let (_, r) = answer(&mut h, t);
+    let meta = &r["result"]["_meta"];
+    assert_eq!(r["result"]["resultType"], "complete");
+    assert_eq!(meta["sled/own"], 1, "a sled's own keys are kept");
+    assert_eq!(
+        meta["io.modelcontextprotocol/serverInfo"]["name"],
+        "mcp-gateway"
     );
 }
