@@ -16,8 +16,12 @@
 //! fence is below the highest the sled has accepted for that resource, and `fence_mismatch`
 //! when the fence names another resource; otherwise the fence is recorded ([`Fences`]). A call
 //! without the key is unfenced. Read-only tools ignore fences.
+//!
+//! Trace context: the W3C `traceparent` (and `tracestate`) of each request that carries one in
+//! `params._meta` is kept, the last [`TRACES_KEPT`] of them ([`Sled::traces_received`]), so a
+//! test or an operator can see which trace, and which parent span, reached the sled.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use gateway_core::uplink::{FENCE_META, LEASE_KEYWORD};
@@ -79,6 +83,34 @@ pub struct Sled {
     config: SledConfig,
     disabled: BTreeSet<String>,
     fences: Fences,
+    /// The trace context of the latest requests that carried one, oldest first.
+    traces: VecDeque<ReceivedTrace>,
+}
+
+/// How many received trace contexts a sled keeps.
+pub const TRACES_KEPT: usize = 64;
+
+/// The W3C trace context one request carried in its `params._meta`, as the sled received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedTrace {
+    /// The request's method.
+    pub method: String,
+    /// `_meta.traceparent`, as written: `00-<trace id>-<parent span id>-<flags>`.
+    pub traceparent: String,
+    /// `_meta.tracestate`, if any.
+    pub tracestate: Option<String>,
+}
+
+impl ReceivedTrace {
+    /// The trace id field of the `traceparent`.
+    pub fn trace_id(&self) -> Option<&str> {
+        self.traceparent.split('-').nth(1)
+    }
+
+    /// The parent span id field of the `traceparent`: the span of whoever sent the request.
+    pub fn parent_span_id(&self) -> Option<&str> {
+        self.traceparent.split('-').nth(2)
+    }
 }
 
 /// The fence a forwarded `tools/call` carries in `params._meta[`[`FENCE_META`]`]`: the lease
@@ -153,6 +185,7 @@ impl Sled {
             config: SledConfig::default(),
             disabled: BTreeSet::new(),
             fences: Fences::default(),
+            traces: VecDeque::new(),
         }
     }
 
@@ -197,6 +230,12 @@ impl Sled {
     /// The sled's name (what it says in its uplink `hello`).
     pub fn sled_name(&self) -> &str {
         &self.sled_name
+    }
+
+    /// The trace context of the latest requests (at most [`TRACES_KEPT`]) that carried a
+    /// `traceparent` in `params._meta`, oldest first.
+    pub fn traces_received(&self) -> &VecDeque<ReceivedTrace> {
+        &self.traces
     }
 
     /// The seed reported by `whoami`.
@@ -298,6 +337,19 @@ impl Sled {
             Ok(p) => p,
             Err((code, message)) => return Some(error_response(id, code, message)),
         };
+        let meta = params.get("_meta");
+        if let Some(traceparent) = meta.and_then(|m| m.get("traceparent")?.as_str()) {
+            if self.traces.len() == TRACES_KEPT {
+                self.traces.pop_front();
+            }
+            self.traces.push_back(ReceivedTrace {
+                method: method.to_owned(),
+                traceparent: traceparent.to_owned(),
+                tracestate: meta
+                    .and_then(|m| m.get("tracestate")?.as_str())
+                    .map(str::to_owned),
+            });
+        }
         let outcome = match method {
             "initialize" => Ok(self.initialize(params)),
             "ping" => Ok(json!({})),
@@ -1199,6 +1251,11 @@ impl SharedSled {
         self.lock().fence_high_water()
     }
 
+    /// The trace contexts the sled received (see [`Sled::traces_received`]), oldest first.
+    pub fn traces_received(&self) -> Vec<ReceivedTrace> {
+        self.lock().traces_received().iter().cloned().collect()
+    }
+
     /// Shows or hides a tool (see [`Sled::set_tool_enabled`]); when the list changes, every
     /// connected uplink sends `notifications/tools/list_changed`.
     pub fn set_tool_enabled(&self, name: &str, enabled: bool) -> bool {
@@ -2097,5 +2154,38 @@ mod fence_tests {
             .unwrap();
         assert_eq!(r["result"]["isError"], true);
         assert_eq!(r["result"]["_meta"][NONCE_KEY], "m");
+    }
+
+    #[test]
+    fn the_trace_context_of_each_request_is_kept_latest_last() {
+        let shared = SharedSled::new(sled());
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        shared.handle(
+            &json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+            "name": "list_stories", "_meta": {"traceparent": parent, "tracestate": "v=1"}}}),
+        );
+        // Without a traceparent nothing is kept.
+        shared.handle(
+            &json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{
+            "_meta": {"tracestate": "v=2"}}}),
+        );
+        let got = shared.traces_received();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].method, "tools/call");
+        assert_eq!(got[0].trace_id(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+        assert_eq!(got[0].parent_span_id(), Some("00f067aa0ba902b7"));
+        assert_eq!(got[0].tracestate.as_deref(), Some("v=1"));
+        for i in 0..TRACES_KEPT {
+            let tp = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{:016x}-01", i + 1);
+            shared.handle(&json!({"jsonrpc":"2.0","id":i,"method":"ping","params":{
+                "_meta": {"traceparent": tp}}}));
+        }
+        let got = shared.traces_received();
+        assert_eq!(got.len(), TRACES_KEPT);
+        assert_eq!(got[0].parent_span_id(), Some("0000000000000001"));
+        assert_eq!(
+            got[TRACES_KEPT - 1].parent_span_id(),
+            Some(format!("{TRACES_KEPT:016x}").as_str())
+        );
     }
 }
