@@ -24,6 +24,9 @@ pub(crate) struct Session {
     pub(crate) stream: Option<HttpToken>,
     /// The latest events sent for the GET stream, oldest first, for `Last-Event-ID`.
     pub(crate) replay: VecDeque<(u64, String)>,
+    /// Who created it (`Identity::session_owner`); only they may use it. `None` without
+    /// client authentication.
+    pub(crate) owner: Option<String>,
 }
 
 #[derive(Debug)]
@@ -70,6 +73,7 @@ impl Sessions {
                 last_seen: now,
                 stream: None,
                 replay: VecDeque::new(),
+                owner: None,
             },
         );
         id

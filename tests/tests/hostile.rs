@@ -803,3 +803,259 @@ async fn every_hostile_input_gets_its_exact_answer_and_the_gateway_keeps_serving
     assert_eq!(r["result"]["structuredContent"]["project"], "beta");
     stack.stop().await;
 }
+
+/// Hostile `Authorization` headers for a gateway with `[oauth]` (and a static client token):
+/// malformed JWTs, huge headers, wrong types in headers and claims, algorithms refused, an
+/// issuer whose keys cannot be fetched. Each is refused at once with the same 401, and the
+/// gateway keeps serving the client token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hostile_bearer_token_is_refused_alike_and_the_gateway_keeps_serving() {
+    use base64::Engine as _;
+    const CLIENT_TOKEN: &str = "static-client-token-0001";
+    // The issuer listens nowhere: its keys can never be fetched.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let issuer = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let resource = "http://127.0.0.1:1/mcp";
+    let oauth =
+        gateway_core::OAuthConfig::new(resource, vec![issuer.clone()], vec!["mcp".into()]).unwrap();
+    let registry = gateway_tests::registry(&["alpha"], Some("alpha"))
+        .with_client_tokens(vec![gateway_core::Secret::new(CLIENT_TOKEN)])
+        .with_oauth(oauth);
+    let gateway =
+        gateway_tests::Gateway::start(gateway_server::ServerOptions::new(registry, [5; 32])).await;
+    let url = gateway.url();
+    let mut probe = McpClient::connect(TokioConnect, &url).await.unwrap();
+    probe.set_bearer_token(Some(CLIENT_TOKEN.into()));
+
+    let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let jwt = |header: &str, claims: &str| format!("{}.{}.c2lnbmF0dXJl", b64(header), b64(claims));
+    let claims = format!(
+        r#"{{"iss":"{issuer}","sub":"a","aud":"{resource}","exp":9999999999,"scope":"mcp"}}"#
+    );
+    let ed = r#"{"alg":"EdDSA","kid":"k1"}"#;
+    let cases: Vec<(&str, String)> = vec![
+        ("not a JWT", "Bearer garbage".into()),
+        ("two parts", format!("Bearer {}.{}", b64(ed), b64(&claims))),
+        ("four parts", format!("Bearer {}.x", jwt(ed, &claims))),
+        ("empty parts", "Bearer ..".into()),
+        ("dots only", format!("Bearer {}", ".".repeat(5000))),
+        (
+            "header not base64",
+            format!("Bearer !!!.{}.c2ln", b64(&claims)),
+        ),
+        (
+            "header not JSON",
+            format!("Bearer {}", jwt("not json", &claims)),
+        ),
+        (
+            "header an array",
+            format!("Bearer {}", jwt("[1,2]", &claims)),
+        ),
+        ("payload not JSON", format!("Bearer {}", jwt(ed, "{"))),
+        ("payload a string", format!("Bearer {}", jwt(ed, r#""x""#))),
+        (
+            "payload nested 10000 deep",
+            format!("Bearer {}", jwt(ed, &"[".repeat(10_000))),
+        ),
+        (
+            "alg none",
+            format!("Bearer {}", jwt(r#"{"alg":"none"}"#, &claims)),
+        ),
+        (
+            "alg None",
+            format!("Bearer {}", jwt(r#"{"alg":"None"}"#, &claims)),
+        ),
+        (
+            "alg HS256",
+            format!("Bearer {}", jwt(r#"{"alg":"HS256","kid":"k1"}"#, &claims)),
+        ),
+        (
+            "alg a number",
+            format!("Bearer {}", jwt(r#"{"alg":256}"#, &claims)),
+        ),
+        (
+            "alg null",
+            format!("Bearer {}", jwt(r#"{"alg":null}"#, &claims)),
+        ),
+        (
+            "kid an object",
+            format!(
+                "Bearer {}",
+                jwt(r#"{"alg":"EdDSA","kid":{"a":1}}"#, &claims)
+            ),
+        ),
+        (
+            "a jku to fetch keys from",
+            format!(
+                "Bearer {}",
+                jwt(
+                    r#"{"alg":"RS256","jku":"http://127.0.0.1:1/jwks"}"#,
+                    &claims
+                )
+            ),
+        ),
+        (
+            "an embedded jwk",
+            format!(
+                "Bearer {}",
+                jwt(
+                    r#"{"alg":"EdDSA","jwk":{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}}"#,
+                    &claims
+                )
+            ),
+        ),
+        (
+            "iss a number",
+            format!("Bearer {}", jwt(ed, r#"{"iss":1}"#)),
+        ),
+        (
+            "iss an array",
+            format!("Bearer {}", jwt(ed, &format!(r#"{{"iss":["{issuer}"]}}"#))),
+        ),
+        (
+            "iss not configured",
+            format!(
+                "Bearer {}",
+                jwt(ed, r#"{"iss":"https://evil.example.com"}"#)
+            ),
+        ),
+        (
+            "exp a string",
+            format!(
+                "Bearer {}",
+                jwt(ed, &claims.replace("9999999999", r#""never""#))
+            ),
+        ),
+        (
+            "the issuer's keys unreachable",
+            format!("Bearer {}", jwt(ed, &claims)),
+        ),
+        ("a 15 KiB token", format!("Bearer {}", "a".repeat(15 << 10))),
+        (
+            "a 100 KiB token",
+            format!("Bearer {}", "a".repeat(100 << 10)),
+        ),
+        (
+            "a 100 KiB JWT",
+            format!(
+                "Bearer {}",
+                jwt(
+                    ed,
+                    &format!(r#"{{"iss":"{issuer}","pad":"{}"}}"#, "x".repeat(100 << 10))
+                )
+            ),
+        ),
+        (
+            "lower-case scheme, tabs",
+            format!("bearer \t{}", jwt(ed, &claims)),
+        ),
+        (
+            "the client token's prefix",
+            format!("Bearer {}", &CLIENT_TOKEN[..10]),
+        ),
+        (
+            "the client token and more",
+            format!("Bearer {CLIENT_TOKEN}x"),
+        ),
+    ];
+    let mut failures = Vec::new();
+    let mut reference = None;
+    for (name, authorization) in &cases {
+        let mut c = McpClient::connect(TokioConnect, &url).await.unwrap();
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", authorization.as_str()),
+        ];
+        let started = std::time::Instant::now();
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            c.post_raw(
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec(),
+                &headers,
+            ),
+        )
+        .await;
+        let (status, h, body) = match sent {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                failures.push(format!("{name}: transport error {e}"));
+                continue;
+            }
+            Err(_) => {
+                failures.push(format!("{name}: no answer within 10 s"));
+                continue;
+            }
+        };
+        let challenge = h
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap_or("").to_owned());
+        let answer = (
+            status,
+            challenge,
+            String::from_utf8_lossy(&body).into_owned(),
+        );
+        if started.elapsed() > Duration::from_secs(3) {
+            failures.push(format!(
+                "{name}: refused only after {:?}",
+                started.elapsed()
+            ));
+        }
+        match &reference {
+            None => {
+                let ok = status == 401
+                    && answer
+                        .1
+                        .as_deref()
+                        .is_some_and(|c| c.contains(r#"error="invalid_token""#))
+                    && answer.2.contains(r#""kind":"unauthorized""#);
+                if !ok {
+                    failures.push(format!("{name}: {answer:?}"));
+                }
+                reference = Some(answer);
+            }
+            Some(r) if *r != answer => failures.push(format!("{name}: {answer:?}, not {r:?}")),
+            Some(_) => {}
+        }
+        let r = probe.request(json!(1), "ping", json!({})).await;
+        if !matches!(&r, Ok(v) if v["result"] == json!({})) {
+            failures.push(format!("after {name}: the gateway stopped serving: {r:?}"));
+            break;
+        }
+    }
+    // Without a bearer token at all, or with another scheme: the challenge without an error.
+    for (name, authorization) in [
+        ("no scheme", "garbage"),
+        ("Basic", "Basic dXNlcjpwYXNz"),
+        ("Bearer alone", "Bearer"),
+    ] {
+        let mut c = McpClient::connect(TokioConnect, &url).await.unwrap();
+        let (status, h, _) = c
+            .post_raw(
+                br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec(),
+                &[
+                    ("content-type", "application/json"),
+                    ("authorization", authorization),
+                ],
+            )
+            .await
+            .unwrap();
+        let challenge = h
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if status != 401
+            || challenge.contains("error=")
+            || !challenge.contains("resource_metadata=")
+        {
+            failures.push(format!("{name}: {status} {challenge}"));
+        }
+    }
+    println!(
+        "{} hostile bearer tokens, {} failures",
+        cases.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    gateway.stop().await;
+}

@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use super::Harness;
-use crate::{Config, Gateway, HttpRequest, Input, ProjectSpec, Registry, Secret};
+use crate::{AccessToken, Config, Gateway, HttpRequest, Input, ProjectSpec, Registry, Secret};
 
 const SLED_TOKEN: &str = "sled-token-0123456789";
 const CLIENT_TOKEN: &str = "client-token-0123456789";
@@ -128,4 +128,315 @@ fn tokens_in_projects_toml() {
         Registry::parse("p.toml", short).unwrap_err().to_string(),
         "p.toml:4:9: `project[0].token`: a token must be at least 16 characters long"
     );
+}
+
+// ---- OAuth: the core's decisions on what the server found in the token ----
+
+const RESOURCE: &str = "https://gw.example.com/mcp";
+const ISSUER: &str = "https://id.example.com";
+const METADATA: &str = "https://gw.example.com/.well-known/oauth-protected-resource/mcp";
+const ACCESS_TOKEN: &str = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhZ2VudCJ9.c2lnbmF0dXJl";
+
+fn oauth_harness(client_tokens: Vec<Secret>) -> Harness {
+    let mut h = Harness::new();
+    let oauth = crate::OAuthConfig::new(RESOURCE, vec![ISSUER.into()], vec!["mcp".into()]).unwrap();
+    let registry = Registry::from_projects(
+        vec![ProjectSpec::new("alpha", "http://127.0.0.1:9101")],
+        Some("alpha"),
+    )
+    .unwrap()
+    .with_client_tokens(client_tokens)
+    .with_oauth(oauth);
+    h.gw = Gateway::new(registry, Config::default(), [1; 32]);
+    h
+}
+
+fn principal(subject: &str, scopes: &[&str]) -> crate::Principal {
+    crate::Principal {
+        issuer: ISSUER.into(),
+        subject: subject.into(),
+        client_id: Some(format!("{subject}-client")),
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        groups: vec!["ops".into()],
+    }
+}
+
+fn valid(subject: &str, scopes: &[&str]) -> AccessToken {
+    AccessToken::Valid(Box::new(principal(subject, scopes)))
+}
+
+/// POSTs `body` with an `Authorization` header and what the server made of it; the reply.
+fn send_with(
+    h: &mut Harness,
+    session: Option<&str>,
+    auth: Option<&str>,
+    token: AccessToken,
+    body: serde_json::Value,
+) -> crate::HttpReply {
+    let t = h.request(HttpRequest {
+        content_type: Some("application/json".into()),
+        accept: Some("application/json, text/event-stream".into()),
+        session: session.map(str::to_owned),
+        authorization: auth.map(str::to_owned),
+        access_token: token,
+        body: body.to_string().into_bytes(),
+        ..HttpRequest::default()
+    });
+    h.replies.remove(&t).expect("answered at once")
+}
+
+fn ping() -> serde_json::Value {
+    json!({"jsonrpc":"2.0","id":1,"method":"ping"})
+}
+
+fn bearer(t: &str) -> String {
+    format!("Bearer {t}")
+}
+
+#[test]
+fn without_a_valid_access_token_the_challenge_points_at_the_metadata() {
+    let mut h = oauth_harness(Vec::new());
+    let auth = bearer(ACCESS_TOKEN);
+    // (Authorization, what the server found) → (status, challenge).
+    let cases: Vec<(Option<&str>, AccessToken, u16, String)> = vec![
+        (
+            None,
+            AccessToken::Unchecked,
+            401,
+            format!(r#"Bearer resource_metadata="{METADATA}", scope="mcp""#),
+        ),
+        (
+            Some("Basic dXNlcjpwYXNz"),
+            AccessToken::Unchecked,
+            401,
+            format!(r#"Bearer resource_metadata="{METADATA}", scope="mcp""#),
+        ),
+        (
+            Some(&auth),
+            AccessToken::Invalid,
+            401,
+            format!(r#"Bearer error="invalid_token", resource_metadata="{METADATA}", scope="mcp""#),
+        ),
+        // A principal with no bearer token in the request is not a way in.
+        (
+            None,
+            valid("agent", &["mcp"]),
+            401,
+            format!(r#"Bearer resource_metadata="{METADATA}", scope="mcp""#),
+        ),
+        (
+            Some(&auth),
+            valid("agent", &["openid", "profile"]),
+            403,
+            format!(
+                r#"Bearer error="insufficient_scope", scope="mcp", resource_metadata="{METADATA}""#
+            ),
+        ),
+    ];
+    for (authorization, token, status, challenge) in cases {
+        let r = send_with(&mut h, None, authorization, token.clone(), ping());
+        assert_eq!(r.status, status, "{authorization:?} {token:?}");
+        assert_eq!(
+            r.headers,
+            vec![("WWW-Authenticate", challenge)],
+            "{authorization:?} {token:?}"
+        );
+        let body: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+        let kind = if status == 401 {
+            "unauthorized"
+        } else {
+            "insufficient_scope"
+        };
+        assert_eq!(body["error"]["data"]["kind"], kind);
+    }
+    let r = send_with(&mut h, None, Some(&auth), valid("agent", &["mcp"]), ping());
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn an_access_token_never_reaches_a_sled() {
+    let mut h = oauth_harness(Vec::new());
+    let alpha = h.connect_sled("alpha");
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"show","arguments":{}}});
+    let t = h.request(HttpRequest {
+        content_type: Some("application/json".into()),
+        accept: Some("application/json, text/event-stream".into()),
+        authorization: Some(bearer(ACCESS_TOKEN)),
+        access_token: valid("agent", &["mcp"]),
+        body: call.to_string().into_bytes(),
+        ..HttpRequest::default()
+    });
+    let frames = h.take_frames(alpha);
+    assert!(
+        frames.iter().any(|f| f["method"] == "tools/call"),
+        "forwarded: {frames:?}"
+    );
+    assert!(!frames.iter().any(|f| f.to_string().contains(ACCESS_TOKEN)));
+    assert!(!h.replies.contains_key(&t), "waits for the sled");
+    h.handle(Input::Shutdown);
+}
+
+#[test]
+fn with_client_tokens_and_oauth_either_lets_in() {
+    let mut h = oauth_harness(vec![Secret::new(CLIENT_TOKEN)]);
+    // The client token is that token, whatever the server made of it as a JWT.
+    let r = send_with(
+        &mut h,
+        None,
+        Some(&bearer(CLIENT_TOKEN)),
+        AccessToken::Invalid,
+        ping(),
+    );
+    assert_eq!(r.status, 200);
+    let r = send_with(
+        &mut h,
+        None,
+        Some(&bearer(ACCESS_TOKEN)),
+        valid("agent", &["mcp"]),
+        ping(),
+    );
+    assert_eq!(r.status, 200);
+    // Anything else gets the OAuth challenge.
+    let r = send_with(
+        &mut h,
+        None,
+        Some(&bearer("not-a-token-of-any-kind")),
+        AccessToken::Invalid,
+        ping(),
+    );
+    assert_eq!(r.status, 401);
+    assert!(r.headers[0].1.contains("resource_metadata="));
+}
+
+#[test]
+fn a_session_belongs_to_the_identity_that_made_it() {
+    let mut h = oauth_harness(vec![Secret::new(CLIENT_TOKEN)]);
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let auth = bearer(ACCESS_TOKEN);
+    let r = send_with(&mut h, None, Some(&auth), valid("agent", &["mcp"]), init);
+    assert_eq!(r.status, 200);
+    let session = r
+        .headers
+        .iter()
+        .find(|(n, _)| *n == "Mcp-Session-Id")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    // The same principal, with another token (say, refreshed, with more scopes): its session.
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&auth),
+        valid("agent", &["mcp", "more"]),
+        ping(),
+    );
+    assert_eq!(r.status, 200);
+    // Another subject, or a client token, naming it: no such session.
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&auth),
+        valid("intruder", &["mcp"]),
+        ping(),
+    );
+    assert_eq!(r.status, 404);
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&bearer(CLIENT_TOKEN)),
+        AccessToken::Unchecked,
+        ping(),
+    );
+    assert_eq!(r.status, 404);
+    // And the same issuer's subject under another issuer is someone else.
+    let mut elsewhere = principal("agent", &["mcp"]);
+    elsewhere.issuer = "https://other-id.example.com".into();
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&auth),
+        AccessToken::Valid(Box::new(elsewhere)),
+        ping(),
+    );
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn oauth_in_projects_toml() {
+    let text = r#"
+[oauth]
+resource = "https://gw.example.com/mcp"
+authorization_servers = ["https://id.example.com/realms/ops"]
+required_scopes = ["mcp"]
+scopes_supported = ["mcp:admin", "mcp"]
+groups_claim = "roles"
+leeway_secs = 10
+"#;
+    let r = Registry::parse("p.toml", text).unwrap();
+    let o = r.oauth().unwrap();
+    assert_eq!(o.resource, "https://gw.example.com/mcp");
+    assert_eq!(
+        o.authorization_servers,
+        ["https://id.example.com/realms/ops"]
+    );
+    assert_eq!(o.required_scopes, ["mcp"]);
+    assert_eq!(o.scopes_supported, ["mcp", "mcp:admin"], "required first");
+    assert_eq!(o.groups_claim, "roles");
+    assert_eq!(o.leeway, std::time::Duration::from_secs(10));
+    let metadata: serde_json::Value = serde_json::from_str(&o.metadata_json()).unwrap();
+    assert_eq!(
+        metadata,
+        json!({
+            "resource": "https://gw.example.com/mcp",
+            "authorization_servers": ["https://id.example.com/realms/ops"],
+            "scopes_supported": ["mcp", "mcp:admin"],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "mcp-gateway",
+        })
+    );
+    let minimal = "[oauth]\nresource = \"http://127.0.0.1:8080/mcp\"\nauthorization_servers = [\"http://localhost:9000\"]\n";
+    let o = Registry::parse("p.toml", minimal).unwrap();
+    let o = o.oauth().unwrap();
+    assert!(o.required_scopes.is_empty() && o.scopes_supported.is_empty());
+    assert_eq!(o.groups_claim, "groups");
+    assert_eq!(o.leeway, crate::auth::DEFAULT_LEEWAY);
+
+    let err = |text: &str| Registry::parse("p.toml", text).unwrap_err().to_string();
+    let head = "[oauth]\nresource = \"https://gw.example.com/mcp\"\n";
+    let cases = [
+        (
+            "[oauth]\nresource = \"http://gw.example.com/mcp\"\nauthorization_servers = [\"https://id.example.com\"]\n".to_owned(),
+            "p.toml:2:12: `oauth.resource`: 'http://gw.example.com/mcp': http:// only for a loopback host (localhost, 127.0.0.1, [::1]); use https://",
+        ),
+        (
+            format!("{head}authorization_servers = []\n"),
+            "p.toml:3:25: `oauth.authorization_servers`: name at least one authorization server (its issuer URL)",
+        ),
+        (
+            format!("{head}authorization_servers = [\"https://id.example.com?x\"]\n"),
+            "p.toml:3:26: `oauth.authorization_servers[0]`: 'https://id.example.com?x' must have no query and no fragment",
+        ),
+        (
+            format!("{head}authorization_servers = [\"https://id\"]\nrequired_scopes = [\"a b\"]\n"),
+            "p.toml:4:20: `oauth.required_scopes[0]`: 'a b' has the character ' ': a scope is printable ASCII without spaces, quotes or backslashes",
+        ),
+        (
+            format!("{head}authorization_servers = [\"https://id\"]\nrequired_scopes = [\"mcp\"]\nscopes_supported = [\"other\"]\n"),
+            "p.toml:5:20: `oauth.scopes_supported`: lists no 'mcp', which required_scopes requires: clients choose the scopes they ask for from this list",
+        ),
+        (
+            format!("{head}authorization_servers = [\"https://id\"]\nleeway_secs = 3600\n"),
+            "p.toml:4:15: `oauth.leeway_secs`: at most 300 seconds",
+        ),
+        (
+            format!("{head}authorization_servers = [\"https://id\"]\naudience = \"x\"\n"),
+            "p.toml:4:1: `oauth.audience`: unknown field `audience`, expected one of `resource`, `authorization_servers`, `required_scopes`, `scopes_supported`, `groups_claim`, `leeway_secs`",
+        ),
+        (
+            "[oauth]\nauthorization_servers = [\"https://id\"]\n".to_owned(),
+            "p.toml:1:1: `oauth`: missing field `resource`",
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(err(&text), want, "for {text:?}");
+    }
 }

@@ -83,12 +83,20 @@ pub fn clients_dir() -> PathBuf {
 }
 
 fn marker_name() -> String {
-    let pins: Vec<String> = PACKAGES.iter().map(|(p, v)| format!("{p}@{v}")).collect();
+    marker_for(&PACKAGES)
+}
+
+fn marker_for(packages: &[(&str, &str)]) -> String {
+    let pins: Vec<String> = packages.iter().map(|(p, v)| format!("{p}@{v}")).collect();
     format!("installed {}", pins.join(" "))
 }
 
 fn package_json() -> String {
-    let deps: serde_json::Map<String, serde_json::Value> = PACKAGES
+    package_json_for(&PACKAGES)
+}
+
+fn package_json_for(packages: &[(&str, &str)]) -> String {
+    let deps: serde_json::Map<String, serde_json::Value> = packages
         .iter()
         .map(|(p, v)| ((*p).to_owned(), serde_json::Value::String((*v).to_owned())))
         .collect();
@@ -123,10 +131,50 @@ async fn install() -> Node {
     if let Some(n) = installed(&dir) {
         return n;
     }
-    let staging = clients_dir().join(format!("node.installing-{}", std::process::id()));
+    let staging = npm_install("node", &package_json(), &marker_name()).await;
+    // Replace a stale install (other pins); if another process finished first, use its.
+    if installed(&dir).is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+        if std::fs::rename(&staging, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+    } else {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    installed(&dir).unwrap_or_else(|| panic!("no usable install in {}", dir.display()))
+}
+
+/// More npm packages, for scripts run with [`node`]'s Node 22: installed on first use into
+/// `target/clients/<name>/` (its `node_modules/`), which is returned; a marker naming the pins
+/// vouches for a finished install, as for Node's own directory.
+pub async fn packages(name: &str, packages: &[(&str, &str)]) -> PathBuf {
+    let dir = clients_dir().join(name);
+    let marker = marker_for(packages);
+    let done =
+        |dir: &Path| std::fs::read_to_string(dir.join("installed")).ok() == Some(marker.clone());
+    if done(&dir) {
+        return dir;
+    }
+    let staging = npm_install(name, &package_json_for(packages), &marker).await;
+    if done(&dir) {
+        let _ = std::fs::remove_dir_all(&staging);
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+        if std::fs::rename(&staging, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+    }
+    assert!(done(&dir), "no usable install in {}", dir.display());
+    dir
+}
+
+/// Runs `npm install` for `package_json` in a staging directory of this process's, writes
+/// `marker` there once it succeeded, and returns the directory.
+async fn npm_install(name: &str, package_json: &str, marker: &str) -> PathBuf {
+    let staging = clients_dir().join(format!("{name}.installing-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).expect("the staging directory can be made");
-    std::fs::write(staging.join("package.json"), package_json()).expect("package.json written");
+    std::fs::write(staging.join("package.json"), package_json).expect("package.json written");
     let out = Command::new("npm")
         .args([
             "install",
@@ -147,15 +195,6 @@ async fn install() -> Node {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::write(staging.join("installed"), marker_name()).expect("the marker can be written");
-    // Replace a stale install (other pins); if another process finished first, use its.
-    if installed(&dir).is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-        if std::fs::rename(&staging, &dir).is_err() {
-            let _ = std::fs::remove_dir_all(&staging);
-        }
-    } else {
-        let _ = std::fs::remove_dir_all(&staging);
-    }
-    installed(&dir).unwrap_or_else(|| panic!("no usable install in {}", dir.display()))
+    std::fs::write(staging.join("installed"), marker).expect("the marker can be written");
+    staging
 }

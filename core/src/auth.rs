@@ -1,0 +1,484 @@
+//! Who gets in to `/mcp`: the decision on a request's credentials.
+//!
+//! Two ways in, set in projects.toml, each optional:
+//!
+//! - **Client tokens** (`client_tokens = [...]`): static bearer tokens, compared in constant
+//!   time. The simple mode.
+//! - **OAuth** (`[oauth]`): the gateway is an OAuth 2.1 resource server as the MCP
+//!   authorization spec (2025-11-25, 2026-07-28) asks. Access tokens are JWTs from the
+//!   configured authorization servers, for this gateway's resource URI:
+//!
+//! ```toml
+//! [oauth]
+//! resource = "https://gateway.example.com/mcp"        # this gateway's resource URI: every
+//!                                                     # token's audience must name it
+//! authorization_servers = ["https://id.example.com"]  # issuers, as their tokens' `iss`
+//! required_scopes = ["mcp"]                           # optional: scopes every request needs
+//! scopes_supported = ["mcp", "mcp:admin"]             # optional: default `required_scopes`
+//! groups_claim = "groups"                             # optional: the claim naming groups
+//! leeway_secs = 30                                    # optional: clock skew on exp/nbf
+//! ```
+//!
+//! The split: the server verifies a token (signature against the issuer's JWKS, `iss`, `aud`,
+//! `exp`/`nbf`), since that needs keys fetched over the network and the wall clock, and hands
+//! the core what it found as an [`AccessToken`]: a [`Principal`] or `Invalid` (why is logged by
+//! the server at debug, never told to the client). The core decides: `authenticate` turns the
+//! request's credentials into an [`Identity`] or the refusal (401 with the challenge pointing
+//! at the protected resource metadata, or 403 `insufficient_scope`).
+//!
+//! With both configured, a bearer token equal to one of `client_tokens` is that client token;
+//! any other bearer token must be a valid access token.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::error::HttpError;
+use crate::registry::Registry;
+
+/// The default of `leeway_secs`.
+pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(30);
+
+/// The largest `leeway_secs` accepted: past a few minutes an expired token is not "skew".
+const MAX_LEEWAY_SECS: u64 = 300;
+
+/// The path of the protected resource metadata (RFC 9728), before the resource's own path.
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// `[oauth]` of projects.toml: this gateway as an OAuth resource server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthConfig {
+    /// This gateway's resource URI (RFC 8707): what clients ask tokens for, and the audience
+    /// every access token must name.
+    pub resource: String,
+    /// The authorization servers' issuer identifiers, compared exactly with a token's `iss`.
+    pub authorization_servers: Vec<String>,
+    /// Scopes a token must carry, all of them, to use `/mcp`; none: any valid token will do.
+    pub required_scopes: Vec<String>,
+    /// The scopes named in the metadata: the required ones, then the others configured.
+    pub scopes_supported: Vec<String>,
+    /// The claim (a string or an array of strings) that names the principal's groups.
+    pub groups_claim: String,
+    /// How far past `exp` (before `nbf`) a token is still taken, for clock skew.
+    pub leeway: Duration,
+}
+
+impl OAuthConfig {
+    /// A configuration for `resource` trusting `authorization_servers`, with the defaults for
+    /// the rest; checked as the file's would be.
+    pub fn new(
+        resource: impl Into<String>,
+        authorization_servers: Vec<String>,
+        required_scopes: Vec<String>,
+    ) -> Result<OAuthConfig, String> {
+        let resource = resource.into();
+        check_url(&resource).map_err(|m| format!("resource: {m}"))?;
+        if authorization_servers.is_empty() {
+            return Err("authorization_servers: name at least one".into());
+        }
+        for s in &authorization_servers {
+            check_url(s).map_err(|m| format!("authorization_servers: {m}"))?;
+        }
+        for s in &required_scopes {
+            check_scope(s).map_err(|m| format!("required_scopes: {m}"))?;
+        }
+        Ok(OAuthConfig {
+            resource,
+            authorization_servers,
+            scopes_supported: required_scopes.clone(),
+            required_scopes,
+            groups_claim: "groups".into(),
+            leeway: DEFAULT_LEEWAY,
+        })
+    }
+
+    /// Where the protected resource metadata is: the resource's origin, then
+    /// [`METADATA_PATH`], then the resource's path (RFC 9728 §3.1), e.g.
+    /// `https://gw.example.com/.well-known/oauth-protected-resource/mcp`.
+    pub fn resource_metadata_url(&self) -> String {
+        let (scheme, rest) = self
+            .resource
+            .split_once("://")
+            .expect("the resource URI was checked to have a scheme");
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let path = if path == "/" { "" } else { path };
+        format!("{scheme}://{authority}{METADATA_PATH}{path}")
+    }
+
+    /// The protected resource metadata document (RFC 9728 §2), as JSON text.
+    pub fn metadata_json(&self) -> String {
+        serde_json::json!({
+            "resource": self.resource,
+            "authorization_servers": self.authorization_servers,
+            "scopes_supported": self.scopes_supported,
+            "bearer_methods_supported": ["header"],
+            "resource_name": "mcp-gateway",
+        })
+        .to_string()
+    }
+
+    /// The `scope` of a challenge: the required scopes, space-separated, if any.
+    fn challenge_scope(&self) -> Option<String> {
+        (!self.required_scopes.is_empty()).then(|| self.required_scopes.join(" "))
+    }
+}
+
+/// Who an access token speaks for: what the server read from a token it verified. Rules on
+/// who may do what are decided on this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// `iss`: one of the configured authorization servers.
+    pub issuer: String,
+    /// `sub`.
+    pub subject: String,
+    /// `client_id` (RFC 9068), else `azp`, when the token has one.
+    pub client_id: Option<String>,
+    /// `scope` (space-separated) or `scp` (an array).
+    pub scopes: BTreeSet<String>,
+    /// The configured groups claim (a string or an array of strings); empty without one.
+    pub groups: Vec<String>,
+}
+
+/// What the server made of a request's bearer token (an [`crate::HttpRequest`] field).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AccessToken {
+    /// Nothing was checked: OAuth is off, or the request has no bearer token.
+    #[default]
+    Unchecked,
+    /// A JWT access token whose signature, issuer, audience and validity times the server
+    /// verified.
+    Valid(Box<Principal>),
+    /// A bearer token that is not a valid access token for this gateway. Why is logged by the
+    /// server, never told to the client.
+    Invalid,
+}
+
+/// Who a request comes from, once let in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// Client authentication is off.
+    Anonymous,
+    /// One of projects.toml's `client_tokens`, by its position in the list.
+    ClientToken(usize),
+    /// An OAuth access token's principal.
+    Token(Box<Principal>),
+}
+
+impl Identity {
+    /// What a session created by this identity is bound to: a request naming the session must
+    /// come from the same one (the same client token, or the same issuer and subject). `None`
+    /// when authentication is off.
+    pub(crate) fn session_owner(&self) -> Option<String> {
+        match self {
+            Identity::Anonymous => None,
+            Identity::ClientToken(i) => Some(format!("client_tokens[{i}]")),
+            Identity::Token(p) => Some(format!("oauth {} {}", p.issuer, p.subject)),
+        }
+    }
+}
+
+/// The bearer token of an `Authorization` header (the scheme is case-insensitive).
+fn bearer(authorization: Option<&str>) -> Option<&str> {
+    let (scheme, token) = authorization?.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Lets a request in as an [`Identity`], or refuses it: 401 when credentials are needed and
+/// missing or invalid, 403 `insufficient_scope` when a valid access token lacks a required
+/// scope.
+pub(crate) fn authenticate(
+    registry: &Registry,
+    authorization: Option<&str>,
+    access_token: &AccessToken,
+) -> Result<Identity, HttpError> {
+    let tokens = registry.client_tokens();
+    let oauth = registry.oauth();
+    if tokens.is_empty() && oauth.is_none() {
+        return Ok(Identity::Anonymous);
+    }
+    let given = bearer(authorization);
+    if let Some(g) = given {
+        if let Some(i) = tokens.iter().position(|t| t.matches(g)) {
+            return Ok(Identity::ClientToken(i));
+        }
+    }
+    let presented = given.is_some();
+    let Some(oauth) = oauth else {
+        return Err(HttpError::Unauthorized {
+            presented,
+            resource_metadata: None,
+            scope: None,
+        });
+    };
+    match access_token {
+        AccessToken::Valid(p) if presented => {
+            if oauth
+                .required_scopes
+                .iter()
+                .all(|s| p.scopes.contains(s.as_str()))
+            {
+                Ok(Identity::Token(p.clone()))
+            } else {
+                Err(HttpError::InsufficientScope {
+                    scope: oauth.required_scopes.join(" "),
+                    resource_metadata: oauth.resource_metadata_url(),
+                })
+            }
+        }
+        // A principal without a bearer token in the header is a driver's mistake: no way in.
+        AccessToken::Valid(_) | AccessToken::Unchecked | AccessToken::Invalid => {
+            Err(HttpError::Unauthorized {
+                presented,
+                resource_metadata: Some(oauth.resource_metadata_url()),
+                scope: oauth.challenge_scope(),
+            })
+        }
+    }
+}
+
+/// `[oauth]` as written in projects.toml.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOAuth {
+    resource: Spanned<String>,
+    authorization_servers: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    required_scopes: Vec<Spanned<String>>,
+    scopes_supported: Option<Spanned<Vec<Spanned<String>>>>,
+    groups_claim: Option<Spanned<String>>,
+    leeway_secs: Option<Spanned<u64>>,
+}
+
+/// A refusal of `[oauth]`: where, which field, what.
+pub(crate) type RawError = (Option<Range<usize>>, String, String);
+
+impl RawOAuth {
+    pub(crate) fn check(self) -> Result<OAuthConfig, RawError> {
+        let err = |span: Range<usize>, field: String, m: String| (Some(span), field, m);
+        check_url(self.resource.get_ref())
+            .map_err(|m| err(self.resource.span(), "oauth.resource".into(), m))?;
+        let servers_span = self.authorization_servers.span();
+        let servers = self.authorization_servers.into_inner();
+        if servers.is_empty() {
+            return Err(err(
+                servers_span,
+                "oauth.authorization_servers".into(),
+                "name at least one authorization server (its issuer URL)".into(),
+            ));
+        }
+        let mut authorization_servers = Vec::with_capacity(servers.len());
+        for (i, s) in servers.into_iter().enumerate() {
+            let field = format!("oauth.authorization_servers[{i}]");
+            check_url(s.get_ref()).map_err(|m| err(s.span(), field.clone(), m))?;
+            if authorization_servers.contains(s.get_ref()) {
+                return Err(err(s.span(), field, "listed twice".into()));
+            }
+            authorization_servers.push(s.into_inner());
+        }
+        let mut required_scopes: Vec<String> = Vec::new();
+        for (i, s) in self.required_scopes.into_iter().enumerate() {
+            let field = format!("oauth.required_scopes[{i}]");
+            check_scope(s.get_ref()).map_err(|m| err(s.span(), field, m))?;
+            if !required_scopes.contains(s.get_ref()) {
+                required_scopes.push(s.into_inner());
+            }
+        }
+        let mut scopes_supported = required_scopes.clone();
+        if let Some(listed) = self.scopes_supported {
+            let listed_span = listed.span();
+            let mut named = BTreeSet::new();
+            for (i, s) in listed.into_inner().into_iter().enumerate() {
+                let field = format!("oauth.scopes_supported[{i}]");
+                check_scope(s.get_ref()).map_err(|m| err(s.span(), field, m))?;
+                named.insert(s.get_ref().clone());
+                if !scopes_supported.contains(s.get_ref()) {
+                    scopes_supported.push(s.into_inner());
+                }
+            }
+            if let Some(missing) = required_scopes.iter().find(|s| !named.contains(*s)) {
+                return Err((
+                    Some(listed_span),
+                    "oauth.scopes_supported".into(),
+                    format!("lists no '{missing}', which required_scopes requires: clients choose the scopes they ask for from this list"),
+                ));
+            }
+        }
+        let groups_claim = match self.groups_claim {
+            Some(g) if g.get_ref().is_empty() => {
+                return Err(err(
+                    g.span(),
+                    "oauth.groups_claim".into(),
+                    "must not be empty".into(),
+                ))
+            }
+            Some(g) => g.into_inner(),
+            None => "groups".into(),
+        };
+        let leeway = match self.leeway_secs {
+            Some(l) if *l.get_ref() > MAX_LEEWAY_SECS => {
+                return Err(err(
+                    l.span(),
+                    "oauth.leeway_secs".into(),
+                    format!("at most {MAX_LEEWAY_SECS} seconds"),
+                ))
+            }
+            Some(l) => Duration::from_secs(l.into_inner()),
+            None => DEFAULT_LEEWAY,
+        };
+        Ok(OAuthConfig {
+            resource: self.resource.into_inner(),
+            authorization_servers,
+            required_scopes,
+            scopes_supported,
+            groups_claim,
+            leeway,
+        })
+    }
+}
+
+/// An absolute `https://` URL without query or fragment (`http://` only for a loopback host,
+/// for development and tests), with nothing that would need escaping in a header.
+fn check_url(url: &str) -> Result<(), String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!("'{url}' is not an absolute https:// URL"));
+    };
+    if url
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '"' | '\\'))
+    {
+        return Err(format!(
+            "'{url}' has whitespace, a control character, a quote or a backslash"
+        ));
+    }
+    if rest.contains('#') || rest.contains('?') {
+        return Err(format!("'{url}' must have no query and no fragment"));
+    }
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().map(|h| format!("[{h}]")),
+        None => authority.split(':').next().map(str::to_owned),
+    }
+    .unwrap_or_default();
+    if host.is_empty() || authority.contains('@') {
+        return Err(format!("'{url}' has no host"));
+    }
+    match scheme {
+        "https" => Ok(()),
+        "http" if is_loopback(&host) => Ok(()),
+        "http" => Err(format!(
+            "'{url}': http:// only for a loopback host (localhost, 127.0.0.1, [::1]); use https://"
+        )),
+        _ => Err(format!("'{url}' is not an absolute https:// URL")),
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host == "[::1]"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A scope token (RFC 6749 §3.3): printable ASCII but space, `"` and `\`.
+fn check_scope(scope: &str) -> Result<(), String> {
+    if scope.is_empty() {
+        return Err("a scope must not be empty".into());
+    }
+    match scope
+        .chars()
+        .find(|c| !matches!(c, '\x21' | '\x23'..='\x5b' | '\x5d'..='\x7e'))
+    {
+        Some(c) => Err(format!(
+            "'{scope}' has the character {c:?}: a scope is printable ASCII without spaces, quotes or backslashes"
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(resource: &str) -> OAuthConfig {
+        OAuthConfig::new(
+            resource,
+            vec!["https://id.example.com".into()],
+            vec!["mcp".into()],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_metadata_url_sits_between_host_and_path() {
+        let cases = [
+            (
+                "https://gw.example.com/mcp",
+                "https://gw.example.com/.well-known/oauth-protected-resource/mcp",
+            ),
+            (
+                "https://gw.example.com",
+                "https://gw.example.com/.well-known/oauth-protected-resource",
+            ),
+            (
+                "https://gw.example.com/",
+                "https://gw.example.com/.well-known/oauth-protected-resource",
+            ),
+            (
+                "http://127.0.0.1:8080/mcp",
+                "http://127.0.0.1:8080/.well-known/oauth-protected-resource/mcp",
+            ),
+        ];
+        for (resource, want) in cases {
+            assert_eq!(config(resource).resource_metadata_url(), want, "{resource}");
+        }
+    }
+
+    #[test]
+    fn urls_and_scopes_are_checked() {
+        for bad in [
+            "gw.example.com/mcp",
+            "ftp://gw.example.com",
+            "http://gw.example.com/mcp",
+            "https://gw.example.com/mcp?x=1",
+            "https://gw.example.com/mcp#f",
+            "https:///mcp",
+            "https://user@gw.example.com/",
+            "https://gw.example.com/a\"b",
+        ] {
+            assert!(check_url(bad).is_err(), "{bad} accepted");
+        }
+        for good in [
+            "https://gw.example.com/mcp",
+            "http://localhost:9/mcp",
+            "http://127.0.0.2/mcp",
+            "http://[::1]:80/",
+        ] {
+            assert_eq!(check_url(good), Ok(()), "{good}");
+        }
+        assert!(check_scope("mcp:tools.read").is_ok());
+        for bad in ["", "a b", "a\"b", "a\\b", "é"] {
+            assert!(check_scope(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn bearer_schemes_are_case_insensitive() {
+        assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer(Some("BEARER abc")), Some("abc"));
+        assert_eq!(bearer(Some("Basic abc")), None);
+        assert_eq!(bearer(Some("Bearer")), None);
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(None), None);
+    }
+}

@@ -1,0 +1,901 @@
+//! The gateway as an OAuth 2.1 resource server (issue 17), over loopback sockets: protected
+//! resource metadata, the 401 and 403 challenges, and JWT access tokens checked against the
+//! issuer's JWKS.
+//!
+//! Two authorization servers: one made here (an axum app serving OpenID discovery and a JWKS of
+//! Ed25519 keys whose private halves the tests hold, counting JWKS fetches), to sign the tokens
+//! a real provider will not make (expired, for a forged key id, `alg: none`, wrong claim
+//! types); and npm's `oidc-provider` (OpenID certified, installed into `target/clients/oidc/`
+//! on first use and run by `tests/clients/oidc_provider.mjs`), issuing tokens by the
+//! client-credentials grant for the resource asked for, rotating its key on demand. The Python
+//! SDK's client-credentials provider goes from the 401 through discovery to a token.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use gateway_core::OAuthConfig;
+use gateway_server::oauth::OAuthOptions;
+use gateway_server::ServerOptions;
+use hyper::Method;
+use serde_json::{json, Value};
+use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
+use tokio::io::AsyncBufReadExt;
+
+#[path = "support/node.rs"]
+mod node;
+#[path = "support/python.rs"]
+mod python;
+
+const PROJECTS: [&str; 2] = ["alpha", "beta"];
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+// ---- an authorization server of the tests' own ----
+
+/// An Ed25519 signing key, with its key id.
+struct TestKey {
+    kid: String,
+    signing: ed25519_dalek::SigningKey,
+}
+
+impl TestKey {
+    fn new(kid: &str, seed: u8) -> TestKey {
+        TestKey {
+            kid: kid.to_owned(),
+            signing: ed25519_dalek::SigningKey::from_bytes(&[seed; 32]),
+        }
+    }
+
+    /// The public half, as a JWK.
+    fn jwk(&self) -> Value {
+        json!({
+            "kty": "OKP", "crv": "Ed25519", "use": "sig", "alg": "EdDSA", "kid": self.kid,
+            "x": b64(self.signing.verifying_key().as_bytes()),
+        })
+    }
+
+    /// Signs `claims` with `header` as given (EdDSA, whatever the header says).
+    fn sign_raw(&self, header: &Value, claims: &Value) -> String {
+        use ed25519_dalek::Signer as _;
+        let input = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let signature = self.signing.sign(input.as_bytes());
+        format!("{input}.{}", b64(&signature.to_bytes()))
+    }
+
+    /// An access token: `claims` signed by jsonwebtoken, under this key's id.
+    fn token(&self, claims: &Value) -> String {
+        // PKCS#8 v1 for Ed25519: a fixed prefix, then the 32-byte seed.
+        let mut der = vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ];
+        der.extend_from_slice(self.signing.as_bytes());
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+        header.kid = Some(self.kid.clone());
+        header.typ = Some("at+jwt".into());
+        jsonwebtoken::encode(
+            &header,
+            claims,
+            &jsonwebtoken::EncodingKey::from_ed_der(&der),
+        )
+        .expect("a token can be signed")
+    }
+}
+
+/// OpenID discovery and a JWKS on a loopback port; counts JWKS fetches.
+struct TestIssuer {
+    url: String,
+    keys: Arc<Mutex<Vec<Value>>>,
+    jwks_fetches: Arc<AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl TestIssuer {
+    async fn start(keys: &[&TestKey]) -> TestIssuer {
+        use axum::routing::get;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let url = format!("http://{}", listener.local_addr().expect("bound"));
+        let jwks = Arc::new(Mutex::new(keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let metadata = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/openid-configuration",
+                get(move || async move { axum::Json(metadata) }),
+            )
+            .route(
+                "/jwks",
+                get({
+                    let jwks = jwks.clone();
+                    let fetches = fetches.clone();
+                    move || async move {
+                        fetches.fetch_add(1, Ordering::SeqCst);
+                        let keys = jwks.lock().expect("not poisoned").clone();
+                        axum::Json(json!({ "keys": keys }))
+                    }
+                }),
+            );
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        TestIssuer {
+            url,
+            keys: jwks,
+            jwks_fetches: fetches,
+            server,
+        }
+    }
+
+    fn set_keys(&self, keys: &[&TestKey]) {
+        *self.keys.lock().expect("not poisoned") = keys.iter().map(|k| k.jwk()).collect();
+    }
+
+    fn fetches(&self) -> usize {
+        self.jwks_fetches.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for TestIssuer {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Claims of a good access token from `issuer` for `resource`, with `scope`.
+fn claims(issuer: &str, resource: &str, scope: &str) -> Value {
+    json!({
+        "iss": issuer, "sub": "agent-7", "aud": resource, "client_id": "ops-bot",
+        "iat": now(), "exp": now() + 300, "scope": scope, "groups": ["ops"],
+    })
+}
+
+// ---- the gateway under test ----
+
+/// The real gateway (projects alpha and beta, default alpha) with `[oauth]` for its own
+/// address, and a sled per project.
+struct OAuthGateway {
+    addr: SocketAddr,
+    /// `http://<addr>/mcp`: the endpoint, and the resource URI.
+    resource: String,
+    fleet: Fleet,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+const COOLDOWN: Duration = Duration::from_millis(400);
+
+impl OAuthGateway {
+    async fn start(issuer: &str) -> OAuthGateway {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        OAuthGateway::start_on(listener, issuer).await
+    }
+
+    /// The gateway served on `listener`, trusting `issuer`.
+    async fn start_on(listener: tokio::net::TcpListener, issuer: &str) -> OAuthGateway {
+        gateway_tests::init_tracing();
+        let addr = listener.local_addr().expect("bound");
+        let resource = format!("http://{addr}/mcp");
+        let oauth = OAuthConfig::new(&resource, vec![issuer.to_owned()], vec!["mcp".into()])
+            .expect("a valid [oauth]");
+        let registry = gateway_tests::registry(&PROJECTS, Some("alpha")).with_oauth(oauth);
+        let mut opts = ServerOptions::new(registry, [9; 32]);
+        opts.oauth = OAuthOptions {
+            jwks_cooldown: COOLDOWN,
+            ..OAuthOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(gateway_server::serve(listener, opts, async {
+            let _ = stopped.await;
+        }));
+        let names: Vec<String> = PROJECTS.iter().map(|p| (*p).to_owned()).collect();
+        let fleet = Fleet::spawn(&format!("http://{addr}"), &names, SledOptions::default());
+        OAuthGateway {
+            addr,
+            resource,
+            fleet,
+            stop,
+            server,
+        }
+    }
+
+    /// Waits (at most 15 s) until both sleds are live and alpha's tools listed, asking with
+    /// `token`.
+    async fn wait_live(&self, token: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let (status, _, body) = self.post(Some(token), list_projects()).await;
+            assert_eq!(status, 200, "{body}");
+            let projects = body["result"]["structuredContent"]["projects"].clone();
+            let live = PROJECTS.iter().all(|name| {
+                projects
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["name"] == *name && p["live"] == true))
+            });
+            let (_, _, tools) = self.post(Some(token), tools_list()).await;
+            let listed = tools["result"]["tools"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["name"] == "whoami"));
+            if live && listed {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the sleds did not come up within 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// POSTs a JSON-RPC message with `Authorization: Bearer <token>` when given: status, the
+    /// `WWW-Authenticate` header, and the body as JSON.
+    async fn post(&self, token: Option<&str>, body: Value) -> (u16, Option<String>, Value) {
+        self.post_with(token.map(|t| format!("Bearer {t}")), &[], body)
+            .await
+    }
+
+    async fn post_with(
+        &self,
+        authorization: Option<String>,
+        extra: &[(&str, &str)],
+        body: Value,
+    ) -> (u16, Option<String>, Value) {
+        let mut c = McpClient::connect(TokioConnect, &self.resource)
+            .await
+            .expect("the gateway is up");
+        let mut headers = extra.to_vec();
+        if let Some(a) = &authorization {
+            headers.push(("authorization", a));
+        }
+        let (status, h, body) = c
+            .post_raw(body.to_string().into_bytes(), &headers)
+            .await
+            .expect("an HTTP answer");
+        let challenge = h
+            .get("www-authenticate")
+            .map(|v| v.to_str().expect("ASCII").to_owned());
+        (
+            status,
+            challenge,
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+        )
+    }
+
+    fn metadata_url(&self) -> String {
+        format!(
+            "http://{}/.well-known/oauth-protected-resource/mcp",
+            self.addr
+        )
+    }
+
+    async fn stop(self) {
+        self.fleet.shutdown().await;
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.server)
+            .await
+            .expect("the gateway stopped within 20 s")
+            .expect("the server task did not panic")
+            .expect("serve returned Ok");
+    }
+}
+
+fn list_projects() -> Value {
+    json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_projects","arguments":{}}})
+}
+
+fn tools_list() -> Value {
+    json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{}})
+}
+
+fn whoami(project: Option<&str>) -> Value {
+    let arguments = match project {
+        Some(p) => json!({ "project": p }),
+        None => json!({}),
+    };
+    json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"whoami","arguments":arguments}})
+}
+
+/// `GET url` (any loopback HTTP URL): status and body.
+async fn get(url: &str) -> (u16, Value) {
+    let mut c = McpClient::connect(TokioConnect, url)
+        .await
+        .expect("the server is up");
+    let (status, _, body) = c
+        .send_raw(Method::GET, Vec::new(), &[("accept", "application/json")])
+        .await
+        .expect("an HTTP answer");
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// `POST url` of a form (`application/x-www-form-urlencoded`), with more headers: status and
+/// body.
+async fn post_form(url: &str, form: &[(&str, &str)], headers: &[(&str, &str)]) -> (u16, Value) {
+    fn enc(s: &str) -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    }
+    let body: Vec<String> = form
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect();
+    let mut all = vec![
+        ("content-type", "application/x-www-form-urlencoded"),
+        ("accept", "application/json"),
+    ];
+    all.extend_from_slice(headers);
+    let mut c = McpClient::connect(TokioConnect, url)
+        .await
+        .expect("the server is up");
+    let (status, _, body) = c
+        .send_raw(Method::POST, body.join("&").into_bytes(), &all)
+        .await
+        .expect("an HTTP answer");
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// The payload of a JWT, read without checking anything.
+fn jwt_part(token: &str, i: usize) -> Value {
+    let part = token.split('.').nth(i).expect("a JWT part");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .expect("base64url");
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+fn challenge_401(gw: &OAuthGateway, presented: bool) -> String {
+    let error = if presented {
+        r#"error="invalid_token", "#
+    } else {
+        ""
+    };
+    format!(
+        r#"Bearer {error}resource_metadata="{}", scope="mcp""#,
+        gw.metadata_url()
+    )
+}
+
+// ---- the tests ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_tokens_signed_here_are_checked_and_refused_without_detail() {
+    let k1 = TestKey::new("k1", 1);
+    let issuer = TestIssuer::start(&[&k1]).await;
+    let gw = OAuthGateway::start(&issuer.url).await;
+    let good = k1.token(&claims(&issuer.url, &gw.resource, "mcp"));
+    gw.wait_live(&good).await;
+
+    // The protected resource metadata, at the path-suffixed and the root well-known URL.
+    let want = json!({
+        "resource": gw.resource,
+        "authorization_servers": [issuer.url],
+        "scopes_supported": ["mcp"],
+        "bearer_methods_supported": ["header"],
+        "resource_name": "mcp-gateway",
+    });
+    assert_eq!(get(&gw.metadata_url()).await, (200, want.clone()));
+    let root = format!("http://{}/.well-known/oauth-protected-resource", gw.addr);
+    assert_eq!(get(&root).await, (200, want));
+
+    // No token: 401 pointing at the metadata, with the scope needed.
+    let (status, challenge, body) = gw.post(None, tools_list()).await;
+    assert_eq!(status, 401);
+    assert_eq!(challenge, Some(challenge_401(&gw, false)));
+    assert_eq!(body["error"]["data"]["kind"], "unauthorized");
+
+    // A good token: the merged tools/list, a call to the default project and one to beta.
+    let (status, _, body) = gw.post(Some(&good), tools_list()).await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = body["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"list_projects") && names.contains(&"whoami"),
+        "{names:?}"
+    );
+    for (project, want) in [(None, "alpha"), (Some("beta"), "beta")] {
+        let (status, _, body) = gw.post(Some(&good), whoami(project)).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            body["result"]["structuredContent"]["project"], want,
+            "{body}"
+        );
+    }
+
+    // Every refusal looks the same: one status, one challenge, one body, whatever the reason.
+    let (status, reference_challenge, reference_body) =
+        gw.post(Some("garbage"), tools_list()).await;
+    assert_eq!(status, 401);
+    assert_eq!(reference_challenge, Some(challenge_401(&gw, true)));
+    let stranger = TestKey::new("k1", 99);
+    let base = claims(&issuer.url, &gw.resource, "mcp");
+    let with = |name: &str, value: Value| {
+        let mut c = base.clone();
+        c[name] = value;
+        c
+    };
+    let without = |name: &str| {
+        let mut c = base.clone();
+        c.as_object_mut().unwrap().remove(name);
+        c
+    };
+    let unsigned = format!(
+        "{}.{}.",
+        b64(br#"{"alg":"none","typ":"at+jwt"}"#),
+        b64(base.to_string().as_bytes())
+    );
+    let hs256 = {
+        // The classic confusion: HMAC keyed with the public key the JWKS publishes.
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+        header.kid = Some("k1".into());
+        jsonwebtoken::encode(
+            &header,
+            &base,
+            &jsonwebtoken::EncodingKey::from_secret(k1.signing.verifying_key().as_bytes()),
+        )
+        .unwrap()
+    };
+    let refused: Vec<(&str, String)> = vec![
+        (
+            "a token for another resource",
+            k1.token(&with("aud", json!("http://127.0.0.1:1/mcp"))),
+        ),
+        ("expired", k1.token(&with("exp", json!(now() - 120)))),
+        ("not valid yet", k1.token(&with("nbf", json!(now() + 600)))),
+        (
+            "signed by a key the issuer does not have, under its kid",
+            stranger.token(&base),
+        ),
+        ("a forged kid", TestKey::new("forged-kid", 98).token(&base)),
+        ("alg: none", unsigned.clone()),
+        ("alg: none with a signature", format!("{unsigned}c2ln")),
+        ("HS256 keyed with the public key", hs256),
+        (
+            "RS256 named for an Ed25519 key",
+            k1.sign_raw(&json!({"alg":"RS256","kid":"k1"}), &base),
+        ),
+        (
+            "another issuer",
+            k1.token(&with("iss", json!("http://127.0.0.1:1"))),
+        ),
+        (
+            "the issuer with a trailing slash",
+            k1.token(&with("iss", json!(format!("{}/", issuer.url)))),
+        ),
+        ("exp as a string", k1.token(&with("exp", json!("tomorrow")))),
+        ("aud as a number", k1.token(&with("aud", json!(7)))),
+        (
+            "scope as an array",
+            k1.token(&with("scope", json!(["mcp"]))),
+        ),
+        (
+            "groups of objects",
+            k1.token(&with("groups", json!([{"a": 1}]))),
+        ),
+        ("no sub", k1.token(&without("sub"))),
+        ("no exp", k1.token(&without("exp"))),
+        (
+            "a critical header",
+            k1.sign_raw(&json!({"alg":"EdDSA","kid":"k1","crit":["x"]}), &base),
+        ),
+        (
+            "a DPoP proof for a token",
+            k1.sign_raw(&json!({"alg":"EdDSA","kid":"k1","typ":"dpop+jwt"}), &base),
+        ),
+        ("a good token cut short", good[..good.len() - 4].to_owned()),
+    ];
+    for (what, token) in &refused {
+        let started = std::time::Instant::now();
+        let (status, challenge, body) = gw.post(Some(token), tools_list()).await;
+        assert_eq!(status, 401, "{what}");
+        assert_eq!(challenge, reference_challenge, "{what}");
+        assert_eq!(body, reference_body, "{what}: no detail in the body");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{what}: refused in {:?}",
+            started.elapsed()
+        );
+    }
+
+    // A valid token without the scope: 403 naming it.
+    let (status, challenge, body) = gw
+        .post(
+            Some(&k1.token(&with("scope", json!("openid other")))),
+            tools_list(),
+        )
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        challenge,
+        Some(format!(
+            r#"Bearer error="insufficient_scope", scope="mcp", resource_metadata="{}""#,
+            gw.metadata_url()
+        ))
+    );
+    assert_eq!(body["error"]["data"]["kind"], "insufficient_scope");
+
+    // A session is its principal's: the same subject carries on, another gets 404.
+    let mut c = McpClient::connect(TokioConnect, &gw.resource)
+        .await
+        .unwrap();
+    c.set_bearer_token(Some(good.clone()));
+    c.initialize().await.expect("initialize with a good token");
+    let session = c.session_id().expect("a session").to_owned();
+    let (status, _, _) = gw
+        .post_with(
+            Some(format!("Bearer {good}")),
+            &[("mcp-session-id", &session)],
+            whoami(None),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let other = k1.token(&with("sub", json!("agent-8")));
+    let (status, _, body) = gw
+        .post_with(
+            Some(format!("Bearer {other}")),
+            &[("mcp-session-id", &session)],
+            whoami(None),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["data"]["kind"].as_str()),
+        (404, Some("unknown_session"))
+    );
+
+    // A flood of forged key ids: each refused at once, the issuer asked at most once per
+    // cooldown.
+    tokio::time::sleep(COOLDOWN).await;
+    let before = issuer.fetches();
+    let started = std::time::Instant::now();
+    let flood = 40;
+    for i in 0..flood {
+        let token = TestKey::new(&format!("forged-{i}"), 50).token(&base);
+        let (status, _, _) = gw.post(Some(&token), tools_list()).await;
+        assert_eq!(status, 401);
+    }
+    let elapsed = started.elapsed();
+    let fetched = issuer.fetches() - before;
+    let allowed = 1 + (elapsed.as_millis() / COOLDOWN.as_millis()) as usize;
+    assert!(
+        fetched >= 1 && fetched <= allowed,
+        "{fetched} JWKS fetches for {flood} forged kids in {elapsed:?} (at most {allowed})"
+    );
+
+    // The issuer rotates its key: the gateway learns the new one without a restart.
+    let k2 = TestKey::new("k2", 2);
+    issuer.set_keys(&[&k2, &k1]);
+    tokio::time::sleep(COOLDOWN).await;
+    let rotated = k2.token(&claims(&issuer.url, &gw.resource, "mcp"));
+    let (status, _, body) = gw.post(Some(&rotated), whoami(Some("beta"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["structuredContent"]["project"], "beta");
+    let (status, _, _) = gw.post(Some(&good), tools_list()).await;
+    assert_eq!(status, 200, "the old key still verifies what it signed");
+
+    gw.stop().await;
+}
+
+// ---- a real OpenID provider ----
+
+/// npm's oidc-provider, running `tests/clients/oidc_provider.mjs` for `resource` (and
+/// `other_resource`), on a loopback port of its own.
+struct Provider {
+    issuer: String,
+    child: tokio::process::Child,
+}
+
+const OIDC_PROVIDER: (&str, &str) = ("oidc-provider", "9.13.3");
+const CLIENT_ID: &str = "ops-agent";
+const CLIENT_SECRET: &str = "ops-agent-secret-0123456789";
+
+impl Provider {
+    async fn start(resource: &str, other_resource: &str) -> Provider {
+        let node = node::node().await;
+        let dir = node::packages("oidc", &[OIDC_PROVIDER]).await;
+        // Run from the install directory, so that the script's import finds the package.
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/oidc_provider.mjs");
+        let script = dir.join("oidc_provider.mjs");
+        std::fs::copy(&source, &script).expect("the script can be copied next to the package");
+        let mut cmd = node.command();
+        cmd.current_dir(&dir)
+            .arg(&script)
+            .arg(resource)
+            .arg(other_resource)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("node starts");
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let issuer = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("stdout readable") {
+                if let Some(issuer) = line.strip_prefix("READY ") {
+                    return issuer.to_owned();
+                }
+            }
+            panic!("oidc-provider ended before it was ready");
+        })
+        .await
+        .expect("oidc-provider ready within 30 s");
+        Provider { issuer, child }
+    }
+
+    /// A token by the client-credentials grant (client_secret_basic) for `resource`, with
+    /// `scope` when given: the whole token response.
+    async fn token(&self, resource: &str, scope: Option<&str>) -> (u16, Value) {
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{CLIENT_ID}:{CLIENT_SECRET}"))
+        );
+        let mut form = vec![("grant_type", "client_credentials"), ("resource", resource)];
+        if let Some(s) = scope {
+            form.push(("scope", s));
+        }
+        post_form(
+            &format!("{}/token", self.issuer),
+            &form,
+            &[("authorization", &basic)],
+        )
+        .await
+    }
+
+    async fn access_token(&self, resource: &str, scope: Option<&str>) -> String {
+        let (status, body) = self.token(resource, scope).await;
+        assert_eq!(status, 200, "{body}");
+        body["access_token"]
+            .as_str()
+            .expect("an access token")
+            .to_owned()
+    }
+
+    /// Rotates the provider's signing key; the new key's id.
+    async fn rotate(&self) -> String {
+        let (status, body) = post_form(&format!("{}/test/rotate", self.issuer), &[], &[]).await;
+        assert_eq!(status, 200);
+        body["kid"].as_str().expect("a kid").to_owned()
+    }
+
+    async fn stop(mut self) {
+        // End of its standard input ends it; kill it if it lingers.
+        drop(self.child.stdin.take());
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+const OTHER_RESOURCE: &str = "https://other.example.com/mcp";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_from_a_real_openid_provider() {
+    // The provider must know the gateway's resource and the gateway its issuer: the gateway's
+    // port is bound first, the provider started for it, then the gateway served on it.
+    let gw_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let gw_addr = gw_listener.local_addr().expect("bound");
+    let resource = format!("http://{gw_addr}/mcp");
+    let provider = Provider::start(&resource, OTHER_RESOURCE).await;
+    let gw = OAuthGateway::start_on(gw_listener, &provider.issuer).await;
+    assert_eq!(gw.resource, resource);
+
+    // Discovery as a client does it, with raw requests: the 401 names the metadata, the
+    // metadata the authorization server, its metadata the token endpoint.
+    let (status, challenge, _) = gw.post(None, tools_list()).await;
+    assert_eq!(status, 401);
+    let challenge = challenge.expect("a challenge");
+    let metadata_url = challenge
+        .split("resource_metadata=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("resource_metadata in the challenge");
+    let (status, metadata) = get(metadata_url).await;
+    assert_eq!(status, 200);
+    assert_eq!(metadata["resource"], resource);
+    let server = metadata["authorization_servers"][0].as_str().unwrap();
+    assert_eq!(server, provider.issuer);
+    let (status, as_metadata) =
+        get(&format!("{server}/.well-known/oauth-authorization-server")).await;
+    assert_eq!(status, 200);
+    let token_endpoint = as_metadata["token_endpoint"]
+        .as_str()
+        .expect("a token endpoint");
+    let (status, token) = post_form(
+        token_endpoint,
+        &[
+            ("grant_type", "client_credentials"),
+            ("client_id", "ops-agent-post"),
+            ("client_secret", CLIENT_SECRET),
+            ("resource", &resource),
+            ("scope", "mcp"),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{token}");
+    let first = token["access_token"].as_str().expect("a token").to_owned();
+    assert_eq!(jwt_part(&first, 1)["aud"], resource.as_str());
+
+    // It works: tools/list and a call to a project.
+    gw.wait_live(&first).await;
+    let (status, _, body) = gw.post(Some(&first), whoami(Some("beta"))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["structuredContent"]["project"], "beta");
+
+    // The provider's token for another resource is refused like any invalid token; one
+    // without the scope gets 403.
+    let elsewhere = provider.access_token(OTHER_RESOURCE, Some("mcp")).await;
+    assert_eq!(jwt_part(&elsewhere, 1)["aud"], OTHER_RESOURCE);
+    let (status, challenge, _) = gw.post(Some(&elsewhere), tools_list()).await;
+    assert_eq!((status, challenge), (401, Some(challenge_401(&gw, true))));
+    let unscoped = provider.access_token(&resource, None).await;
+    let (status, _, body) = gw.post(Some(&unscoped), tools_list()).await;
+    assert_eq!(
+        (status, body["error"]["data"]["kind"].as_str()),
+        (403, Some("insufficient_scope"))
+    );
+
+    // The provider rotates its key; its next token is signed with the new one, which the
+    // gateway fetches without a restart.
+    let old_kid = jwt_part(&first, 0)["kid"].as_str().unwrap().to_owned();
+    let new_kid = provider.rotate().await;
+    assert_ne!(new_kid, old_kid);
+    tokio::time::sleep(COOLDOWN).await;
+    let rotated = provider.access_token(&resource, Some("mcp")).await;
+    assert_eq!(jwt_part(&rotated, 0)["kid"], new_kid.as_str());
+    let (status, _, body) = gw.post(Some(&rotated), whoami(None)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["structuredContent"]["project"], "alpha");
+
+    gw.stop().await;
+    provider.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_goes_from_the_401_to_a_token_by_client_credentials() {
+    let python = python::python_with_sdk().await;
+    let gw_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let resource = format!("http://{}/mcp", gw_listener.local_addr().expect("bound"));
+    let provider = Provider::start(&resource, OTHER_RESOURCE).await;
+    let gw = OAuthGateway::start_on(gw_listener, &provider.issuer).await;
+    gw.wait_live(&provider.access_token(&resource, Some("mcp")).await)
+        .await;
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python_oauth_client.py");
+    let run = tokio::process::Command::new(&python)
+        .arg(&script)
+        .arg(&resource)
+        .arg(&provider.issuer)
+        .arg(CLIENT_ID)
+        .arg(CLIENT_SECRET)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the Python client finished within 120 s")
+        .expect("the Python client ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the Python SDK checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+
+    gw.stop().await;
+    provider.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauth_follows_projects_toml_when_it_is_reloaded() {
+    gateway_tests::init_tracing();
+    let k1 = TestKey::new("k1", 1);
+    let issuer = TestIssuer::start(&[&k1]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("bound");
+    let resource = format!("http://{addr}/mcp");
+    let dir = std::env::temp_dir().join(format!("gateway-oauth-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("projects.toml");
+    let plain = "[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n";
+    let with_oauth = format!(
+        "{plain}\n[oauth]\nresource = \"{resource}\"\nauthorization_servers = [\"{}\"]\nrequired_scopes = [\"mcp\"]\n",
+        issuer.url
+    );
+    std::fs::write(&path, plain).unwrap();
+    let registry = gateway_core::Registry::parse("projects.toml", plain).unwrap();
+    let mut opts = ServerOptions::new(registry, [3; 32]);
+    opts.reload_from = Some((path.clone(), plain.to_owned()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(gateway_server::serve(listener, opts, async {
+        let _ = stopped.await;
+    }));
+    let ping = || json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    let ask = |token: Option<String>| {
+        let resource = resource.clone();
+        async move {
+            let mut c = McpClient::connect(TokioConnect, &resource).await.unwrap();
+            c.set_bearer_token(token);
+            let (status, _, _) = c
+                .post_raw(ping().to_string().into_bytes(), &[])
+                .await
+                .unwrap();
+            status
+        }
+    };
+    let metadata = format!("http://{addr}/.well-known/oauth-protected-resource/mcp");
+    assert_eq!(ask(None).await, 200, "no authentication yet");
+    assert_eq!(get(&metadata).await.0, 404);
+
+    // [oauth] comes in: a token is needed from the next request on, and the metadata is served.
+    std::fs::write(&path, &with_oauth).unwrap();
+    let until = |want: u16| {
+        let ask = &ask;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while ask(None).await != want {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no reload to {want} within 10 s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    until(401).await;
+    assert_eq!(get(&metadata).await.0, 200);
+    let token = k1.token(&claims(&issuer.url, &resource, "mcp"));
+    assert_eq!(ask(Some(token)).await, 200);
+
+    // And goes again.
+    std::fs::write(&path, plain).unwrap();
+    until(200).await;
+    assert_eq!(get(&metadata).await.0, 404);
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("stopped")
+        .expect("no panic")
+        .expect("serve returned Ok");
+    let _ = std::fs::remove_dir_all(&dir);
+}
