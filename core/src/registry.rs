@@ -15,7 +15,13 @@
 //! call_timeout_ms = 60000        # optional: this project's own deadline
 //! leases = "required"            # optional: every write to a leasable resource needs a lease
 //!                                # (default "optional": writes nobody holds a lease on pass)
+//! forward_principal = true       # optional: the sled learns who calls, in `_meta`
 //! ```
+//!
+//! Client authentication, both optional: `client_tokens = ["…"]` (static bearer tokens; an
+//! entry may be `{ name = "ops", token = "…" }` to be named in rules) and `[oauth]` (the
+//! gateway as an OAuth resource server); see [`crate::auth`]. Who may do what on which project:
+//! `[[access]]`, see [`crate::rights`].
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -23,6 +29,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use toml::Spanned;
+
+use crate::auth::{OAuthConfig, RawOAuth};
+use crate::rights::{self, RawRule, Rules};
 
 /// Deadline of a proxied call when neither the file nor the project sets one.
 pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -101,6 +110,9 @@ pub struct ProjectSpec {
     pub token: Option<Secret>,
     /// Whether writes to leasable resources need a lease (`leases = "required"`).
     pub leases_required: bool,
+    /// Whether the sled learns who calls (`forward_principal = true`): the caller's subject
+    /// and client id (or client token's name) in the forwarded request's `_meta`.
+    pub forward_principal: bool,
 }
 
 impl ProjectSpec {
@@ -117,6 +129,7 @@ impl ProjectSpec {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             token: None,
             leases_required: false,
+            forward_principal: false,
         }
     }
 }
@@ -129,6 +142,12 @@ pub struct Registry {
     default: Option<String>,
     /// When not empty, every request to `/mcp` must carry one of these as a bearer token.
     client_tokens: Vec<Secret>,
+    /// `[oauth]`: requests to `/mcp` may (with client tokens) or must carry an access token.
+    oauth: Option<OAuthConfig>,
+    /// The name of each client token (`client_tokens[i]` when the file gives none).
+    client_token_names: Vec<String>,
+    /// `[[access]]`: who may do what on which project.
+    rules: Rules,
 }
 
 /// A `projects.toml` that was refused.
@@ -151,9 +170,20 @@ struct RawFile {
     default: Option<Spanned<String>>,
     call_timeout_ms: Option<Spanned<u64>>,
     #[serde(default)]
-    client_tokens: Vec<Spanned<String>>,
+    client_tokens: Vec<Spanned<RawToken>>,
     #[serde(default)]
     project: Vec<RawProject>,
+    oauth: Option<RawOAuth>,
+    #[serde(default)]
+    access: Vec<Spanned<RawRule>>,
+}
+
+/// A client token: the token itself, or a table naming it for the `[[access]]` rules.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawToken {
+    Plain(String),
+    Named { name: String, token: String },
 }
 
 #[derive(Deserialize)]
@@ -168,6 +198,7 @@ struct RawProject {
     call_timeout_ms: Option<Spanned<u64>>,
     token: Option<Spanned<String>>,
     leases: Option<LeaseMode>,
+    forward_principal: Option<bool>,
 }
 
 impl Registry {
@@ -241,6 +272,7 @@ impl Registry {
                 sled,
                 call_timeout,
                 leases_required: p.leases == Some(LeaseMode::Required),
+                forward_principal: p.forward_principal.unwrap_or(false),
             });
         }
         let default = match raw.default {
@@ -259,16 +291,45 @@ impl Registry {
             None => None,
         };
         let mut client_tokens = Vec::with_capacity(raw.client_tokens.len());
+        let mut client_token_names: Vec<String> = Vec::with_capacity(raw.client_tokens.len());
         for (i, t) in raw.client_tokens.iter().enumerate() {
-            check_token(t.get_ref())
-                .map_err(|m| at(Some(t.span()), Some(format!("client_tokens[{i}]")), m))?;
-            client_tokens.push(Secret::new(t.get_ref().clone()));
+            let field = Some(format!("client_tokens[{i}]"));
+            let (name, token) = match t.get_ref() {
+                RawToken::Plain(token) => (format!("client_tokens[{i}]"), token),
+                RawToken::Named { name, token } => {
+                    check_name(name).map_err(|m| at(Some(t.span()), field.clone(), m))?;
+                    if client_token_names.contains(name) {
+                        return Err(at(
+                            Some(t.span()),
+                            field,
+                            format!("two client tokens are named '{name}'"),
+                        ));
+                    }
+                    (name.clone(), token)
+                }
+            };
+            check_token(token).map_err(|m| at(Some(t.span()), field, m))?;
+            client_tokens.push(Secret::new(token.clone()));
+            client_token_names.push(name);
         }
+        let names: Vec<&str> = client_token_names.iter().map(String::as_str).collect();
+        let rules = rights::check(raw.access, &|p| index.contains_key(p), &names)
+            .map_err(|(span, field, m)| at(span, Some(field), m))?;
+        let oauth = match raw.oauth {
+            Some(o) => Some(
+                o.check()
+                    .map_err(|(span, field, m)| at(span, Some(field), m))?,
+            ),
+            None => None,
+        };
         Ok(Registry {
             projects,
             index,
             default,
             client_tokens,
+            oauth,
+            client_token_names,
+            rules,
         })
     }
 
@@ -313,18 +374,45 @@ impl Registry {
             index,
             default: default.map(str::to_owned),
             client_tokens: Vec::new(),
+            oauth: None,
+            client_token_names: Vec::new(),
+            rules: Rules::default(),
         })
     }
 
     /// The same registry, requiring one of `tokens` as a bearer token on every request.
     pub fn with_client_tokens(mut self, tokens: Vec<Secret>) -> Registry {
+        self.client_token_names = (0..tokens.len())
+            .map(|i| format!("client_tokens[{i}]"))
+            .collect();
         self.client_tokens = tokens;
         self
+    }
+
+    /// The name of the `i`th client token: its `name`, or `client_tokens[i]`.
+    pub fn client_token_name(&self, i: usize) -> Option<&str> {
+        self.client_token_names.get(i).map(String::as_str)
+    }
+
+    /// `[[access]]`: who may do what on which project.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
     }
 
     /// The bearer tokens clients must present; none means no client authentication.
     pub fn client_tokens(&self) -> &[Secret] {
         &self.client_tokens
+    }
+
+    /// The same registry, with the gateway an OAuth resource server as `oauth` says.
+    pub fn with_oauth(mut self, oauth: OAuthConfig) -> Registry {
+        self.oauth = Some(oauth);
+        self
+    }
+
+    /// `[oauth]`, when the gateway is an OAuth resource server.
+    pub fn oauth(&self) -> Option<&OAuthConfig> {
+        self.oauth.as_ref()
     }
 
     /// The project named `name`, and its position in the file.
@@ -496,7 +584,7 @@ call_timeout_ms = 5000
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\nsssh_port = 22\n",
-                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`, `leases`",
+                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`, `leases`, `forward_principal`",
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\n[[project]]\nname = \"a\"\nurl = \"http://y\"\n",

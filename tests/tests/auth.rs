@@ -104,3 +104,171 @@ async fn sleds_and_clients_present_their_tokens() {
     real.shutdown().await;
     gateway.stop().await;
 }
+
+/// A gateway on a loopback port, with `/metrics` on an address of its own when asked.
+struct Served {
+    addr: std::net::SocketAddr,
+    metrics: Option<std::net::SocketAddr>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    async fn start(opts: ServerOptions, metrics_address: bool) -> Served {
+        gateway_tests::init_tracing();
+        let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+        let listener = bind().await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics_listener = match metrics_address {
+            true => Some(bind().await.unwrap()),
+            false => None,
+        };
+        let metrics = metrics_listener.as_ref().map(|l| l.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(gateway_server::serve_with_metrics(
+            listener,
+            metrics_listener,
+            opts,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Served {
+            addr,
+            metrics,
+            stop,
+            server,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.server)
+            .await
+            .expect("the gateway stopped within 20 s")
+            .expect("no panic")
+            .expect("serve returned Ok");
+    }
+}
+
+/// `GET path` at `addr` over a fresh connection: the status, and the body when 200.
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a head and a body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    (status, body.to_owned())
+}
+
+/// A 200 with the Prometheus text of the gateway, or the status.
+async fn scrape(addr: std::net::SocketAddr) -> Result<(), u16> {
+    match get(addr, "/metrics").await {
+        (200, body) => {
+            assert!(
+                gateway_tests::metric_series(&body, "gateway_sessions").is_some(),
+                "{body}"
+            );
+            Ok(())
+        }
+        (status, _) => Err(status),
+    }
+}
+
+fn with_client_token(registry: Registry) -> Registry {
+    registry.with_client_tokens(vec![Secret::new(CLIENT_TOKEN)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_leave_the_mcp_port_when_clients_must_authenticate() {
+    let registry = || gateway_tests::registry(&["alpha"], Some("alpha"));
+
+    // Authentication on, no metrics address: /metrics is nowhere; /mcp still wants the token
+    // and /healthz still answers.
+    let gw = Served::start(
+        ServerOptions::new(with_client_token(registry()), [5; 32]),
+        false,
+    )
+    .await;
+    assert_eq!(scrape(gw.addr).await, Err(404));
+    assert_eq!(get(gw.addr, "/healthz").await, (200, "ok".to_owned()));
+    let mut c = McpClient::connect(TokioConnect, &format!("http://{}/mcp", gw.addr))
+        .await
+        .unwrap();
+    let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    assert_eq!(post(&mut c, None, ping.clone()).await.0, 401);
+    assert_eq!(post(&mut c, Some(CLIENT_TOKEN), ping.clone()).await.0, 200);
+    gw.stop().await;
+
+    // Authentication on, a metrics address: 404 on the MCP port, served on its own address
+    // (which serves nothing of MCP).
+    let gw = Served::start(
+        ServerOptions::new(with_client_token(registry()), [5; 32]),
+        true,
+    )
+    .await;
+    let at = gw.metrics.unwrap();
+    assert_eq!(scrape(gw.addr).await, Err(404));
+    assert_eq!(scrape(at).await, Ok(()));
+    assert_eq!(get(at, "/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(get(at, "/mcp").await.0, 404);
+    assert_eq!(get(at, gateway_core::uplink::UPLINK_PATH).await.0, 404);
+    gw.stop().await;
+    assert!(
+        tokio::net::TcpStream::connect(at).await.is_err(),
+        "the metrics address is closed once serve returned"
+    );
+
+    // Authentication off: on the MCP port as before; with an address, only there.
+    let gw = Served::start(ServerOptions::new(registry(), [5; 32]), false).await;
+    assert_eq!(scrape(gw.addr).await, Ok(()));
+    gw.stop().await;
+    let gw = Served::start(ServerOptions::new(registry(), [5; 32]), true).await;
+    assert_eq!(scrape(gw.addr).await, Err(404));
+    assert_eq!(scrape(gw.metrics.unwrap()).await, Ok(()));
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_the_mcp_port_follow_authentication_across_reloads() {
+    let dir = std::env::temp_dir().join(format!("gateway-metrics-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("projects.toml");
+    let plain = "[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n";
+    let with_tokens = format!("client_tokens = [\"{CLIENT_TOKEN}\"]\n{plain}");
+    std::fs::write(&path, plain).unwrap();
+    let mut opts = ServerOptions::new(Registry::parse("projects.toml", plain).unwrap(), [6; 32]);
+    opts.reload_from = Some((path.clone(), plain.to_owned()));
+    let gw = Served::start(opts, false).await;
+    assert_eq!(scrape(gw.addr).await, Ok(()));
+
+    // Each reload is seen by the next request, whichever it is: once /mcp wants the token,
+    // /metrics is gone from the port, and once it does not, /metrics is back.
+    let mut c = McpClient::connect(TokioConnect, &format!("http://{}/mcp", gw.addr))
+        .await
+        .unwrap();
+    let ping = json!({"jsonrpc":"2.0","id":1,"method":"ping"});
+    for (text, status, metrics) in [(with_tokens.as_str(), 401, Err(404)), (plain, 200, Ok(()))] {
+        std::fs::write(&path, text).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while post(&mut c, None, ping.clone()).await.0 != status {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no reload within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(scrape(gw.addr).await, metrics);
+    }
+    gw.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
