@@ -312,6 +312,8 @@ async fn script(
                 probe_at: None,
                 probe_timeout: Duration::from_secs(60),
                 init_attempts: 3,
+                bearer: None,
+                probe_project: None,
             };
             let plan = script::session_plan(&workload, i);
             tokio::spawn(script::run_session(

@@ -324,11 +324,27 @@ impl<C: Connect> McpClient<C> {
         params: Value,
         answer: &mut (dyn FnMut(&Value) -> Value + Send),
     ) -> Result<(Value, Vec<AnsweredRequest>), ClientError> {
+        self.request_streaming(id, method, params, &[], answer, &mut |_| {})
+            .await
+    }
+
+    /// [`McpClient::request_answering`] with `headers` on the POST (each replaces the default
+    /// of that name, as in [`McpClient::send_raw`]), handing `notified` each notification the
+    /// server sends on the answer's event stream (`notifications/progress`, say) as it comes.
+    pub async fn request_streaming(
+        &mut self,
+        id: Value,
+        method: &str,
+        params: Value,
+        headers: &[(&str, &str)],
+        answer: &mut (dyn FnMut(&Value) -> Value + Send),
+        notified: &mut (dyn FnMut(&Value) + Send),
+    ) -> Result<(Value, Vec<AnsweredRequest>), ClientError> {
         let mut msg = json!({ "jsonrpc": "2.0", "id": id, "method": method });
         if !params.is_null() {
             msg["params"] = params;
         }
-        let request = self.build_request(Method::POST, msg.to_string().into_bytes(), &[])?;
+        let request = self.build_request(Method::POST, msg.to_string().into_bytes(), headers)?;
         let limit = self.timeout;
         let exchange = async {
             let sender = self.ready().await?;
@@ -383,6 +399,8 @@ impl<C: Connect> McpClient<C> {
                             request: m,
                             answered: answered.map_err(|e| e.to_string()),
                         });
+                    } else if m.get("method").is_some() {
+                        notified(&m);
                     }
                 }
             }
@@ -402,6 +420,13 @@ impl<C: Connect> McpClient<C> {
             self.sender = None;
         }
         result
+    }
+
+    /// Drops the connection. An answer still streaming on it is abandoned: the server sees the
+    /// connection close, which in 2026-07-28 cancels the request. The next request connects
+    /// anew.
+    pub fn disconnect(&mut self) {
+        self.sender = None;
     }
 
     /// POSTs `body` on a connection of its own; returns the HTTP status.

@@ -7,13 +7,20 @@
 //! on hosts `sled-<project>`, and the scripted MCP sessions of `sled_sim::script` on one or two
 //! client hosts, all on turmoil's network and clock. The [`Scenario`] drawn from the seed says
 //! how many of each, how fast, and which faults strike when; [`run`] applies the faults between
-//! simulation steps, then hands the histories and the sleds' final models to the [`oracle`].
+//! simulation steps, then hands the histories, the sleds' final models and what each sled
+//! received (its [`SledLog`]: requests with their progress tokens, the caller the gateway
+//! named, when; cancellations) to the [`oracle`].
+//!
+//! The gateway's registry is a projects.toml ([`projects_toml`]) with the scenario's client
+//! tokens and `[[access]]` rules ([`scenario::Access`]); each session sends its principal's
+//! token, starts with the file's default only if its caller may see it, and the oracle judges
+//! it by the rights the rules give it.
 //!
 //! Determinism: the simulation's RNG is seeded from the seed; the gateway's session ids and every
 //! sled's and session's RNG too; time is turmoil's. Nothing that feeds the trace reads the wall
 //! clock, spawns threads or iterates a hash map; HTTP headers (hyper's `Date` reads the wall
 //! clock) are not part of the trace. The trace hash covers every request, response and its
-//! simulated timing, and every sled's final stories.
+//! simulated timing, every sled's final stories, and what every sled received.
 
 pub mod coord;
 pub mod fleet;
@@ -28,13 +35,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gateway_core::{Config, ProjectSpec, Registry};
+use gateway_core::{Config, Registry};
 use gateway_server::ServerOptions;
 use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
 use sled_sim::net::GatewayAddr;
 use sled_sim::script::{self, RunOptions, SessionHistory};
-use sled_sim::sim_sled::SimSled;
+use sled_sim::sim_sled::{Received, SimSled, SledLog};
 use sled_sim::uplink::{run_uplink_with, Backend, UplinkOptions};
 
 pub use net::{TurmoilConnect, TurmoilListener};
@@ -62,6 +69,8 @@ pub struct Report {
     /// Wall-clock time the run took (not part of the trace).
     pub wall: Duration,
     pub histories: Vec<SessionHistory>,
+    /// What each project's sleds received, by project.
+    pub received: BTreeMap<String, Vec<Received>>,
 }
 
 impl Report {
@@ -73,18 +82,31 @@ impl Report {
 /// The gateway's uplink port on host `gateway`.
 const GATEWAY_PORT: u16 = 80;
 
+/// The run's projects.toml: every project (the first is the default), the client tokens and
+/// the `[[access]]` rules of [`Scenario::access`], parsed as the gateway parses a file.
+pub fn projects_toml(s: &Scenario) -> String {
+    let mut text = format!(
+        "default = \"{}\"\ncall_timeout_ms = {}\n",
+        s.projects[0],
+        CALL_TIMEOUT.as_millis()
+    );
+    text.push_str(&s.access.tokens_toml());
+    for p in &s.projects {
+        text.push_str(&format!(
+            "\n[[project]]\nname = \"{p}\"\nurl = \"http://sled-{p}:9000\"\n"
+        ));
+        if s.access.forward_principal.contains(p) {
+            text.push_str("forward_principal = true\n");
+        }
+    }
+    text.push_str(&s.access.rules_toml());
+    text
+}
+
 fn gateway_options(s: &Scenario) -> ServerOptions {
-    let specs = s
-        .projects
-        .iter()
-        .map(|p| {
-            let mut spec = ProjectSpec::new(p.clone(), format!("http://sled-{p}:9000"));
-            spec.call_timeout = CALL_TIMEOUT;
-            spec
-        })
-        .collect();
-    let registry =
-        Registry::from_projects(specs, Some(&s.projects[0])).expect("a valid sim registry");
+    let text = projects_toml(s);
+    let registry = Registry::parse("projects.toml", &text)
+        .unwrap_or_else(|e| panic!("a valid sim registry: {e}\n{text}"));
     let mut seed = [0u8; 32];
     seed[..8].copy_from_slice(&s.seed.to_le_bytes());
     let mut opts = ServerOptions::new(registry, seed);
@@ -104,22 +126,23 @@ fn gateway_options(s: &Scenario) -> ServerOptions {
 }
 
 /// One sled host's software: the uplink serving the story sled as a [`SimSled`] (which adds
-/// the tool that asks for sampling), reading its latency when it starts.
+/// the tools that ask for sampling and report progress), reading its latency when it starts,
+/// recording what it receives in `log` under the host's name.
 fn sled_software(
     sled: SharedSled,
     latency_ms: Arc<AtomicU64>,
     jitter: Duration,
     seed: u64,
     name: String,
+    log: SledLog,
+    host: String,
 ) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = turmoil::Result>>> {
     move || {
         let latency = Duration::from_millis(latency_ms.load(Ordering::Relaxed));
-        let backend = Backend::Handler(Arc::new(SimSled::new(
-            sled.clone(),
-            latency,
-            jitter,
-            seed ^ 0x1a7e_9c11,
-        )));
+        let backend = Backend::Handler(Arc::new(
+            SimSled::new(sled.clone(), latency, jitter, seed ^ 0x1a7e_9c11)
+                .with_log(log.clone(), host.clone()),
+        ));
         let opts = UplinkOptions {
             latency,
             jitter,
@@ -152,6 +175,11 @@ pub(crate) async fn sled_host(backend: Backend, opts: UplinkOptions) -> turmoil:
     )
     .await;
     Ok(())
+}
+
+/// turmoil's clock (the same on every host), zero outside a simulation.
+fn sim_now() -> Duration {
+    turmoil::sim_elapsed().unwrap_or_default()
 }
 
 /// Turns on tracing output when `DST_LOG` is set (e.g. `DST_LOG=debug`), for replays.
@@ -187,9 +215,15 @@ pub fn run(s: &Scenario) -> Report {
         .iter()
         .map(|p| SharedSled::new(Sled::new(Project::new(p.clone()), p.clone(), s.seed)))
         .collect();
+    let logs: Vec<SledLog> = s
+        .projects
+        .iter()
+        .map(|_| SledLog::with_clock(sim_now))
+        .collect();
     let histories: Arc<Mutex<Vec<Option<SessionHistory>>>> =
         Arc::new(Mutex::new(vec![None; s.sessions]));
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| simulate(s, &sleds, &histories)));
+    let outcome =
+        std::panic::catch_unwind(AssertUnwindSafe(|| simulate(s, &sleds, &logs, &histories)));
     let mut violations = Vec::new();
     let sim_time = match outcome {
         Ok(Ok(t)) => t,
@@ -229,12 +263,19 @@ pub fn run(s: &Scenario) -> Report {
             }
         });
     }
-    violations.extend(oracle::judge(s, &histories, &stories));
+    let received: BTreeMap<String, Vec<Received>> = s
+        .projects
+        .iter()
+        .zip(&logs)
+        .map(|(p, log)| (p.clone(), log.entries()))
+        .collect();
+    violations.extend(oracle::judge(s, &histories, &stories, &received));
     let mut hash = Fnv::default();
     for h in &histories {
         hash.write(format!("{h:?}").as_bytes());
     }
     hash.write(format!("{stories:?}").as_bytes());
+    hash.write(format!("{received:?}").as_bytes());
     Report {
         seed: s.seed,
         violations,
@@ -243,6 +284,7 @@ pub fn run(s: &Scenario) -> Report {
         interleavings: script::interleavings(&histories),
         exchanges: histories.iter().map(|h| h.exchanges.len()).sum(),
         histories,
+        received,
         wall: started.elapsed(),
     }
 }
@@ -272,6 +314,7 @@ type SimResult = Result<Duration, (Duration, String)>;
 fn simulate(
     s: &Scenario,
     sleds: &[SharedSled],
+    logs: &[SledLog],
     histories: &Arc<Mutex<Vec<Option<SessionHistory>>>>,
 ) -> SimResult {
     let base_latency = s.net_latency_max;
@@ -306,6 +349,8 @@ fn simulate(
                 s.sled_latency[i].1,
                 s.seed ^ (i as u64 + 1),
                 s.projects[i].clone(),
+                logs[i].clone(),
+                s.sled_host(i),
             ),
         );
     }
@@ -315,13 +360,19 @@ fn simulate(
         let mine: Vec<usize> = (c..s.sessions).step_by(s.client_hosts).collect();
         let workload = workload.clone();
         let histories = histories.clone();
-        let default = s.projects[0].clone();
         let probe_at = s.probe_at;
+        let who: BTreeMap<usize, SessionCaller> =
+            mine.iter().map(|&i| (i, SessionCaller::of(s, i))).collect();
         sim.client(Scenario::client_host(c), async move {
             let epoch = tokio::time::Instant::now();
             let mut tasks = Vec::new();
             for i in mine {
                 let plan = script::session_plan_with_surface(&workload, i);
+                let SessionCaller {
+                    bearer,
+                    default,
+                    probe_project,
+                } = who[&i].clone();
                 let opts = RunOptions {
                     url: format!("http://gateway:{GATEWAY_PORT}/mcp"),
                     epoch,
@@ -329,8 +380,9 @@ fn simulate(
                     probe_at: Some(probe_at),
                     probe_timeout: PROBE_TIMEOUT,
                     init_attempts: 40,
+                    bearer,
+                    probe_project,
                 };
-                let default = Some(default.clone());
                 tasks.push((
                     i,
                     tokio::spawn(script::run_session(TurmoilConnect, plan, default, opts)),
@@ -359,7 +411,7 @@ fn simulate(
             apply(
                 &mut sim,
                 s,
-                sleds,
+                (sleds, logs),
                 &knobs,
                 &mut twins_started,
                 action,
@@ -374,6 +426,32 @@ fn simulate(
     }
 }
 
+/// Who a session is, for its client: its token, its default project (the file's, if its caller
+/// may see it), and the project its liveness probe names (none: its default; else the first it
+/// may see).
+#[derive(Debug, Clone)]
+struct SessionCaller {
+    bearer: Option<String>,
+    default: Option<String>,
+    probe_project: Option<String>,
+}
+
+impl SessionCaller {
+    fn of(s: &Scenario, i: usize) -> SessionCaller {
+        let rights = s.access.rights(i, &s.projects);
+        let default = rights.sees(&s.projects[0]).then(|| s.projects[0].clone());
+        let probe_project = match default {
+            Some(_) => None,
+            None => rights.visible.first().cloned(),
+        };
+        SessionCaller {
+            bearer: s.access.principal(i).map(|p| p.token.clone()),
+            default,
+            probe_project,
+        }
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -381,7 +459,7 @@ fn millis(d: Duration) -> u64 {
 fn apply(
     sim: &mut turmoil::Sim<'_>,
     s: &Scenario,
-    sleds: &[SharedSled],
+    (sleds, logs): (&[SharedSled], &[SledLog]),
     knobs: &[Arc<AtomicU64>],
     twins: &mut Vec<usize>,
     action: Action,
@@ -430,6 +508,8 @@ fn apply(
                         s.sled_latency[sled].1,
                         s.seed ^ 0x7717,
                         format!("{}-twin", s.projects[sled]),
+                        logs[sled].clone(),
+                        s.twin_host(sled),
                     ),
                 );
             }

@@ -1,6 +1,7 @@
 //! The scenario of one seed: how many sessions and sleds, how fast everything is, and which
 //! faults strike when. Everything is drawn from the seed, so a seed names a whole run.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
@@ -97,6 +98,248 @@ pub struct Scenario {
     /// When the sessions make their liveness probe (after their own operations at the latest).
     pub probe_at: Duration,
     pub planted: Option<PlantedBug>,
+    /// Who the sessions are and what they may do.
+    pub access: Access,
+}
+
+/// A right a rule gives (`[[access]]`'s `right`): each includes the ones before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Read,
+    Write,
+    Admin,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Read => "read",
+            Level::Write => "write",
+            Level::Admin => "admin",
+        }
+    }
+}
+
+/// One `[[access]]` rule for a principal: `projects` (`None`: `["*"]`) and the right.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub projects: Option<Vec<String>>,
+    pub level: Level,
+}
+
+/// A named client token and the rules naming it (`token = "<name>"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub name: String,
+    pub token: String,
+    pub grants: Vec<Grant>,
+}
+
+/// The run's client tokens and `[[access]]` rules, and which token each session uses. Three
+/// shapes, drawn from the seed: no tokens at all (everyone anonymous, may do everything); named
+/// tokens without rules (everyone let in may do everything); and, mostly, tokens with rules:
+/// `ops` (admin on `*`), `dev` (write on some projects, read on some others, possibly the same
+/// ones: the highest right wins) and `viewer` (read on some), perhaps with an `anyone = true`
+/// rule letting everyone read one project.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    /// Empty: `client_tokens` is not set and every session is anonymous.
+    pub principals: Vec<Principal>,
+    /// Whether the file has `[[access]]` rules (without, every caller may do everything).
+    pub rules: bool,
+    /// Projects an `anyone = true` rule lets every caller read (none: no such rule).
+    pub anyone: Vec<String>,
+    /// Each session's principal (an index into `principals`), `None` when anonymous.
+    pub sessions: Vec<Option<usize>>,
+    /// Projects whose sled learns who calls (`forward_principal = true`).
+    pub forward_principal: BTreeSet<String>,
+}
+
+impl Access {
+    fn draw(seed: u64, projects: &[String], sessions: usize) -> Access {
+        // An RNG of its own, so the rest of the scenario is drawn as before.
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xacce_55ac_ce55_0017);
+        let forward_principal = projects
+            .iter()
+            .filter(|_| rng.random_bool(0.5))
+            .cloned()
+            .collect();
+        let shape = rng.random_range(0..10);
+        if shape == 0 {
+            return Access {
+                principals: Vec::new(),
+                rules: false,
+                anyone: Vec::new(),
+                sessions: vec![None; sessions],
+                forward_principal,
+            };
+        }
+        // A few projects, mostly with the default among them (a caller that may not see the
+        // default has none, and its calls without `project` are refused).
+        let some = |rng: &mut ChaCha8Rng| -> Vec<String> {
+            let k = rng.random_range(1..=projects.len().div_ceil(2));
+            let mut picked: BTreeSet<usize> = BTreeSet::new();
+            if rng.random_bool(0.75) {
+                picked.insert(0);
+            }
+            while picked.len() < k {
+                picked.insert(rng.random_range(0..projects.len()));
+            }
+            picked.into_iter().map(|i| projects[i].clone()).collect()
+        };
+        let principal = |name: &str, grants: Vec<Grant>| Principal {
+            name: name.to_owned(),
+            token: format!("{name}-token-{seed:016x}"),
+            grants,
+        };
+        let principals = vec![
+            principal(
+                "ops",
+                vec![Grant {
+                    projects: None,
+                    level: Level::Admin,
+                }],
+            ),
+            principal(
+                "dev",
+                vec![
+                    Grant {
+                        projects: Some(some(&mut rng)),
+                        level: Level::Write,
+                    },
+                    Grant {
+                        projects: Some(some(&mut rng)),
+                        level: Level::Read,
+                    },
+                ],
+            ),
+            principal(
+                "viewer",
+                vec![Grant {
+                    projects: Some(some(&mut rng)),
+                    level: Level::Read,
+                }],
+            ),
+        ];
+        let anyone = if rng.random_bool(0.3) {
+            vec![projects[rng.random_range(0..projects.len())].clone()]
+        } else {
+            Vec::new()
+        };
+        let sessions = (0..sessions)
+            .map(|_| {
+                Some(match rng.random_range(0..20) {
+                    0..=7 => 0,
+                    8..=14 => 1,
+                    _ => 2,
+                })
+            })
+            .collect();
+        Access {
+            principals,
+            rules: shape != 1,
+            anyone: if shape == 1 { Vec::new() } else { anyone },
+            sessions,
+            forward_principal,
+        }
+    }
+
+    /// Session `i`'s principal, if it has one.
+    pub fn principal(&self, i: usize) -> Option<&Principal> {
+        self.sessions
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|p| &self.principals[p])
+    }
+
+    /// Session `i`'s right on `project`, by the rules as the documentation states them: the
+    /// highest of every rule naming its token (or anyone) and the project; none when no rule
+    /// does; everything when the file has no rules.
+    pub fn level(&self, i: usize, project: &str) -> Option<Level> {
+        if !self.rules {
+            return Some(Level::Admin);
+        }
+        let grants = self.principal(i).map_or(&[][..], |p| &p.grants);
+        grants
+            .iter()
+            .filter(|g| {
+                g.projects
+                    .as_ref()
+                    .is_none_or(|ps| ps.iter().any(|p| p == project))
+            })
+            .map(|g| g.level)
+            .chain(
+                self.anyone
+                    .iter()
+                    .any(|p| p == project)
+                    .then_some(Level::Read),
+            )
+            .max()
+    }
+
+    /// What session `i` may do, for the per-session oracle.
+    pub fn rights(&self, i: usize, projects: &[String]) -> sled_sim::script::Rights {
+        sled_sim::script::Rights {
+            visible: projects
+                .iter()
+                .filter(|p| self.level(i, p).is_some())
+                .cloned()
+                .collect(),
+            write: projects
+                .iter()
+                .filter(|p| self.level(i, p) >= Some(Level::Write))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The projects.toml line for the client tokens (a top-level key).
+    pub fn tokens_toml(&self) -> String {
+        let mut out = String::new();
+        if !self.principals.is_empty() {
+            out.push_str("client_tokens = [\n");
+            for p in &self.principals {
+                out.push_str(&format!(
+                    "  {{ name = \"{}\", token = \"{}\" }},\n",
+                    p.name, p.token
+                ));
+            }
+            out.push_str("]\n");
+        }
+        out
+    }
+
+    /// The projects.toml `[[access]]` tables.
+    pub fn rules_toml(&self) -> String {
+        let mut out = String::new();
+        if !self.rules {
+            return out;
+        }
+        let list = |ps: &[String]| {
+            ps.iter()
+                .map(|p| format!("\"{p}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        for p in &self.principals {
+            for g in &p.grants {
+                let projects = g.projects.as_deref().map_or("\"*\"".to_owned(), list);
+                out.push_str(&format!(
+                    "\n[[access]]\ntoken = \"{}\"\nprojects = [{projects}]\nright = \"{}\"\n",
+                    p.name,
+                    g.level.name()
+                ));
+            }
+        }
+        if !self.anyone.is_empty() {
+            out.push_str(&format!(
+                "\n[[access]]\nanyone = true\nprojects = [{}]\nright = \"read\"\n",
+                list(&self.anyone)
+            ));
+        }
+        out
+    }
 }
 
 impl fmt::Debug for Scenario {
@@ -114,6 +357,40 @@ impl fmt::Debug for Scenario {
             self.fixed_id_percent,
             self.net_latency_max,
             self.planted,
+        )?;
+        let a = &self.access;
+        match (a.principals.is_empty(), a.rules) {
+            (true, _) => writeln!(f, "  access: no client tokens")?,
+            (false, false) => writeln!(f, "  access: client tokens, no rules")?,
+            (false, true) => {
+                for p in &a.principals {
+                    let grants: Vec<String> = p
+                        .grants
+                        .iter()
+                        .map(|g| {
+                            format!(
+                                "{} on {}",
+                                g.level.name(),
+                                g.projects
+                                    .as_ref()
+                                    .map_or("*".to_owned(), |ps| ps.join(","))
+                            )
+                        })
+                        .collect();
+                    writeln!(f, "  access: {}: {}", p.name, grants.join("; "))?;
+                }
+                if !a.anyone.is_empty() {
+                    writeln!(f, "  access: anyone: read on {}", a.anyone.join(","))?;
+                }
+            }
+        }
+        let who: Vec<&str> = (0..self.sessions)
+            .map(|i| a.principal(i).map_or("anonymous", |p| p.name.as_str()))
+            .collect();
+        writeln!(
+            f,
+            "  sessions: {who:?}; forward_principal: {:?}",
+            a.forward_principal
         )?;
         for (p, (l, j)) in self.projects.iter().zip(&self.sled_latency) {
             write!(f, "  {p}: {l:?}+{j:?}")?;
@@ -137,6 +414,7 @@ impl Scenario {
         let sessions = rng.random_range(2..=16);
         let sleds = rng.random_range(2..=16);
         let projects = sled_sim::demo_project_names(sleds);
+        let projects_for_access = projects.clone();
         let client_hosts = if sessions > 2 && rng.random_bool(0.5) {
             2
         } else {
@@ -240,6 +518,7 @@ impl Scenario {
             heal_at,
             probe_at,
             planted,
+            access: Access::draw(seed, &projects_for_access, sessions),
         }
     }
 
