@@ -1,0 +1,502 @@
+//! [`Engine`] on NATS, through the official `async-nats` client: each bucket is a JetStream
+//! key/value bucket (history 1, file storage; with a `max_age`, *limit markers*, so an expiry is
+//! a write that watchers see), and requests, subscriptions and publishes are core NATS.
+//!
+//! Nothing here runs unless a gateway is configured for a cluster: [`NatsEngine::connect`]
+//! opens the connection, whose reader, writer and reconnects are tokio tasks of the client's
+//! (no threads). The client reconnects on its own for ever; while it is not connected every
+//! operation fails at once with [`EngineError::Unavailable`], and on reconnecting it resumes
+//! subscriptions and watches.
+//!
+//! The server should run JetStream with `sync_interval: always`: with the default lazy fsync,
+//! acknowledged writes can be lost when the server's machine fails.
+
+use std::collections::HashMap;
+use std::error::Error as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::{self, context::PublishErrorKind, kv};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::stream::StreamExt;
+
+use super::{
+    check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern, BucketConfig,
+    Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Subscription, Watch,
+};
+
+/// How to reach NATS.
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// `nats://host:port` (several, comma-separated, for a NATS cluster).
+    pub url: String,
+    /// The connection's name, as the server's monitoring shows it (the replica's name).
+    pub name: String,
+    /// How long a key/value operation waits for JetStream's answer before it fails with
+    /// [`EngineError::Unavailable`].
+    pub op_timeout: Duration,
+    /// How often the client pings the server when idle. A connection that dies silently (a
+    /// partition, not a closed socket) is noticed when a third ping is due with two unanswered,
+    /// about three intervals in; until then operations fail only by their timeouts.
+    pub ping_interval: Duration,
+}
+
+impl NatsOptions {
+    pub fn new(url: impl Into<String>, name: impl Into<String>) -> NatsOptions {
+        NatsOptions {
+            url: url.into(),
+            name: name.into(),
+            op_timeout: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The engine on a NATS server; cheap to clone (one connection).
+#[derive(Clone)]
+pub struct NatsEngine {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    /// Opened buckets, by name (opening one is a round trip).
+    stores: Arc<Mutex<HashMap<String, kv::Store>>>,
+}
+
+impl std::fmt::Debug for NatsEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsEngine")
+            .field("state", &self.client.connection_state())
+            .finish()
+    }
+}
+
+impl NatsEngine {
+    /// Connects, or fails with [`EngineError::Unavailable`] when the server cannot be reached
+    /// now. Once connected, the client reconnects by itself whenever the connection drops.
+    pub async fn connect(opts: NatsOptions) -> Result<NatsEngine, EngineError> {
+        let name = opts.name.clone();
+        let client = async_nats::ConnectOptions::new()
+            .name(&opts.name)
+            .connection_timeout(opts.op_timeout)
+            .ping_interval(opts.ping_interval)
+            .event_callback(move |event| {
+                let name = name.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            tracing::info!(replica = %name, "connected to the cluster engine")
+                        }
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!(replica = %name, "lost the cluster engine; reconnecting")
+                        }
+                        other => tracing::info!(replica = %name, event = %other, "cluster engine"),
+                    }
+                }
+            })
+            .connect(opts.url.split(',').map(str::trim).collect::<Vec<_>>())
+            .await
+            .map_err(|e| EngineError::Unavailable(format!("connecting to {}: {e}", opts.url)))?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(opts.op_timeout);
+        Ok(NatsEngine {
+            client,
+            js,
+            stores: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// Whether the connection is up now.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == State::Connected
+    }
+
+    fn connected(&self) -> Result<(), EngineError> {
+        match self.client.connection_state() {
+            State::Connected => Ok(()),
+            state => Err(EngineError::Unavailable(format!("connection {state}"))),
+        }
+    }
+
+    /// The bucket's handle, opened on first use.
+    async fn store(&self, bucket: &str) -> Result<kv::Store, EngineError> {
+        if let Some(store) = self.lock_stores().get(bucket) {
+            return Ok(store.clone());
+        }
+        let store = self
+            .js
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| open_error(bucket, &e))?;
+        self.lock_stores().insert(bucket.to_owned(), store.clone());
+        Ok(store)
+    }
+
+    fn lock_stores(&self) -> std::sync::MutexGuard<'_, HashMap<String, kv::Store>> {
+        // The map holds no invariant a panic could break halfway.
+        self.stores.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The key's latest write, value or marker.
+    async fn last(&self, bucket: &str, key: &str) -> Result<Option<kv::Entry>, EngineError> {
+        let store = self.store(bucket).await?;
+        store.entry(key).await.map_err(|e| match e.kind() {
+            kv::EntryErrorKind::TimedOut => EngineError::Unavailable(e.to_string()),
+            _ => EngineError::Other(e.to_string()),
+        })
+    }
+
+    /// Appends a write for `key`: a value, or with `delete` a delete marker; with `expected`,
+    /// only if the key's latest write is at that revision.
+    async fn write(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+        expected: Option<Revision>,
+        delete: bool,
+    ) -> Result<Revision, EngineError> {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(expected) = expected {
+            headers.insert(
+                async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                async_nats::HeaderValue::from(expected),
+            );
+        }
+        if delete {
+            headers.insert("KV-Operation", "DEL");
+        }
+        let subject = format!("$KV.{bucket}.{key}");
+        let acked = match self.js.publish_with_headers(subject, headers, value).await {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(ack) => Ok(ack.sequence),
+            Err(e) => match e.kind() {
+                PublishErrorKind::WrongLastSequence => {
+                    let current_revision = match server_current_revision(&e) {
+                        Some(r) => r,
+                        // The server's message names it; should it ever not, read it.
+                        None => self
+                            .last(bucket, key)
+                            .await?
+                            .map(|entry| entry.revision)
+                            .unwrap_or(0),
+                    };
+                    Err(EngineError::Conflict { current_revision })
+                }
+                PublishErrorKind::StreamNotFound => {
+                    Err(EngineError::BucketNotFound(bucket.to_owned()))
+                }
+                PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe => {
+                    Err(EngineError::Unavailable(e.to_string()))
+                }
+                _ => Err(EngineError::Other(e.to_string())),
+            },
+        }
+    }
+
+    async fn create_inner(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> Result<Revision, EngineError> {
+        // A key may be created over its delete or expiry marker: expect that marker. Two rounds
+        // settle it unless others keep writing the key, and then the conflict is real.
+        let mut expected = 0;
+        for _ in 0..3 {
+            match self
+                .write(bucket, key, value.clone(), Some(expected), false)
+                .await
+            {
+                // Against a value, the conflict is real; against a marker (or nothing, if the
+                // marker has just gone), try again expecting what is there now.
+                Err(EngineError::Conflict { .. }) => match self.last(bucket, key).await? {
+                    Some(e) if e.operation == kv::Operation::Put => {
+                        return Err(EngineError::Conflict {
+                            current_revision: e.revision,
+                        })
+                    }
+                    Some(marker) => expected = marker.revision,
+                    None => expected = 0,
+                },
+                done => return done,
+            }
+        }
+        let current_revision = self.last(bucket, key).await?.map_or(0, |e| e.revision);
+        Err(EngineError::Conflict { current_revision })
+    }
+}
+
+impl Engine for NatsEngine {
+    fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
+        let this = self.clone();
+        Box::pin(async move {
+            config.validate()?;
+            this.connected()?;
+            let kv_config = kv::Config {
+                bucket: config.name.clone(),
+                history: 1,
+                max_age: config.max_age.unwrap_or_default(),
+                max_bytes: -1,
+                max_value_size: -1,
+                storage: jetstream::stream::StorageType::File,
+                num_replicas: 1,
+                // An expiry leaves a marker that watchers see, itself kept for `max_age`.
+                limit_markers: config.max_age,
+                ..Default::default()
+            };
+            let store = this
+                .js
+                .create_or_update_key_value(kv_config)
+                .await
+                .map_err(|e| match e.kind() {
+                    jetstream::context::CreateKeyValueErrorKind::TimedOut => {
+                        EngineError::Unavailable(e.to_string())
+                    }
+                    _ => EngineError::Other(e.to_string()),
+                })?;
+            this.lock_stores().insert(config.name, store);
+            Ok(())
+        })
+    }
+
+    fn get(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> BoxFuture<'static, Result<Option<Entry>, EngineError>> {
+        let (this, bucket, key) = (self.clone(), bucket.to_owned(), key.to_owned());
+        Box::pin(async move {
+            check_bucket(&bucket)?;
+            check_key(&key)?;
+            this.connected()?;
+            Ok(this.last(&bucket, &key).await?.and_then(|e| {
+                (e.operation == kv::Operation::Put).then_some(Entry {
+                    key: e.key,
+                    value: e.value,
+                    revision: e.revision,
+                })
+            }))
+        })
+    }
+
+    fn create(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        let (this, bucket, key) = (self.clone(), bucket.to_owned(), key.to_owned());
+        Box::pin(async move {
+            check_bucket(&bucket)?;
+            check_key(&key)?;
+            this.connected()?;
+            this.create_inner(&bucket, &key, value).await
+        })
+    }
+
+    fn update(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        let (this, bucket, key) = (self.clone(), bucket.to_owned(), key.to_owned());
+        Box::pin(async move {
+            check_bucket(&bucket)?;
+            check_key(&key)?;
+            this.connected()?;
+            this.write(&bucket, &key, value, Some(expected), false)
+                .await
+        })
+    }
+
+    fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+        expected: Option<Revision>,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        let (this, bucket, key) = (self.clone(), bucket.to_owned(), key.to_owned());
+        Box::pin(async move {
+            check_bucket(&bucket)?;
+            check_key(&key)?;
+            this.connected()?;
+            this.write(&bucket, &key, Bytes::new(), expected, true)
+                .await
+        })
+    }
+
+    fn watch(&self, bucket: &str, filter: &str) -> BoxFuture<'static, Result<Watch, EngineError>> {
+        let (this, bucket, filter) = (self.clone(), bucket.to_owned(), filter.to_owned());
+        Box::pin(async move {
+            check_bucket(&bucket)?;
+            check_key_filter(&filter)?;
+            this.connected()?;
+            let store = this.store(&bucket).await?;
+            // The latest write per key, then every new one: on a history-1 bucket, the stream.
+            let entries = store
+                .watch_with_history(&filter)
+                .await
+                .map_err(|e| match e.kind() {
+                    kv::WatchErrorKind::TimedOut => EngineError::Unavailable(e.to_string()),
+                    _ => EngineError::Other(e.to_string()),
+                })?;
+            // A task of its own polls the consumer all the time, as the server pushes: so it
+            // sees a disconnection as it happens and re-makes itself from the last revision on
+            // reconnecting (not polled, it would notice only by missed heartbeats, 10 s later).
+            // It ends when the watch is dropped.
+            let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+            tokio::spawn(forward_watch(bucket, entries, tx));
+            let changes = futures_util::stream::unfold(rx, |mut rx| async move {
+                let change = rx.recv().await?;
+                Some((change, rx))
+            });
+            Ok(Watch::new(changes))
+        })
+    }
+
+    fn publish(
+        &self,
+        subject: &str,
+        payload: Bytes,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let (this, subject) = (self.clone(), subject.to_owned());
+        Box::pin(async move {
+            check_subject(&subject)?;
+            this.connected()?;
+            this.client
+                .publish(subject, payload)
+                .await
+                .map_err(|e| EngineError::Unavailable(e.to_string()))
+        })
+    }
+
+    fn request(
+        &self,
+        subject: &str,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Bytes, EngineError>> {
+        let (this, subject) = (self.clone(), subject.to_owned());
+        Box::pin(async move {
+            check_subject(&subject)?;
+            this.connected()?;
+            let request = async_nats::Request::new()
+                .payload(payload)
+                .timeout(Some(timeout));
+            match this.client.send_request(subject.clone(), request).await {
+                Ok(answer) => Ok(answer.payload),
+                Err(e) => Err(match e.kind() {
+                    async_nats::RequestErrorKind::NoResponders => {
+                        EngineError::NoResponders(subject)
+                    }
+                    async_nats::RequestErrorKind::TimedOut => EngineError::Timeout,
+                    async_nats::RequestErrorKind::InvalidSubject => {
+                        EngineError::Invalid(format!("subject {subject:?}"))
+                    }
+                    _ if !this.is_connected() => EngineError::Unavailable(e.to_string()),
+                    _ => EngineError::Other(e.to_string()),
+                }),
+            }
+        })
+    }
+
+    fn subscribe(&self, subject: &str) -> BoxFuture<'static, Result<Subscription, EngineError>> {
+        let (this, subject) = (self.clone(), subject.to_owned());
+        Box::pin(async move {
+            check_subject_pattern(&subject)?;
+            this.connected()?;
+            let subscriber = this
+                .client
+                .subscribe(subject)
+                .await
+                .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+            // The server reads a connection in order: once it has answered a request sent after
+            // the subscription, it has the subscription, and a request sent after this returns
+            // finds it, from any client of this server. (`flush` only writes the socket.)
+            this.js.query_account().await.map_err(|e| {
+                EngineError::Unavailable(format!("confirming the subscription: {e}"))
+            })?;
+            Ok(Subscription::new(subscriber.map(|m| Incoming {
+                subject: m.subject.to_string(),
+                payload: m.payload,
+                reply: m.reply.map(|r| r.to_string()),
+            })))
+        })
+    }
+}
+
+/// How many changes a watch holds that its reader has not taken.
+const WATCH_BUFFER: usize = 256;
+
+/// Turns the key/value watch's entries into changes for `tx`, until its receiver is dropped.
+async fn forward_watch(
+    bucket: String,
+    mut entries: kv::Watch,
+    tx: tokio::sync::mpsc::Sender<Change>,
+) {
+    loop {
+        let next = tokio::select! {
+            () = tx.closed() => return,
+            next = entries.next() => next,
+        };
+        match next {
+            None => return,
+            Some(Ok(e)) => {
+                let kind = match e.operation {
+                    kv::Operation::Put => ChangeKind::Put(e.value),
+                    kv::Operation::Delete => ChangeKind::Deleted,
+                    // The server's `MaxAge` marker; the gateway never purges.
+                    kv::Operation::Purge => ChangeKind::Expired,
+                };
+                let change = Change {
+                    key: e.key,
+                    revision: e.revision,
+                    kind,
+                };
+                if tx.send(change).await.is_err() {
+                    return;
+                }
+            }
+            // The ordered consumer recovers by itself (it is re-made from the last revision
+            // seen); pause so that a lasting fault does not spin.
+            Some(Err(e)) => {
+                tracing::debug!(%bucket, error = %e, "watch interrupted; resuming");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The revision a refused compare-and-set met, from JetStream's error ("wrong last sequence:
+/// 7", error code 10071).
+fn server_current_revision(e: &jetstream::context::PublishError) -> Option<Revision> {
+    let text = e.to_string();
+    let (_, after) = text.rsplit_once("wrong last sequence: ")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Why a bucket could not be opened: its stream does not exist (JetStream error 10059), or
+/// JetStream did not answer.
+fn open_error(bucket: &str, e: &jetstream::context::KeyValueError) -> EngineError {
+    use jetstream::context::{GetStreamError, GetStreamErrorKind};
+    let cause = e
+        .source()
+        .and_then(|s| s.downcast_ref::<GetStreamError>())
+        .map(|s| s.kind());
+    match cause {
+        Some(GetStreamErrorKind::JetStream(js))
+            if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+        {
+            EngineError::BucketNotFound(bucket.to_owned())
+        }
+        Some(GetStreamErrorKind::Request) => EngineError::Unavailable(e.to_string()),
+        _ => EngineError::Other(e.to_string()),
+    }
+}
