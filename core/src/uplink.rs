@@ -80,6 +80,10 @@ pub enum Control {
         /// restarted gateway starts above it; absent when it never accepted one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fence: Option<u64>,
+        /// The highest epoch this sled has been welcomed with (see [`Control::Welcome`]), so a
+        /// replica's new claim starts above it; absent when no welcome carried one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epoch_seen: Option<u64>,
     },
     /// gateway → sled, after a hello with a `key`: prove you hold its private half by signing
     /// [`crate::identity::challenge_message`] of your project and this nonce (32 random bytes,
@@ -98,7 +102,17 @@ pub enum Control {
         story: Option<String>,
     },
     /// gateway → sled: the hello was accepted.
-    Welcome { protocol: u32, heartbeat_ms: u64 },
+    Welcome {
+        protocol: u32,
+        heartbeat_ms: u64,
+        /// The replica's claim on the project (issue 15: a revision of the directory, won by
+        /// compare-and-set; see `crate::directory`): the sled serves calls only on the uplink
+        /// welcomed with its highest epoch, refuses a welcome at or below one it has seen, and
+        /// closes an older uplink with [`CloseCode::Superseded`]. Absent from a gateway that
+        /// is not in a cluster: the uplink serves as before.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epoch: Option<u64>,
+    },
     /// gateway → sled: are you there?
     Ping { seq: u64 },
     /// sled → gateway: the answer to a ping with the same `seq`.
@@ -171,6 +185,10 @@ pub enum CloseCode {
     /// The sled's identity was refused: its key differs from the project's pinned key, it
     /// presented none while one is pinned (or required), or its proof did not verify.
     IdentityRefused = 4007,
+    /// Sent by the *sled*: this uplink's epoch is no longer its newest (another connection was
+    /// welcomed with a higher one), or its welcome carried an epoch at or below one it had
+    /// already seen. The replica that sent it lost its claim on the project.
+    Superseded = 4008,
 }
 
 impl CloseCode {
@@ -215,6 +233,7 @@ mod tests {
             token: None,
             key: None,
             fence: None,
+            epoch_seen: None,
         };
         assert_eq!(serde_json::from_str::<Control>(bare).unwrap(), hello);
         assert_eq!(hello.to_text(), bare);
@@ -225,6 +244,7 @@ mod tests {
             token: None,
             key: None,
             fence: Some(7),
+            epoch_seen: None,
         };
         assert_eq!(
             fenced.to_text(),
@@ -234,6 +254,37 @@ mod tests {
             serde_json::from_str::<Control>(&fenced.to_text()).unwrap(),
             fenced
         );
+    }
+
+    #[test]
+    fn the_welcomes_epoch_and_the_hellos_epoch_seen_are_optional() {
+        let bare = r#"{"uplink":"welcome","protocol":1,"heartbeat_ms":5000}"#;
+        let welcome = Control::Welcome {
+            protocol: 1,
+            heartbeat_ms: 5000,
+            epoch: None,
+        };
+        assert_eq!(serde_json::from_str::<Control>(bare).unwrap(), welcome);
+        assert_eq!(
+            welcome.to_text(),
+            bare,
+            "a gateway not in a cluster sends what it did"
+        );
+        let claimed = Control::Welcome {
+            protocol: 1,
+            heartbeat_ms: 5000,
+            epoch: Some(12),
+        };
+        let text = r#"{"uplink":"welcome","protocol":1,"heartbeat_ms":5000,"epoch":12}"#;
+        assert_eq!(claimed.to_text(), text);
+        assert_eq!(serde_json::from_str::<Control>(text).unwrap(), claimed);
+        let hello =
+            r#"{"uplink":"hello","protocol":1,"project":"beta","sled":"b","epoch_seen":12}"#;
+        let Control::Hello { epoch_seen, .. } = serde_json::from_str::<Control>(hello).unwrap()
+        else {
+            panic!("not a hello");
+        };
+        assert_eq!(epoch_seen, Some(12));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! seeded RNG, and nothing observable depends on hash order: the same code runs as a host in a
 //! deterministic simulation.
 
+pub mod epoch;
 pub mod fixture;
 pub mod fleet;
 pub mod http;
@@ -27,11 +28,14 @@ pub mod uplink;
 pub use gateway_client::client;
 
 pub use client::{ClientError, McpClient};
+pub use epoch::EpochFence;
 pub use fixture::Fixture;
 pub use fleet::{demo_project_names, Fleet, SledOptions};
 pub use identity::{impostor_key, sled_key};
-pub use mcp::{SharedSled, Sled, SledConfig};
+pub use mcp::{ReceivedTrace, SharedSled, Sled, SledConfig};
 pub use model::{Project, Stage, Story, Todo};
 pub use net::{Connect, GatewayAddr, HttpUrl, TokioConnect, UrlError};
 pub use script::{check_session, run_session, session_plan, SessionHistory, SessionPlan, Workload};
-pub use uplink::{run_uplink, run_uplink_with, Backend, CallContext, Handler, UplinkOptions};
+pub use uplink::{
+    run_uplink, run_uplink_fenced, run_uplink_with, Backend, CallContext, Handler, UplinkOptions,
+};

@@ -17,6 +17,12 @@
 //! `tools/call` (`story_created`, `story_moved`, `story_blocked`, `test_failed`,
 //! `story_updated`), numbered by one counter that survives reconnects.
 //!
+//! In a cluster the welcome carries an epoch: the sled keeps the highest in an
+//! [`EpochFence`] (reported in each hello as `epoch_seen`), hangs up on a welcome at or below
+//! it, and serves calls only while its connection's epoch is the newest, closing it with
+//! [`CloseCode::Superseded`] as soon as another connection sharing the fence is welcomed with a
+//! higher one (see [`crate::epoch`]).
+//!
 //! Only `tokio::time` is used for time and only a seeded RNG for jitter, so the same code runs
 //! deterministically inside a simulation.
 
@@ -46,6 +52,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 use tracing::{debug, error, info, warn};
 
+use crate::epoch::EpochFence;
 use crate::mcp::SharedSled;
 use crate::net::{Connect, GatewayAddr};
 
@@ -109,6 +116,9 @@ struct Relay {
     /// in `seq` order.
     seq: Arc<Mutex<u64>>,
     stalled: bool,
+    /// How many connections of this uplink were welcomed: numbers each one for
+    /// [`CallContext::connection`].
+    connections: Arc<Mutex<u64>>,
 }
 
 impl Relay {
@@ -116,7 +126,18 @@ impl Relay {
         Relay {
             seq: Arc::default(),
             stalled,
+            connections: Arc::default(),
         }
+    }
+
+    /// The number of a newly welcomed connection: 1, 2, … over the uplink's life.
+    fn next_connection(&self) -> u64 {
+        let mut n = self
+            .connections
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *n += 1;
+        *n
     }
 
     /// Numbers an event and queues its frame (nothing when the relay is stalled).
@@ -212,6 +233,11 @@ pub trait Handler: Send + Sync + 'static {
     /// or `None` for a notification. Runs as a task of its own; the gateway's
     /// `notifications/cancelled` for the request aborts it.
     fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>>;
+
+    /// The gateway's `notifications/cancelled` (its `params`) arrived on connection
+    /// `connection` (as [`CallContext::connection`] numbers them). Called for every one, whether
+    /// or not it names a request still running (which is aborted); the default does nothing.
+    fn cancelled(&self, _connection: u64, _params: &Value) {}
 
     /// The highest fence it has accepted for its project's leased resources, reported in each
     /// `hello` (`None`, the default, when it never accepted one or keeps no fences).
@@ -336,6 +362,7 @@ impl Peer {
 #[derive(Clone)]
 pub struct CallContext {
     peer: Peer,
+    connection: u64,
     request_id: Option<u64>,
     progress_token: Option<Value>,
 }
@@ -343,6 +370,7 @@ pub struct CallContext {
 impl std::fmt::Debug for CallContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CallContext")
+            .field("connection", &self.connection)
             .field("request_id", &self.request_id)
             .field("progress_token", &self.progress_token)
             .finish()
@@ -353,6 +381,12 @@ impl CallContext {
     /// The gateway's id of the request being served (a number on this uplink).
     pub fn request_id(&self) -> Option<u64> {
         self.request_id
+    }
+
+    /// Which connection of the uplink the request came on: 1, 2, … in the order they were
+    /// welcomed. The gateway's ids are unique per connection only.
+    pub fn connection(&self) -> u64 {
+        self.connection
     }
 
     /// The progress token the gateway put on the request, if the client asked for progress.
@@ -493,7 +527,7 @@ fn request_delay(opts: &UplinkOptions, rng: &mut ChaCha8Rng) -> Duration {
 }
 
 fn close_name(code: u16) -> &'static str {
-    const NAMES: [(CloseCode, &str); 8] = [
+    const NAMES: [(CloseCode, &str); 9] = [
         (CloseCode::GoingAway, "going away"),
         (CloseCode::Replaced, "replaced by another connection"),
         (CloseCode::HeartbeatTimeout, "heartbeat timeout"),
@@ -505,6 +539,7 @@ fn close_name(code: u16) -> &'static str {
             "unauthorized: missing or wrong uplink token",
         ),
         (CloseCode::IdentityRefused, "identity refused"),
+        (CloseCode::Superseded, "superseded by a newer epoch"),
     ];
     NAMES
         .iter()
@@ -525,12 +560,35 @@ pub async fn run_uplink<C: Connect>(
     run_uplink_with(connector, gateway, Backend::Story(sled), opts, shutdown).await;
 }
 
-/// [`run_uplink`] for any [`Backend`].
+/// [`run_uplink`] for any [`Backend`], with an epoch fence of its own that lasts as long as
+/// the loop.
 pub async fn run_uplink_with<C: Connect>(
     connector: C,
     gateway: GatewayAddr,
     sled: Backend,
     opts: UplinkOptions,
+    shutdown: impl Future<Output = ()>,
+) {
+    run_uplink_fenced(
+        connector,
+        gateway,
+        sled,
+        opts,
+        EpochFence::default(),
+        shutdown,
+    )
+    .await;
+}
+
+/// [`run_uplink_with`] sharing `fence` with other uplink loops of the same sled: the one
+/// welcomed with the highest epoch serves, and the others' connections are closed
+/// ([`CloseCode::Superseded`]) and reconnect.
+pub async fn run_uplink_fenced<C: Connect>(
+    connector: C,
+    gateway: GatewayAddr,
+    sled: Backend,
+    opts: UplinkOptions,
+    fence: EpochFence,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut shutdown = std::pin::pin!(shutdown);
@@ -545,6 +603,7 @@ pub async fn run_uplink_with<C: Connect>(
             &sled,
             &opts,
             &relay,
+            &fence,
             &mut rng,
             shutdown.as_mut(),
         )
@@ -603,12 +662,14 @@ pub async fn run_uplink_with<C: Connect>(
 }
 
 /// One connection: handshake, then serve until it is lost or shutdown completes.
+#[allow(clippy::too_many_arguments)]
 async fn connect_once<C: Connect, F: Future<Output = ()>>(
     connector: &C,
     gateway: &GatewayAddr,
     sled: &Backend,
     opts: &UplinkOptions,
     relay: &Relay,
+    fence: &EpochFence,
     rng: &mut ChaCha8Rng,
     mut shutdown: Pin<&mut F>,
 ) -> Outcome {
@@ -626,6 +687,7 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         key: key.clone(),
         // Read at each attempt: the fences accepted on the last connection count.
         fence: sled.fence_high_water(),
+        epoch_seen: fence.seen(),
     };
     let attempt = async {
         let stream = connector
@@ -642,14 +704,26 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
             tokio_tungstenite::client_async_with_config(url.as_str(), stream, Some(config))
                 .await
                 .map_err(|e| (format!("WebSocket upgrade at {url}: {e}"), None))?;
-        let heartbeat_ms = handshake(&mut ws, &hello, &project, opts.identity.as_ref()).await?;
-        Ok((ws, heartbeat_ms))
+        let (heartbeat_ms, epoch) =
+            handshake(&mut ws, &hello, &project, opts.identity.as_ref()).await?;
+        if let Some(epoch) = epoch {
+            if !fence.welcome(epoch) {
+                let seen = fence.seen().unwrap_or_default();
+                let why = format!("welcomed with epoch {epoch}, not above {seen}");
+                hang_up_with(&mut ws, CloseCode::Superseded, &why).await;
+                return Err((
+                    format!("a stale claim: {why}"),
+                    Some(CloseCode::Superseded.code()),
+                ));
+            }
+        }
+        Ok((ws, heartbeat_ms, epoch))
     };
     let result = tokio::select! {
         () = shutdown.as_mut() => return Outcome::Shutdown,
         r = timeout(HANDSHAKE_TIMEOUT, attempt) => r,
     };
-    let (ws, heartbeat_ms) = match result {
+    let (ws, heartbeat_ms, epoch) = match result {
         Ok(Ok(ok)) => ok,
         Ok(Err((reason, close_code))) => {
             return Outcome::Lost {
@@ -667,8 +741,9 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         }
     };
     let key = key.as_deref().unwrap_or("none");
-    info!(project = %project, gateway = %gateway, heartbeat_ms, key, "uplink connected");
-    serve(ws, heartbeat_ms, sled, opts, relay, rng, shutdown).await
+    info!(project = %project, gateway = %gateway, heartbeat_ms, key, ?epoch, "uplink connected");
+    let epoch = epoch.map(|e| (e, fence));
+    serve(ws, heartbeat_ms, epoch, sled, opts, relay, rng, shutdown).await
 }
 
 /// Hangs up on a gateway that broke the handshake (best effort).
@@ -680,15 +755,29 @@ async fn hang_up<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>,
     let _ = timeout(Duration::from_millis(500), ws.close(Some(frame))).await;
 }
 
+/// Hangs up with one of the uplink protocol's close codes (best effort).
+async fn hang_up_with<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: &mut WebSocketStream<S>,
+    code: CloseCode,
+    why: &str,
+) {
+    let frame = CloseFrame {
+        code: WsCloseCode::from(code.code()),
+        reason: why.to_owned().into(),
+    };
+    let _ = timeout(Duration::from_millis(500), ws.close(Some(frame))).await;
+}
+
 /// Sends `hello`, answers a `challenge` with a `proof` signed by `identity`, and waits for
-/// `welcome`. Returns the heartbeat period, or why it failed and the close code if the gateway
-/// closed the connection (for `IdentityRefused`, the reason is just the gateway's).
+/// `welcome`. Returns the heartbeat period and the welcome's epoch, or why it failed and the
+/// close code if the gateway closed the connection (for `IdentityRefused`, the reason is just
+/// the gateway's).
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     ws: &mut WebSocketStream<S>,
     hello: &Control,
     project: &str,
     identity: Option<&SigningKey>,
-) -> Result<u64, (String, Option<u16>)> {
+) -> Result<(u64, Option<u64>), (String, Option<u16>)> {
     ws.send(Message::text(hello.to_text()))
         .await
         .map_err(|e| (format!("sending hello: {e}"), None))?;
@@ -711,6 +800,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 Frame::Control(Control::Welcome {
                     protocol,
                     heartbeat_ms,
+                    epoch,
                 }) => {
                     if protocol != PROTOCOL_VERSION {
                         warn!(
@@ -720,7 +810,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                             "gateway welcomed with another protocol version"
                         );
                     }
-                    return Ok(heartbeat_ms);
+                    return Ok((heartbeat_ms, epoch));
                 }
                 Frame::Control(Control::Closing { code, reason }) => {
                     info!(project, code, kind = close_name(code), %reason, "gateway is closing the uplink");
@@ -802,10 +892,13 @@ fn silence_limit(heartbeat_ms: u64) -> Option<Duration> {
     (heartbeat_ms > 0).then(|| Duration::from_millis(heartbeat_ms.saturating_mul(3).min(DAY_MS)))
 }
 
-/// Serves a welcomed connection until it is lost or shutdown completes.
+/// Serves a welcomed connection until it is lost or shutdown completes, or (with the epoch it
+/// was welcomed with, and the sled's fence) until a newer epoch supersedes it.
+#[allow(clippy::too_many_arguments)]
 async fn serve<S, F>(
     ws: WebSocketStream<S>,
     heartbeat_ms: u64,
+    epoch: Option<(u64, &EpochFence)>,
     backend: &Backend,
     opts: &UplinkOptions,
     relay: &Relay,
@@ -852,6 +945,7 @@ where
     let deadline_after = |d: Duration| Instant::now().checked_add(d);
     let mut deadline = silence.and_then(deadline_after);
     let peer = Peer::new(tx.clone());
+    let connection = relay.next_connection();
     let (mut tools_changed, mut tools_open) = match backend.tools_changed() {
         Some(rx) => (rx, true),
         None => (watch::channel(0).1, false),
@@ -861,6 +955,12 @@ where
     // `notifications/cancelled` stops them before they are applied.
     let mut waiting: BTreeMap<u64, tokio::task::AbortHandle> = BTreeMap::new();
     let mut closing: Option<(u16, String)> = None;
+    // A newer epoch welcomed on another connection of this sled ends this one.
+    let superseded = || epoch.is_some_and(|(e, fence)| !fence.is_newest(e));
+    let (mut newer, mut newer_open) = match epoch {
+        Some((_, fence)) => (fence.subscribe(), true),
+        None => (watch::channel(None).1, false),
+    };
     // The relay's anti-entropy tick: a `sync` event every `relay_interval`, the first one
     // interval after welcome.
     let mut sync = (!relay.stalled && !opts.relay_interval.is_zero())
@@ -914,6 +1014,13 @@ where
                 }
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            changed = newer.changed(), if newer_open => {
+                if changed.is_err() {
+                    newer_open = false;
+                } else if superseded() {
+                    return close_superseded(&project, &tx, &mut writer).await;
+                }
+            }
             () = sync_due => relay.send(&tx, "sync", None),
             msg = stream.next() => {
                 let msg = match msg {
@@ -950,6 +1057,10 @@ where
                                 "unreadable frame from the gateway; telling it");
                             send(Control::Unreadable { id, reason: e }.to_text());
                         }
+                        Frame::Rpc(_) if superseded() => {
+                            // Not served: the gateway's claim is no longer the newest.
+                            return close_superseded(&project, &tx, &mut writer).await;
+                        }
                         Frame::Rpc(msg) => {
                             waiting.retain(|_, h| !h.is_finished());
                             let method = msg.get("method").and_then(Value::as_str);
@@ -969,6 +1080,9 @@ where
                                     handle.abort();
                                     info!(project = %project, request = id, "call cancelled by the gateway; not applied");
                                 }
+                                if let Backend::Handler(handler) = backend {
+                                    handler.cancelled(connection, msg.get("params").unwrap_or(&Value::Null));
+                                }
                             } else {
                                 match backend {
                                     Backend::Story(sled) => serve_story(sled, msg, opts, relay, rng, &tx, &mut tasks, &mut waiting),
@@ -976,6 +1090,7 @@ where
                                         let id = msg.get("id").and_then(Value::as_u64);
                                         let ctx = CallContext {
                                             peer: peer.clone(),
+                                            connection,
                                             request_id: id,
                                             progress_token: msg.pointer("/params/_meta/progressToken").cloned(),
                                         };
@@ -1091,6 +1206,31 @@ fn answer_story(
         if let Some((kind, story)) = story_event(msg, &resp) {
             relay.send(tx, kind, story);
         }
+    }
+}
+
+/// Closes a connection whose epoch is no longer the sled's newest, with
+/// [`CloseCode::Superseded`], and gives the writer a moment to flush it.
+async fn close_superseded(
+    project: &str,
+    tx: &mpsc::UnboundedSender<Message>,
+    writer: &mut AbortOnDrop<Result<(), tokio_tungstenite::tungstenite::Error>>,
+) -> Outcome {
+    info!(
+        project,
+        "a newer epoch was welcomed on another connection; closing this one"
+    );
+    let frame = CloseFrame {
+        code: WsCloseCode::from(CloseCode::Superseded.code()),
+        reason: "superseded by a newer epoch".into(),
+    };
+    if tx.send(Message::Close(Some(frame))).is_ok() {
+        let _ = timeout(Duration::from_millis(500), &mut writer.0).await;
+    }
+    Outcome::Lost {
+        welcomed: true,
+        close_code: Some(CloseCode::Superseded.code()),
+        failure: None,
     }
 }
 

@@ -87,11 +87,13 @@ async fn fixture_tools_talk_to_the_gateway_mid_call() {
             token: None,
             key: None,
             fence: None,
+            epoch_seen: None,
         }
     );
     let welcome = Control::Welcome {
         protocol: PROTOCOL_VERSION,
         heartbeat_ms: 0,
+        epoch: None,
     };
     ws.send(Message::text(welcome.to_text())).await.unwrap();
 

@@ -100,6 +100,7 @@ fn uplink_run(seed: u64) -> Vec<String> {
             let welcome = Control::Welcome {
                 protocol: PROTOCOL_VERSION,
                 heartbeat_ms: 1_000,
+                epoch: None,
             };
             ws.send(Message::text(welcome.to_text())).await?;
             for id in 0..8 {
@@ -242,6 +243,7 @@ fn relay_run(seed: u64) -> Vec<String> {
         let welcome = Control::Welcome {
             protocol: PROTOCOL_VERSION,
             heartbeat_ms: 0,
+            epoch: None,
         };
         ws.send(Message::text(welcome.to_text())).await?;
         let welcomed = turmoil::elapsed();

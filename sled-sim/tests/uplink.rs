@@ -91,6 +91,7 @@ fn welcome(heartbeat_ms: u64) -> Control {
     Control::Welcome {
         protocol: PROTOCOL_VERSION,
         heartbeat_ms,
+        epoch: None,
     }
 }
 
@@ -145,6 +146,7 @@ async fn hello_welcome_ping_and_calls() {
                 token: None,
                 key: None,
                 fence: None,
+                epoch_seen: None,
             }
         );
         send_control(&mut ws, welcome(5_000)).await;

@@ -48,6 +48,7 @@ pub(crate) async fn connect(
         token: None,
         key: None,
         fence: None,
+        epoch_seen: None,
     };
     ws.send(Message::text(hello.to_text())).await?;
     loop {
