@@ -182,9 +182,12 @@ impl NatsServer {
         self.child = Some(child);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
+            // Ready when it says so (JetStream set up, listening) and its port answers: a port
+            // that answers alone may still be another process's, or a server mid-start.
+            if self.log().contains("Server is ready")
+                && tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .is_ok()
             {
                 return;
             }
