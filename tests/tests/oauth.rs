@@ -13,153 +13,24 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use base64::Engine as _;
 use gateway_core::OAuthConfig;
 use gateway_server::oauth::OAuthOptions;
 use gateway_server::ServerOptions;
-use hyper::Method;
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
-use tokio::io::AsyncBufReadExt;
 
 #[path = "support/node.rs"]
 mod node;
+#[path = "support/oauth.rs"]
+mod oauth;
 #[path = "support/python.rs"]
 mod python;
 
+use oauth::{b64, get, jwt_part, now, post_form, Provider, TestIssuer, TestKey, OPS_AGENT};
+
 const PROJECTS: [&str; 2] = ["alpha", "beta"];
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_secs()
-}
-
-// ---- an authorization server of the tests' own ----
-
-/// An Ed25519 signing key, with its key id.
-struct TestKey {
-    kid: String,
-    signing: ed25519_dalek::SigningKey,
-}
-
-impl TestKey {
-    fn new(kid: &str, seed: u8) -> TestKey {
-        TestKey {
-            kid: kid.to_owned(),
-            signing: ed25519_dalek::SigningKey::from_bytes(&[seed; 32]),
-        }
-    }
-
-    /// The public half, as a JWK.
-    fn jwk(&self) -> Value {
-        json!({
-            "kty": "OKP", "crv": "Ed25519", "use": "sig", "alg": "EdDSA", "kid": self.kid,
-            "x": b64(self.signing.verifying_key().as_bytes()),
-        })
-    }
-
-    /// Signs `claims` with `header` as given (EdDSA, whatever the header says).
-    fn sign_raw(&self, header: &Value, claims: &Value) -> String {
-        use ed25519_dalek::Signer as _;
-        let input = format!(
-            "{}.{}",
-            b64(header.to_string().as_bytes()),
-            b64(claims.to_string().as_bytes())
-        );
-        let signature = self.signing.sign(input.as_bytes());
-        format!("{input}.{}", b64(&signature.to_bytes()))
-    }
-
-    /// An access token: `claims` signed by jsonwebtoken, under this key's id.
-    fn token(&self, claims: &Value) -> String {
-        // PKCS#8 v1 for Ed25519: a fixed prefix, then the 32-byte seed.
-        let mut der = vec![
-            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
-            0x04, 0x20,
-        ];
-        der.extend_from_slice(self.signing.as_bytes());
-        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
-        header.kid = Some(self.kid.clone());
-        header.typ = Some("at+jwt".into());
-        jsonwebtoken::encode(
-            &header,
-            claims,
-            &jsonwebtoken::EncodingKey::from_ed_der(&der),
-        )
-        .expect("a token can be signed")
-    }
-}
-
-/// OpenID discovery and a JWKS on a loopback port; counts JWKS fetches.
-struct TestIssuer {
-    url: String,
-    keys: Arc<Mutex<Vec<Value>>>,
-    jwks_fetches: Arc<AtomicUsize>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl TestIssuer {
-    async fn start(keys: &[&TestKey]) -> TestIssuer {
-        use axum::routing::get;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a loopback port");
-        let url = format!("http://{}", listener.local_addr().expect("bound"));
-        let jwks = Arc::new(Mutex::new(keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()));
-        let fetches = Arc::new(AtomicUsize::new(0));
-        let metadata = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
-        let app = axum::Router::new()
-            .route(
-                "/.well-known/openid-configuration",
-                get(move || async move { axum::Json(metadata) }),
-            )
-            .route(
-                "/jwks",
-                get({
-                    let jwks = jwks.clone();
-                    let fetches = fetches.clone();
-                    move || async move {
-                        fetches.fetch_add(1, Ordering::SeqCst);
-                        let keys = jwks.lock().expect("not poisoned").clone();
-                        axum::Json(json!({ "keys": keys }))
-                    }
-                }),
-            );
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        TestIssuer {
-            url,
-            keys: jwks,
-            jwks_fetches: fetches,
-            server,
-        }
-    }
-
-    fn set_keys(&self, keys: &[&TestKey]) {
-        *self.keys.lock().expect("not poisoned") = keys.iter().map(|k| k.jwk()).collect();
-    }
-
-    fn fetches(&self) -> usize {
-        self.jwks_fetches.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for TestIssuer {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
 
 /// Claims of a good access token from `issuer` for `resource`, with `scope`.
 fn claims(issuer: &str, resource: &str, scope: &str) -> Value {
@@ -317,58 +188,6 @@ fn whoami(project: Option<&str>) -> Value {
 }
 
 /// `GET url` (any loopback HTTP URL): status and body.
-async fn get(url: &str) -> (u16, Value) {
-    let mut c = McpClient::connect(TokioConnect, url)
-        .await
-        .expect("the server is up");
-    let (status, _, body) = c
-        .send_raw(Method::GET, Vec::new(), &[("accept", "application/json")])
-        .await
-        .expect("an HTTP answer");
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
-/// `POST url` of a form (`application/x-www-form-urlencoded`), with more headers: status and
-/// body.
-async fn post_form(url: &str, form: &[(&str, &str)], headers: &[(&str, &str)]) -> (u16, Value) {
-    fn enc(s: &str) -> String {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect()
-    }
-    let body: Vec<String> = form
-        .iter()
-        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
-        .collect();
-    let mut all = vec![
-        ("content-type", "application/x-www-form-urlencoded"),
-        ("accept", "application/json"),
-    ];
-    all.extend_from_slice(headers);
-    let mut c = McpClient::connect(TokioConnect, url)
-        .await
-        .expect("the server is up");
-    let (status, _, body) = c
-        .send_raw(Method::POST, body.join("&").into_bytes(), &all)
-        .await
-        .expect("an HTTP answer");
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
-/// The payload of a JWT, read without checking anything.
-fn jwt_part(token: &str, i: usize) -> Value {
-    let part = token.split('.').nth(i).expect("a JWT part");
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(part)
-        .expect("base64url");
-    serde_json::from_slice(&bytes).expect("JSON")
-}
-
 fn challenge_401(gw: &OAuthGateway, presented: bool) -> String {
     let error = if presented {
         r#"error="invalid_token", "#
@@ -608,95 +427,6 @@ async fn access_tokens_signed_here_are_checked_and_refused_without_detail() {
 
 /// npm's oidc-provider, running `tests/clients/oidc_provider.mjs` for `resource` (and
 /// `other_resource`), on a loopback port of its own.
-struct Provider {
-    issuer: String,
-    child: tokio::process::Child,
-}
-
-const OIDC_PROVIDER: (&str, &str) = ("oidc-provider", "9.13.3");
-const CLIENT_ID: &str = "ops-agent";
-const CLIENT_SECRET: &str = "ops-agent-secret-0123456789";
-
-impl Provider {
-    async fn start(resource: &str, other_resource: &str) -> Provider {
-        let node = node::node().await;
-        let dir = node::packages("oidc", &[OIDC_PROVIDER]).await;
-        // Run from the install directory, so that the script's import finds the package.
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/oidc_provider.mjs");
-        let script = dir.join("oidc_provider.mjs");
-        std::fs::copy(&source, &script).expect("the script can be copied next to the package");
-        let mut cmd = node.command();
-        cmd.current_dir(&dir)
-            .arg(&script)
-            .arg(resource)
-            .arg(other_resource)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("node starts");
-        let stdout = child.stdout.take().expect("piped");
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let issuer = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.expect("stdout readable") {
-                if let Some(issuer) = line.strip_prefix("READY ") {
-                    return issuer.to_owned();
-                }
-            }
-            panic!("oidc-provider ended before it was ready");
-        })
-        .await
-        .expect("oidc-provider ready within 30 s");
-        Provider { issuer, child }
-    }
-
-    /// A token by the client-credentials grant (client_secret_basic) for `resource`, with
-    /// `scope` when given: the whole token response.
-    async fn token(&self, resource: &str, scope: Option<&str>) -> (u16, Value) {
-        let basic = format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD
-                .encode(format!("{CLIENT_ID}:{CLIENT_SECRET}"))
-        );
-        let mut form = vec![("grant_type", "client_credentials"), ("resource", resource)];
-        if let Some(s) = scope {
-            form.push(("scope", s));
-        }
-        post_form(
-            &format!("{}/token", self.issuer),
-            &form,
-            &[("authorization", &basic)],
-        )
-        .await
-    }
-
-    async fn access_token(&self, resource: &str, scope: Option<&str>) -> String {
-        let (status, body) = self.token(resource, scope).await;
-        assert_eq!(status, 200, "{body}");
-        body["access_token"]
-            .as_str()
-            .expect("an access token")
-            .to_owned()
-    }
-
-    /// Rotates the provider's signing key; the new key's id.
-    async fn rotate(&self) -> String {
-        let (status, body) = post_form(&format!("{}/test/rotate", self.issuer), &[], &[]).await;
-        assert_eq!(status, 200);
-        body["kid"].as_str().expect("a kid").to_owned()
-    }
-
-    async fn stop(mut self) {
-        // End of its standard input ends it; kill it if it lingers.
-        drop(self.child.stdin.take());
-        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
 const OTHER_RESOURCE: &str = "https://other.example.com/mcp";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -738,7 +468,7 @@ async fn tokens_from_a_real_openid_provider() {
         &[
             ("grant_type", "client_credentials"),
             ("client_id", "ops-agent-post"),
-            ("client_secret", CLIENT_SECRET),
+            ("client_secret", OPS_AGENT.1),
             ("resource", &resource),
             ("scope", "mcp"),
         ],
@@ -757,11 +487,18 @@ async fn tokens_from_a_real_openid_provider() {
 
     // The provider's token for another resource is refused like any invalid token; one
     // without the scope gets 403.
-    let elsewhere = provider.access_token(OTHER_RESOURCE, Some("mcp")).await;
+    let elsewhere = provider
+        .access_token(OPS_AGENT, OTHER_RESOURCE, "mcp")
+        .await;
     assert_eq!(jwt_part(&elsewhere, 1)["aud"], OTHER_RESOURCE);
     let (status, challenge, _) = gw.post(Some(&elsewhere), tools_list()).await;
     assert_eq!((status, challenge), (401, Some(challenge_401(&gw, true))));
-    let unscoped = provider.access_token(&resource, None).await;
+    let (status, unscoped) = provider.token(OPS_AGENT, &resource, None).await;
+    assert_eq!(status, 200, "{unscoped}");
+    let unscoped = unscoped["access_token"]
+        .as_str()
+        .expect("a token")
+        .to_owned();
     let (status, _, body) = gw.post(Some(&unscoped), tools_list()).await;
     assert_eq!(
         (status, body["error"]["data"]["kind"].as_str()),
@@ -774,7 +511,7 @@ async fn tokens_from_a_real_openid_provider() {
     let new_kid = provider.rotate().await;
     assert_ne!(new_kid, old_kid);
     tokio::time::sleep(COOLDOWN).await;
-    let rotated = provider.access_token(&resource, Some("mcp")).await;
+    let rotated = provider.access_token(OPS_AGENT, &resource, "mcp").await;
     assert_eq!(jwt_part(&rotated, 0)["kid"], new_kid.as_str());
     let (status, _, body) = gw.post(Some(&rotated), whoami(None)).await;
     assert_eq!(status, 200, "{body}");
@@ -793,7 +530,7 @@ async fn the_python_sdk_goes_from_the_401_to_a_token_by_client_credentials() {
     let resource = format!("http://{}/mcp", gw_listener.local_addr().expect("bound"));
     let provider = Provider::start(&resource, OTHER_RESOURCE).await;
     let gw = OAuthGateway::start_on(gw_listener, &provider.issuer).await;
-    gw.wait_live(&provider.access_token(&resource, Some("mcp")).await)
+    gw.wait_live(&provider.access_token(OPS_AGENT, &resource, "mcp").await)
         .await;
 
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python_oauth_client.py");
@@ -801,8 +538,8 @@ async fn the_python_sdk_goes_from_the_401_to_a_token_by_client_credentials() {
         .arg(&script)
         .arg(&resource)
         .arg(&provider.issuer)
-        .arg(CLIENT_ID)
-        .arg(CLIENT_SECRET)
+        .arg(OPS_AGENT.0)
+        .arg(OPS_AGENT.1)
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output();

@@ -3,12 +3,14 @@
 //! npm's `oidc-provider` (a real, certified one) running `tests/clients/oidc_provider.mjs`.
 //!
 //! Included by the test files that need it with `#[path = "support/oauth.rs"] mod oauth;`,
-//! beside `support/node.rs` as `mod node`. (`tests/tests/oauth.rs` has its own copies.)
+//! beside `support/node.rs` as `mod node`.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -19,7 +21,7 @@ use tokio::io::AsyncBufReadExt;
 
 use super::node;
 
-fn b64(bytes: &[u8]) -> String {
+pub fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
@@ -31,10 +33,10 @@ pub fn now() -> u64 {
         .as_secs()
 }
 
-/// An Ed25519 signing key of the tests' own issuer, with its key id.
+/// An Ed25519 signing key, with its key id.
 pub struct TestKey {
     kid: String,
-    signing: ed25519_dalek::SigningKey,
+    pub signing: ed25519_dalek::SigningKey,
 }
 
 impl TestKey {
@@ -46,14 +48,26 @@ impl TestKey {
     }
 
     /// The public half, as a JWK.
-    fn jwk(&self) -> Value {
+    pub fn jwk(&self) -> Value {
         json!({
             "kty": "OKP", "crv": "Ed25519", "use": "sig", "alg": "EdDSA", "kid": self.kid,
             "x": b64(self.signing.verifying_key().as_bytes()),
         })
     }
 
-    /// An access token (`typ: at+jwt`): `claims` signed by jsonwebtoken under this key's id.
+    /// Signs `claims` with `header` as given (EdDSA, whatever the header says).
+    pub fn sign_raw(&self, header: &Value, claims: &Value) -> String {
+        use ed25519_dalek::Signer as _;
+        let input = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let signature = self.signing.sign(input.as_bytes());
+        format!("{input}.{}", b64(&signature.to_bytes()))
+    }
+
+    /// An access token: `claims` signed by jsonwebtoken, under this key's id.
     pub fn token(&self, claims: &Value) -> String {
         // PKCS#8 v1 for Ed25519: a fixed prefix, then the 32-byte seed.
         let mut der = vec![
@@ -73,9 +87,11 @@ impl TestKey {
     }
 }
 
-/// OpenID discovery and a JWKS on a loopback port, until dropped.
+/// OpenID discovery and a JWKS on a loopback port; counts JWKS fetches.
 pub struct TestIssuer {
     pub url: String,
+    keys: Arc<Mutex<Vec<Value>>>,
+    jwks_fetches: Arc<AtomicUsize>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -86,18 +102,43 @@ impl TestIssuer {
             .await
             .expect("a loopback port");
         let url = format!("http://{}", listener.local_addr().expect("bound"));
-        let jwks = json!({ "keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>() });
+        let jwks = Arc::new(Mutex::new(keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()));
+        let fetches = Arc::new(AtomicUsize::new(0));
         let metadata = json!({"issuer": url, "jwks_uri": format!("{url}/jwks")});
         let app = axum::Router::new()
             .route(
                 "/.well-known/openid-configuration",
                 get(move || async move { axum::Json(metadata) }),
             )
-            .route("/jwks", get(move || async move { axum::Json(jwks) }));
+            .route(
+                "/jwks",
+                get({
+                    let jwks = jwks.clone();
+                    let fetches = fetches.clone();
+                    move || async move {
+                        fetches.fetch_add(1, Ordering::SeqCst);
+                        let keys = jwks.lock().expect("not poisoned").clone();
+                        axum::Json(json!({ "keys": keys }))
+                    }
+                }),
+            );
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        TestIssuer { url, server }
+        TestIssuer {
+            url,
+            keys: jwks,
+            jwks_fetches: fetches,
+            server,
+        }
+    }
+
+    pub fn set_keys(&self, keys: &[&TestKey]) {
+        *self.keys.lock().expect("not poisoned") = keys.iter().map(|k| k.jwk()).collect();
+    }
+
+    pub fn fetches(&self) -> usize {
+        self.jwks_fetches.load(Ordering::SeqCst)
     }
 }
 
@@ -212,34 +253,50 @@ impl Provider {
         Provider { issuer, child }
     }
 
-    /// An access token by the client-credentials grant (client_secret_basic) for `resource`,
-    /// with `scope`.
-    pub async fn access_token(
+    /// A token by the client-credentials grant (client_secret_basic) for `resource`, with
+    /// `scope` when given: the status and the whole token response.
+    pub async fn token(
         &self,
         (id, secret): ClientCredentials,
         resource: &str,
-        scope: &str,
-    ) -> String {
+        scope: Option<&str>,
+    ) -> (u16, Value) {
         let basic = format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("{id}:{secret}"))
         );
-        let form = [
-            ("grant_type", "client_credentials"),
-            ("resource", resource),
-            ("scope", scope),
-        ];
-        let (status, body) = post_form(
+        let mut form = vec![("grant_type", "client_credentials"), ("resource", resource)];
+        if let Some(s) = scope {
+            form.push(("scope", s));
+        }
+        post_form(
             &format!("{}/token", self.issuer),
             &form,
             &[("authorization", &basic)],
         )
-        .await;
+        .await
+    }
+
+    /// An access token by the client-credentials grant for `resource`, with `scope`.
+    pub async fn access_token(
+        &self,
+        client: ClientCredentials,
+        resource: &str,
+        scope: &str,
+    ) -> String {
+        let (status, body) = self.token(client, resource, Some(scope)).await;
         assert_eq!(status, 200, "{body}");
         body["access_token"]
             .as_str()
             .expect("an access token")
             .to_owned()
+    }
+
+    /// Rotates the provider's signing key; the new key's id.
+    pub async fn rotate(&self) -> String {
+        let (status, body) = post_form(&format!("{}/test/rotate", self.issuer), &[], &[]).await;
+        assert_eq!(status, 200);
+        body["kid"].as_str().expect("a kid").to_owned()
     }
 
     pub async fn stop(mut self) {
