@@ -11,8 +11,6 @@
 //! SDK's client-credentials provider goes from the 401 through discovery to a token.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use gateway_core::OAuthConfig;
@@ -533,28 +531,12 @@ async fn the_python_sdk_goes_from_the_401_to_a_token_by_client_credentials() {
     gw.wait_live(&provider.access_token(OPS_AGENT, &resource, "mcp").await)
         .await;
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python_oauth_client.py");
-    let run = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(&resource)
-        .arg(&provider.issuer)
-        .arg(OPS_AGENT.0)
-        .arg(OPS_AGENT.1)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the Python client finished within 120 s")
-        .expect("the Python client ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the Python SDK checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    python::run_checks(
+        &python,
+        "python_oauth_client.py",
+        &[&resource, &provider.issuer, OPS_AGENT.0, OPS_AGENT.1],
+    )
+    .await;
 
     gw.stop().await;
     provider.stop().await;

@@ -17,7 +17,6 @@
 //! test installs first: the gateway runs in-process.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -678,28 +677,12 @@ right = "write"
         "{claims}"
     );
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/python_rights_client.py");
-    let run = tokio::process::Command::new(&python)
-        .arg(&script)
-        .arg(&resource)
-        .arg(&provider.issuer)
-        .arg(READER_AGENT.0)
-        .arg(READER_AGENT.1)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the Python client finished within 120 s")
-        .expect("the Python client ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the Python SDK checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    python::run_checks(
+        &python,
+        "python_rights_client.py",
+        &[&resource, &provider.issuer, READER_AGENT.0, READER_AGENT.1],
+    )
+    .await;
 
     // What the SDK did, as the sleds and the audit log saw it.
     for era in ["legacy", "2026-07-28"] {

@@ -5,7 +5,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
 
 use tokio::process::Command;
 
@@ -55,4 +57,31 @@ pub async fn python_with_sdk() -> PathBuf {
     );
     std::fs::write(&marker, "").expect("the marker can be written");
     python
+}
+
+/// Runs the check script `tests/clients/<script>` with `args` under `python` (at most 120 s),
+/// prints its output, and asserts it exited 0 after "N passed, 0 failed"; returns its stdout.
+pub async fn run_checks(python: &Path, script: &str, args: &[&str]) -> String {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("clients")
+        .join(script);
+    let run = Command::new(python)
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the Python client finished within 120 s")
+        .expect("the Python client ran");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the Python SDK checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    stdout
 }
