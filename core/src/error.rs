@@ -52,6 +52,14 @@ pub enum UplinkLoss {
     Shutdown,
     /// The project was removed from the registry (a reload of projects.toml).
     Unregistered,
+    /// Another replica of the cluster claimed the project (this one lost its claim).
+    Superseded,
+    /// The call was relayed to the replica holding the project's uplink, which took it and
+    /// then fell silent (it died, or was cut off).
+    OwnerLost,
+    /// The call was to be relayed to the replica holding the project's uplink, and nobody
+    /// took it: it was not sent to the sled.
+    NotRelayed,
 }
 
 impl UplinkLoss {
@@ -62,6 +70,13 @@ impl UplinkLoss {
             UplinkLoss::HeartbeatTimeout => "its uplink missed its heartbeats",
             UplinkLoss::Shutdown => "the gateway is shutting down",
             UplinkLoss::Unregistered => "the project was removed from projects.toml",
+            UplinkLoss::Superseded => "another gateway replica claimed the project",
+            UplinkLoss::OwnerLost => {
+                "the gateway replica holding its uplink took the call and then fell silent"
+            }
+            UplinkLoss::NotRelayed => {
+                "no gateway replica took the call for the replica holding its uplink"
+            }
         }
     }
 
@@ -72,6 +87,17 @@ impl UplinkLoss {
             UplinkLoss::HeartbeatTimeout => "heartbeat_timeout",
             UplinkLoss::Shutdown => "shutdown",
             UplinkLoss::Unregistered => "unregistered",
+            UplinkLoss::Superseded => "superseded",
+            UplinkLoss::OwnerLost => "owner_lost",
+            UplinkLoss::NotRelayed => "not_relayed",
+        }
+    }
+
+    /// Whether the call may have reached the sled: `data.outcome`.
+    fn outcome(self) -> &'static str {
+        match self {
+            UplinkLoss::NotRelayed => "not_sent",
+            _ => "unknown",
         }
     }
 }
@@ -140,6 +166,13 @@ pub enum RpcError {
     SledNotConnected {
         project: String,
         sled: String,
+    },
+    /// The project's sled is held by another replica of the cluster, and this request cannot
+    /// be relayed there (it was relayed here already, or it is a fleet-wide request).
+    OwnedElsewhere {
+        project: String,
+        sled: String,
+        replica: String,
     },
     /// The call was forwarded, then its uplink went away; it may or may not have been applied.
     UplinkLost {
@@ -274,6 +307,7 @@ impl RpcError {
             | RpcError::NoProjectSelected { .. }
             | RpcError::SwitchWithoutSession => code::INVALID_PARAMS,
             RpcError::SledNotConnected { .. }
+            | RpcError::OwnedElsewhere { .. }
             | RpcError::UplinkLost { .. }
             | RpcError::BadSledResponse { .. }
             | RpcError::ShuttingDown => code::INTERNAL_ERROR,
@@ -323,6 +357,7 @@ impl RpcError {
             RpcError::NoProjectSelected { .. } => "no_project_selected",
             RpcError::SwitchWithoutSession => "switch_without_session",
             RpcError::SledNotConnected { .. } => "sled_not_connected",
+            RpcError::OwnedElsewhere { .. } => "sled_elsewhere",
             RpcError::UplinkLost { .. } => "uplink_lost",
             RpcError::Timeout { .. } => "timeout",
             RpcError::BadSledResponse { .. } => "bad_sled_response",
@@ -390,6 +425,9 @@ impl RpcError {
             RpcError::SwitchWithoutSession => "switch_project needs an MCP session: send initialize and repeat the Mcp-Session-Id header it returns on later requests, or pass \"project\": \"<name>\" in each tool call's arguments instead".into(),
             RpcError::SledNotConnected { project, sled } => format!(
                 "Project '{project}' is registered but its sled '{sled}' has no live uplink to the gateway"
+            ),
+            RpcError::OwnedElsewhere { project, sled, replica } => format!(
+                "Project '{project}''s sled '{sled}' is connected to gateway replica '{replica}', and this request cannot be relayed there; send it again"
             ),
             RpcError::UplinkLost { project, sled, loss } => format!(
                 "Call to project '{project}' failed: {} (sled '{sled}'); the call may or may not have been applied",
@@ -495,6 +533,11 @@ impl RpcError {
             | RpcError::BadSledResponse { project, sled } => {
                 json!({ "kind": kind, "project": project, "sled": sled })
             }
+            RpcError::OwnedElsewhere {
+                project,
+                sled,
+                replica,
+            } => json!({ "kind": kind, "project": project, "sled": sled, "replica": replica }),
             RpcError::Cancelled { project } => {
                 json!({ "kind": kind, "project": project, "outcome": "unknown" })
             }
@@ -511,7 +554,7 @@ impl RpcError {
                 loss,
             } => json!({
                 "kind": kind, "project": project, "sled": sled,
-                "reason": loss.name(), "outcome": "unknown",
+                "reason": loss.name(), "outcome": loss.outcome(),
             }),
             RpcError::Timeout {
                 project,
@@ -699,6 +742,8 @@ pub enum HttpError {
     BodyUnreadable,
     /// `initialize` with `max_sessions` sessions live and none idle enough to evict.
     TooManySessions { max: usize, retry_after: Duration },
+    /// A replica of a cluster could not read the named session from the cluster's engine.
+    SessionStoreUnavailable,
 }
 
 impl HttpError {
@@ -718,6 +763,7 @@ impl HttpError {
             HttpError::PayloadTooLarge { .. } => 413,
             HttpError::BodyUnreadable => 400,
             HttpError::TooManySessions { .. } => 503,
+            HttpError::SessionStoreUnavailable => 503,
         }
     }
 
@@ -737,6 +783,7 @@ impl HttpError {
             HttpError::PayloadTooLarge { .. } => "payload_too_large",
             HttpError::BodyUnreadable => "body_unreadable",
             HttpError::TooManySessions { .. } => "too_many_sessions",
+            HttpError::SessionStoreUnavailable => "session_store_unavailable",
         }
     }
 
@@ -784,6 +831,7 @@ impl HttpError {
                 "Service unavailable: the gateway holds its maximum of {max} sessions (max_sessions) and none is idle enough to end; retry after {} s, or end unused sessions with DELETE",
                 retry_secs(*retry_after)
             ),
+            HttpError::SessionStoreUnavailable => "Service unavailable: this gateway replica cannot reach the cluster's engine to read the session; the session is not lost: retry in a moment".into(),
         }
     }
 
@@ -832,6 +880,7 @@ impl HttpError {
                 ),
             )],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
+            HttpError::SessionStoreUnavailable => vec![("Retry-After", "1".into())],
             HttpError::TooManySessions { retry_after, .. } => {
                 vec![("Retry-After", retry_secs(*retry_after).to_string())]
             }

@@ -21,6 +21,7 @@
 //! ([`Gateway::new`] takes the seed), so the same inputs give the same outputs.
 
 pub mod auth;
+pub mod cluster;
 pub mod coord;
 pub mod directory;
 mod error;

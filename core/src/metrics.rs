@@ -92,6 +92,8 @@ pub struct Metrics {
     pub latency: BTreeMap<String, Histogram>,
     /// Coordination's counters and gauges.
     pub coordination: crate::coord::CoordStats,
+    /// The cluster's counts, when the gateway is a replica of one.
+    pub cluster: Option<crate::cluster::ClusterCounts>,
 }
 
 /// The core's running counts behind [`Metrics`].
@@ -180,6 +182,7 @@ impl CallMetrics {
             calls,
             latency,
             coordination,
+            cluster: None,
         }
     }
 }

@@ -79,6 +79,28 @@ impl Sessions {
         id
     }
 
+    /// Takes in a session another replica of the cluster created, as the engine keeps it.
+    pub(crate) fn restore(
+        &mut self,
+        id: String,
+        record: crate::cluster::SessionRecord,
+        now: Instant,
+    ) {
+        self.map.insert(
+            id,
+            Session {
+                default_project: record.default_project,
+                protocol_version: record.protocol_version,
+                client_capabilities: record.client_capabilities,
+                log_level: record.log_level,
+                last_seen: now,
+                stream: None,
+                replay: VecDeque::new(),
+                owner: record.owner,
+            },
+        );
+    }
+
     pub(crate) fn get(&self, id: &str) -> Option<&Session> {
         self.map.get(id)
     }

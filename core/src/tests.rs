@@ -2,6 +2,7 @@
 //! that speak to it through `handle` and `poll_output` only (the quinn-proto `Pair` idea).
 
 mod auth;
+mod cluster;
 mod coordination;
 mod coordination_sim;
 mod fleet;
@@ -47,6 +48,8 @@ pub(crate) struct Harness {
     pub(crate) saved_pins: Vec<String>,
     /// Every span the gateway asked to export, oldest first.
     pub(crate) spans: Vec<crate::SpanRecord>,
+    /// What the gateway asked of the cluster's engine, in order.
+    pub(crate) cluster: Vec<crate::cluster::ClusterAction>,
 }
 
 /// The tools an emulated sled reports.
@@ -96,6 +99,7 @@ impl Harness {
             probes: Vec::new(),
             saved_pins: Vec::new(),
             spans: Vec::new(),
+            cluster: Vec::new(),
         }
     }
 
@@ -168,6 +172,7 @@ impl Harness {
                     assert!(span.start <= span.end, "a span ends after it starts");
                     self.spans.push(*span);
                 }
+                Output::Cluster(action) => self.cluster.push(action),
                 Output::StreamClose { token } => {
                     assert!(
                         self.streams.contains_key(&token),

@@ -69,6 +69,8 @@ pub(crate) enum Command {
         probe: ProbeId,
         outcome: ProbeOutcome,
     },
+    /// What the cluster's engine said (`cluster/replica.rs`).
+    Cluster(gateway_core::cluster::ClusterEvent),
 }
 
 /// How the driver carries out the outputs that are neither answers nor frames: the fleet's
@@ -82,6 +84,8 @@ pub(crate) struct FleetIo {
     /// Where spans are exported; `None` when no OTLP endpoint is configured (the core then
     /// makes none).
     pub(crate) spans: Option<Arc<crate::otlp::SpanExport>>,
+    /// The replica's tasks, in a cluster.
+    pub(crate) cluster: Option<crate::cluster::replica::ClusterIo>,
 }
 
 /// What the driver sends an HTTP handler: one whole answer, or a stream of events.
@@ -248,6 +252,7 @@ impl Driver {
                 self.gateway
                     .handle(now(), Input::ProbeDone { probe, outcome });
             }
+            Command::Cluster(event) => self.gateway.handle(now(), Input::Cluster(event)),
             Command::Metrics { reply } => {
                 // The asker may have gone; then nobody wants it.
                 let _ = reply.send(self.gateway.metrics());
@@ -383,6 +388,10 @@ impl Driver {
                         spans.export(*span, |at| wall_clock(at, mono, wall));
                     }
                     None => tracing::debug!("a span with no exporter; dropped"),
+                },
+                Output::Cluster(action) => match &self.fleet.cluster {
+                    Some(cluster) => cluster.act(action),
+                    None => tracing::error!(?action, "a cluster action outside any cluster"),
                 },
             }
         }

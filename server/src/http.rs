@@ -139,6 +139,8 @@ async fn mcp(
         mcp_method: header_text(&headers, HeaderName::from_static("mcp-method")),
         mcp_name: header_text(&headers, HeaderName::from_static("mcp-name")),
         mcp_param_project: header_text(&headers, HeaderName::from_static("mcp-param-project")),
+        // Only another replica relays; a client cannot say so.
+        relayed: false,
         authorization,
         access_token,
         body,

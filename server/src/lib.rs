@@ -122,6 +122,9 @@ pub struct ServerOptions {
     /// Where the core's spans are exported over OTLP/HTTP; `None` (the default): no export,
     /// and [`gateway_core::Config::export_spans`] is turned off.
     pub otlp: Option<otlp::OtlpConfig>,
+    /// Join a cluster of replicas through its engine (see [`cluster::replica`]); `None` (the
+    /// default): a single-process gateway, no engine.
+    pub cluster: Option<cluster::replica::ClusterOptions>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -138,6 +141,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("http_idle_timeout", &self.http_idle_timeout)
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -157,6 +161,7 @@ impl ServerOptions {
             http_idle_timeout: Some(DEFAULT_HTTP_IDLE_TIMEOUT),
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
+            cluster: None,
         }
     }
 }
@@ -210,7 +215,12 @@ where
         http_idle_timeout,
         oauth,
         otlp,
+        cluster,
     } = opts;
+    if let Some(c) = &cluster {
+        core.cluster = Some(c.core_config());
+    }
+    let session_ttl = core.session_idle_ttl;
     // Spans are made only when they can go somewhere.
     core.export_spans = otlp.is_some();
     // Bearer tokens are verified in the request tasks; new issuers' keys are fetched from now
@@ -245,11 +255,31 @@ where
         None => None,
     };
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+    let ids = Arc::new(Ids::default());
+    // In a cluster, the engine is set up (buckets, the relay subject, the watches) before the
+    // driver takes any event; a replica that cannot reach it does not start.
+    let (cluster_io, cluster_tasks) = match &cluster {
+        Some(c) => {
+            let run: String = seed[..4].iter().map(|b| format!("{b:02x}")).collect();
+            let (io, running) =
+                cluster::replica::start(c, session_ttl, run, cmd_tx.downgrade(), ids.clone())
+                    .await
+                    .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;
+            tracing::info!(
+                replica = c.replica,
+                namespace = c.namespace,
+                "joined the cluster"
+            );
+            (Some(io), Some(running))
+        }
+        None => (None, None),
+    };
     let fleet_io = driver::FleetIo {
         prober,
         commands: cmd_tx.downgrade(),
         pins,
         spans: spans.clone(),
+        cluster: cluster_io,
     };
 
     // Dropped when the driver task ends, whichever way: a driver that died before shutdown
@@ -273,7 +303,7 @@ where
 
     let state = http::AppState {
         cmd: cmd_tx.clone(),
-        ids: Arc::new(Ids::default()),
+        ids,
         max_body_bytes,
         counters: counters.clone(),
         oauth: resource_server,
@@ -346,6 +376,21 @@ where
             Ok(())
         }
     };
+    // The driver is gone: the cluster's executor finishes what it was handed (the releases of
+    // the claims among them), and the watches stop.
+    if let Some(running) = cluster_tasks {
+        for task in &running.others {
+            task.abort();
+        }
+        let executor_abort = running.executor.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_LINGER, running.executor)
+            .await
+            .is_err()
+        {
+            tracing::warn!("cluster actions still in flight after the linger; not waiting");
+            executor_abort.abort();
+        }
+    }
     // The driver is gone: the spans it handed over (the last ones from the core's shutdown
     // among them) go out now, on a thread that may block.
     if let Some(spans) = spans {

@@ -93,6 +93,8 @@ enum Command {
         /// (/v1/traces appended); none set: no export.
         #[arg(long = "otlp-endpoint", value_name = "URL")]
         otlp_endpoint: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterFlags,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -176,6 +178,52 @@ struct McpFlags {
     #[arg(long = "http-idle-timeout-secs", value_name = "SECS",
           default_value_t = gateway_server::DEFAULT_HTTP_IDLE_TIMEOUT.as_secs())]
     http_idle_timeout_secs: u64,
+}
+
+/// Joining a cluster of replicas (issue 15) for `gateway serve`.
+#[derive(Debug, clap::Args)]
+struct ClusterFlags {
+    /// Join a cluster of gateway replicas whose engine is this NATS server (JetStream on),
+    /// e.g. nats://127.0.0.1:4222 (several comma-separated for a NATS cluster). Every replica
+    /// reads the same projects.toml; any of them serves any session and any call. Unset: a
+    /// single-process gateway.
+    #[arg(long, value_name = "URL", requires = "replica")]
+    cluster: Option<String>,
+    /// This replica's name in the cluster ([A-Za-z0-9_-]+, unique among the replicas).
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    replica: Option<String>,
+    /// Replicas with the same namespace form one cluster; its buckets and subjects are named
+    /// after it.
+    #[arg(long = "cluster-namespace", value_name = "NS", default_value = "mcpgw")]
+    namespace: String,
+    /// How long a replica's claim of a project lives without being refreshed (it is
+    /// refreshed every third of this): how long a project can stay with a replica that
+    /// vanished, when its sled does not reconnect elsewhere first.
+    #[arg(long = "claim-ttl-secs", value_name = "SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(3..=3600))]
+    claim_ttl_secs: u64,
+}
+
+impl ClusterFlags {
+    /// Connects to the engine, when a cluster is asked for.
+    async fn connect(
+        &self,
+    ) -> Result<Option<gateway_server::cluster::replica::ClusterOptions>, String> {
+        let (Some(url), Some(replica)) = (&self.cluster, &self.replica) else {
+            return Ok(None);
+        };
+        let nats = gateway_server::cluster::nats::NatsOptions::new(url.clone(), replica.clone());
+        let engine = gateway_server::cluster::nats::NatsEngine::connect(nats)
+            .await
+            .map_err(|e| format!("cannot reach the cluster's NATS server at {url}: {e}"))?;
+        let mut opts = gateway_server::cluster::replica::ClusterOptions::new(
+            std::sync::Arc::new(engine),
+            replica.clone(),
+        );
+        opts.namespace = self.namespace.clone();
+        opts.claim_ttl = Duration::from_secs(self.claim_ttl_secs);
+        Ok(Some(opts))
+    }
 }
 
 /// Settings of the fleet tools (`gateway_health`, `aggregate_pipeline_status`,
@@ -287,6 +335,7 @@ fn main() -> ExitCode {
             mcp,
             fleet,
             otlp_endpoint,
+            cluster,
         } => {
             let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
@@ -313,6 +362,7 @@ fn main() -> ExitCode {
                     mcp,
                     fleet,
                     otlp,
+                    cluster,
                 ),
             )
         }
@@ -441,7 +491,9 @@ async fn serve(
     mcp: McpFlags,
     fleet: FleetFlags,
     otlp: Option<OtlpConfig>,
+    cluster: ClusterFlags,
 ) -> Result<(), String> {
+    let cluster = cluster.connect().await?;
     let (listener, addr) = bind(listen.0).await?;
     let metrics_listener = match listen.1 {
         Some(at) => {
@@ -461,6 +513,10 @@ async fn serve(
     mcp.apply(&mut opts);
     fleet.apply(&mut opts, &reload_from.0);
     opts.otlp = otlp;
+    if let Some(c) = &cluster {
+        tracing::info!(replica = c.replica, namespace = c.namespace, claim_ttl = ?c.claim_ttl, "joining a cluster");
+    }
+    opts.cluster = cluster;
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
     gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())

@@ -753,6 +753,16 @@ impl Engine for ModelEngine {
         })
     }
 
+    fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        let (client, bucket, key) = (self.client.clone(), bucket.to_owned(), key.to_owned());
+        Box::pin(async move { client.write(&bucket, &key, WriteKind::Value(value), |_| Ok(())) })
+    }
+
     fn update(
         &self,
         bucket: &str,

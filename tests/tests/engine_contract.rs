@@ -200,6 +200,7 @@ contract!(
     create_fails_while_the_key_holds_a_value,
     one_of_many_concurrent_claims_wins,
     update_is_compare_and_set_on_the_revision,
+    put_writes_whatever_the_key_holds,
     every_write_takes_the_next_revision_of_its_bucket,
     delete_compares_and_is_a_write_of_its_own,
     watch_gives_the_latest_of_each_key_then_every_change_in_order,
@@ -419,6 +420,30 @@ async fn update_is_compare_and_set_on_the_revision(b: &mut impl Backend) {
     );
     let r3 = e.update(BUCKET, "session.s2", v("x"), 0).await.unwrap();
     assert_eq!(r3, r2 + 1, "expecting 0 writes a key never written");
+}
+
+async fn put_writes_whatever_the_key_holds(b: &mut impl Backend) {
+    let e = b.connect("r1").await;
+    e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
+    let r1 = e.put(BUCKET, "session.s1", v("alpha")).await.unwrap();
+    let r2 = e.put(BUCKET, "session.s1", v("beta")).await.unwrap();
+    assert_eq!(r2, r1 + 1, "a put over a value is a write like any other");
+    assert_eq!(
+        e.get(BUCKET, "session.s1").await,
+        Ok(entry("session.s1", "beta", r2))
+    );
+    let r3 = e.delete(BUCKET, "session.s1", None).await.unwrap();
+    let r4 = e.put(BUCKET, "session.s1", v("gamma")).await.unwrap();
+    assert_eq!(r4, r3 + 1, "a put over a deletion");
+    assert_eq!(
+        e.update(BUCKET, "session.s1", v("delta"), r4).await,
+        Ok(r4 + 1),
+        "a put's revision is what compare-and-set expects"
+    );
+    assert_eq!(
+        e.put("no-such-bucket", "session.s1", v("x")).await,
+        Err(EngineError::BucketNotFound("no-such-bucket".into()))
+    );
 }
 
 async fn every_write_takes_the_next_revision_of_its_bucket(b: &mut impl Backend) {

@@ -42,6 +42,16 @@ impl Gateway {
             Err(refusal) => return self.http_error(token, refusal),
         };
         self.caller = identity.clone();
+        self.serving_relayed = request.relayed;
+        if request.relayed {
+            if let Some(c) = self.cluster.as_mut() {
+                c.counts.relayed_in += 1;
+            }
+        }
+        // A session another replica of the cluster made is read from the engine first.
+        if self.park_for_session(token, &request) {
+            return;
+        }
         // A session is bound to the identity that created it: another one naming it is told
         // it does not exist, exactly as for an id that never did.
         let owner = identity.session_owner();
@@ -84,6 +94,7 @@ impl Gateway {
                         }
                         let id = id.to_owned();
                         self.coordination_session_ended(now, &id);
+                        self.store_session(&id);
                         self.reply(token, 204, Vec::new(), None)
                     }
                     None => self.http_error(token, HttpError::UnknownSession),
@@ -143,6 +154,9 @@ impl Gateway {
                 None => return self.http_error(token, HttpError::UnknownSession),
             },
         };
+        if let Caller::Session(id) = caller {
+            self.touch_session(now, id);
+        }
         match message {
             ClientMessage::Notification { method, params } => {
                 tracing::trace!(method, "client notification");
@@ -186,6 +200,12 @@ impl Gateway {
                     ),
                     // Forwarded: the reply comes with the sled's response.
                     Ok(None) => {}
+                    // Its project's sled is on another replica of the cluster: relayed there.
+                    Err(RpcError::OwnedElsewhere {
+                        project, replica, ..
+                    }) if !self.serving_relayed => {
+                        self.relay(token, replica, project, id.as_str(), false, request)
+                    }
                     Err(e) => {
                         self.reply(token, 200, Vec::new(), Some(e.response(Some(id.as_str()))))
                     }
@@ -251,6 +271,7 @@ impl Gateway {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.owner = owner;
         }
+        self.store_session(&session);
         self.arm_sweep(now);
         let result = json!({
             "protocolVersion": version,
@@ -269,7 +290,10 @@ impl Gateway {
     }
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
-        if self.listener_gone(token) || self.coordination_aborted(token) {
+        if self.relay_aborted(token)
+            || self.listener_gone(token)
+            || self.coordination_aborted(token)
+        {
             return;
         }
         if let Some(session) = self.get_streams.remove(&token) {
@@ -623,6 +647,7 @@ impl Gateway {
             if let Some(session) = self.sessions.get_mut(s) {
                 session.log_level = Some(rank);
             }
+            self.store_session(s);
         }
         Ok("{}".to_owned())
     }
@@ -674,6 +699,7 @@ impl Gateway {
             self.shared_active = Some(project.clone());
         }
         if changed {
+            self.store_session(sid);
             // This session's tools/list now shows another project's tools.
             self.notify_session(sid, streams::TOOLS_LIST_CHANGED.to_owned());
         }
@@ -705,9 +731,13 @@ impl Gateway {
                     "host_path": p.host_path,
                     "kind": p.kind.as_str(),
                     "sled": p.sled,
-                    "live": self.is_live(&p.name),
+                    "live": self.is_live(&p.name) || self.relay_target(&p.name).is_some(),
                     "active": active == Some(p.name.as_str()),
                 });
+                // In a cluster: the replica that holds the project's uplink.
+                if let Some(replica) = self.holder_of(&p.name) {
+                    entry["replica"] = json!(replica);
+                }
                 // The live sled's high-water mark of accepted fences, when its hello reported
                 // one; every fence granted since is above it, which `gateway doctor` checks.
                 let floor = self

@@ -11,6 +11,7 @@
 
 mod access;
 mod client;
+mod cluster;
 pub(crate) mod coordination;
 mod fleet;
 mod listen;
@@ -93,6 +94,9 @@ pub struct HttpRequest {
     pub mcp_name: Option<String>,
     /// `Mcp-Param-Project` (2026-07-28): the `project` argument, mirrored by the client.
     pub mcp_param_project: Option<String>,
+    /// Relayed by another replica of the cluster, which found this one holding the uplink
+    /// of the request's project: it is served here or answered, never relayed again.
+    pub relayed: bool,
     /// `Authorization`. Used only to let the request in; never forwarded to a sled.
     pub authorization: Option<String>,
     /// What the server found when it verified the bearer token as an OAuth access token
@@ -150,6 +154,8 @@ pub enum Input {
         probe: ProbeId,
         outcome: ProbeOutcome,
     },
+    /// What the cluster's engine said (only with [`Config::cluster`]).
+    Cluster(crate::cluster::ClusterEvent),
 }
 
 /// A decision for the driver to carry out.
@@ -195,6 +201,8 @@ pub enum Output {
     /// request that carried a client's valid `traceparent` ended. Boxed: spans are rare
     /// beside the other outputs.
     Span(Box<crate::SpanRecord>),
+    /// Something for the cluster's engine to do (only with [`Config::cluster`]).
+    Cluster(crate::cluster::ClusterAction),
 }
 
 /// Settings of the state machine that are not per project.
@@ -251,6 +259,8 @@ pub struct Config {
     /// Emit an [`Output::Span`] for every forwarded request of a client's trace (a valid
     /// `_meta.traceparent`) when it ends. Off by default: then no span is kept or made.
     pub export_spans: bool,
+    /// Join a cluster of replicas as this one (`None`: a single-process gateway).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -304,6 +314,7 @@ impl Default for Config {
             pin_save_delay: Duration::from_millis(500),
             coordination: crate::coord::Limits::default(),
             export_spans: false,
+            cluster: None,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -417,6 +428,11 @@ pub struct Gateway {
     next_fanout: u64,
     /// Presence, leases, messages, board and waits between sessions.
     coordination: coordination::Coordination,
+    /// The replica's part in a cluster (`None`: a single-process gateway).
+    cluster: Option<crate::cluster::Cluster>,
+    /// The request being handled was relayed by another replica (so it is never relayed
+    /// again); set by every HTTP request, like `caller`.
+    serving_relayed: bool,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -479,6 +495,8 @@ struct Uplink {
     key: Option<String>,
     /// The highest fence the sled said (in its hello) it has accepted.
     fence_floor: Option<u64>,
+    /// The highest epoch the sled said (in its hello) it has been welcomed with.
+    epoch_seen: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -486,6 +504,11 @@ enum UplinkState {
     AwaitingHello,
     /// The hello named a key; the sled must sign the challenge.
     AwaitingProof(Box<fleet::Proving>),
+    /// Passed every check; waits for this replica to win the project's claim in the
+    /// cluster's directory (the hello timer still runs).
+    AwaitingClaim {
+        project: String,
+    },
     Live {
         project: String,
     },
@@ -626,6 +649,8 @@ impl Gateway {
             .collect();
         Gateway {
             coordination: coordination::Coordination::new(config.coordination.clone()),
+            cluster: config.cluster.as_ref().map(crate::cluster::Cluster::new),
+            serving_relayed: false,
             registry,
             config,
             sessions: Sessions::new(seed),
@@ -720,8 +745,11 @@ impl Gateway {
 
     /// Everything the core counts, for a metrics endpoint.
     pub fn metrics(&self) -> crate::Metrics {
-        self.call_metrics
-            .snapshot(self.stats(), self.coordination.stats())
+        let mut m = self
+            .call_metrics
+            .snapshot(self.stats(), self.coordination.stats());
+        m.cluster = self.cluster.as_ref().map(|c| c.counts);
+        m
     }
 
     /// Whether `project`'s sled has a live uplink now.
@@ -751,6 +779,7 @@ impl Gateway {
             Input::Shutdown => self.on_shutdown(),
             Input::Reload { registry } => self.on_reload(registry),
             Input::ProbeDone { probe, outcome } => self.on_probe_done(now, probe, outcome),
+            Input::Cluster(event) => self.on_cluster(now, event),
         }
     }
 
@@ -778,6 +807,7 @@ impl Gateway {
         if self.coordination.poll_timeout().is_some_and(|at| at <= now) {
             self.coordination_timeout(now);
         }
+        self.cluster_timeout(now);
     }
 
     /// The next decision to carry out, if any.
@@ -790,9 +820,13 @@ impl Gateway {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let own = self.timers.first().map(|&(at, _)| at);
-        match (own, self.coordination.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let cluster = self
+            .cluster
+            .as_ref()
+            .and_then(|c| c.directory.poll_timeout());
+        [own, self.coordination.poll_timeout(), cluster]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }

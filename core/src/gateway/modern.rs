@@ -143,6 +143,12 @@ impl Gateway {
                 self.reply(token, 200, Vec::new(), Some(body));
             }
             Ok(None) => {}
+            // Its project's sled is on another replica of the cluster: relayed there.
+            Err(RpcError::OwnedElsewhere {
+                project, replica, ..
+            }) if !self.serving_relayed => {
+                self.relay(token, replica, project, id.as_str(), true, request)
+            }
             Err(e) => {
                 let status = headers::modern_status(e.code());
                 self.reply(

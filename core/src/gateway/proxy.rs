@@ -114,10 +114,18 @@ impl Gateway {
                 uplink,
                 project,
             }),
-            None => Err(RpcError::SledNotConnected {
-                sled: spec.sled.clone(),
-                project,
-            }),
+            None => match self.relay_target(&project) {
+                // On another replica of the cluster: the request is relayed there whole.
+                Some(replica) => Err(RpcError::OwnedElsewhere {
+                    sled: spec.sled.clone(),
+                    project,
+                    replica,
+                }),
+                None => Err(RpcError::SledNotConnected {
+                    sled: spec.sled.clone(),
+                    project,
+                }),
+            },
         }
     }
 

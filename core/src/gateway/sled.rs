@@ -25,6 +25,7 @@ impl Gateway {
                 timer: Some(at),
                 key: None,
                 fence_floor: None,
+                epoch_seen: None,
             },
         );
         self.timers.insert((at, Timer::Uplink(id)));
@@ -77,10 +78,11 @@ impl Gateway {
                     token,
                     key,
                     fence,
-                    epoch_seen: _,
+                    epoch_seen,
                 }) if expects_hello => {
                     if let Some(u) = self.uplinks.get_mut(&id) {
                         u.fence_floor = fence;
+                        u.epoch_seen = epoch_seen;
                     }
                     self.on_hello(now, id, protocol, project, sled, token, key)
                 }
@@ -398,7 +400,9 @@ impl Gateway {
     }
 
     /// Makes a sled that passed every check its project's uplink: an older one is replaced,
-    /// the sled is welcomed and its tools are fetched.
+    /// the sled is welcomed and its tools are fetched. In a cluster, the uplink first waits
+    /// for this replica to win the project's claim (`cluster.rs`), and is welcomed with the
+    /// claim's epoch.
     pub(super) fn accept_uplink(
         &mut self,
         now: Instant,
@@ -406,6 +410,22 @@ impl Gateway {
         project: String,
         sled: String,
         key: Option<String>,
+    ) {
+        if self.cluster.is_some() && self.registry.get(&project).is_some() {
+            return self.await_claim(now, id, project, sled, key);
+        }
+        self.go_live(now, id, project, sled, key, None);
+    }
+
+    /// The second half of [`Gateway::accept_uplink`]: `epoch` is the claim's, in a cluster.
+    pub(super) fn go_live(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: String,
+        sled: String,
+        key: Option<String>,
+        epoch: Option<u64>,
     ) {
         if self.registry.get(&project).is_none() {
             return self.close_uplink(
@@ -467,7 +487,7 @@ impl Gateway {
             protocol: PROTOCOL_VERSION,
             heartbeat_ms: u64::try_from(self.config.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),
-            epoch: None,
+            epoch,
         };
         self.outputs.push_back(Output::UplinkSend {
             uplink: id,
@@ -480,7 +500,9 @@ impl Gateway {
     pub(super) fn live_project(&self, id: UplinkId) -> Option<String> {
         match &self.uplinks.get(&id)?.state {
             UplinkState::Live { project } => Some(project.clone()),
-            UplinkState::AwaitingHello | UplinkState::AwaitingProof(_) => None,
+            UplinkState::AwaitingHello
+            | UplinkState::AwaitingProof(_)
+            | UplinkState::AwaitingClaim { .. } => None,
         }
     }
 
@@ -620,6 +642,13 @@ impl Gateway {
                     "no identity proof within the hello timeout".into(),
                 );
             }
+            UplinkState::AwaitingClaim { .. } => {
+                self.close_uplink(
+                    id,
+                    CloseCode::HelloTimeout,
+                    "this gateway replica could not claim the project within the hello timeout (is the cluster's engine reachable?); connect again".into(),
+                );
+            }
             UplinkState::Live { .. } => {
                 let silent = now.saturating_duration_since(uplink.last_rx);
                 if silent >= self.config.heartbeat_timeout {
@@ -681,6 +710,11 @@ impl Gateway {
             });
         }
         let mut probe_now = None;
+        if let UplinkState::AwaitingClaim { project } | UplinkState::Live { project } =
+            &uplink.state
+        {
+            self.cluster_uplink_gone(id, project);
+        }
         if let UplinkState::Live { project } = &uplink.state {
             if let Some(state) = self.projects.get_mut(project) {
                 if state.uplink == Some(id) {
@@ -781,6 +815,7 @@ impl Gateway {
 
     pub(super) fn on_shutdown(&mut self) {
         self.shutting_down = true;
+        self.cluster_shutdown();
         if self.pins_save_at.is_some() {
             self.save_pins_now();
         }

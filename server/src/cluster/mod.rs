@@ -6,7 +6,8 @@
 //!
 //! - **Key/value in named buckets** ([`Engine::ensure_bucket`]), each with an optional
 //!   `max_age` after which a key that was not written again expires: [`Engine::get`],
-//!   [`Engine::create`] (fails if the key holds a value), [`Engine::update`] (compare-and-set on
+//!   [`Engine::create`] (fails if the key holds a value), [`Engine::put`] (writes whatever the
+//!   key holds), [`Engine::update`] (compare-and-set on
 //!   the key's revision), [`Engine::delete`] (optionally compare-and-set), and
 //!   [`Engine::watch`] (the latest entry of every matching key, then every change).
 //! - **Messages on subjects**: [`Engine::request`] (one answer, within a timeout, or
@@ -63,6 +64,8 @@
 //! [`EngineError::Invalid`], checked here, before either implementation sees it.
 
 pub mod nats;
+pub mod relay;
+pub mod replica;
 
 use std::fmt;
 use std::pin::Pin;
@@ -198,6 +201,15 @@ pub trait Engine: Send + Sync + 'static {
     /// Writes the key only when it holds no value; its new revision, or `Conflict` naming the
     /// value's.
     fn create(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>>;
+
+    /// Writes the key whatever it holds (last writer wins); its new revision. For state that
+    /// one writer owns at a time (a session's record), never for ownership itself.
+    fn put(
         &self,
         bucket: &str,
         key: &str,

@@ -298,6 +298,21 @@ impl Engine for NatsEngine {
         })
     }
 
+    fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        let (this, bucket, key) = (self.clone(), bucket.to_owned(), key.to_owned());
+        Box::pin(async move {
+            check_bucket(&bucket)?;
+            check_key(&key)?;
+            this.connected()?;
+            this.write(&bucket, &key, value, None, false).await
+        })
+    }
+
     fn update(
         &self,
         bucket: &str,

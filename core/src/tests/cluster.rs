@@ -1,0 +1,470 @@
+//! The gateway as a replica of a cluster, on the fake clock: claims before welcomes, the
+//! epoch in the welcome, losing a claim, relaying to the holder, and sessions in the engine.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{sled_tools, Harness};
+use crate::cluster::{
+    ClusterAction, ClusterConfig, ClusterEvent, EngineDown, RelayMessage, RelaySent, SessionRecord,
+};
+use crate::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState};
+use crate::{Config, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, UplinkId};
+
+fn replica(name: &str) -> Harness {
+    let config = Config {
+        cluster: Some(ClusterConfig {
+            replica: name.into(),
+            directory: DirectoryConfig::new(Duration::from_secs(9)),
+        }),
+        ..Config::default()
+    };
+    Harness::with_config(
+        &["alpha", "beta"],
+        Some("alpha"),
+        config,
+        [name.len() as u8; 32],
+    )
+}
+
+fn event(h: &mut Harness, e: ClusterEvent) {
+    h.handle(Input::Cluster(e));
+}
+
+fn take_actions(h: &mut Harness) -> Vec<ClusterAction> {
+    std::mem::take(&mut h.cluster)
+}
+
+/// A hello on `h` for `project`; the claim it makes is won at `revision`.
+fn sled_claimed(h: &mut Harness, project: &str, revision: u64) -> UplinkId {
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":project,"sled":project}),
+    );
+    assert!(h.take_frames(u).is_empty(), "no welcome before the claim");
+    let claims: Vec<_> = take_actions(h)
+        .into_iter()
+        .filter(|a| matches!(a, ClusterAction::Claim { project: p, .. } if p == project))
+        .collect();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    event(
+        h,
+        ClusterEvent::Claimed {
+            project: project.into(),
+            outcome: ClaimOutcome::Won(revision),
+        },
+    );
+    let frames = h.take_frames(u);
+    assert_eq!(frames[0]["uplink"], "welcome", "{frames:?}");
+    assert_eq!(frames[0]["epoch"], revision);
+    let id = frames[1]["id"].clone();
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":id,"result":{"tools":sled_tools()}}),
+    );
+    u
+}
+
+fn owned_by(h: &mut Harness, project: &str, owner: &str, revision: u64) {
+    event(
+        h,
+        ClusterEvent::Entry {
+            project: project.into(),
+            revision,
+            state: EntryState::Claimed(ClaimValue {
+                owner: owner.into(),
+                epoch: None,
+            }),
+        },
+    );
+}
+
+fn body(reply: &HttpReply) -> Value {
+    serde_json::from_str(reply.body.as_deref().unwrap()).unwrap()
+}
+
+#[test]
+fn a_sled_is_welcomed_with_the_epoch_of_the_claim_it_won() {
+    let mut h = replica("r1");
+    let u = sled_claimed(&mut h, "alpha", 41);
+    let t = h.call(None, json!(1), "echo", json!({"project":"alpha"}));
+    assert_eq!(h.sled_answers_all(u, "alpha"), 1);
+    assert_eq!(
+        h.reply_json(t).unwrap()["result"]["structuredContent"]["project"],
+        "alpha"
+    );
+    assert_eq!(h.gw.metrics().cluster.unwrap().claims_won, 1);
+}
+
+#[test]
+fn a_claim_not_won_within_the_hello_timeout_sends_the_sled_away() {
+    let mut h = replica("r1");
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"alpha","sled":"alpha"}),
+    );
+    event(&mut h, ClusterEvent::Engine { up: false });
+    event(
+        &mut h,
+        ClusterEvent::Claimed {
+            project: "alpha".into(),
+            outcome: ClaimOutcome::Unavailable,
+        },
+    );
+    h.advance(Duration::from_secs(30));
+    let (code, reason) = h.closed.get(&u).expect("closed").clone();
+    assert_eq!(code, crate::uplink::CloseCode::HelloTimeout.code());
+    assert!(reason.contains("claim"), "{reason}");
+}
+
+#[test]
+fn losing_the_claim_closes_the_uplink_as_superseded_and_fails_its_calls() {
+    let mut h = replica("r1");
+    let u = sled_claimed(&mut h, "alpha", 5);
+    let t = h.call(None, json!(1), "echo", json!({"project":"alpha"}));
+    // Another replica's sled of alpha claimed it.
+    owned_by(&mut h, "alpha", "r2", 6);
+    let (code, _) = h.closed.get(&u).expect("closed").clone();
+    assert_eq!(code, crate::uplink::CloseCode::Superseded.code());
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "uplink_lost");
+    assert_eq!(r["error"]["data"]["reason"], "superseded");
+    assert_eq!(h.gw.metrics().cluster.unwrap().claims_lost, 1);
+    // From now on alpha's calls go to r2.
+    h.call(None, json!(2), "echo", json!({"project":"alpha"}));
+    let relays = take_actions(&mut h);
+    assert!(
+        relays
+            .iter()
+            .any(|a| matches!(a, ClusterAction::Relay { replica, .. } if replica == "r2")),
+        "{relays:?}"
+    );
+}
+
+#[test]
+fn a_call_for_a_project_held_elsewhere_is_relayed_and_its_answer_relayed_back() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!("c1"), "echo", json!({"project":"beta"}));
+    assert!(
+        !h.replies.contains_key(&t),
+        "answered only when the owner answers"
+    );
+    let actions = take_actions(&mut h);
+    let [ClusterAction::Relay {
+        token,
+        replica,
+        request,
+    }] = actions.as_slice()
+    else {
+        panic!("{actions:?}");
+    };
+    assert_eq!((*token, replica.as_str()), (t, "r2"));
+    assert!(request.relayed, "the owner must not relay it again");
+    let answer = HttpReply {
+        status: 200,
+        headers: Vec::new(),
+        body: Some(r#"{"jsonrpc":"2.0","id":"c1","result":{"content":[]}}"#.into()),
+    };
+    event(
+        &mut h,
+        ClusterEvent::Relayed {
+            token: t,
+            message: RelayMessage::Reply(answer.clone()),
+        },
+    );
+    assert_eq!(h.replies.remove(&t), Some(answer));
+    // A late message of an answer that is over changes nothing.
+    event(
+        &mut h,
+        ClusterEvent::RelayFailed {
+            token: t,
+            sent: RelaySent::Unknown,
+        },
+    );
+    assert!(!h.replies.contains_key(&t));
+    assert_eq!(h.gw.metrics().cluster.unwrap().relays, 1);
+}
+
+#[test]
+fn a_relay_without_a_whole_answer_says_whether_the_call_was_sent() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    for (sent, outcome, reason) in [
+        (RelaySent::NotSent, "not_sent", "not_relayed"),
+        (RelaySent::Unknown, "unknown", "owner_lost"),
+    ] {
+        let t = h.call(None, json!(9), "echo", json!({"project":"beta"}));
+        event(&mut h, ClusterEvent::RelayFailed { token: t, sent });
+        let r = h.reply_json(t).unwrap();
+        assert_eq!(r["id"], 9);
+        assert_eq!(r["error"]["code"], -32603);
+        assert_eq!(r["error"]["data"]["kind"], "uplink_lost");
+        assert_eq!(r["error"]["data"]["outcome"], outcome);
+        assert_eq!(r["error"]["data"]["reason"], reason);
+    }
+}
+
+#[test]
+fn a_streamed_relay_that_fails_ends_its_stream_with_the_error() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(4), "echo", json!({"project":"beta"}));
+    event(
+        &mut h,
+        ClusterEvent::Relayed {
+            token: t,
+            message: RelayMessage::Open,
+        },
+    );
+    event(
+        &mut h,
+        ClusterEvent::Relayed {
+            token: t,
+            message: RelayMessage::Event {
+                id: None,
+                data: r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#.into(),
+            },
+        },
+    );
+    event(
+        &mut h,
+        ClusterEvent::RelayFailed {
+            token: t,
+            sent: RelaySent::Unknown,
+        },
+    );
+    let events = &h.streams[&t];
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1].1["error"]["data"]["outcome"], "unknown");
+    assert!(h.streams_closed.contains(&t));
+}
+
+#[test]
+fn the_client_of_a_relay_going_away_is_told_to_the_owner() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    take_actions(&mut h);
+    h.handle(Input::HttpAborted { token: t });
+    assert_eq!(
+        take_actions(&mut h),
+        vec![ClusterAction::RelayAbort { token: t }]
+    );
+}
+
+#[test]
+fn a_relayed_request_is_served_here_or_answered_never_relayed_again() {
+    let mut h = replica("r2");
+    owned_by(&mut h, "beta", "r3", 8);
+    let relayed = HttpRequest {
+        method: HttpMethod::Post,
+        content_type: Some("application/json".into()),
+        accept: Some("application/json".into()),
+        relayed: true,
+        body: Harness::call_body(json!(1), "echo", json!({"project":"beta"})).into_bytes(),
+        ..HttpRequest::default()
+    };
+    let t = h.request(relayed.clone());
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "sled_elsewhere");
+    assert_eq!(r["error"]["data"]["replica"], "r3");
+    assert!(take_actions(&mut h).is_empty());
+    // With the sled here, it is served.
+    let u = sled_claimed(&mut h, "beta", 9);
+    let t = h.request(relayed);
+    assert_eq!(h.sled_answers_all(u, "beta"), 1);
+    assert!(h.reply_json(t).unwrap()["result"].is_object());
+}
+
+#[test]
+fn list_projects_names_the_replica_holding_each_sled() {
+    let mut h = replica("r1");
+    sled_claimed(&mut h, "alpha", 2);
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(1), "list_projects", json!({}));
+    let r = h.reply_json(t).unwrap();
+    let projects = &r["result"]["structuredContent"]["projects"];
+    assert_eq!(projects[0]["replica"], "r1");
+    assert_eq!(projects[0]["live"], true);
+    assert_eq!(projects[1]["replica"], "r2");
+    assert_eq!(projects[1]["live"], true);
+}
+
+fn record(default: &str) -> SessionRecord {
+    SessionRecord {
+        default_project: Some(default.into()),
+        protocol_version: "2025-11-25".into(),
+        log_level: None,
+        client_capabilities: json!({}),
+        owner: None,
+    }
+}
+
+#[test]
+fn sessions_are_written_when_they_change() {
+    let mut h = replica("r1");
+    let s = h.initialize();
+    let stored = take_actions(&mut h);
+    assert_eq!(
+        stored,
+        vec![ClusterAction::StoreSession {
+            session: s.clone(),
+            record: Some(record("alpha")),
+        }]
+    );
+    event(&mut h, ClusterEvent::SessionStored { session: s.clone() });
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    assert!(h.reply_json(t).is_some());
+    assert_eq!(
+        take_actions(&mut h),
+        vec![ClusterAction::StoreSession {
+            session: s.clone(),
+            record: Some(record("beta")),
+        }]
+    );
+    event(&mut h, ClusterEvent::SessionStored { session: s.clone() });
+    let t = h.send(HttpMethod::Delete, Some(&s), "");
+    assert_eq!(h.replies[&t].status, 204);
+    assert_eq!(
+        take_actions(&mut h),
+        vec![ClusterAction::StoreSession {
+            session: s,
+            record: None,
+        }]
+    );
+}
+
+#[test]
+fn a_session_made_on_another_replica_is_read_from_the_engine_first() {
+    let mut h = replica("r1");
+    let body = Harness::call_body(json!(1), "list_projects", json!({}));
+    let t1 = h.send(HttpMethod::Post, Some("s-from-r2"), &body);
+    let t2 = h.send(HttpMethod::Post, Some("s-from-r2"), &body);
+    assert!(h.replies.is_empty(), "both wait for the session");
+    assert_eq!(
+        take_actions(&mut h),
+        vec![ClusterAction::LoadSession {
+            session: "s-from-r2".into()
+        }],
+        "read once"
+    );
+    event(
+        &mut h,
+        ClusterEvent::SessionLoaded {
+            session: "s-from-r2".into(),
+            record: Ok(Some(record("beta"))),
+        },
+    );
+    for t in [t1, t2] {
+        let r = h.reply_json(t).unwrap();
+        assert_eq!(r["result"]["structuredContent"]["active"], "beta");
+    }
+    // Another replica switches it; this one follows.
+    event(
+        &mut h,
+        ClusterEvent::SessionChanged {
+            session: "s-from-r2".into(),
+            record: Some(record("alpha")),
+        },
+    );
+    let t = h.send(HttpMethod::Post, Some("s-from-r2"), &body);
+    assert_eq!(
+        h.reply_json(t).unwrap()["result"]["structuredContent"]["active"],
+        "alpha"
+    );
+    // Deleted elsewhere: gone here too.
+    event(
+        &mut h,
+        ClusterEvent::SessionChanged {
+            session: "s-from-r2".into(),
+            record: None,
+        },
+    );
+    take_actions(&mut h);
+    let t = h.send(HttpMethod::Post, Some("s-from-r2"), &body);
+    event(
+        &mut h,
+        ClusterEvent::SessionLoaded {
+            session: "s-from-r2".into(),
+            record: Ok(None),
+        },
+    );
+    assert_eq!(h.replies[&t].status, 404);
+}
+
+#[test]
+fn a_session_the_engine_cannot_be_asked_about_is_not_declared_lost() {
+    let mut h = replica("r1");
+    let t = h.send(
+        HttpMethod::Post,
+        Some("s9"),
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    event(
+        &mut h,
+        ClusterEvent::SessionLoaded {
+            session: "s9".into(),
+            record: Err(EngineDown),
+        },
+    );
+    let reply = &h.replies[&t];
+    assert_eq!(reply.status, 503, "not 404: the client must not start over");
+    assert!(reply.headers.iter().any(|(n, _)| *n == "Retry-After"));
+    assert_eq!(
+        body(reply)["error"]["data"]["kind"],
+        "session_store_unavailable"
+    );
+}
+
+#[test]
+fn news_of_a_session_older_than_a_write_in_flight_is_ignored() {
+    let mut h = replica("r1");
+    let s = h.initialize();
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    assert!(h.reply_json(t).is_some());
+    // The watch echoes the first write (default alpha) while the second is in flight.
+    event(
+        &mut h,
+        ClusterEvent::SessionChanged {
+            session: s.clone(),
+            record: Some(record("alpha")),
+        },
+    );
+    assert_eq!(h.gw.session_default(&s), Some("beta"));
+}
+
+#[test]
+fn shutdown_releases_the_claims_and_fails_the_relays() {
+    let mut h = replica("r1");
+    sled_claimed(&mut h, "alpha", 12);
+    owned_by(&mut h, "beta", "r2", 13);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    take_actions(&mut h);
+    h.handle(Input::Shutdown);
+    let actions = take_actions(&mut h);
+    assert!(
+        actions.contains(&ClusterAction::Release {
+            project: "alpha".into(),
+            revision: 12
+        }),
+        "{actions:?}"
+    );
+    assert!(actions.contains(&ClusterAction::RelayAbort { token: t }));
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "shutting_down");
+    let _: HttpToken = t;
+}

@@ -1,0 +1,593 @@
+//! A replica's tasks: what the core asks of the engine ([`gateway_core::cluster::ClusterAction`])
+//! is carried out here, and what the engine says goes back to the driver as
+//! [`gateway_core::cluster::ClusterEvent`]s. Nothing here decides; it only moves bytes.
+//!
+//! # Names in the engine
+//!
+//! With namespace `N` (default `mcpgw`) and replica `R`:
+//!
+//! - bucket `N_directory` (`max_age` the claim TTL): key `p.<project>` (a `.` in the project's
+//!   name is written `=`), value a [`ClaimValue`];
+//! - bucket `N_sessions` (`max_age` the session idle TTL): key `<session id>`, value a
+//!   [`SessionRecord`];
+//! - subject `N.relay.R`: requests relayed to R ([`relay::Envelope`]); answers go to
+//!   `N.inbox.<relaying replica>.<run>.<token>`.
+//!
+//! # Tasks
+//!
+//! Each holds only a weak sender of the driver's commands, so that the driver ends as before:
+//! the directory watch, the sessions watch, the engine probe (a read every second; its
+//! failures and recoveries are the core's `Engine { up }`), the relay server, and the
+//! executor of actions, which runs each in a task of its own (a session's writes in order, on
+//! one task) and, once the driver has gone, finishes the ones in flight (the releases of a
+//! shutdown among them).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use gateway_core::cluster::{
+    ClusterAction, ClusterConfig, ClusterEvent, EngineDown, RelayMessage, RelaySent, SessionRecord,
+};
+use gateway_core::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState};
+use gateway_core::HttpToken;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use super::relay::{self, Answer, Envelope, Handoff, WireRequest};
+use super::{BucketConfig, ChangeKind, Engine, EngineError};
+use crate::driver::{Command, HttpMsg, STREAM_QUEUE};
+use crate::Ids;
+
+/// The default of [`ClusterOptions::claim_ttl`].
+pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(10);
+
+/// How often the engine is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// How a gateway joins a cluster (see `ServerOptions::cluster`).
+#[derive(Clone)]
+pub struct ClusterOptions {
+    pub engine: Arc<dyn Engine>,
+    /// This replica's name: `[A-Za-z0-9_-]+`, unique in the cluster.
+    pub replica: String,
+    /// Replicas with the same namespace (`[A-Za-z0-9_-]+`) form one cluster.
+    pub namespace: String,
+    /// How long a claim lives without being refreshed (the directory bucket's `max_age`); a
+    /// replica refreshes its claims every third of it.
+    pub claim_ttl: Duration,
+}
+
+impl std::fmt::Debug for ClusterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterOptions")
+            .field("replica", &self.replica)
+            .field("namespace", &self.namespace)
+            .field("claim_ttl", &self.claim_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterOptions {
+    pub fn new(engine: Arc<dyn Engine>, replica: impl Into<String>) -> ClusterOptions {
+        ClusterOptions {
+            engine,
+            replica: replica.into(),
+            namespace: "mcpgw".into(),
+            claim_ttl: DEFAULT_CLAIM_TTL,
+        }
+    }
+
+    /// The core's side of these options.
+    pub fn core_config(&self) -> ClusterConfig {
+        ClusterConfig {
+            replica: self.replica.clone(),
+            directory: DirectoryConfig::new(self.claim_ttl),
+        }
+    }
+
+    fn directory(&self) -> String {
+        format!("{}_directory", self.namespace)
+    }
+
+    fn sessions(&self) -> String {
+        format!("{}_sessions", self.namespace)
+    }
+
+    fn relay_subject(&self, replica: &str) -> String {
+        format!("{}.relay.{replica}", self.namespace)
+    }
+}
+
+/// The key of a project in the directory bucket.
+pub fn project_key(project: &str) -> String {
+    format!("p.{}", project.replace('.', "="))
+}
+
+/// The project of a directory key, `None` for a key that is not one.
+pub fn key_project(key: &str) -> Option<String> {
+    key.strip_prefix("p.").map(|p| p.replace('=', "."))
+}
+
+/// The driver's handle on the replica's tasks.
+#[derive(Debug)]
+pub(crate) struct ClusterIo {
+    actions: mpsc::UnboundedSender<ClusterAction>,
+}
+
+impl ClusterIo {
+    /// Hands an action over. Unbounded: each action answers an event the driver took in (a
+    /// request it holds, a sled's hello, a change of a session), so they are bounded by those.
+    pub(crate) fn act(&self, action: ClusterAction) {
+        if self.actions.send(action).is_err() {
+            tracing::error!("the cluster executor is gone; an action was dropped");
+        }
+    }
+}
+
+/// The replica's running tasks: the executor (awaited at shutdown) and the rest (aborted).
+pub(crate) struct Running {
+    pub(crate) executor: tokio::task::JoinHandle<()>,
+    pub(crate) others: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Makes the buckets, subscribes to the relay subject and starts the tasks. Fails when the
+/// engine cannot be reached or a name breaks the rules: a replica must not serve without it.
+pub(crate) async fn start(
+    opts: &ClusterOptions,
+    session_ttl: Duration,
+    run: String,
+    commands: mpsc::WeakSender<Command>,
+    ids: Arc<Ids>,
+) -> Result<(ClusterIo, Running), EngineError> {
+    super::check_bucket(&opts.replica)
+        .map_err(|_| EngineError::Invalid(format!("replica name {:?}", opts.replica)))?;
+    super::check_bucket(&opts.namespace)
+        .map_err(|_| EngineError::Invalid(format!("cluster namespace {:?}", opts.namespace)))?;
+    let engine = opts.engine.clone();
+    engine
+        .ensure_bucket(BucketConfig::with_max_age(opts.directory(), opts.claim_ttl))
+        .await?;
+    engine
+        .ensure_bucket(BucketConfig::with_max_age(opts.sessions(), session_ttl))
+        .await?;
+    let relays_in = engine.subscribe(&opts.relay_subject(&opts.replica)).await?;
+    let directory = engine.watch(&opts.directory(), "p.>").await?;
+    let sessions = engine.watch(&opts.sessions(), ">").await?;
+    let opts = Arc::new(opts.clone());
+    let (tx, rx) = mpsc::unbounded_channel();
+    let others = vec![
+        tokio::spawn(watch_directory(directory, commands.clone())),
+        tokio::spawn(watch_sessions(sessions, commands.clone())),
+        tokio::spawn(probe(opts.clone(), commands.clone())),
+        tokio::spawn(serve_relays(opts.clone(), relays_in, commands.clone(), ids)),
+    ];
+    let executor = tokio::spawn(execute(opts, run, rx, commands));
+    Ok((ClusterIo { actions: tx }, Running { executor, others }))
+}
+
+/// Sends an event to the driver; `false` when the driver is gone.
+async fn tell(commands: &mpsc::WeakSender<Command>, event: ClusterEvent) -> bool {
+    match commands.upgrade() {
+        Some(tx) => tx.send(Command::Cluster(event)).await.is_ok(),
+        None => false,
+    }
+}
+
+async fn watch_directory(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+    while let Some(change) = watch.next().await {
+        let Some(project) = key_project(&change.key) else {
+            continue;
+        };
+        let state = match change.kind {
+            ChangeKind::Put(value) => match ClaimValue::parse(&value) {
+                Ok(v) => EntryState::Claimed(v),
+                Err(e) => {
+                    tracing::warn!(project, error = %e, "an unreadable claim in the directory");
+                    EntryState::Unreadable
+                }
+            },
+            ChangeKind::Deleted => EntryState::Deleted,
+            ChangeKind::Expired => EntryState::Expired,
+        };
+        let event = ClusterEvent::Entry {
+            project,
+            revision: change.revision,
+            state,
+        };
+        if !tell(&commands, event).await {
+            return;
+        }
+    }
+}
+
+async fn watch_sessions(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+    while let Some(change) = watch.next().await {
+        let record = match change.kind {
+            ChangeKind::Put(value) => match SessionRecord::parse(&value) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "an unreadable session record; ignored");
+                    continue;
+                }
+            },
+            ChangeKind::Deleted | ChangeKind::Expired => None,
+        };
+        let event = ClusterEvent::SessionChanged {
+            session: change.key,
+            record,
+        };
+        if !tell(&commands, event).await {
+            return;
+        }
+    }
+}
+
+/// Reads a key every [`PROBE_EVERY`] and reports when the engine is lost or back.
+async fn probe(opts: Arc<ClusterOptions>, commands: mpsc::WeakSender<Command>) {
+    let mut up = true;
+    let bucket = opts.directory();
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let now_up = match opts.engine.get(&bucket, "probe").await {
+            Ok(_) => true,
+            Err(EngineError::Unavailable(_) | EngineError::Timeout) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "probing the cluster's engine");
+                true
+            }
+        };
+        if now_up != up {
+            up = now_up;
+            if !tell(&commands, ClusterEvent::Engine { up }).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Carries out the core's actions until the driver is gone, then finishes those in flight.
+async fn execute(
+    opts: Arc<ClusterOptions>,
+    run: String,
+    mut actions: mpsc::UnboundedReceiver<ClusterAction>,
+    commands: mpsc::WeakSender<Command>,
+) {
+    let mut tasks: JoinSet<Option<HttpToken>> = JoinSet::new();
+    let mut aborts: HashMap<HttpToken, oneshot::Sender<()>> = HashMap::new();
+    // A session's writes go in order: one writer for all of them.
+    let (stores, store_rx) = mpsc::unbounded_channel();
+    tasks.spawn(store_sessions(opts.clone(), store_rx, commands.clone()));
+    loop {
+        let action = tokio::select! {
+            a = actions.recv() => match a {
+                Some(a) => a,
+                None => break,
+            },
+            Some(done) = tasks.join_next() => {
+                if let Ok(Some(token)) = done {
+                    aborts.remove(&token);
+                }
+                continue;
+            }
+        };
+        let (engine, commands) = (opts.engine.clone(), commands.clone());
+        match action {
+            ClusterAction::Claim {
+                project,
+                expected_revision,
+                value,
+            } => {
+                let (bucket, key) = (opts.directory(), project_key(&project));
+                tasks.spawn(async move {
+                    let value = Bytes::from(value.to_json());
+                    let written = match expected_revision {
+                        None => engine.create(&bucket, &key, value).await,
+                        Some(r) => engine.update(&bucket, &key, value, r).await,
+                    };
+                    let outcome = match written {
+                        Ok(revision) => ClaimOutcome::Won(revision),
+                        Err(EngineError::Conflict { current_revision }) => {
+                            ClaimOutcome::Conflict { current_revision }
+                        }
+                        Err(e) => {
+                            tracing::warn!(project, error = %e, "claiming a project");
+                            ClaimOutcome::Unavailable
+                        }
+                    };
+                    tell(&commands, ClusterEvent::Claimed { project, outcome }).await;
+                    None
+                });
+            }
+            ClusterAction::Release { project, revision } => {
+                let (bucket, key) = (opts.directory(), project_key(&project));
+                tasks.spawn(async move {
+                    match engine.delete(&bucket, &key, Some(revision)).await {
+                        Ok(_) => tracing::info!(project, revision, "claim released"),
+                        Err(e) => tracing::info!(project, error = %e, "claim not released"),
+                    }
+                    None
+                });
+            }
+            ClusterAction::LoadSession { session } => {
+                let bucket = opts.sessions();
+                tasks.spawn(async move {
+                    let record = match engine.get(&bucket, &session).await {
+                        Ok(None) => Ok(None),
+                        Ok(Some(entry)) => match SessionRecord::parse(&entry.value) {
+                            Ok(r) => Ok(Some(r)),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "an unreadable session record");
+                                Ok(None)
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading a session from the engine");
+                            Err(EngineDown)
+                        }
+                    };
+                    tell(&commands, ClusterEvent::SessionLoaded { session, record }).await;
+                    None
+                });
+            }
+            ClusterAction::StoreSession { session, record } => {
+                let _ = stores.send((session, record));
+            }
+            ClusterAction::Relay {
+                token,
+                replica,
+                request,
+            } => {
+                let (abort_tx, abort_rx) = oneshot::channel();
+                aborts.insert(token, abort_tx);
+                let inbox = format!(
+                    "{}.inbox.{}.{run}.{}",
+                    opts.namespace, opts.replica, token.0
+                );
+                let to = opts.relay_subject(&replica);
+                let wire = WireRequest::from_request(&request);
+                tasks.spawn(async move {
+                    relay_out(engine, commands, token, to, inbox, wire, abort_rx).await;
+                    Some(token)
+                });
+            }
+            ClusterAction::RelayAbort { token } => {
+                if let Some(abort) = aborts.remove(&token) {
+                    let _ = abort.send(());
+                }
+            }
+        }
+    }
+    drop(stores);
+    // The driver is gone: what is in flight (a shutdown's releases) finishes.
+    for (_, abort) in aborts.drain() {
+        let _ = abort.send(());
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn store_sessions(
+    opts: Arc<ClusterOptions>,
+    mut stores: mpsc::UnboundedReceiver<(String, Option<SessionRecord>)>,
+    commands: mpsc::WeakSender<Command>,
+) -> Option<HttpToken> {
+    let bucket = opts.sessions();
+    while let Some((session, record)) = stores.recv().await {
+        let written = match &record {
+            Some(r) => opts
+                .engine
+                .put(&bucket, &session, Bytes::from(r.to_json()))
+                .await
+                .map(drop),
+            None => opts.engine.delete(&bucket, &session, None).await.map(drop),
+        };
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "writing a session to the engine");
+        }
+        tell(&commands, ClusterEvent::SessionStored { session }).await;
+    }
+    None
+}
+
+/// Relays one request to the replica at `to` and its answer back to the driver.
+async fn relay_out(
+    engine: Arc<dyn Engine>,
+    commands: mpsc::WeakSender<Command>,
+    token: HttpToken,
+    to: String,
+    inbox: String,
+    request: WireRequest,
+    mut abort: oneshot::Receiver<()>,
+) {
+    let failed = |sent| ClusterEvent::RelayFailed { token, sent };
+    let mut answers = match engine.subscribe(&inbox).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot relay: no inbox");
+            tell(&commands, failed(RelaySent::NotSent)).await;
+            return;
+        }
+    };
+    let envelope = Envelope::Request {
+        inbox: inbox.clone(),
+        request: Box::new(request),
+    };
+    let payload = Bytes::from(serde_json::to_vec(&envelope).expect("an envelope serialises"));
+    let handoff = engine.request(&to, payload, relay::HANDOFF_TIMEOUT).await;
+    match handoff.map(|b| serde_json::from_slice::<Handoff>(&b)) {
+        Ok(Ok(Handoff::Accepted)) => {}
+        Ok(Ok(Handoff::Refused { reason })) => {
+            tracing::warn!(to, reason, "the owner refused a relayed request");
+            tell(&commands, failed(RelaySent::NotSent)).await;
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(to, error = %e, "an unreadable handoff from the owner");
+            tell(&commands, failed(RelaySent::Unknown)).await;
+            return;
+        }
+        Err(EngineError::NoResponders(_)) => {
+            tell(&commands, failed(RelaySent::NotSent)).await;
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(to, error = %e, "relaying a request");
+            tell(&commands, failed(RelaySent::Unknown)).await;
+            return;
+        }
+    }
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout(relay::SILENT_AFTER, answers.next()) => next,
+            _ = &mut abort => {
+                let abort = Envelope::Abort { inbox };
+                let payload = Bytes::from(serde_json::to_vec(&abort).expect("an envelope serialises"));
+                if let Err(e) = engine.publish(&to, payload).await {
+                    tracing::debug!(error = %e, "telling the owner of an abort");
+                }
+                return;
+            }
+        };
+        let message = match next {
+            Ok(Some(m)) => m,
+            Ok(None) | Err(_) => {
+                tracing::warn!(to, "the owner of a relayed request fell silent");
+                tell(&commands, failed(RelaySent::Unknown)).await;
+                return;
+            }
+        };
+        let (message, last) = match serde_json::from_slice::<Answer>(&message.payload) {
+            Ok(Answer::Alive) => continue,
+            Ok(Answer::Reply {
+                status,
+                headers,
+                body,
+            }) => (
+                RelayMessage::Reply(relay::reply_of(status, headers, body)),
+                true,
+            ),
+            Ok(Answer::Open) => (RelayMessage::Open, false),
+            Ok(Answer::Event { id, data }) => (RelayMessage::Event { id, data }, false),
+            Ok(Answer::Close) => (RelayMessage::Close, true),
+            Err(e) => {
+                tracing::warn!(to, error = %e, "an unreadable answer to a relayed request; ignored");
+                continue;
+            }
+        };
+        if !tell(&commands, ClusterEvent::Relayed { token, message }).await || last {
+            return;
+        }
+    }
+}
+
+/// Serves the requests other replicas relay here: each becomes an HTTP request of the driver's,
+/// whose answer is sent to the relay's inbox.
+async fn serve_relays(
+    opts: Arc<ClusterOptions>,
+    mut incoming: super::Subscription,
+    commands: mpsc::WeakSender<Command>,
+    ids: Arc<Ids>,
+) {
+    // The relays being served, by inbox: an abort names its inbox.
+    let serving: Arc<Mutex<HashMap<String, HttpToken>>> = Arc::default();
+    while let Some(message) = incoming.next().await {
+        let Some(tx) = commands.upgrade() else {
+            return;
+        };
+        let envelope = serde_json::from_slice::<Envelope>(&message.payload)
+            .map_err(|e| e.to_string())
+            .and_then(|e| match e {
+                Envelope::Request { inbox, request } => {
+                    request.into_request().map(|r| (inbox, Some(r)))
+                }
+                Envelope::Abort { inbox } => Ok((inbox, None)),
+            });
+        let handoff = match envelope {
+            Err(reason) => {
+                tracing::warn!(reason, "an unreadable relayed request; refused");
+                Handoff::Refused { reason }
+            }
+            Ok((inbox, None)) => {
+                let token = serving.lock().expect("not poisoned").remove(&inbox);
+                if let Some(token) = token {
+                    let _ = tx.send(Command::HttpAborted { token }).await;
+                }
+                continue;
+            }
+            Ok((inbox, Some(request))) => {
+                let token = ids.next_http();
+                let (reply_tx, reply_rx) = mpsc::channel(STREAM_QUEUE);
+                serving
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(inbox.clone(), token);
+                let command = Command::Http {
+                    token,
+                    request: Box::new(request),
+                    reply: reply_tx,
+                };
+                if tx.send(command).await.is_err() {
+                    return;
+                }
+                tokio::spawn(answer_relay(
+                    opts.engine.clone(),
+                    inbox,
+                    reply_rx,
+                    serving.clone(),
+                ));
+                Handoff::Accepted
+            }
+        };
+        if let Some(reply) = message.reply {
+            let payload = Bytes::from(serde_json::to_vec(&handoff).expect("a handoff serialises"));
+            if let Err(e) = opts.engine.publish(&reply, payload).await {
+                tracing::debug!(error = %e, "answering a relay's handoff");
+            }
+        }
+    }
+}
+
+/// Sends the driver's answer to a relayed request to its inbox, with `alive`s while it runs.
+async fn answer_relay(
+    engine: Arc<dyn Engine>,
+    inbox: String,
+    mut replies: mpsc::Receiver<HttpMsg>,
+    serving: Arc<Mutex<HashMap<String, HttpToken>>>,
+) {
+    loop {
+        let msg = match tokio::time::timeout(relay::ALIVE_EVERY, replies.recv()).await {
+            Err(_) => Answer::Alive,
+            // The driver dropped the request (shutdown): the relaying replica hears silence.
+            Ok(None) => break,
+            Ok(Some(HttpMsg::Reply(reply))) => Answer::from_reply(&reply),
+            Ok(Some(HttpMsg::Open)) => Answer::Open,
+            Ok(Some(HttpMsg::Event { id, data })) => Answer::Event { id, data },
+            Ok(Some(HttpMsg::Close)) => Answer::Close,
+        };
+        let last = matches!(msg, Answer::Reply { .. } | Answer::Close);
+        let payload = Bytes::from(serde_json::to_vec(&msg).expect("an answer serialises"));
+        if let Err(e) = engine.publish(&inbox, payload).await {
+            tracing::warn!(error = %e, "answering a relayed request");
+        }
+        if last {
+            break;
+        }
+    }
+    serving.lock().expect("not poisoned").remove(&inbox);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn project_names_make_keys_and_come_back() {
+        for name in ["alpha", "a.b.c", "x_y-z", "v1.2"] {
+            let key = project_key(name);
+            super::super::check_key(&key).unwrap();
+            assert_eq!(key_project(&key).as_deref(), Some(name));
+        }
+        assert_eq!(key_project("probe"), None);
+    }
+}

@@ -1,0 +1,332 @@
+//! Replicas on a real nats-server (issue 15), in this process: three gateways joined into one
+//! cluster, each in a tokio runtime of its own (so that a "kill" drops everything it has at
+//! once, its NATS connection included), sled-sim sleds dialing one replica each, and MCP
+//! clients on any replica. Skipped with a note when nats-server cannot be installed; failing
+//! when `CI` is set (see `support/nats.rs`).
+
+#[path = "support/nats.rs"]
+mod nats;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_core::{ProjectSpec, Registry};
+use gateway_server::cluster::nats::{NatsEngine, NatsOptions};
+use gateway_server::cluster::replica::ClusterOptions;
+use gateway_server::{serve, ServerOptions};
+use serde_json::{json, Value};
+use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
+use tokio::sync::oneshot;
+
+fn registry() -> Registry {
+    let specs = ["alpha", "beta", "gamma"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut spec = ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i));
+            spec.sled = format!("{p}-sled");
+            spec
+        })
+        .collect();
+    Registry::from_projects(specs, Some("alpha")).unwrap()
+}
+
+/// One replica, in a runtime of its own.
+struct Replica {
+    addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<oneshot::Receiver<std::io::Result<()>>>,
+}
+
+impl Replica {
+    fn start(nats: &str, name: &str, claim_ttl: Duration) -> Replica {
+        gateway_tests::init_tracing();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (done_tx, done) = oneshot::channel();
+        let (nats, replica) = (nats.to_owned(), name.to_owned());
+        let seed = [name.bytes().map(u32::from).sum::<u32>() as u8; 32];
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let engine = NatsEngine::connect(NatsOptions::new(nats, replica.clone()))
+                .await
+                .expect("the replica reaches nats-server");
+            let mut opts = ServerOptions::new(registry(), seed);
+            let mut cluster = ClusterOptions::new(Arc::new(engine), replica);
+            cluster.claim_ttl = claim_ttl;
+            opts.cluster = Some(cluster);
+            opts.shutdown_grace = Duration::from_secs(2);
+            let served = serve(listener, opts, async {
+                let _ = stopped.await;
+            })
+            .await;
+            let _ = done_tx.send(served);
+        });
+        Replica {
+            addr,
+            runtime: Some(runtime),
+            stop: Some(stop),
+            done: Some(done),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn fleet(&self, projects: &[&str], latency: Duration) -> Fleet {
+        let names: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
+        let opts = SledOptions {
+            latency,
+            ..SledOptions::default()
+        };
+        Fleet::spawn(&self.url(), &names, opts)
+    }
+
+    async fn client(&self, session: Option<&str>) -> McpClient<TokioConnect> {
+        let mut c = McpClient::connect(TokioConnect, &format!("{}/mcp", self.url()))
+            .await
+            .unwrap();
+        c.set_session_id(session.map(str::to_owned));
+        c
+    }
+
+    /// Power loss: the runtime and everything on it (sockets, the NATS connection) is gone at
+    /// once; nothing is released or said goodbye to.
+    fn kill(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+
+    /// A graceful shutdown, which must succeed.
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(done) = self.done.take() {
+            within(done).await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Bounds a step of a test, so a hang fails instead of blocking CI.
+async fn within<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("step did not finish within 20 s")
+}
+
+fn structured(r: &Value) -> &Value {
+    assert!(r.get("error").is_none(), "unexpected error: {r}");
+    assert_ne!(r["result"]["isError"], true, "tool error: {r}");
+    &r["result"]["structuredContent"]
+}
+
+/// Waits until `via` lists each project in `held` live at its replica (`None`: not live).
+async fn wait_held(via: &Replica, held: &[(&str, Option<&str>)]) {
+    let mut c = via.client(None).await;
+    within(async {
+        loop {
+            let r = c
+                .tools_call(json!(0), "list_projects", json!({}))
+                .await
+                .unwrap();
+            let projects = structured(&r)["projects"].as_array().unwrap().clone();
+            let ok = held.iter().all(|(name, replica)| {
+                let p = projects.iter().find(|p| p["name"] == *name).unwrap();
+                match replica {
+                    Some(r) => p["live"] == true && p["replica"] == *r,
+                    None => p["live"] == false,
+                }
+            });
+            if ok {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    })
+    .await;
+}
+
+/// Whether `fleet`'s sled of `project` holds the story `r` (a create_story answer) made.
+fn holds(fleet: &Fleet, project: &str, r: &Value) -> bool {
+    let id = structured(r)["story"]["id"].as_str().unwrap().to_owned();
+    fleet
+        .sled(project)
+        .unwrap()
+        .with(|s| s.project().story(&id).is_some())
+}
+
+async fn create_story(c: &mut McpClient<TokioConnect>, id: i64, args: Value) -> Value {
+    let mut arguments = json!({"name": format!("story {id}"), "acceptance_criteria": ["done"]});
+    for (k, v) in args.as_object().unwrap() {
+        arguments[k] = v.clone();
+    }
+    within(c.tools_call(json!(id), "create_story", arguments))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_replica_serves_any_session_and_any_call() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(6);
+    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let r3 = Replica::start(&nats.url(), "r3", ttl);
+    let alpha = r1.fleet(&["alpha"], Duration::ZERO);
+    let beta = r2.fleet(&["beta"], Duration::ZERO);
+    wait_held(
+        &r3,
+        &[("alpha", Some("r1")), ("beta", Some("r2")), ("gamma", None)],
+    )
+    .await;
+
+    // A session made on r1 is used on r3: its default (alpha, held by r1) is relayed there.
+    let mut c1 = r1.client(None).await;
+    c1.initialize().await.unwrap();
+    let session = c1.session_id().unwrap().to_owned();
+    let mut c3 = r3.client(Some(&session)).await;
+    let r = create_story(&mut c3, 1, json!({})).await;
+    assert_eq!(structured(&r)["project"], "alpha");
+    assert!(holds(&alpha, "alpha", &r), "executed by alpha's sled");
+    // A per-call project from r1 goes to r2's sled.
+    let r = create_story(&mut c1, 2, json!({"project": "beta"})).await;
+    assert_eq!(structured(&r)["project"], "beta");
+    assert!(holds(&beta, "beta", &r));
+    assert!(!holds(&alpha, "alpha", &r));
+
+    // switch_project on r2 is seen on r3 (through the engine's watch: a moment later).
+    let mut c2 = r2.client(Some(&session)).await;
+    let r = within(c2.tools_call(json!(3), "switch_project", json!({"project": "beta"})))
+        .await
+        .unwrap();
+    assert_eq!(structured(&r)["project"], "beta");
+    within(async {
+        loop {
+            let r = c3
+                .tools_call(json!(4), "list_projects", json!({}))
+                .await
+                .unwrap();
+            if structured(&r)["active"] == "beta" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let r = create_story(&mut c3, 5, json!({})).await;
+    assert_eq!(structured(&r)["project"], "beta");
+
+    // The replica that made the session goes away gracefully: it releases alpha, and the
+    // session lives on.
+    r1.stop().await;
+    wait_held(&r3, &[("alpha", None), ("beta", Some("r2"))]).await;
+    let r = create_story(&mut c3, 6, json!({})).await;
+    assert_eq!(structured(&r)["project"], "beta");
+    let r = within(c3.tools_call(
+        json!(7),
+        "create_story",
+        json!({"name": "x", "acceptance_criteria": ["y"], "project": "alpha"}),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "sled_not_connected", "{r}");
+    // A replica that never saw the session serves it too.
+    let r4 = Replica::start(&nats.url(), "r4", ttl);
+    let mut c4 = r4.client(Some(&session)).await;
+    let r = within(c4.tools_call(json!(8), "list_projects", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(structured(&r)["active"], "beta");
+    // A session nobody made is still unknown.
+    let mut stranger = r4.client(Some("0123456789abcdef0123456789abcdef")).await;
+    let e = within(stranger.tools_call(json!(9), "list_projects", json!({}))).await;
+    assert!(e.is_err(), "{e:?}");
+    drop((alpha, beta));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_dying_mid_call_is_an_unknown_outcome_and_a_dead_owner_not_sent() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let _alpha = r1.fleet(&["alpha"], Duration::from_secs(30));
+    wait_held(&r2, &[("alpha", Some("r1"))]).await;
+    let mut c = r2.client(None).await;
+    let call = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let r = c
+            .tools_call(
+                json!(1),
+                "create_story",
+                json!({"name": "slow", "acceptance_criteria": ["x"]}),
+            )
+            .await
+            .unwrap();
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    r1.kill();
+    let (r, took) = within(call).await.unwrap();
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert_eq!(r["error"]["data"]["kind"], "uplink_lost");
+    assert_eq!(r["error"]["data"]["outcome"], "unknown");
+    assert_eq!(r["error"]["data"]["reason"], "owner_lost");
+    assert!(took < Duration::from_secs(10), "{took:?}: not at once");
+    // r1's claim lives on (30 s) but nobody listens for it: the next call was not sent.
+    let mut c = r2.client(None).await;
+    let r = within(c.tools_call(
+        json!(2),
+        "create_story",
+        json!({"name": "x", "acceptance_criteria": ["y"]}),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r["error"]["data"]["outcome"], "not_sent", "{r}");
+    assert_eq!(r["error"]["data"]["reason"], "not_relayed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sled_moving_to_another_replica_takes_its_project_along() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let alpha = r1.fleet(&["alpha"], Duration::ZERO);
+    wait_held(&r2, &[("alpha", Some("r1"))]).await;
+    // r1 dies; alpha's sled comes back through r2 (as a load balancer would send it) and
+    // takes the project over at once, without waiting for r1's claim to expire.
+    r1.kill();
+    drop(alpha);
+    let alpha = r2.fleet(&["alpha"], Duration::ZERO);
+    wait_held(&r2, &[("alpha", Some("r2"))]).await;
+    let mut c = r2.client(None).await;
+    let r = create_story(&mut c, 1, json!({})).await;
+    assert_eq!(structured(&r)["project"], "alpha");
+    assert!(holds(&alpha, "alpha", &r));
+}
