@@ -355,10 +355,19 @@ impl Gateway {
             cursor: Option<String>,
         }
         let params: ListParams = jsonrpc::params_of("tools/list", params)?;
-        let project = self
-            .default_of(caller)
-            .filter(|p| self.sees(p))
-            .and_then(|p| self.projects.get(p));
+        let default = self.default_of(caller).filter(|p| self.sees(p));
+        // In a cluster, the default's tools are known where its sled is: the list is made
+        // there (a list relayed here by mistake lists the gateway's tools only).
+        if let Some(project) = default.filter(|p| !self.is_live(p) && !self.serving_relayed) {
+            if let Some(replica) = self.relay_target(project) {
+                return Err(RpcError::OwnedElsewhere {
+                    project: project.to_owned(),
+                    sled: self.sled_of(project),
+                    replica,
+                });
+            }
+        }
+        let project = default.and_then(|p| self.projects.get(p));
         let project_tools = project.and_then(|p| p.tools.as_deref()).unwrap_or(&[]);
         let total = self.gateway_tools.len() + project_tools.len();
         let page = self.config.tools_page_size.max(1);

@@ -203,6 +203,12 @@ impl Gateway {
             Loss::ShuttingDown => "this gateway replica is shutting down".into(),
         };
         tracing::warn!(project, ?reason, "no longer serving the project: {why}");
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(super::PlantedBug::ServeAfterLosingClaim)
+            && reason != Loss::ShuttingDown
+        {
+            return;
+        }
         for id in waiting.into_iter().chain(live) {
             self.drop_uplink(
                 id,

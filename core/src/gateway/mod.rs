@@ -288,6 +288,9 @@ pub enum PlantedBug {
     /// `[[access]]`: the projects a caller may see are every registered one where a list of
     /// them is given (an `unknown_project`'s `registered`, the fleet tools).
     HiddenProjectsListed,
+    /// In a cluster: a replica that loses a project's claim keeps its uplink and goes on
+    /// sending it calls (only a sled's epoch fence, if the same sled, would stop them).
+    ServeAfterLosingClaim,
 }
 
 impl Default for Config {

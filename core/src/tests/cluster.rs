@@ -468,3 +468,26 @@ fn shutdown_releases_the_claims_and_fails_the_relays() {
     assert_eq!(r["error"]["data"]["kind"], "shutting_down");
     let _: HttpToken = t;
 }
+
+#[test]
+fn tools_list_is_made_where_the_default_projects_sled_is() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "alpha", "r2", 3);
+    let t = h.send(
+        HttpMethod::Post,
+        None,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+    );
+    let actions = take_actions(&mut h);
+    assert!(
+        matches!(actions.as_slice(), [ClusterAction::Relay { token, replica, .. }] if *token == t && replica == "r2"),
+        "{actions:?}"
+    );
+    // With alpha's sled here, listed here.
+    let mut h = replica("r2");
+    sled_claimed(&mut h, "alpha", 4);
+    let r = h.rpc(None, json!(1), "tools/list", json!({}));
+    let tools = r["result"]["tools"].as_array().unwrap();
+    assert!(tools.len() > crate::GATEWAY_TOOLS.len());
+    assert!(take_actions(&mut h).iter().all(|a| !matches!(a, ClusterAction::Relay { .. })));
+}

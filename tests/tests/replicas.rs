@@ -1,0 +1,295 @@
+//! Replicas as a user runs them (issue 15): a real nats-server, three `gateway serve --cluster`
+//! processes, Debian's nginx balancing `/mcp` and `/uplink` round-robin over them, `sled-sim`
+//! processes dialing the balancer, and MCP clients (this crate's, and the official Python SDK).
+//!
+//! Skipped with a note when nats-server cannot be installed or nginx is not installed; both
+//! missing under `CI` is a failure.
+
+#[path = "support/nats.rs"]
+mod nats;
+#[path = "support/processes.rs"]
+mod processes;
+#[path = "support/python.rs"]
+mod python;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use processes::{GatewayProcess, Nginx};
+use serde_json::{json, Value};
+use sled_sim::{McpClient, TokioConnect};
+
+const PROJECTS: &str = r#"default = "alpha"
+call_timeout_ms = 20000
+
+[[project]]
+name = "alpha"
+url = "http://127.0.0.1:9101"
+
+[[project]]
+name = "beta"
+url = "http://127.0.0.1:9102"
+"#;
+
+/// nats-server, three replicas and nginx in front of them; `None` when a part is missing
+/// (skipped).
+struct Cluster {
+    nats: nats::NatsServer,
+    replicas: Vec<GatewayProcess>,
+    nginx: Nginx,
+    _dir: PathBuf,
+}
+
+impl Cluster {
+    async fn start(claim_ttl_secs: u64) -> Option<Cluster> {
+        let nginx = processes::nginx_binary()?;
+        let nats = nats::NatsServer::start().await?;
+        let dir = processes::scratch("replicas");
+        let config = dir.join("projects.toml");
+        std::fs::write(&config, PROJECTS).unwrap();
+        let mut replicas = Vec::new();
+        for name in ["r1", "r2", "r3"] {
+            replicas.push(GatewayProcess::start(&config, &nats.url(), name, claim_ttl_secs).await);
+        }
+        let ports: Vec<u16> = replicas.iter().map(|r| r.port).collect();
+        let nginx = Nginx::start(&nginx, &ports).await;
+        Some(Cluster {
+            nats,
+            replicas,
+            nginx,
+            _dir: dir,
+        })
+    }
+
+    fn replica(&mut self, name: &str) -> &mut GatewayProcess {
+        self.replicas.iter_mut().find(|r| r.name == name).unwrap()
+    }
+}
+
+async fn client(base: &str, session: Option<&str>) -> McpClient<TokioConnect> {
+    let mut c = McpClient::connect(TokioConnect, &format!("{base}/mcp"))
+        .await
+        .unwrap();
+    c.set_session_id(session.map(str::to_owned));
+    c
+}
+
+async fn within<T>(limit: Duration, what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {limit:?}"))
+}
+
+/// The replica holding each live project, as `base` lists them.
+async fn holders(base: &str) -> Option<Vec<(String, String)>> {
+    let mut c = client(base, None).await;
+    let r = c
+        .tools_call(json!(0), "list_projects", json!({}))
+        .await
+        .ok()?;
+    let projects = r["result"]["structuredContent"]["projects"].as_array()?;
+    Some(
+        projects
+            .iter()
+            .filter(|p| p["live"] == true)
+            .filter_map(|p| Some((p["name"].as_str()?.to_owned(), p["replica"].as_str()?.to_owned())))
+            .collect(),
+    )
+}
+
+/// Waits until `base` lists every one of `projects` live (at some replica); returns holders.
+async fn wait_live(base: &str, projects: &[&str]) -> Vec<(String, String)> {
+    within(Duration::from_secs(30), "projects live", async {
+        loop {
+            if let Some(h) = holders(base).await {
+                if projects.iter().all(|p| h.iter().any(|(n, _)| n == p)) {
+                    return h;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+fn holder_of(h: &[(String, String)], project: &str) -> String {
+    h.iter().find(|(n, _)| n == project).unwrap().1.clone()
+}
+
+/// A create_story that must succeed, retried while the project is between replicas (a sled
+/// reconnecting after its replica died): returns the answer and how many attempts failed.
+async fn create_story_eventually(c: &mut McpClient<TokioConnect>, project: &str) -> (Value, u32) {
+    let mut failed = 0;
+    within(Duration::from_secs(30), "a call succeeds", async {
+        loop {
+            let r = c
+                .tools_call(
+                    json!(1),
+                    "create_story",
+                    json!({"name": "s", "acceptance_criteria": [], "project": project}),
+                )
+                .await;
+            match r {
+                Ok(r) if r.get("error").is_none() => return (r, failed),
+                _ => failed += 1,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_outlives_the_replica_that_made_it() {
+    let Some(mut cluster) = Cluster::start(3).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
+    wait_live(&lb, &["alpha", "beta"]).await;
+    // The session is made on r1 itself, then r1 is killed.
+    let r1 = cluster.replica("r1").url();
+    let mut c = client(&r1, None).await;
+    c.initialize().await.unwrap();
+    let session = c.session_id().unwrap().to_owned();
+    cluster.replica("r1").kill9().await;
+    // Through the balancer (which finds r1 gone), the session is known and its calls work,
+    // wherever the sleds are now.
+    let mut c = client(&lb, Some(&session)).await;
+    let (r, _) = create_story_eventually(&mut c, "alpha").await;
+    assert_eq!(r["result"]["structuredContent"]["project"], "alpha");
+    let (r, _) = create_story_eventually(&mut c, "beta").await;
+    assert_eq!(r["result"]["structuredContent"]["project"], "beta");
+    let r = c
+        .tools_call(json!(2), "list_projects", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["structuredContent"]["active"], "alpha", "{r}");
+    let h = wait_live(&lb, &["alpha", "beta"]).await;
+    assert!(h.iter().all(|(_, r)| r != "r1"), "{h:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_killed_mid_call_answers_unknown_at_once_and_the_sled_moves() {
+    let Some(mut cluster) = Cluster::start(3).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha"], 4000);
+    let h = wait_live(&lb, &["alpha"]).await;
+    let owner = holder_of(&h, "alpha");
+    let other = ["r1", "r2", "r3"].into_iter().find(|r| *r != owner).unwrap();
+    let via = cluster.replica(other).url();
+    let call = tokio::spawn(async move {
+        let mut c = client(&via, None).await;
+        let started = Instant::now();
+        let r = c
+            .tools_call(
+                json!(7),
+                "create_story",
+                json!({"name": "slow", "acceptance_criteria": [], "project": "alpha"}),
+            )
+            .await
+            .unwrap();
+        (r, started)
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let killed = Instant::now();
+    cluster.replica(&owner).kill9().await;
+    let (r, _) = within(Duration::from_secs(20), "the call's answer", call)
+        .await
+        .unwrap();
+    let waited = killed.elapsed();
+    assert_eq!(r["error"]["code"], -32603, "{r}");
+    assert_eq!(r["error"]["data"]["kind"], "uplink_lost", "{r}");
+    assert_eq!(r["error"]["data"]["outcome"], "unknown", "{r}");
+    println!("owner killed mid-call: the client had its answer {waited:?} later");
+    assert!(waited < Duration::from_secs(8), "{waited:?}");
+    // The sled dials again through nginx, lands on a live replica, which takes alpha over.
+    let moved = Instant::now();
+    within(Duration::from_secs(20), "alpha held by a live replica", async {
+        loop {
+            if let Some(h) = holders(&lb).await {
+                if h.iter().any(|(n, r)| n == "alpha" && *r != owner) {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    println!("alpha served by another replica {:?} after the kill", moved.elapsed() + waited);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restarts_and_an_engine_restart_keep_sessions_and_uplinks() {
+    let Some(mut cluster) = Cluster::start(3).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
+    wait_live(&lb, &["alpha", "beta"]).await;
+    let mut c = client(&lb, None).await;
+    c.initialize().await.unwrap();
+    let session = c.session_id().unwrap().to_owned();
+
+    // The engine dies: every live uplink stays where it is, and each replica still serves
+    // the projects it holds.
+    let before = wait_live(&lb, &["alpha", "beta"]).await;
+    cluster.nats.kill().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (project, replica) in &before {
+        let url = cluster.replica(replica).url();
+        let mut direct = client(&url, None).await;
+        let r = direct
+            .tools_call(
+                json!(3),
+                "create_story",
+                json!({"name": "during the outage", "acceptance_criteria": [], "project": project}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r["result"]["structuredContent"]["project"], *project, "{r}");
+    }
+    cluster.nats.resume().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = wait_live(&lb, &["alpha", "beta"]).await;
+    assert_eq!(before, after, "no uplink moved for an engine outage");
+
+    // Each replica in turn is stopped gracefully and started again; the session lives on.
+    let mut failed_calls = 0;
+    for name in ["r1", "r2", "r3"] {
+        cluster.replica(name).terminate().await;
+        cluster.replica(name).restart().await;
+        for project in ["alpha", "beta"] {
+            let (r, failed) = create_story_eventually(&mut c, project).await;
+            assert_eq!(r["result"]["structuredContent"]["project"], project);
+            failed_calls += failed;
+        }
+    }
+    println!("rolling restart: {failed_calls} calls failed while a project moved");
+    let mut c = client(&lb, Some(&session)).await;
+    let r = c
+        .tools_call(json!(4), "list_projects", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["structuredContent"]["active"], "alpha", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_through_the_load_balancer() {
+    let Some(cluster) = Cluster::start(3).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
+    wait_live(&lb, &["alpha", "beta"]).await;
+    let python = python::python_with_sdk().await;
+    python::run_checks(
+        &python,
+        "python_replicas_client.py",
+        &[&format!("{lb}/mcp")],
+    )
+    .await;
+}

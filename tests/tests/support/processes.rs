@@ -1,0 +1,334 @@
+//! Real processes for the replica tests: the workspace's own `gateway` and `sled-sim`
+//! binaries (built by `cargo test --workspace`, the README's test command), and Debian's nginx
+//! as the load balancer in front of them.
+//!
+//! Included with `#[path = "support/processes.rs"] mod processes;`. nginx is skipped with a
+//! note when it is not installed, and missing under `CI` is a failure (`.ci/run` installs
+//! Debian's `nginx-light`).
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
+/// A binary of the workspace, as `cargo test --workspace` built it (same profile as this test).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let path = target_dir().join(profile).join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` (which builds it), or `cargo build -p gateway-server -p sled-sim --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// A directory of its own under the system's temporary directory, emptied first.
+pub fn scratch(what: &str) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-{what}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory can be made");
+    dir
+}
+
+/// A free loopback port (bound and released: good enough on a test machine).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Waits up to `limit` until `GET /healthz` on `port` answers 200.
+pub async fn wait_healthy(port: u16, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if healthz(port).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+async fn healthz(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let req = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut out = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut out)).await;
+    matches!(read, Ok(Ok(_))) && out.starts_with("HTTP/1.1 200")
+}
+
+/// One `gateway serve --cluster` process.
+pub struct GatewayProcess {
+    pub name: String,
+    pub port: u16,
+    config: PathBuf,
+    nats: String,
+    dir: PathBuf,
+    child: Option<Child>,
+    claim_ttl_secs: u64,
+}
+
+impl GatewayProcess {
+    /// Starts replica `name` of the cluster on `nats` serving `config`, and waits until it is
+    /// healthy.
+    pub async fn start(config: &Path, nats: &str, name: &str, claim_ttl_secs: u64) -> Self {
+        let mut g = GatewayProcess {
+            name: name.to_owned(),
+            port: free_port(),
+            config: config.to_owned(),
+            nats: nats.to_owned(),
+            dir: scratch(&format!("replica-{name}")),
+            child: None,
+            claim_ttl_secs,
+        };
+        g.restart().await;
+        g
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// Starts it again on the same port (after [`GatewayProcess::kill9`] or
+    /// [`GatewayProcess::terminate`]).
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "replica {} is running", self.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("gateway.log"))
+            .expect("the log can be opened");
+        let child = Command::new(workspace_bin("gateway"))
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .args(["--listen", &self.addr().to_string()])
+            .args(["--cluster", &self.nats, "--replica", &self.name])
+            .args(["--claim-ttl-secs", &self.claim_ttl_secs.to_string()])
+            .arg("--pin-file")
+            .arg(self.dir.join("pins.toml"))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the gateway starts");
+        self.child = Some(child);
+        assert!(
+            wait_healthy(self.port, Duration::from_secs(20)).await,
+            "replica {} did not become healthy:\n{}",
+            self.name,
+            self.log()
+        );
+    }
+
+    /// `kill -9`: no goodbye, no release.
+    pub async fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// SIGTERM, then waits (up to 30 s) for a graceful exit, which must be a success.
+    pub async fn terminate(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let pid = c.id().expect("running").to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), c.wait())
+            .await
+            .expect("the replica exits within 30 s of SIGTERM")
+            .expect("waitable");
+        assert!(status.success(), "replica {} exited with {status}:\n{}", self.name, self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// A `sled-sim` process emulating the sleds of `projects`, dialing `gateway`.
+pub fn sled_sim(gateway: &str, projects: &[&str], latency_ms: u64) -> Child {
+    let mut c = Command::new(workspace_bin("sled-sim"));
+    c.args(["--gateway", gateway])
+        .args(["--latency-ms", &latency_ms.to_string()]);
+    for p in projects {
+        c.args(["--project", p]);
+    }
+    c.env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("sled-sim starts")
+}
+
+/// Debian's nginx, if installed; `None` (with a note) when it is not, a failure under `CI`.
+pub fn nginx_binary() -> Option<PathBuf> {
+    for p in ["/usr/sbin/nginx", "/usr/bin/nginx"] {
+        if Path::new(p).exists() {
+            return Some(PathBuf::from(p));
+        }
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("nginx is not installed: `apt-get install nginx-light` (Debian's nginx; .ci/run installs it)");
+    }
+    eprintln!("SKIPPED: nginx is not installed (apt-get install nginx-light); the load-balancer tests need it");
+    None
+}
+
+/// nginx balancing `/mcp` and the `/uplink` WebSocket round-robin over `upstreams`, with no
+/// stickiness, as a production deployment would.
+pub struct Nginx {
+    pub port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Nginx {
+    pub async fn start(binary: &Path, upstreams: &[u16]) -> Nginx {
+        let dir = scratch("nginx");
+        for sub in ["body", "proxy", "fastcgi", "uwsgi", "scgi"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("nginx's temp dirs can be made");
+        }
+        let port = free_port();
+        let servers: String = upstreams
+            .iter()
+            .map(|p| format!("    server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"))
+            .collect();
+        let d = dir.display();
+        let user = if running_as_root() { "user root;\n" } else { "" };
+        let conf = format!(
+            "{user}worker_processes 1;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log {d}/access.log;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
+  upstream gateways {{
+{servers}  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location /mcp {{
+      proxy_pass http://gateways;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+      proxy_buffering off;
+      proxy_read_timeout 3600s;
+    }}
+    location /uplink {{
+      proxy_pass http://gateways;
+      proxy_http_version 1.1;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection $connection_upgrade;
+      proxy_read_timeout 3600s;
+    }}
+  }}
+}}
+"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).expect("the config can be written");
+        let child = Command::new(binary)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nginx starts");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nginx did not listen within 10 s:\n{}",
+                std::fs::read_to_string(dir.join("error.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Nginx { port, dir, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
