@@ -17,6 +17,8 @@
 //! - coordination: gauges `gateway_coord_leases_live`, `gateway_coord_agents_present`,
 //!   `gateway_coord_waits_parked`, and `gateway_coord_events_total{event}` (claims, releases,
 //!   expiries, messages, board writes, waits, refusals at a limit);
+//! - in a cluster only: `gateway_cluster_events_total{event}` (relays out and their failures,
+//!   relays in, claims won, claim conflicts, claims lost, engine reconnects, sessions loaded);
 //! - counted by the server itself ([`crate::fleet::ServerCounters`]):
 //!   `gateway_pin_file_write_errors_total`, `gateway_http_connections_open` (gauge),
 //!   `gateway_http_idle_closed_total`.
@@ -222,6 +224,26 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
         ("refused_by_limit", c.refused_by_limit),
     ] {
         let _ = writeln!(out, "gateway_coord_events_total{{event=\"{event}\"}} {v}");
+    }
+    if let Some(k) = &m.cluster {
+        header(
+            &mut out,
+            "gateway_cluster_events_total",
+            "counter",
+            "This replica's cluster events: requests relayed to the replica holding their project (relay_out) and those with no whole answer (relay_failed), requests served for other replicas (relay_in), directory claims won (each a new epoch), claim conflicts, claims lost (a project this replica stopped serving), engine reconnects, and sessions read from the engine.",
+        );
+        for (event, v) in [
+            ("relay_out", k.relays),
+            ("relay_failed", k.relays_failed),
+            ("relay_in", k.relayed_in),
+            ("claim_won", k.claims_won),
+            ("claim_conflict", k.claim_conflicts),
+            ("claim_lost", k.claims_lost),
+            ("engine_reconnect", k.engine_reconnects),
+            ("session_loaded", k.sessions_loaded),
+        ] {
+            let _ = writeln!(out, "gateway_cluster_events_total{{event=\"{event}\"}} {v}");
+        }
     }
     header(
         &mut out,

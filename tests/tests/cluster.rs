@@ -165,6 +165,18 @@ async fn wait_held(via: &Replica, held: &[(&str, Option<&str>)]) {
     .await;
 }
 
+/// `GET /metrics` of a replica.
+async fn get_metrics(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    within(s.read_to_string(&mut out)).await.unwrap();
+    out
+}
+
 /// Whether `fleet`'s sled of `project` holds the story `r` (a create_story answer) made.
 fn holds(fleet: &Fleet, project: &str, r: &Value) -> bool {
     let id = structured(r)["story"]["id"].as_str().unwrap().to_owned();
@@ -214,6 +226,20 @@ async fn any_replica_serves_any_session_and_any_call() {
     assert_eq!(structured(&r)["project"], "beta");
     assert!(holds(&beta, "beta", &r));
     assert!(!holds(&alpha, "alpha", &r));
+
+    // Each replica counts its part.
+    let metrics = get_metrics(r3.addr).await;
+    assert!(
+        metrics.contains("gateway_cluster_events_total{event=\"relay_out\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gateway_cluster_events_total{event=\"session_loaded\"} 1"));
+    let metrics = get_metrics(r1.addr).await;
+    assert!(
+        metrics.contains("gateway_cluster_events_total{event=\"relay_in\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gateway_cluster_events_total{event=\"claim_won\"} 1"));
 
     // switch_project on r2 is seen on r3 (through the engine's watch: a moment later).
     let mut c2 = r2.client(Some(&session)).await;

@@ -93,7 +93,12 @@ async fn holders(base: &str) -> Option<Vec<(String, String)>> {
         projects
             .iter()
             .filter(|p| p["live"] == true)
-            .filter_map(|p| Some((p["name"].as_str()?.to_owned(), p["replica"].as_str()?.to_owned())))
+            .filter_map(|p| {
+                Some((
+                    p["name"].as_str()?.to_owned(),
+                    p["replica"].as_str()?.to_owned(),
+                ))
+            })
             .collect(),
     )
 }
@@ -179,7 +184,10 @@ async fn the_owner_killed_mid_call_answers_unknown_at_once_and_the_sled_moves() 
     let _sleds = processes::sled_sim(&lb, &["alpha"], 4000);
     let h = wait_live(&lb, &["alpha"]).await;
     let owner = holder_of(&h, "alpha");
-    let other = ["r1", "r2", "r3"].into_iter().find(|r| *r != owner).unwrap();
+    let other = ["r1", "r2", "r3"]
+        .into_iter()
+        .find(|r| *r != owner)
+        .unwrap();
     let via = cluster.replica(other).url();
     let call = tokio::spawn(async move {
         let mut c = client(&via, None).await;
@@ -208,18 +216,25 @@ async fn the_owner_killed_mid_call_answers_unknown_at_once_and_the_sled_moves() 
     assert!(waited < Duration::from_secs(8), "{waited:?}");
     // The sled dials again through nginx, lands on a live replica, which takes alpha over.
     let moved = Instant::now();
-    within(Duration::from_secs(20), "alpha held by a live replica", async {
-        loop {
-            if let Some(h) = holders(&lb).await {
-                if h.iter().any(|(n, r)| n == "alpha" && *r != owner) {
-                    return;
+    within(
+        Duration::from_secs(20),
+        "alpha held by a live replica",
+        async {
+            loop {
+                if let Some(h) = holders(&lb).await {
+                    if h.iter().any(|(n, r)| n == "alpha" && *r != owner) {
+                        return;
+                    }
                 }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
+        },
+    )
     .await;
-    println!("alpha served by another replica {:?} after the kill", moved.elapsed() + waited);
+    println!(
+        "alpha served by another replica {:?} after the kill",
+        moved.elapsed() + waited
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

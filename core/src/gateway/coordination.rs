@@ -425,6 +425,20 @@ impl Gateway {
         mode: CallMode,
     ) -> Result<Option<String>, RpcError> {
         client::only_arguments(tool, arguments, allowed(tool))?;
+        // In a cluster, a project's coordination state lives where its sled is: the call is
+        // relayed there whole (before anything is made here for it).
+        if tool != WAIT {
+            let project = self.coordination_project(caller, arguments, tool)?;
+            if !self.is_live(&project) {
+                if let Some(replica) = self.relay_target(&project) {
+                    return Err(RpcError::OwnedElsewhere {
+                        sled: self.sled_of(&project),
+                        project,
+                        replica,
+                    });
+                }
+            }
+        }
         let (agent, handle) = self.agent_of(caller, arguments, tool)?;
         if tool == WAIT {
             return self.coordination_wait(now, token, id, &agent, arguments, meta, mode);

@@ -489,5 +489,37 @@ fn tools_list_is_made_where_the_default_projects_sled_is() {
     let r = h.rpc(None, json!(1), "tools/list", json!({}));
     let tools = r["result"]["tools"].as_array().unwrap();
     assert!(tools.len() > crate::GATEWAY_TOOLS.len());
-    assert!(take_actions(&mut h).iter().all(|a| !matches!(a, ClusterAction::Relay { .. })));
+    assert!(take_actions(&mut h)
+        .iter()
+        .all(|a| !matches!(a, ClusterAction::Relay { .. })));
+}
+
+#[test]
+fn a_lease_on_a_project_held_elsewhere_is_taken_where_its_sled_is() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let s = h.initialize();
+    take_actions(&mut h);
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "claim",
+        json!({"project":"beta","resource":"main"}),
+    );
+    let actions = take_actions(&mut h);
+    assert!(
+        matches!(actions.as_slice(), [ClusterAction::Relay { token, replica, .. }] if *token == t && replica == "r2"),
+        "{actions:?}"
+    );
+    // A project with its sled here keeps its leases here.
+    let u = sled_claimed(&mut h, "alpha", 4);
+    let _ = u;
+    let t = h.call(
+        Some(&s),
+        json!(2),
+        "claim",
+        json!({"project":"alpha","resource":"main"}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert!(r["result"]["structuredContent"]["fence"].is_u64(), "{r}");
 }

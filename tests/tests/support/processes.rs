@@ -177,7 +177,12 @@ impl GatewayProcess {
             .await
             .expect("the replica exits within 30 s of SIGTERM")
             .expect("waitable");
-        assert!(status.success(), "replica {} exited with {status}:\n{}", self.name, self.log());
+        assert!(
+            status.success(),
+            "replica {} exited with {status}:\n{}",
+            self.name,
+            self.log()
+        );
     }
 
     pub fn log(&self) -> String {
@@ -247,7 +252,11 @@ impl Nginx {
             .map(|p| format!("    server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"))
             .collect();
         let d = dir.display();
-        let user = if running_as_root() { "user root;\n" } else { "" };
+        let user = if running_as_root() {
+            "user root;\n"
+        } else {
+            ""
+        };
         let conf = format!(
             "{user}worker_processes 1;
 daemon off;
