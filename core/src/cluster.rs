@@ -41,6 +41,10 @@ pub struct ClusterConfig {
     /// other replicas relay requests to.
     pub replica: String,
     pub directory: DirectoryConfig,
+    /// How long a request for a project whose sled just left its replica (a released or
+    /// expired claim, a replica nobody answers for) waits for the sled to be claimed again
+    /// somewhere, before it is answered `sled_not_connected`. Zero: never held.
+    pub move_grace: std::time::Duration,
 }
 
 /// What the engine said, for [`crate::Input::Cluster`].
@@ -189,6 +193,8 @@ pub struct ClusterCounts {
     pub engine_reconnects: u64,
     /// Sessions read from the engine because this replica did not know them.
     pub sessions_loaded: u64,
+    /// Requests held while their project moved between replicas.
+    pub held: u64,
 }
 
 /// The gateway's state for the cluster; see the module docs.
@@ -206,6 +212,14 @@ pub(crate) struct Cluster {
     /// Writes of each session's record not done yet; the watch's news of a session is
     /// older than this replica's own while there are any.
     pub(crate) in_flight: BTreeMap<String, u32>,
+    /// Projects whose sled just left its replica, until when requests for them are held.
+    pub(crate) moving: BTreeMap<String, Instant>,
+    /// Requests held for a moving project, by project.
+    pub(crate) held: BTreeMap<String, Vec<(HttpToken, HttpRequest)>>,
+    /// A replica that took no relay for a project: not relayed to again for it until the
+    /// directory reports a new write of the project's key.
+    pub(crate) unanswering: BTreeMap<String, String>,
+    pub(crate) move_grace: std::time::Duration,
     pub(crate) counts: ClusterCounts,
 }
 
@@ -227,6 +241,8 @@ pub(crate) struct Relay {
     pub(crate) modern: bool,
     /// The answer is a stream that is open.
     pub(crate) streaming: bool,
+    /// The request, to serve again should nobody take it (the project is moving).
+    pub(crate) request: Option<Box<HttpRequest>>,
 }
 
 impl Cluster {
@@ -238,8 +254,27 @@ impl Cluster {
             relays: HashMap::new(),
             written: BTreeMap::new(),
             in_flight: BTreeMap::new(),
+            moving: BTreeMap::new(),
+            held: BTreeMap::new(),
+            unanswering: BTreeMap::new(),
+            move_grace: config.move_grace,
             counts: ClusterCounts::default(),
         }
+    }
+
+    /// The next instant something is due: the directory's, or the end of a move that holds
+    /// requests.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let held_until = self
+            .held
+            .keys()
+            .filter_map(|p| self.moving.get(p))
+            .min()
+            .copied();
+        [self.directory.poll_timeout(), held_until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

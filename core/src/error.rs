@@ -174,6 +174,12 @@ pub enum RpcError {
         sled: String,
         replica: String,
     },
+    /// The project's sled left its gateway replica a moment ago and has not been claimed
+    /// again yet (a request that cannot wait for it is answered this).
+    SledMoving {
+        project: String,
+        sled: String,
+    },
     /// The call was forwarded, then its uplink went away; it may or may not have been applied.
     UplinkLost {
         project: String,
@@ -308,6 +314,7 @@ impl RpcError {
             | RpcError::SwitchWithoutSession => code::INVALID_PARAMS,
             RpcError::SledNotConnected { .. }
             | RpcError::OwnedElsewhere { .. }
+            | RpcError::SledMoving { .. }
             | RpcError::UplinkLost { .. }
             | RpcError::BadSledResponse { .. }
             | RpcError::ShuttingDown => code::INTERNAL_ERROR,
@@ -358,6 +365,7 @@ impl RpcError {
             RpcError::SwitchWithoutSession => "switch_without_session",
             RpcError::SledNotConnected { .. } => "sled_not_connected",
             RpcError::OwnedElsewhere { .. } => "sled_elsewhere",
+            RpcError::SledMoving { .. } => "sled_moving",
             RpcError::UplinkLost { .. } => "uplink_lost",
             RpcError::Timeout { .. } => "timeout",
             RpcError::BadSledResponse { .. } => "bad_sled_response",
@@ -428,6 +436,9 @@ impl RpcError {
             ),
             RpcError::OwnedElsewhere { project, sled, replica } => format!(
                 "Project '{project}''s sled '{sled}' is connected to gateway replica '{replica}', and this request cannot be relayed there; send it again"
+            ),
+            RpcError::SledMoving { project, sled } => format!(
+                "Project '{project}''s sled '{sled}' is moving to another gateway replica; the call was not sent: retry in a moment"
             ),
             RpcError::UplinkLost { project, sled, loss } => format!(
                 "Call to project '{project}' failed: {} (sled '{sled}'); the call may or may not have been applied",
@@ -530,6 +541,7 @@ impl RpcError {
                 json!({ "kind": kind, "tool": tool, "registered": registered })
             }
             RpcError::SledNotConnected { project, sled }
+            | RpcError::SledMoving { project, sled }
             | RpcError::BadSledResponse { project, sled } => {
                 json!({ "kind": kind, "project": project, "sled": sled })
             }

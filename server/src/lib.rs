@@ -256,15 +256,24 @@ where
     };
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
     let ids = Arc::new(Ids::default());
+    // Set when shutdown starts: from then on a replica refuses requests other replicas relay
+    // (they wait for the project's next holder instead).
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // In a cluster, the engine is set up (buckets, the relay subject, the watches) before the
     // driver takes any event; a replica that cannot reach it does not start.
     let (cluster_io, cluster_tasks) = match &cluster {
         Some(c) => {
             let run: String = seed[..4].iter().map(|b| format!("{b:02x}")).collect();
-            let (io, running) =
-                cluster::replica::start(c, session_ttl, run, cmd_tx.downgrade(), ids.clone())
-                    .await
-                    .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;
+            let (io, running) = cluster::replica::start(
+                c,
+                session_ttl,
+                run,
+                cmd_tx.downgrade(),
+                ids.clone(),
+                draining.clone(),
+            )
+            .await
+            .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;
             tracing::info!(
                 replica = c.replica,
                 namespace = c.namespace,
@@ -332,6 +341,7 @@ where
         tokio::select! {
             () = shutdown => {
                 tracing::info!(grace = ?shutdown_grace, "shutting down: no new connections, calls in flight may finish");
+                draining.store(true, std::sync::atomic::Ordering::Relaxed);
                 // If the driver is gone there is nobody to tell; the send fails and that is fine.
                 let _ = cmd_tx.send(driver::Command::Shutdown).await;
             }

@@ -206,6 +206,9 @@ impl Gateway {
                     }) if !self.serving_relayed => {
                         self.relay(token, replica, project, id.as_str(), false, request)
                     }
+                    Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
+                        self.hold(token, project, request)
+                    }
                     Err(e) => {
                         self.reply(token, 200, Vec::new(), Some(e.response(Some(id.as_str()))))
                     }
@@ -291,6 +294,7 @@ impl Gateway {
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
         if self.relay_aborted(token)
+            || self.unhold(token)
             || self.listener_gone(token)
             || self.coordination_aborted(token)
         {

@@ -18,7 +18,7 @@ use std::time::Instant;
 use crate::cluster::{
     ClusterAction, ClusterEvent, EngineDown, Relay, RelayMessage, RelaySent, SessionRecord, Waiting,
 };
-use crate::directory::{Action, Loss, Owner};
+use crate::directory::{Action, EntryState, Loss, Owner};
 use crate::error::{HttpError, RpcError, UplinkLoss};
 use crate::uplink::CloseCode;
 use crate::{HttpRequest, HttpToken, UplinkId};
@@ -36,7 +36,20 @@ impl Gateway {
                 project,
                 revision,
                 state,
-            } => cluster.directory.handle_entry(&project, revision, state),
+            } => {
+                cluster.unanswering.remove(&project);
+                let gone = matches!(state, EntryState::Deleted | EntryState::Expired);
+                if gone && !cluster.move_grace.is_zero() {
+                    cluster
+                        .moving
+                        .insert(project.clone(), now + cluster.move_grace);
+                }
+                cluster.directory.handle_entry(&project, revision, state);
+                if !gone {
+                    self.drain_directory(now);
+                    self.release_held(now, &project);
+                }
+            }
             ClusterEvent::Claimed { project, outcome } => {
                 match outcome {
                     crate::directory::ClaimOutcome::Conflict { .. } => {
@@ -74,12 +87,24 @@ impl Gateway {
     }
 
     pub(super) fn cluster_timeout(&mut self, now: Instant) {
+        let mut over = Vec::new();
         if let Some(c) = self.cluster.as_mut() {
             if c.directory.poll_timeout().is_some_and(|at| at <= now) {
                 c.directory.handle_timeout(now);
             }
+            // Moves that took too long: their held requests are answered as they are now.
+            c.moving.retain(|project, until| {
+                let going = *until > now;
+                if !going {
+                    over.push(project.clone());
+                }
+                going
+            });
         }
         self.drain_directory(now);
+        for project in over {
+            self.release_held(now, &project);
+        }
     }
 
     /// Carries out what the directory decided.
@@ -174,8 +199,10 @@ impl Gateway {
             return;
         };
         cluster.counts.claims_won += 1;
+        cluster.moving.remove(&project);
         tracing::info!(uplink = w.uplink.0, project, epoch, "claim won; serving");
-        self.go_live(now, w.uplink, project, w.sled, w.key, Some(epoch));
+        self.go_live(now, w.uplink, project.clone(), w.sled, w.key, Some(epoch));
+        self.release_held(now, &project);
     }
 
     /// The claim was lost: this replica's uplink of the project must not serve any more.
@@ -232,6 +259,12 @@ impl Gateway {
             cluster.waiting.remove(project);
         }
         if was_waiting || live == Some(id) {
+            // Its sled will dial again, here or elsewhere: requests wait for it a moment.
+            if let Some(now) = self.now.filter(|_| !cluster.move_grace.is_zero()) {
+                cluster
+                    .moving
+                    .insert(project.to_owned(), now + cluster.move_grace);
+            }
             cluster.directory.handle_uplink_closed(project);
             // Only releases come of it, which need no time.
             while let Some(action) = cluster.directory.poll_action() {
@@ -254,9 +287,52 @@ impl Gateway {
     pub(super) fn relay_target(&self, project: &str) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
         match cluster.directory.owner(project) {
-            Owner::Replica(r) => Some(r),
-            Owner::Local { .. } | Owner::Nobody => None,
+            Owner::Replica(r) if cluster.unanswering.get(project) != Some(&r) => Some(r),
+            Owner::Replica(_) | Owner::Local { .. } | Owner::Nobody => None,
         }
+    }
+
+    /// Whether `project`'s sled left its replica a moment ago (so a request for it may wait
+    /// for its next one); never for a request relayed here.
+    pub(super) fn is_moving(&self, project: &str) -> bool {
+        let (Some(c), Some(now)) = (self.cluster.as_ref(), self.now) else {
+            return false;
+        };
+        !self.serving_relayed && c.moving.get(project).is_some_and(|until| *until > now)
+    }
+
+    /// Holds a request until `project` has a holder again, or its move takes too long.
+    pub(super) fn hold(&mut self, token: HttpToken, project: String, request: HttpRequest) {
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        c.counts.held += 1;
+        tracing::debug!(token = token.0, project, "held while the project moves");
+        c.held.entry(project).or_default().push((token, request));
+    }
+
+    /// Serves again the requests held for `project`: it has a holder, or its move is over.
+    fn release_held(&mut self, now: Instant, project: &str) {
+        let Some(held) = self.cluster.as_mut().and_then(|c| c.held.remove(project)) else {
+            return;
+        };
+        for (token, request) in held {
+            self.on_http(now, token, request);
+        }
+    }
+
+    /// The client of a held request went away; `true` when `token` was one.
+    pub(super) fn unhold(&mut self, token: HttpToken) -> bool {
+        let Some(c) = self.cluster.as_mut() else {
+            return false;
+        };
+        for held in c.held.values_mut() {
+            if let Some(i) = held.iter().position(|(t, _)| *t == token) {
+                held.remove(i);
+                return true;
+            }
+        }
+        false
     }
 
     /// Which replica holds `project`'s sled, for listings: this one's name when it does.
@@ -297,6 +373,7 @@ impl Gateway {
                 replica: replica.clone(),
                 modern,
                 streaming: false,
+                request: (!cluster.move_grace.is_zero()).then(|| Box::new(request.clone())),
             },
         );
         request.relayed = true;
@@ -343,6 +420,24 @@ impl Gateway {
             return;
         };
         cluster.counts.relays_failed += 1;
+        // Nobody took it: that replica is gone. The request was not sent, so it is served
+        // again, and waits for the project's next holder (the sled dials again).
+        if let (RelaySent::NotSent, Some(request), false, Some(now)) =
+            (sent, &relay.request, relay.streaming, self.now)
+        {
+            tracing::info!(
+                project = relay.project,
+                replica = relay.replica,
+                "nobody takes relays for the project's holder; waiting for its next"
+            );
+            cluster
+                .unanswering
+                .insert(relay.project.clone(), relay.replica.clone());
+            let until = now + cluster.move_grace;
+            cluster.moving.entry(relay.project.clone()).or_insert(until);
+            let request = (**request).clone();
+            return self.on_http(now, token, request);
+        }
         let loss = match sent {
             RelaySent::NotSent => UplinkLoss::NotRelayed,
             RelaySent::Unknown => UplinkLoss::OwnerLost,
@@ -559,7 +654,12 @@ impl Gateway {
             .map(|(t, _)| t)
             .collect();
         let relays: Vec<(HttpToken, Relay)> = cluster.relays.drain().collect();
-        for token in parked {
+        let held: Vec<HttpToken> = std::mem::take(&mut cluster.held)
+            .into_values()
+            .flatten()
+            .map(|(t, _)| t)
+            .collect();
+        for token in parked.into_iter().chain(held) {
             self.http_error(token, HttpError::ShuttingDown);
         }
         for (token, relay) in relays {

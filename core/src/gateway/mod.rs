@@ -823,10 +823,7 @@ impl Gateway {
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let own = self.timers.first().map(|&(at, _)| at);
-        let cluster = self
-            .cluster
-            .as_ref()
-            .and_then(|c| c.directory.poll_timeout());
+        let cluster = self.cluster.as_ref().and_then(|c| c.poll_timeout());
         [own, self.coordination.poll_timeout(), cluster]
             .into_iter()
             .flatten()

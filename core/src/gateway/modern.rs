@@ -149,6 +149,9 @@ impl Gateway {
             }) if !self.serving_relayed => {
                 self.relay(token, replica, project, id.as_str(), true, request)
             }
+            Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
+                self.hold(token, project, request)
+            }
             Err(e) => {
                 let status = headers::modern_status(e.code());
                 self.reply(

@@ -121,6 +121,11 @@ impl Gateway {
                     project,
                     replica,
                 }),
+                // Just left its replica: a request that can wait is held for its next one.
+                None if self.is_moving(&project) => Err(RpcError::SledMoving {
+                    sled: spec.sled.clone(),
+                    project,
+                }),
                 None => Err(RpcError::SledNotConnected {
                     sled: spec.sled.clone(),
                     project,

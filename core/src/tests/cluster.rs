@@ -13,10 +13,15 @@ use crate::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState};
 use crate::{Config, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, UplinkId};
 
 fn replica(name: &str) -> Harness {
+    replica_with_grace(name, Duration::from_secs(3))
+}
+
+fn replica_with_grace(name: &str, move_grace: Duration) -> Harness {
     let config = Config {
         cluster: Some(ClusterConfig {
             replica: name.into(),
             directory: DirectoryConfig::new(Duration::from_secs(9)),
+            move_grace,
         }),
         ..Config::default()
     };
@@ -191,7 +196,8 @@ fn a_call_for_a_project_held_elsewhere_is_relayed_and_its_answer_relayed_back() 
 
 #[test]
 fn a_relay_without_a_whole_answer_says_whether_the_call_was_sent() {
-    let mut h = replica("r1");
+    // Without a grace to wait for a moving project, a relay nobody took is answered at once.
+    let mut h = replica_with_grace("r1", Duration::ZERO);
     owned_by(&mut h, "beta", "r2", 3);
     for (sent, outcome, reason) in [
         (RelaySent::NotSent, "not_sent", "not_relayed"),
@@ -522,4 +528,100 @@ fn a_lease_on_a_project_held_elsewhere_is_taken_where_its_sled_is() {
     );
     let r = h.reply_json(t).unwrap();
     assert!(r["result"]["structuredContent"]["fence"].is_u64(), "{r}");
+}
+
+fn relays(h: &mut Harness) -> Vec<(HttpToken, String)> {
+    take_actions(h)
+        .into_iter()
+        .filter_map(|a| match a {
+            ClusterAction::Relay { token, replica, .. } => Some((token, replica)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn gone(h: &mut Harness, project: &str, revision: u64) {
+    event(
+        h,
+        ClusterEvent::Entry {
+            project: project.into(),
+            revision,
+            state: EntryState::Deleted,
+        },
+    );
+}
+
+#[test]
+fn a_call_while_its_project_moves_waits_for_the_next_holder() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    // r2 shuts down: it released beta; the sled is on its way to another replica.
+    gone(&mut h, "beta", 4);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    assert!(!h.replies.contains_key(&t), "held, not failed");
+    assert!(relays(&mut h).is_empty());
+    h.advance(Duration::from_secs(1));
+    owned_by(&mut h, "beta", "r3", 5);
+    assert_eq!(relays(&mut h), vec![(t, "r3".to_owned())]);
+    assert_eq!(h.gw.metrics().cluster.unwrap().held, 1);
+}
+
+#[test]
+fn a_move_that_takes_too_long_answers_sled_not_connected() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    gone(&mut h, "beta", 4);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    h.advance(Duration::from_secs(4));
+    let r = h.reply_json(t).expect("answered when the grace is over");
+    assert_eq!(r["error"]["data"]["kind"], "sled_not_connected");
+    // A project never connected anywhere is answered at once.
+    let t = h.call(None, json!(2), "echo", json!({"project":"alpha"}));
+    assert_eq!(
+        h.reply_json(t).unwrap()["error"]["data"]["kind"],
+        "sled_not_connected"
+    );
+}
+
+#[test]
+fn a_relay_nobody_takes_waits_for_the_sled_to_come_back_elsewhere() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    assert_eq!(relays(&mut h), vec![(t, "r2".to_owned())]);
+    // r2 died: nobody listens for it. Not sent, so held; and not relayed to r2 again.
+    event(
+        &mut h,
+        ClusterEvent::RelayFailed {
+            token: t,
+            sent: RelaySent::NotSent,
+        },
+    );
+    assert!(!h.replies.contains_key(&t));
+    assert!(relays(&mut h).is_empty());
+    let t2 = h.call(None, json!(2), "echo", json!({"project":"beta"}));
+    assert!(relays(&mut h).is_empty(), "r2 takes nothing");
+    // beta's sled dialed again and landed here.
+    let u = sled_claimed(&mut h, "beta", 6);
+    let sent: Vec<Value> = h.frame_texts[&u]
+        .iter()
+        .map(|t| serde_json::from_str(t).unwrap())
+        .filter(|f: &Value| f["method"] == "tools/call")
+        .collect();
+    assert_eq!(h.sled_answers_all_frames(u, sent), 2);
+    for t in [t, t2] {
+        assert!(h.reply_json(t).unwrap()["result"].is_object());
+    }
+}
+
+#[test]
+fn a_held_request_whose_client_goes_away_is_forgotten() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    gone(&mut h, "beta", 4);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    h.handle(Input::HttpAborted { token: t });
+    owned_by(&mut h, "beta", "r3", 5);
+    assert!(relays(&mut h).is_empty());
+    assert!(!h.replies.contains_key(&t));
 }

@@ -23,6 +23,7 @@
 //! shutdown among them).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +44,10 @@ use crate::Ids;
 /// The default of [`ClusterOptions::claim_ttl`].
 pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(10);
 
+/// The default of [`ClusterOptions::move_grace`]: a sled's reconnect (sled-sim backs off up
+/// to a few seconds) and a claim.
+pub const DEFAULT_MOVE_GRACE: Duration = Duration::from_secs(5);
+
 /// How often the engine is probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
@@ -57,6 +62,10 @@ pub struct ClusterOptions {
     /// How long a claim lives without being refreshed (the directory bucket's `max_age`); a
     /// replica refreshes its claims every third of it.
     pub claim_ttl: Duration,
+    /// How long a request for a project whose sled just left its replica waits for the sled
+    /// to be claimed again (by any replica) before it fails `sled_not_connected`: a rolling
+    /// restart moves sleds without failing calls. Zero: no waiting.
+    pub move_grace: Duration,
 }
 
 impl std::fmt::Debug for ClusterOptions {
@@ -65,6 +74,7 @@ impl std::fmt::Debug for ClusterOptions {
             .field("replica", &self.replica)
             .field("namespace", &self.namespace)
             .field("claim_ttl", &self.claim_ttl)
+            .field("move_grace", &self.move_grace)
             .finish_non_exhaustive()
     }
 }
@@ -76,6 +86,7 @@ impl ClusterOptions {
             replica: replica.into(),
             namespace: "mcpgw".into(),
             claim_ttl: DEFAULT_CLAIM_TTL,
+            move_grace: DEFAULT_MOVE_GRACE,
         }
     }
 
@@ -84,6 +95,7 @@ impl ClusterOptions {
         ClusterConfig {
             replica: self.replica.clone(),
             directory: DirectoryConfig::new(self.claim_ttl),
+            move_grace: self.move_grace,
         }
     }
 
@@ -140,6 +152,7 @@ pub(crate) async fn start(
     run: String,
     commands: mpsc::WeakSender<Command>,
     ids: Arc<Ids>,
+    draining: Arc<AtomicBool>,
 ) -> Result<(ClusterIo, Running), EngineError> {
     super::check_bucket(&opts.replica)
         .map_err(|_| EngineError::Invalid(format!("replica name {:?}", opts.replica)))?;
@@ -161,7 +174,13 @@ pub(crate) async fn start(
         tokio::spawn(watch_directory(directory, commands.clone())),
         tokio::spawn(watch_sessions(sessions, commands.clone())),
         tokio::spawn(probe(opts.clone(), commands.clone())),
-        tokio::spawn(serve_relays(opts.clone(), relays_in, commands.clone(), ids)),
+        tokio::spawn(serve_relays(
+            opts.clone(),
+            relays_in,
+            commands.clone(),
+            ids,
+            draining,
+        )),
     ];
     let executor = tokio::spawn(execute(opts, run, rx, commands));
     Ok((ClusterIo { actions: tx }, Running { executor, others }))
@@ -488,6 +507,7 @@ async fn serve_relays(
     mut incoming: super::Subscription,
     commands: mpsc::WeakSender<Command>,
     ids: Arc<Ids>,
+    draining: Arc<AtomicBool>,
 ) {
     // The relays being served, by inbox: an abort names its inbox.
     let serving: Arc<Mutex<HashMap<String, HttpToken>>> = Arc::default();
@@ -515,6 +535,11 @@ async fn serve_relays(
                 }
                 continue;
             }
+            // Shutting down: the relaying replica holds the request for the project's next
+            // holder (its sled is about to move), rather than have it refused here.
+            Ok((_, Some(_))) if draining.load(Ordering::Relaxed) => Handoff::Refused {
+                reason: "this replica is shutting down".into(),
+            },
             Ok((inbox, Some(request))) => {
                 let token = ids.next_http();
                 let (reply_tx, reply_rx) = mpsc::channel(STREAM_QUEUE);
