@@ -14,6 +14,8 @@ mod python;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use processes::{GatewayProcess, Nginx};
@@ -272,18 +274,54 @@ async fn rolling_restarts_and_an_engine_restart_keep_sessions_and_uplinks() {
     let after = wait_live(&lb, &["alpha", "beta"]).await;
     assert_eq!(before, after, "no uplink moved for an engine outage");
 
-    // Each replica in turn is stopped gracefully and started again; the session lives on.
-    let mut failed_calls = 0;
+    // Each replica in turn is stopped gracefully and started again, while a client calls
+    // both projects through the balancer without a pause: no call fails, and the session
+    // lives on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = {
+        let (lb, session, stop) = (lb.clone(), session.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut c = client(&lb, Some(&session)).await;
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let project = ["alpha", "beta"][i % 2];
+                i += 1;
+                let r = c
+                    .tools_call(
+                        json!(i),
+                        "create_story",
+                        json!({"name": format!("rolling {i}"), "acceptance_criteria": [], "project": project}),
+                    )
+                    .await;
+                match r {
+                    Ok(r) if r["result"]["structuredContent"]["project"] == project => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            (ok, failed)
+        })
+    };
     for name in ["r1", "r2", "r3"] {
         cluster.replica(name).terminate().await;
         cluster.replica(name).restart().await;
-        for project in ["alpha", "beta"] {
-            let (r, failed) = create_story_eventually(&mut c, project).await;
-            assert_eq!(r["result"]["structuredContent"]["project"], project);
-            failed_calls += failed;
-        }
+        wait_live(&lb, &["alpha", "beta"]).await;
+        // As an operator would: the next replica only once this one has settled.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!("rolling restart: {failed_calls} calls failed while a project moved");
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = within(Duration::from_secs(30), "the caller ends", caller)
+        .await
+        .unwrap();
+    println!(
+        "rolling restart of 3 replicas: {ok} calls answered, {} failed",
+        failed.len()
+    );
+    assert!(ok > 20, "the caller kept calling: {ok}");
+    assert!(
+        failed.is_empty(),
+        "calls failed during the rolling restart: {failed:#?}"
+    );
     let mut c = client(&lb, Some(&session)).await;
     let r = c
         .tools_call(json!(4), "list_projects", json!({}))

@@ -44,7 +44,31 @@ impl Gateway {
                         .moving
                         .insert(project.clone(), now + cluster.move_grace);
                 }
+                // Relays to a replica that lost the project to another claim, or whose claim
+                // expired, will get no answer from its sled (it closed that uplink, or died):
+                // they fail now (`unknown`), not when the replica's silence is noticed. A
+                // release (a delete) comes after the releasing replica answered its calls.
+                let holder = match &state {
+                    EntryState::Claimed(v) => Some(Some(v.owner.clone())),
+                    EntryState::Expired | EntryState::Unreadable => Some(None),
+                    EntryState::Deleted => None,
+                };
+                let orphaned: Vec<HttpToken> = match &holder {
+                    None => Vec::new(),
+                    Some(holder) => cluster
+                        .relays
+                        .iter()
+                        .filter(|(_, r)| {
+                            r.project == project && Some(&r.replica) != holder.as_ref()
+                        })
+                        .map(|(t, _)| *t)
+                        .collect(),
+                };
                 cluster.directory.handle_entry(&project, revision, state);
+                for token in orphaned {
+                    self.cluster_output(ClusterAction::RelayAbort { token });
+                    self.relay_failed(token, RelaySent::Unknown);
+                }
                 if !gone {
                     self.drain_directory(now);
                     self.release_held(now, &project);

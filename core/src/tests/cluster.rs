@@ -625,3 +625,22 @@ fn a_held_request_whose_client_goes_away_is_forgotten() {
     assert!(relays(&mut h).is_empty());
     assert!(!h.replies.contains_key(&t));
 }
+
+#[test]
+fn relays_to_a_replica_that_lost_the_project_fail_at_once_as_unknown() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    take_actions(&mut h);
+    // beta's sled came back through r3 (r2 died): r2 will never answer.
+    owned_by(&mut h, "beta", "r3", 4);
+    let r = h.reply_json(t).expect("failed at once");
+    assert_eq!(r["error"]["data"]["outcome"], "unknown");
+    assert_eq!(r["error"]["data"]["reason"], "owner_lost");
+    assert!(take_actions(&mut h).contains(&ClusterAction::RelayAbort { token: t }));
+    // A release is not a loss: the releasing replica answered its calls first.
+    let t = h.call(None, json!(2), "echo", json!({"project":"beta"}));
+    take_actions(&mut h);
+    gone(&mut h, "beta", 5);
+    assert!(!h.replies.contains_key(&t));
+}

@@ -249,7 +249,11 @@ impl Nginx {
         let port = free_port();
         let servers: String = upstreams
             .iter()
-            .map(|p| format!("    server 127.0.0.1:{p} max_fails=1 fail_timeout=2s;\n"))
+            // max_fails=0: a refused connection moves the request to the next server but does
+            // not mark the refusing one down; with the default (1 in 10 s), three replicas
+            // restarted in a row within a second are all "down" at once, and nginx answers 502
+            // ("no live upstreams") until the marks lapse.
+            .map(|p| format!("    server 127.0.0.1:{p} max_fails=0;\n"))
             .collect();
         let d = dir.display();
         let user = if running_as_root() {
@@ -330,6 +334,27 @@ http {{
 impl Drop for Nginx {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
+            let mut last = "";
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| {
+                    // One line per kind of error in a row is enough.
+                    let kind = l.split(", client").next().unwrap_or(l);
+                    let kind = kind.split_once("*").map_or(kind, |(_, k)| k);
+                    let kind = kind.split_once(' ').map_or(kind, |(_, k)| k);
+                    let new = kind != last;
+                    last = kind;
+                    new
+                })
+                .collect();
+            let first: Vec<&str> = lines.iter().take(40).copied().collect();
+            eprintln!(
+                "nginx's error log (repeats left out):\n{}",
+                first.join("\n")
+            );
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
