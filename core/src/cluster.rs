@@ -77,6 +77,16 @@ pub enum ClusterEvent {
     /// A [`ClusterAction::StoreSession`] is done (written or not: the engine's watch, or the
     /// next change, tells the rest).
     SessionStored { session: String },
+    /// The answer to a [`ClusterAction::CreatePin`].
+    PinCreated {
+        project: String,
+        outcome: PinOutcome,
+    },
+    /// The pins bucket's watch reported a write of a project's pin (`None`: deleted).
+    PinChanged {
+        project: String,
+        pin: Option<crate::Pin>,
+    },
     /// A message of the answer to a relayed request ([`ClusterAction::Relay`]).
     Relayed {
         token: HttpToken,
@@ -84,6 +94,17 @@ pub enum ClusterEvent {
     },
     /// A relayed request ended without a whole answer.
     RelayFailed { token: HttpToken, sent: RelaySent },
+}
+
+/// How a first-use pin went in the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinOutcome {
+    /// This replica's create won: the key is the project's pin, cluster-wide.
+    Created,
+    /// The project was pinned already (by another replica, or a moment ago): to this pin.
+    Exists(crate::Pin),
+    /// The engine could not be asked (the sled is sent away to try again).
+    Unavailable,
 }
 
 /// The engine could not be reached.
@@ -145,6 +166,12 @@ pub enum ClusterAction {
     },
     /// The client of a relayed request went away: tell the owner, which cancels the call.
     RelayAbort { token: HttpToken },
+    /// Pin a sled's key for the project on first use: a `create`, so the first replica to pin
+    /// wins and no replica overwrites it. Answer with [`ClusterEvent::PinCreated`] (with the
+    /// existing pin, read back, on a conflict).
+    CreatePin { project: String, pin: crate::Pin },
+    /// Replace the project's pin (an operator's re-pin): a `put`.
+    StorePin { project: String, pin: crate::Pin },
 }
 
 /// A session as the engine keeps it: what any replica needs to serve it.
@@ -220,6 +247,8 @@ pub(crate) struct Cluster {
     /// directory reports a new write of the project's key.
     pub(crate) unanswering: BTreeMap<String, String>,
     pub(crate) move_grace: std::time::Duration,
+    /// Uplinks whose first-use pin is being created in the engine, by project.
+    pub(crate) pinning: BTreeMap<String, Waiting>,
     pub(crate) counts: ClusterCounts,
 }
 
@@ -258,6 +287,7 @@ impl Cluster {
             held: BTreeMap::new(),
             unanswering: BTreeMap::new(),
             move_grace: config.move_grace,
+            pinning: BTreeMap::new(),
             counts: ClusterCounts::default(),
         }
     }

@@ -213,6 +213,28 @@ async fn any_replica_serves_any_session_and_any_call() {
     )
     .await;
 
+    // alpha's key was pinned cluster-wide when its sled first came (to r1): an impostor on r3
+    // is refused there, and alpha stays with r1.
+    let impostor = {
+        let opts = SledOptions {
+            wrong_key: ["alpha".to_owned()].into(),
+            ..SledOptions::default()
+        };
+        Fleet::spawn(&r3.url(), &["alpha".to_owned()], opts)
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_held(&r2, &[("alpha", Some("r1"))]).await;
+    let mut c = r3.client(None).await;
+    let r = within(c.tools_call(json!(0), "fleet_identity", json!({})))
+        .await
+        .unwrap();
+    let refused = &structured(&r)["projects"];
+    assert!(
+        refused.to_string().contains("is pinned to key"),
+        "r3 refused the impostor for alpha's pin: {r}"
+    );
+    drop(impostor);
+
     // A session made on r1 is used on r3: its default (alpha, held by r1) is relayed there.
     let mut c1 = r1.client(None).await;
     c1.initialize().await.unwrap();

@@ -16,7 +16,8 @@
 use std::time::Instant;
 
 use crate::cluster::{
-    ClusterAction, ClusterEvent, EngineDown, Relay, RelayMessage, RelaySent, SessionRecord, Waiting,
+    ClusterAction, ClusterEvent, EngineDown, PinOutcome, Relay, RelayMessage, RelaySent,
+    SessionRecord, Waiting,
 };
 use crate::directory::{Action, EntryState, Loss, Owner};
 use crate::error::{HttpError, RpcError, UplinkLoss};
@@ -105,6 +106,10 @@ impl Gateway {
             }
             ClusterEvent::SessionStored { session } => self.session_stored(&session),
             ClusterEvent::Relayed { token, message } => self.relayed(token, message),
+            ClusterEvent::PinCreated { project, outcome } => {
+                self.pin_created(now, project, outcome)
+            }
+            ClusterEvent::PinChanged { project, pin } => self.pin_changed(now, project, pin),
             ClusterEvent::RelayFailed { token, sent } => self.relay_failed(token, sent),
         }
         self.drain_directory(now);
@@ -278,6 +283,10 @@ impl Gateway {
         let Some(cluster) = self.cluster.as_mut() else {
             return;
         };
+        if cluster.pinning.get(project).is_some_and(|w| w.uplink == id) {
+            cluster.pinning.remove(project);
+            return;
+        }
         let was_waiting = cluster.waiting.get(project).is_some_and(|w| w.uplink == id);
         if was_waiting {
             cluster.waiting.remove(project);
@@ -663,6 +672,138 @@ impl Gateway {
                     c.in_flight.remove(session);
                 }
             }
+        }
+    }
+
+    /// A sled proved a key for a project with no pin: the pin is created in the engine (the
+    /// first replica to do so wins), and the uplink waits for the answer.
+    pub(super) fn create_pin(&mut self, id: UplinkId, project: String, sled: String, key: String) {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return;
+        };
+        let older = cluster.pinning.insert(
+            project.clone(),
+            Waiting {
+                uplink: id,
+                sled: sled.clone(),
+                key: Some(key.clone()),
+            },
+        );
+        if let Some(old) = older {
+            self.close_uplink(
+                old.uplink,
+                CloseCode::Replaced,
+                format!("replaced by a newer uplink for project '{project}'"),
+            );
+        }
+        if let Some(u) = self.uplinks.get_mut(&id) {
+            u.state = UplinkState::AwaitingClaim {
+                project: project.clone(),
+            };
+        }
+        tracing::info!(
+            project,
+            sled,
+            key,
+            "pinning the sled's identity cluster-wide"
+        );
+        self.cluster_output(ClusterAction::CreatePin {
+            project,
+            pin: crate::Pin { key, sled },
+        });
+    }
+
+    fn pin_created(&mut self, now: Instant, project: String, outcome: PinOutcome) {
+        let Some(w) = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.pinning.remove(&project))
+        else {
+            return;
+        };
+        if let Some(u) = self.uplinks.get_mut(&w.uplink) {
+            u.state = UplinkState::AwaitingHello;
+        }
+        let key = w.key.clone().unwrap_or_default();
+        let pin = match outcome {
+            PinOutcome::Created => {
+                tracing::info!(
+                    project,
+                    sled = w.sled,
+                    key,
+                    "sled identity pinned on first use"
+                );
+                crate::Pin {
+                    key: key.clone(),
+                    sled: w.sled.clone(),
+                }
+            }
+            PinOutcome::Exists(pin) => pin,
+            PinOutcome::Unavailable => {
+                return self.close_uplink(
+                    w.uplink,
+                    CloseCode::HelloTimeout,
+                    format!("project '{project}' has no pinned key yet and this gateway replica cannot reach the cluster's engine to pin one; connect again"),
+                );
+            }
+        };
+        let matches = pin.key == key;
+        self.pins.pins.insert(project.clone(), pin.clone());
+        self.save_pins_soon(now);
+        if !matches {
+            let reason = format!(
+                "project '{project}' is pinned to key {}; this sled presented {key}",
+                pin.key
+            );
+            return self.refuse_identity(now, w.uplink, &project, w.sled, Some(key), reason);
+        }
+        self.accept_uplink(now, w.uplink, project, w.sled, Some(key));
+    }
+
+    /// Another replica pinned (or re-pinned) a project: this one follows.
+    fn pin_changed(&mut self, now: Instant, project: String, pin: Option<crate::Pin>) {
+        let changed = match &pin {
+            Some(p) => self.pins.pins.get(&project) != Some(p),
+            None => self.pins.pins.contains_key(&project),
+        };
+        if !changed {
+            return;
+        }
+        match pin {
+            Some(p) => {
+                tracing::info!(project, key = p.key, "pin from the cluster");
+                self.pins.pins.insert(project.clone(), p);
+            }
+            None => {
+                self.pins.pins.remove(&project);
+            }
+        }
+        self.save_pins_soon(now);
+        // A live uplink's key is always its project's pin.
+        let live = self.projects.get(&project).and_then(|s| s.uplink);
+        if let Some(u) = live {
+            let key = self.uplinks.get(&u).and_then(|u| u.key.clone());
+            let pinned = self.pins.pins.get(&project).map(|p| p.key.clone());
+            if pinned.is_some() && key != pinned {
+                self.close_uplink(
+                    u,
+                    CloseCode::IdentityRefused,
+                    format!("project '{project}' was re-pinned to another key"),
+                );
+            }
+        }
+    }
+
+    /// A re-pin here goes to the engine too.
+    pub(super) fn store_pin(&mut self, project: &str) {
+        if self.cluster.is_none() {
+            return;
+        }
+        if let Some(pin) = self.pins.pins.get(project).cloned() {
+            self.cluster_output(ClusterAction::StorePin {
+                project: project.to_owned(),
+                pin,
+            });
         }
     }
 

@@ -218,6 +218,10 @@ impl Gateway {
                 );
                 return self.refuse_identity(now, id, &project, sled, Some(key), reason);
             }
+            // In a cluster, the first use is one create in the engine: the uplink waits for it.
+            None if self.cluster.is_some() => {
+                return self.create_pin(id, project, sled, key);
+            }
             None => {
                 tracing::info!(project, sled, key, "sled identity pinned on first use");
                 self.pins.pins.insert(
@@ -233,7 +237,7 @@ impl Gateway {
         self.accept_uplink(now, id, project, sled, Some(key));
     }
 
-    fn refuse_identity(
+    pub(super) fn refuse_identity(
         &mut self,
         now: Instant,
         id: UplinkId,
@@ -266,7 +270,7 @@ impl Gateway {
 
     /// Saves the pins by [`Config::pin_save_delay`] from now, with whatever else changes
     /// until then: one save (of the whole file) for a fleet pinned in a burst.
-    fn save_pins_soon(&mut self, now: Instant) {
+    pub(super) fn save_pins_soon(&mut self, now: Instant) {
         if self.config.pin_save_delay.is_zero() {
             return self.save_pins_now();
         }
@@ -441,6 +445,7 @@ impl Gateway {
             "project re-pinned on request"
         );
         self.save_pins_now();
+        self.store_pin(project);
         // A live uplink's key is always its project's pin: one with the old key goes.
         let mut closed = false;
         if let Some(u) = live {

@@ -644,3 +644,122 @@ fn relays_to_a_replica_that_lost_the_project_fail_at_once_as_unknown() {
     gone(&mut h, "beta", 5);
     assert!(!h.replies.contains_key(&t));
 }
+
+/// A hello with key `k` for `project`, its challenge answered; the frames after the proof.
+fn hello_with_key(
+    h: &mut Harness,
+    project: &str,
+    k: &ed25519_dalek::SigningKey,
+) -> (UplinkId, Vec<Value>) {
+    use crate::identity::{encode_key, sign_challenge};
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":project,"sled":"s","key":encode_key(&k.verifying_key())}),
+    );
+    let f = h.take_frames(u);
+    assert_eq!(f[0]["uplink"], "challenge", "{f:?}");
+    let sig = sign_challenge(k, project, f[0]["nonce"].as_str().unwrap()).unwrap();
+    h.sled_says(u, json!({"uplink":"proof","signature":sig}));
+    (u, h.take_frames(u))
+}
+
+#[test]
+fn a_first_use_pin_is_one_create_in_the_engine_and_the_first_replica_wins() {
+    use crate::cluster::PinOutcome;
+    use crate::identity::encode_key;
+    let (mine, theirs) = (
+        ed25519_dalek::SigningKey::from_bytes(&[1; 32]),
+        ed25519_dalek::SigningKey::from_bytes(&[2; 32]),
+    );
+    let mut h = replica("r1");
+    let (u, frames) = hello_with_key(&mut h, "alpha", &mine);
+    assert!(frames.is_empty(), "no welcome before the pin: {frames:?}");
+    let actions = take_actions(&mut h);
+    let [ClusterAction::CreatePin { project, pin }] = actions.as_slice() else {
+        panic!("{actions:?}");
+    };
+    assert_eq!(
+        (project.as_str(), pin.key.clone()),
+        ("alpha", encode_key(&mine.verifying_key()))
+    );
+    // Another replica pinned alpha to another key first: this sled is refused, here too.
+    let winner = crate::Pin {
+        key: encode_key(&theirs.verifying_key()),
+        sled: "s".into(),
+    };
+    event(
+        &mut h,
+        ClusterEvent::PinCreated {
+            project: "alpha".into(),
+            outcome: PinOutcome::Exists(winner.clone()),
+        },
+    );
+    assert_eq!(
+        h.closed[&u].0,
+        crate::uplink::CloseCode::IdentityRefused.code()
+    );
+    assert_eq!(h.gw.pins().get("alpha"), Some(&winner));
+    // The winning key is accepted at once (known now), and claims the project.
+    let (_, frames) = hello_with_key(&mut h, "alpha", &theirs);
+    assert!(frames.is_empty());
+    let actions = take_actions(&mut h);
+    assert!(
+        matches!(actions.as_slice(), [ClusterAction::Claim { project, .. }] if project == "alpha"),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_pin_created_here_serves_and_the_engine_down_sends_the_sled_away() {
+    use crate::cluster::PinOutcome;
+    let k = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
+    let mut h = replica("r1");
+    let (u, _) = hello_with_key(&mut h, "beta", &k);
+    take_actions(&mut h);
+    event(
+        &mut h,
+        ClusterEvent::PinCreated {
+            project: "beta".into(),
+            outcome: PinOutcome::Created,
+        },
+    );
+    assert!(h.gw.pins().get("beta").is_some());
+    assert!(take_actions(&mut h)
+        .iter()
+        .any(|a| matches!(a, ClusterAction::Claim { project, .. } if project == "beta")));
+    assert!(!h.closed.contains_key(&u));
+    let (u2, _) = hello_with_key(&mut h, "alpha", &k);
+    event(
+        &mut h,
+        ClusterEvent::PinCreated {
+            project: "alpha".into(),
+            outcome: PinOutcome::Unavailable,
+        },
+    );
+    assert_eq!(
+        h.closed[&u2].0,
+        crate::uplink::CloseCode::HelloTimeout.code()
+    );
+    assert!(
+        h.gw.pins().get("alpha").is_none(),
+        "nothing pinned without the engine"
+    );
+}
+
+#[test]
+fn pins_made_elsewhere_are_followed_here() {
+    let mut h = replica("r1");
+    let pin = crate::Pin {
+        key: "AAAA".into(),
+        sled: "s".into(),
+    };
+    event(
+        &mut h,
+        ClusterEvent::PinChanged {
+            project: "alpha".into(),
+            pin: Some(pin.clone()),
+        },
+    );
+    assert_eq!(h.gw.pins().get("alpha"), Some(&pin));
+}

@@ -10,13 +10,15 @@
 //!   name is written `=`), value a [`ClaimValue`];
 //! - bucket `N_sessions` (`max_age` the session idle TTL): key `<session id>`, value a
 //!   [`SessionRecord`];
+//! - bucket `N_pins`: key `p.<project>`, value a sled identity [`gateway_core::Pin`] (made by
+//!   `create` on first use, so the first replica wins; replaced by a re-pin);
 //! - subject `N.relay.R`: requests relayed to R ([`relay::Envelope`]); answers go to
 //!   `N.inbox.<relaying replica>.<run>.<token>`.
 //!
 //! # Tasks
 //!
 //! Each holds only a weak sender of the driver's commands, so that the driver ends as before:
-//! the directory watch, the sessions watch, the engine probe (a read every second; its
+//! the directory watch, the sessions watch, the pins watch, the engine probe (a read every second; its
 //! failures and recoveries are the core's `Engine { up }`), the relay server, and the
 //! executor of actions, which runs each in a task of its own (a session's writes in order, on
 //! one task) and, once the driver has gone, finishes the ones in flight (the releases of a
@@ -29,7 +31,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gateway_core::cluster::{
-    ClusterAction, ClusterConfig, ClusterEvent, EngineDown, RelayMessage, RelaySent, SessionRecord,
+    ClusterAction, ClusterConfig, ClusterEvent, EngineDown, PinOutcome, RelayMessage, RelaySent,
+    SessionRecord,
 };
 use gateway_core::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState};
 use gateway_core::HttpToken;
@@ -107,6 +110,10 @@ impl ClusterOptions {
         format!("{}_sessions", self.namespace)
     }
 
+    fn pins(&self) -> String {
+        format!("{}_pins", self.namespace)
+    }
+
     fn relay_subject(&self, replica: &str) -> String {
         format!("{}.relay.{replica}", self.namespace)
     }
@@ -165,14 +172,17 @@ pub(crate) async fn start(
     engine
         .ensure_bucket(BucketConfig::with_max_age(opts.sessions(), session_ttl))
         .await?;
+    engine.ensure_bucket(BucketConfig::new(opts.pins())).await?;
     let relays_in = engine.subscribe(&opts.relay_subject(&opts.replica)).await?;
     let directory = engine.watch(&opts.directory(), "p.>").await?;
     let sessions = engine.watch(&opts.sessions(), ">").await?;
+    let pins = engine.watch(&opts.pins(), "p.>").await?;
     let opts = Arc::new(opts.clone());
     let (tx, rx) = mpsc::unbounded_channel();
     let others = vec![
         tokio::spawn(watch_directory(directory, commands.clone())),
         tokio::spawn(watch_sessions(sessions, commands.clone())),
+        tokio::spawn(watch_pins(pins, commands.clone())),
         tokio::spawn(probe(opts.clone(), commands.clone())),
         tokio::spawn(serve_relays(
             opts.clone(),
@@ -238,6 +248,27 @@ async fn watch_sessions(mut watch: super::Watch, commands: mpsc::WeakSender<Comm
             record,
         };
         if !tell(&commands, event).await {
+            return;
+        }
+    }
+}
+
+async fn watch_pins(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+    while let Some(change) = watch.next().await {
+        let Some(project) = key_project(&change.key) else {
+            continue;
+        };
+        let pin = match change.kind {
+            ChangeKind::Put(value) => match serde_json::from_slice::<gateway_core::Pin>(&value) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    tracing::warn!(project, error = %e, "an unreadable pin; ignored");
+                    continue;
+                }
+            },
+            ChangeKind::Deleted | ChangeKind::Expired => None,
+        };
+        if !tell(&commands, ClusterEvent::PinChanged { project, pin }).await {
             return;
         }
     }
@@ -347,6 +378,44 @@ async fn execute(
                         }
                     };
                     tell(&commands, ClusterEvent::SessionLoaded { session, record }).await;
+                    None
+                });
+            }
+            ClusterAction::CreatePin { project, pin } => {
+                let (bucket, key) = (opts.pins(), project_key(&project));
+                tasks.spawn(async move {
+                    let value = Bytes::from(serde_json::to_vec(&pin).expect("a pin serialises"));
+                    let outcome = match engine.create(&bucket, &key, value).await {
+                        Ok(_) => PinOutcome::Created,
+                        Err(EngineError::Conflict { .. }) => {
+                            match engine.get(&bucket, &key).await {
+                                Ok(Some(entry)) => match serde_json::from_slice(&entry.value) {
+                                    Ok(existing) => PinOutcome::Exists(existing),
+                                    Err(e) => {
+                                        tracing::warn!(project, error = %e, "an unreadable pin");
+                                        PinOutcome::Unavailable
+                                    }
+                                },
+                                // Deleted between the two: try again at the next connection.
+                                Ok(None) | Err(_) => PinOutcome::Unavailable,
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(project, error = %e, "pinning a sled's key");
+                            PinOutcome::Unavailable
+                        }
+                    };
+                    tell(&commands, ClusterEvent::PinCreated { project, outcome }).await;
+                    None
+                });
+            }
+            ClusterAction::StorePin { project, pin } => {
+                let (bucket, key) = (opts.pins(), project_key(&project));
+                tasks.spawn(async move {
+                    let value = Bytes::from(serde_json::to_vec(&pin).expect("a pin serialises"));
+                    if let Err(e) = engine.put(&bucket, &key, value).await {
+                        tracing::error!(project, error = %e, "a re-pin did not reach the cluster's engine; other replicas keep the old pin");
+                    }
                     None
                 });
             }
