@@ -163,6 +163,9 @@ pub enum ClusterAction {
         token: HttpToken,
         replica: String,
         request: Box<HttpRequest>,
+        /// The project's call timeout: the owner answers by then (with the sled's answer, or
+        /// its own timeout error), so a relay silent past it (and a margin) has lost its owner.
+        timeout: std::time::Duration,
     },
     /// The client of a relayed request went away: tell the owner, which cancels the call.
     RelayAbort { token: HttpToken },
@@ -249,6 +252,9 @@ pub(crate) struct Cluster {
     pub(crate) move_grace: std::time::Duration,
     /// Uplinks whose first-use pin is being created in the engine, by project.
     pub(crate) pinning: BTreeMap<String, Waiting>,
+    /// Answers that wait for their session's write to be done (a new session's id is given
+    /// out only once any replica can read it).
+    pub(crate) after_store: BTreeMap<String, Vec<(HttpToken, HttpReply)>>,
     pub(crate) counts: ClusterCounts,
 }
 
@@ -288,6 +294,7 @@ impl Cluster {
             unanswering: BTreeMap::new(),
             move_grace: config.move_grace,
             pinning: BTreeMap::new(),
+            after_store: BTreeMap::new(),
             counts: ClusterCounts::default(),
         }
     }

@@ -289,7 +289,14 @@ impl Gateway {
             "instructions": INSTRUCTIONS,
         });
         let body = jsonrpc::ok_response(id.as_str(), &result.to_string());
-        self.reply(token, 200, vec![("Mcp-Session-Id", session)], Some(body));
+        let reply = HttpReply {
+            status: 200,
+            headers: vec![("Mcp-Session-Id", session.clone())],
+            body: Some(body),
+        };
+        // In a cluster the session is in the engine before its id is given out, so that the
+        // next request finds it on any replica.
+        self.reply_when_stored(token, &session, reply);
     }
 
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {

@@ -22,7 +22,7 @@ use crate::cluster::{
 use crate::directory::{Action, EntryState, Loss, Owner};
 use crate::error::{HttpError, RpcError, UplinkLoss};
 use crate::uplink::CloseCode;
-use crate::{HttpRequest, HttpToken, UplinkId};
+use crate::{HttpReply, HttpRequest, HttpToken, UplinkId};
 
 use super::{Gateway, Output, UplinkState};
 
@@ -392,6 +392,7 @@ impl Gateway {
             return;
         };
         cluster.counts.relays += 1;
+        let project_of_relay = project.clone();
         tracing::debug!(
             token = token.0,
             project,
@@ -410,10 +411,15 @@ impl Gateway {
             },
         );
         request.relayed = true;
+        let timeout = self
+            .registry
+            .get(&project_of_relay)
+            .map_or(self.config.refresh_timeout, |(_, spec)| spec.call_timeout);
         self.cluster_output(ClusterAction::Relay {
             token,
             replica,
             request: Box::new(request),
+            timeout,
         });
     }
 
@@ -663,15 +669,35 @@ impl Gateway {
         }
     }
 
-    /// A write of the session's record is done (whatever its outcome).
+    /// A write of the session's record is done (whatever its outcome): the answers waiting
+    /// for it go out.
     fn session_stored(&mut self, session: &str) {
-        if let Some(c) = self.cluster.as_mut() {
-            if let Some(n) = c.in_flight.get_mut(session) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    c.in_flight.remove(session);
-                }
+        let Some(c) = self.cluster.as_mut() else {
+            return;
+        };
+        if let Some(n) = c.in_flight.get_mut(session) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.in_flight.remove(session);
             }
+        }
+        if !c.in_flight.contains_key(session) {
+            for (token, reply) in c.after_store.remove(session).unwrap_or_default() {
+                self.outputs.push_back(Output::Http { token, reply });
+            }
+        }
+    }
+
+    /// Answers now, or, in a cluster with a write of `session` in flight, once it is done.
+    pub(super) fn reply_when_stored(&mut self, token: HttpToken, session: &str, reply: HttpReply) {
+        match self.cluster.as_mut() {
+            Some(c) if c.in_flight.contains_key(session) => {
+                c.after_store
+                    .entry(session.to_owned())
+                    .or_default()
+                    .push((token, reply));
+            }
+            _ => self.outputs.push_back(Output::Http { token, reply }),
         }
     }
 
@@ -819,6 +845,16 @@ impl Gateway {
             .map(|(t, _)| t)
             .collect();
         let relays: Vec<(HttpToken, Relay)> = cluster.relays.drain().collect();
+        let stored: Vec<(HttpToken, HttpReply)> = std::mem::take(&mut cluster.after_store)
+            .into_values()
+            .flatten()
+            .collect();
+        for (token, reply) in stored {
+            self.outputs.push_back(Output::Http { token, reply });
+        }
+        let Some(cluster) = self.cluster.as_mut() else {
+            return;
+        };
         let held: Vec<HttpToken> = std::mem::take(&mut cluster.held)
             .into_values()
             .flatten()

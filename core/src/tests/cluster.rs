@@ -163,11 +163,16 @@ fn a_call_for_a_project_held_elsewhere_is_relayed_and_its_answer_relayed_back() 
         token,
         replica,
         request,
+        timeout,
     }] = actions.as_slice()
     else {
         panic!("{actions:?}");
     };
     assert_eq!((*token, replica.as_str()), (t, "r2"));
+    assert_eq!(
+        *timeout,
+        crate::ProjectSpec::new("b", "http://x").call_timeout
+    );
     assert!(request.relayed, "the owner must not relay it again");
     let answer = HttpReply {
         status: 200,
@@ -310,10 +315,44 @@ fn record(default: &str) -> SessionRecord {
     }
 }
 
+/// `initialize` on a replica: answered once the engine has the session. Returns its id; the
+/// store action stays for the test to see.
+fn initialize(h: &mut Harness) -> String {
+    let t = h.send(
+        HttpMethod::Post,
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+    );
+    assert!(
+        !h.replies.contains_key(&t),
+        "not before the session is in the engine"
+    );
+    let session = h
+        .cluster
+        .iter()
+        .find_map(|a| match a {
+            ClusterAction::StoreSession { session, .. } => Some(session.clone()),
+            _ => None,
+        })
+        .expect("the new session is written");
+    event(
+        h,
+        ClusterEvent::SessionStored {
+            session: session.clone(),
+        },
+    );
+    let r = h.replies.remove(&t).expect("answered once stored");
+    assert!(r
+        .headers
+        .iter()
+        .any(|(n, v)| *n == "Mcp-Session-Id" && *v == session));
+    session
+}
+
 #[test]
 fn sessions_are_written_when_they_change() {
     let mut h = replica("r1");
-    let s = h.initialize();
+    let s = initialize(&mut h);
     let stored = take_actions(&mut h);
     assert_eq!(
         stored,
@@ -322,7 +361,6 @@ fn sessions_are_written_when_they_change() {
             record: Some(record("alpha")),
         }]
     );
-    event(&mut h, ClusterEvent::SessionStored { session: s.clone() });
     let t = h.call(
         Some(&s),
         json!(1),
@@ -434,7 +472,7 @@ fn a_session_the_engine_cannot_be_asked_about_is_not_declared_lost() {
 #[test]
 fn news_of_a_session_older_than_a_write_in_flight_is_ignored() {
     let mut h = replica("r1");
-    let s = h.initialize();
+    let s = initialize(&mut h);
     let t = h.call(
         Some(&s),
         json!(1),
@@ -504,7 +542,7 @@ fn tools_list_is_made_where_the_default_projects_sled_is() {
 fn a_lease_on_a_project_held_elsewhere_is_taken_where_its_sled_is() {
     let mut h = replica("r1");
     owned_by(&mut h, "beta", "r2", 3);
-    let s = h.initialize();
+    let s = initialize(&mut h);
     take_actions(&mut h);
     let t = h.call(
         Some(&s),
@@ -762,4 +800,10 @@ fn pins_made_elsewhere_are_followed_here() {
         },
     );
     assert_eq!(h.gw.pins().get("alpha"), Some(&pin));
+}
+
+#[test]
+fn a_new_session_is_answered_only_once_any_replica_can_read_it() {
+    let mut h = replica("r1");
+    initialize(&mut h);
 }

