@@ -793,7 +793,11 @@ async fn answer_relay(
         serde_json::to_vec(&handoff).expect("a handoff serialises"),
     )
     .await;
-    while streaming {
+    if !streaming {
+        serving.lock().expect("not poisoned").remove(&inbox);
+        return;
+    }
+    loop {
         let msg = match tokio::time::timeout(relay::ALIVE_EVERY, replies.recv()).await {
             Err(_) => Answer::Alive,
             // The driver dropped it: the relaying replica hears silence.
