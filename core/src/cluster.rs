@@ -74,9 +74,9 @@ pub enum ClusterEvent {
         session: String,
         record: Option<SessionRecord>,
     },
-    /// A [`ClusterAction::StoreSession`] is done (written or not: the engine's watch, or the
-    /// next change, tells the rest).
-    SessionStored { session: String },
+    /// A [`ClusterAction::StoreSession`] is done: `written`, or not (the engine out of reach;
+    /// the record is written again at the session's next use).
+    SessionStored { session: String, written: bool },
     /// The answer to a [`ClusterAction::CreatePin`].
     PinCreated {
         project: String,

@@ -541,7 +541,11 @@ impl Directory {
                 }
             }
             ClaimOutcome::Conflict { current_revision } => {
-                if current_revision > p.known_revision {
+                // 0 below what we know: the key's last trace aged out while this replica was
+                // cut off (its watch cannot report that), so the next claim creates it. An
+                // answer that is older news than the watch's corrects itself: the create
+                // conflicts at the current revision.
+                if current_revision > p.known_revision || current_revision == 0 {
                     p.known_revision = current_revision;
                     p.known = if current_revision == 0 {
                         Known::NoValue
@@ -954,7 +958,8 @@ mod tests {
             },
         );
         assert_eq!(drain(&mut d), [claim("alpha", Some(4), "r2", None)]);
-        // An expired key with no trace any more is created.
+        // An expired key with no trace any more is created (a cut-off replica's watch cannot
+        // tell it so; the conflict's revision 0 does).
         d.handle_claim_outcome(
             t0,
             "alpha",
@@ -962,7 +967,7 @@ mod tests {
                 current_revision: 0,
             },
         );
-        assert_eq!(drain(&mut d), [claim("alpha", Some(4), "r2", None)]);
+        assert_eq!(drain(&mut d), [claim("alpha", None, "r2", None)]);
         d.handle_entry("alpha", 6, EntryState::Expired);
         d.handle_claim_outcome(
             t0,

@@ -192,12 +192,20 @@ impl Gateway {
                     _ => Err(RpcError::MethodNotFound { method }),
                 };
                 match answer {
-                    Ok(Some(result)) => self.reply(
-                        token,
-                        200,
-                        Vec::new(),
-                        Some(jsonrpc::ok_response(id.as_str(), &result)),
-                    ),
+                    // In a cluster, a change of the session (a switch, a log level) is in the
+                    // engine before it is confirmed: the client's next request, on any
+                    // replica, comes after it.
+                    Ok(Some(result)) => {
+                        let reply = HttpReply {
+                            status: 200,
+                            headers: Vec::new(),
+                            body: Some(jsonrpc::ok_response(id.as_str(), &result)),
+                        };
+                        match request.session.as_deref() {
+                            Some(session) => self.reply_when_stored(token, session, reply),
+                            None => self.outputs.push_back(Output::Http { token, reply }),
+                        }
+                    }
                     // Forwarded: the reply comes with the sled's response.
                     Ok(None) => {}
                     // Its project's sled is on another replica of the cluster: relayed there.
@@ -718,8 +726,12 @@ impl Gateway {
         if self.config.planted == Some(PlantedBug::SharedActiveProject) {
             self.shared_active = Some(project.clone());
         }
-        if changed {
+        // In a cluster, written even when unchanged here: this replica's copy may be older
+        // than the engine's (a switch through another replica a moment ago).
+        if changed || self.cluster.is_some() {
             self.store_session(sid);
+        }
+        if changed {
             // This session's tools/list now shows another project's tools.
             self.notify_session(sid, streams::TOOLS_LIST_CHANGED.to_owned());
         }

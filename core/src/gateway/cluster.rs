@@ -54,7 +54,7 @@ impl Gateway {
                     EntryState::Expired | EntryState::Unreadable => Some(None),
                     EntryState::Deleted => None,
                 };
-                let orphaned: Vec<HttpToken> = match &holder {
+                let mut orphaned: Vec<HttpToken> = match &holder {
                     None => Vec::new(),
                     Some(holder) => cluster
                         .relays
@@ -65,6 +65,8 @@ impl Gateway {
                         .map(|(t, _)| *t)
                         .collect(),
                 };
+                // In token order: the relays are a HashMap, and the simulation replays seeds.
+                orphaned.sort_unstable();
                 cluster.directory.handle_entry(&project, revision, state);
                 for token in orphaned {
                     self.cluster_output(ClusterAction::RelayAbort { token });
@@ -104,7 +106,9 @@ impl Gateway {
             ClusterEvent::SessionChanged { session, record } => {
                 self.session_changed_elsewhere(session, record)
             }
-            ClusterEvent::SessionStored { session } => self.session_stored(&session),
+            ClusterEvent::SessionStored { session, written } => {
+                self.session_stored(&session, written)
+            }
             ClusterEvent::Relayed { token, message } => self.relayed(token, message),
             ClusterEvent::PinCreated { project, outcome } => {
                 self.pin_created(now, project, outcome)
@@ -671,10 +675,14 @@ impl Gateway {
 
     /// A write of the session's record is done (whatever its outcome): the answers waiting
     /// for it go out.
-    fn session_stored(&mut self, session: &str) {
+    fn session_stored(&mut self, session: &str, written: bool) {
         let Some(c) = self.cluster.as_mut() else {
             return;
         };
+        // Not written (the engine out of reach): written again at the session's next use.
+        if !written {
+            c.written.remove(session);
+        }
         if let Some(n) = c.in_flight.get_mut(session) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -844,7 +852,8 @@ impl Gateway {
             .flatten()
             .map(|(t, _)| t)
             .collect();
-        let relays: Vec<(HttpToken, Relay)> = cluster.relays.drain().collect();
+        let mut relays: Vec<(HttpToken, Relay)> = cluster.relays.drain().collect();
+        relays.sort_unstable_by_key(|(t, _)| *t);
         let stored: Vec<(HttpToken, HttpReply)> = std::mem::take(&mut cluster.after_store)
             .into_values()
             .flatten()

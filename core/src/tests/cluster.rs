@@ -339,6 +339,7 @@ fn initialize(h: &mut Harness) -> String {
         h,
         ClusterEvent::SessionStored {
             session: session.clone(),
+            written: true,
         },
     );
     let r = h.replies.remove(&t).expect("answered once stored");
@@ -367,7 +368,10 @@ fn sessions_are_written_when_they_change() {
         "switch_project",
         json!({"project":"beta"}),
     );
-    assert!(h.reply_json(t).is_some());
+    assert!(
+        !h.replies.contains_key(&t),
+        "a switch is confirmed once the engine has it"
+    );
     assert_eq!(
         take_actions(&mut h),
         vec![ClusterAction::StoreSession {
@@ -375,7 +379,14 @@ fn sessions_are_written_when_they_change() {
             record: Some(record("beta")),
         }]
     );
-    event(&mut h, ClusterEvent::SessionStored { session: s.clone() });
+    event(
+        &mut h,
+        ClusterEvent::SessionStored {
+            session: s.clone(),
+            written: true,
+        },
+    );
+    assert!(h.reply_json(t).is_some());
     let t = h.send(HttpMethod::Delete, Some(&s), "");
     assert_eq!(h.replies[&t].status, 204);
     assert_eq!(
@@ -473,13 +484,12 @@ fn a_session_the_engine_cannot_be_asked_about_is_not_declared_lost() {
 fn news_of_a_session_older_than_a_write_in_flight_is_ignored() {
     let mut h = replica("r1");
     let s = initialize(&mut h);
-    let t = h.call(
+    h.call(
         Some(&s),
         json!(1),
         "switch_project",
         json!({"project":"beta"}),
     );
-    assert!(h.reply_json(t).is_some());
     // The watch echoes the first write (default alpha) while the second is in flight.
     event(
         &mut h,
@@ -806,4 +816,64 @@ fn pins_made_elsewhere_are_followed_here() {
 fn a_new_session_is_answered_only_once_any_replica_can_read_it() {
     let mut h = replica("r1");
     initialize(&mut h);
+}
+
+#[test]
+fn a_session_write_that_failed_is_written_again_at_the_next_use() {
+    let mut h = replica("r1");
+    let s = initialize(&mut h);
+    take_actions(&mut h);
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    take_actions(&mut h);
+    event(
+        &mut h,
+        ClusterEvent::SessionStored {
+            session: s.clone(),
+            written: false,
+        },
+    );
+    assert!(h.reply_json(t).is_some());
+    let t = h.call(Some(&s), json!(2), "list_projects", json!({}));
+    assert_eq!(
+        take_actions(&mut h),
+        vec![ClusterAction::StoreSession {
+            session: s.clone(),
+            record: Some(record("beta")),
+        }]
+    );
+    event(
+        &mut h,
+        ClusterEvent::SessionStored {
+            session: s,
+            written: true,
+        },
+    );
+    assert!(h.reply_json(t).is_some());
+}
+
+#[test]
+fn a_switch_is_written_even_when_this_replicas_copy_already_says_so() {
+    let mut h = replica("r1");
+    let s = initialize(&mut h);
+    take_actions(&mut h);
+    // This replica's copy says alpha; another replica switched to beta (not seen here yet).
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"alpha"}),
+    );
+    assert!(!h.replies.contains_key(&t));
+    assert_eq!(
+        take_actions(&mut h),
+        vec![ClusterAction::StoreSession {
+            session: s,
+            record: Some(record("alpha")),
+        }]
+    );
 }

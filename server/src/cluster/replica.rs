@@ -485,10 +485,11 @@ async fn store_sessions(
                 .map(drop),
             None => opts.engine.delete(&bucket, &session, None).await.map(drop),
         };
-        if let Err(e) = written {
+        if let Err(e) = &written {
             tracing::warn!(error = %e, "writing a session to the engine");
         }
-        tell(&commands, ClusterEvent::SessionStored { session }).await;
+        let written = written.is_ok();
+        tell(&commands, ClusterEvent::SessionStored { session, written }).await;
     }
     None
 }
