@@ -62,7 +62,6 @@
 //! clock, and the model's instants (its expiry times) would no longer mean anything.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::Poll;
 use std::time::Duration;
@@ -72,9 +71,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use gateway_server::cluster::{
-    check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern,
-    BucketConfig, Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision,
-    Subscription, Watch,
+    check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern, BucketConfig,
+    Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Subscription, Watch,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -294,11 +292,13 @@ async fn serve_connection(model: Model, stream: turmoil::net::TcpStream) {
     // The pumps of watches and subscriptions, and requests waiting for answers.
     let mut pumps: BTreeMap<(u8, u64), AbortOnDrop> = BTreeMap::new();
     let mut waiting = JoinSet::new();
+    let mut heard = Instant::now();
     loop {
         let line = tokio::select! {
-            line = timeout(SERVER_SILENCE, lines.next_line()) => line,
+            line = tokio::time::timeout_at(heard + SERVER_SILENCE, lines.next_line()) => line,
             Some(_) = waiting.join_next(), if !waiting.is_empty() => continue,
         };
+        heard = Instant::now();
         let line = match line {
             Ok(Ok(Some(line))) => line,
             Ok(Ok(None)) | Ok(Err(_)) => break,
@@ -308,7 +308,11 @@ async fn serve_connection(model: Model, stream: turmoil::net::TcpStream) {
             }
         };
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
-            tracing::warn!(client = name, line, "an unreadable line from an engine client");
+            tracing::warn!(
+                client = name,
+                line,
+                "an unreadable line from an engine client"
+            );
             break;
         };
         let op = msg["op"].as_str().unwrap_or_default();
@@ -330,7 +334,7 @@ async fn serve_connection(model: Model, stream: turmoil::net::TcpStream) {
         let Some(id) = msg["id"].as_u64() else {
             continue;
         };
-        let answer = |r: Result<Value, EngineError>| match r {
+        let answer = move |r: Result<Value, EngineError>| match r {
             Ok(v) => json!({"id": id, "ok": v}),
             Err(e) => json!({"id": id, "err": error_json(&e)}),
         };
@@ -371,7 +375,13 @@ async fn serve_connection(model: Model, stream: turmoil::net::TcpStream) {
                     }
                 }
             }
-            _ => one_op(&engine, op, &msg).await,
+            _ => {
+                let r = one_op(&engine, op, &msg).await;
+                if op != "get" {
+                    tracing::debug!(client = %name, op, key = %msg["key"], expected = %msg["expected"], result = ?r, "engine op");
+                }
+                r
+            }
         };
         let _ = tx.send(answer(result));
     }
@@ -453,9 +463,10 @@ async fn one_op(engine: &Arc<ModelEngine>, op: &str, msg: &Value) -> Result<Valu
             let entry = engine
                 .get(str_of(msg, "bucket")?, str_of(msg, "key")?)
                 .await?;
-            Ok(entry.map_or(Value::Null, |e| {
-                json!({"key": e.key, "value": b64(&e.value), "revision": e.revision})
-            }))
+            Ok(entry.map_or(
+                Value::Null,
+                |e| json!({"key": e.key, "value": b64(&e.value), "revision": e.revision}),
+            ))
         }
         "create" | "put" | "update" => {
             let (bucket, key) = (str_of(msg, "bucket")?, str_of(msg, "key")?);
@@ -732,7 +743,9 @@ async fn serve_client_connection(inner: &Weak<Inner>, stream: turmoil::net::TcpS
         let watches: Vec<Value> = state
             .watches
             .iter()
-            .map(|(w, s)| json!({"op": "watch", "watch": w, "bucket": s.bucket, "filter": s.filter}))
+            .map(
+                |(w, s)| json!({"op": "watch", "watch": w, "bucket": s.bucket, "filter": s.filter}),
+            )
             .chain(
                 state
                     .subs
@@ -837,7 +850,8 @@ impl Engine for NetEngine {
         let max_age = config
             .max_age
             .map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
-        let f = self.op(json!({"op": "ensure_bucket", "bucket": config.name, "max_age_ms": max_age}));
+        let f =
+            self.op(json!({"op": "ensure_bucket", "bucket": config.name, "max_age_ms": max_age}));
         Box::pin(async move { f.await.map(drop) })
     }
 

@@ -2,6 +2,7 @@
 //! simulation (`tests/tests/simulation.rs`).
 
 pub mod engine_model;
+pub mod engine_net;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -22,6 +22,7 @@
 //! clock) are not part of the trace. The trace hash covers every request, response and its
 //! simulated timing, every sled's final stories, and what every sled received.
 
+pub mod cluster;
 pub mod coord;
 pub mod fleet;
 pub mod net;
