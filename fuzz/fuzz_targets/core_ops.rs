@@ -215,6 +215,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 }
                 Output::UplinkClose { .. } | Output::Probe { .. } => {}
                 Output::Span(_) => panic!("a span with span export off"),
+                Output::Cluster(_) => panic!("a cluster action outside any cluster"),
                 Output::SavePins { text } => {
                     gateway_core::Pins::parse(&text).expect("the gateway writes pin files it can read");
                 }

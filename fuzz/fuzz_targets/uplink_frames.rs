@@ -165,6 +165,7 @@ fn drain(gw: &mut Gateway, waiting: &mut HashSet<HttpToken>, last_ids: &mut [Opt
             }
             Output::StreamOpen { .. } | Output::UplinkClose { .. } | Output::Probe { .. } => {}
             Output::Span(_) => panic!("a span with span export off"),
+            Output::Cluster(_) => panic!("a cluster action outside any cluster"),
             Output::SavePins { text } => {
                 gateway_core::Pins::parse(&text).expect("the gateway writes pin files it can read");
             }
