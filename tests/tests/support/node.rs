@@ -148,6 +148,9 @@ async fn install() -> Node {
 /// `target/clients/<name>/` (its `node_modules/`), which is returned; a marker naming the pins
 /// vouches for a finished install, as for Node's own directory.
 pub async fn packages(name: &str, packages: &[(&str, &str)]) -> PathBuf {
+    // Tests of one process asking at once install once: the rest wait here and find it done.
+    static INSTALLING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one_at_a_time = INSTALLING.lock().await;
     let dir = clients_dir().join(name);
     let marker = marker_for(packages);
     let done =
@@ -168,10 +171,13 @@ pub async fn packages(name: &str, packages: &[(&str, &str)]) -> PathBuf {
     dir
 }
 
-/// Runs `npm install` for `package_json` in a staging directory of this process's, writes
-/// `marker` there once it succeeded, and returns the directory.
+/// Runs `npm install` for `package_json` in a staging directory of this call's own (process id
+/// and a count, so neither another process nor another test of this one can remove it midway),
+/// writes `marker` there once it succeeded, and returns the directory.
 async fn npm_install(name: &str, package_json: &str, marker: &str) -> PathBuf {
-    let staging = clients_dir().join(format!("{name}.installing-{}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let staging = clients_dir().join(format!("{name}.installing-{}-{call}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).expect("the staging directory can be made");
     std::fs::write(staging.join("package.json"), package_json).expect("package.json written");
