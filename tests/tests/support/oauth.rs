@@ -224,9 +224,12 @@ impl Provider {
         let node = node::node().await;
         let dir = node::packages("oidc", &[OIDC_PROVIDER]).await;
         // Run from the install directory, so that the script's import finds the package. Each
-        // test binary copies it under a name of its own: two may run at once.
+        // provider copies it under a name of its own (process and count): two may start at once,
+        // in one test binary or in two, and each removes its copy once it is ready.
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/oidc_provider.mjs");
-        let script = dir.join(format!("oidc_provider_{}.mjs", std::process::id()));
+        let script = dir.join(format!("oidc_provider_{}_{n}.mjs", std::process::id()));
         std::fs::copy(&source, &script).expect("the script can be copied next to the package");
         let mut cmd = node.command();
         cmd.current_dir(&dir)
