@@ -255,6 +255,8 @@ pub(crate) struct Cluster {
     /// Answers that wait for their session's write to be done (a new session's id is given
     /// out only once any replica can read it).
     pub(crate) after_store: BTreeMap<String, Vec<(HttpToken, HttpReply)>>,
+    /// What this replica asks of the others to answer a fleet tool for the whole cluster.
+    pub(crate) gathers: crate::gather::Gathers,
     pub(crate) counts: ClusterCounts,
 }
 
@@ -295,12 +297,13 @@ impl Cluster {
             move_grace: config.move_grace,
             pinning: BTreeMap::new(),
             after_store: BTreeMap::new(),
+            gathers: crate::gather::Gathers::default(),
             counts: ClusterCounts::default(),
         }
     }
 
-    /// The next instant something is due: the directory's, or the end of a move that holds
-    /// requests.
+    /// The next instant something is due: the directory's, the end of a move that holds
+    /// requests, or the deadline of a part asked of another replica.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let held_until = self
             .held
@@ -308,10 +311,14 @@ impl Cluster {
             .filter_map(|p| self.moving.get(p))
             .min()
             .copied();
-        [self.directory.poll_timeout(), held_until]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.directory.poll_timeout(),
+            held_until,
+            self.gathers.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }
 

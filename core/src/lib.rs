@@ -26,6 +26,7 @@ pub mod coord;
 pub mod directory;
 mod error;
 mod gateway;
+mod gather;
 mod http;
 pub mod identity;
 mod jsonrpc;

@@ -7,6 +7,7 @@ mod coordination;
 mod coordination_sim;
 mod fleet;
 mod gateway;
+mod gather;
 mod interleavings;
 mod limits;
 mod modern;

@@ -43,6 +43,9 @@ impl Gateway {
         };
         self.caller = identity.clone();
         self.serving_relayed = request.relayed;
+        if let Some(c) = self.cluster.as_mut() {
+            c.gathers.serving(&request);
+        }
         if request.relayed {
             if let Some(c) = self.cluster.as_mut() {
                 c.counts.relayed_in += 1;
@@ -324,7 +327,7 @@ impl Gateway {
             return;
         }
         self.post_streams.remove(&token);
-        if self.abort_fanout(token) {
+        if self.abort_fanout(token) || self.abort_health(token) {
             return;
         }
         let Some(key) = self.by_token.remove(&token) else {
@@ -549,7 +552,7 @@ impl Gateway {
                 }),
                 SWITCH_PROJECT => self.switch_project(caller, &arguments).map(Some),
                 LIST_PROJECTS => self.list_projects(caller, &arguments).map(Some),
-                GATEWAY_HEALTH => self.gateway_health(now, &arguments).map(Some),
+                GATEWAY_HEALTH => self.gateway_health_call(now, token, id, modern, &arguments),
                 FLEET_IDENTITY => self.fleet_identity(now, &arguments).map(Some),
                 _ => self.aggregate_pipeline_status(now, token, id, modern, &arguments),
             };

@@ -138,6 +138,7 @@ impl Gateway {
         for project in over {
             self.release_held(now, &project);
         }
+        self.parts_expired(now);
     }
 
     /// Carries out what the directory decided.
@@ -169,7 +170,7 @@ impl Gateway {
         }
     }
 
-    fn cluster_output(&mut self, action: ClusterAction) {
+    pub(super) fn cluster_output(&mut self, action: ClusterAction) {
         self.outputs.push_back(Output::Cluster(action));
     }
 
@@ -428,6 +429,9 @@ impl Gateway {
     }
 
     fn relayed(&mut self, token: HttpToken, message: RelayMessage) {
+        if self.part_message(token, message.clone()) {
+            return;
+        }
         let Some(cluster) = self.cluster.as_mut() else {
             return;
         };
@@ -456,6 +460,9 @@ impl Gateway {
     }
 
     fn relay_failed(&mut self, token: HttpToken, sent: RelaySent) {
+        if self.part_failed(token, sent) {
+            return;
+        }
         let Some(cluster) = self.cluster.as_mut() else {
             return;
         };

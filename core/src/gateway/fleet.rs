@@ -86,11 +86,22 @@ enum Part {
         uplink: UplinkId,
         rpc_id: u64,
     },
+    /// Asked of the replica that holds the project's sled (`gather.rs`).
+    Relayed {
+        token: HttpToken,
+    },
     Answered(Answered),
     Failed {
         reason: &'static str,
         detail: String,
     },
+}
+
+impl Part {
+    /// Still waiting for its answer.
+    fn open(&self) -> bool {
+        matches!(self, Part::Waiting { .. } | Part::Relayed { .. })
+    }
 }
 
 /// A sled's pipeline status, taken apart when it arrives: its row of the answer, already
@@ -616,11 +627,12 @@ impl Gateway {
 
     // ---- gateway_health ----
 
+    /// This replica's `gateway_health` result (`gather.rs` adds the other replicas' rows).
     pub(super) fn gateway_health(
         &self,
         now: Instant,
         arguments: &Map<String, Value>,
-    ) -> Result<String, RpcError> {
+    ) -> Result<Value, RpcError> {
         client::only_arguments(GATEWAY_HEALTH, arguments, &[])?;
         let stale_heartbeat = self.config.heartbeat_interval * 2;
         let threshold = self.config.relay_stale_after;
@@ -748,12 +760,12 @@ impl Gateway {
                 },
             }));
         }
-        Ok(client::tool_result(json!({
+        Ok(json!({
             "projects": rows,
             "summary": summary,
             "heartbeat_ms": millis(self.config.heartbeat_interval),
             "probe_interval_ms": millis(self.config.probe_interval),
-        })))
+        }))
     }
 
     // ---- aggregate_pipeline_status ----
@@ -805,7 +817,7 @@ impl Gateway {
         let params = json!({ "name": PIPELINE_TOOL, "arguments": {} }).to_string();
         for project in names {
             let part = self.send_pipeline_status(now, fanout_id, &project, per_sled, &params);
-            if matches!(part, Part::Waiting { .. }) {
+            if part.open() {
                 waiting += 1;
             }
             parts.insert(project, part);
@@ -840,6 +852,10 @@ impl Gateway {
     ) -> Part {
         let state = &self.projects[project];
         let Some(uplink_id) = state.uplink else {
+            // In a cluster, another replica may hold its sled: asked there.
+            if let Some(token) = self.relay_pipeline_part(now, fanout, project, per_sled) {
+                return Part::Relayed { token };
+            }
             let sled = self.sled_of(project);
             return Part::Failed {
                 reason: "no_uplink",
@@ -976,7 +992,7 @@ impl Gateway {
         let Some(slot) = f.parts.get_mut(project) else {
             return;
         };
-        if !matches!(slot, Part::Waiting { .. }) {
+        if !slot.open() {
             return;
         }
         *slot = part;
@@ -992,21 +1008,34 @@ impl Gateway {
             return;
         };
         let overall = *overall;
-        let late: Vec<(String, UplinkId, u64)> = f
+        let late: Vec<(String, Part)> = f
             .parts
             .iter()
             .filter_map(|(p, part)| match part {
-                Part::Waiting { uplink, rpc_id } => Some((p.clone(), *uplink, *rpc_id)),
+                Part::Waiting { uplink, rpc_id } => Some((
+                    p.clone(),
+                    Part::Waiting {
+                        uplink: *uplink,
+                        rpc_id: *rpc_id,
+                    },
+                )),
+                Part::Relayed { token } => Some((p.clone(), Part::Relayed { token: *token })),
                 _ => None,
             })
             .collect();
-        for (project, uplink, rpc_id) in late {
-            self.forget_request(uplink, rpc_id);
-            self.send_cancelled(
-                uplink,
-                rpc_id,
-                "the gateway's overall deadline for aggregate_pipeline_status passed",
-            );
+        for (project, part) in late {
+            match part {
+                Part::Waiting { uplink, rpc_id } => {
+                    self.forget_request(uplink, rpc_id);
+                    self.send_cancelled(
+                        uplink,
+                        rpc_id,
+                        "the gateway's overall deadline for aggregate_pipeline_status passed",
+                    );
+                }
+                Part::Relayed { token } => self.abort_part(token),
+                _ => {}
+            }
             if let Some((f, _)) = self.fanouts.get_mut(&fanout) {
                 if let Some(slot) = f.parts.get_mut(&project) {
                     *slot = Part::Failed {
@@ -1052,6 +1081,11 @@ impl Gateway {
         };
         self.timers.remove(&(f.deadline, Timer::Fanout(fanout)));
         for (project, part) in f.parts {
+            if let Part::Relayed { token } = part {
+                self.abort_part(token);
+                self.call_metrics
+                    .count(PIPELINE_TOOL, &project, Outcome::Aborted);
+            }
             if let Part::Waiting { uplink, rpc_id } = part {
                 self.forget_request(uplink, rpc_id);
                 self.send_cancelled(uplink, rpc_id, "the client went away");
@@ -1213,7 +1247,9 @@ fn fanout_result(now: Instant, f: Fanout, overall: Duration) -> String {
             }
             Part::Failed { reason, detail } => (reason, detail),
             // Only finished fan-outs are reported; the overall deadline settles every part.
-            Part::Waiting { .. } => ("timed_out", "no answer yet".to_owned()),
+            Part::Waiting { .. } | Part::Relayed { .. } => {
+                ("timed_out", "no answer yet".to_owned())
+            }
         };
         rows.push(json!({ "project": project, "status": reason, "detail": detail }).to_string());
         not_answered.push(json!({ "project": project, "reason": reason, "detail": detail }));

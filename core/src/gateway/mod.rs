@@ -14,6 +14,7 @@ mod client;
 mod cluster;
 pub(crate) mod coordination;
 mod fleet;
+mod gather;
 mod listen;
 mod modern;
 mod mrtr;

@@ -12,7 +12,7 @@ use crate::cluster::{
 use crate::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState};
 use crate::{Config, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, UplinkId};
 
-fn replica(name: &str) -> Harness {
+pub(super) fn replica(name: &str) -> Harness {
     replica_with_grace(name, Duration::from_secs(3))
 }
 
@@ -33,16 +33,16 @@ fn replica_with_grace(name: &str, move_grace: Duration) -> Harness {
     )
 }
 
-fn event(h: &mut Harness, e: ClusterEvent) {
+pub(super) fn event(h: &mut Harness, e: ClusterEvent) {
     h.handle(Input::Cluster(e));
 }
 
-fn take_actions(h: &mut Harness) -> Vec<ClusterAction> {
+pub(super) fn take_actions(h: &mut Harness) -> Vec<ClusterAction> {
     std::mem::take(&mut h.cluster)
 }
 
 /// A hello on `h` for `project`; the claim it makes is won at `revision`.
-fn sled_claimed(h: &mut Harness, project: &str, revision: u64) -> UplinkId {
+pub(super) fn sled_claimed(h: &mut Harness, project: &str, revision: u64) -> UplinkId {
     let u = h.open_uplink();
     h.sled_says(
         u,
@@ -72,7 +72,7 @@ fn sled_claimed(h: &mut Harness, project: &str, revision: u64) -> UplinkId {
     u
 }
 
-fn owned_by(h: &mut Harness, project: &str, owner: &str, revision: u64) {
+pub(super) fn owned_by(h: &mut Harness, project: &str, owner: &str, revision: u64) {
     event(
         h,
         ClusterEvent::Entry {

@@ -1,0 +1,351 @@
+//! Fleet tools answered for the whole cluster (issue 15): `aggregate_pipeline_status` asks
+//! each project's `pipeline_status` of the replica holding its sled, and `gateway_health`
+//! takes the rows of the projects another replica holds from that replica. The parts are
+//! relayed requests of this replica's own (`crate::gather`); a replica answering one serves it
+//! for its own sleds only, since it is marked relayed.
+
+use super::*;
+use crate::cluster::{ClusterAction, RelayMessage, RelaySent};
+use crate::gather::{Answer, Gathers, HealthGather, Purpose};
+use fleet::millis;
+
+impl Gateway {
+    /// Whether a fleet tool served now asks the other replicas for their projects: in a
+    /// cluster, for a client's request (a relayed one is answered for this replica's sleds).
+    fn gathers_elsewhere(&self) -> bool {
+        self.cluster.is_some() && !self.serving_relayed
+    }
+
+    /// Relays a part of a fleet tool to `replica`: a `tools/call` of `tool` with `arguments`,
+    /// to be answered within `timeout`.
+    fn relay_part(
+        &mut self,
+        now: Instant,
+        replica: String,
+        purpose: Purpose,
+        timeout: Duration,
+        tool: &str,
+        arguments: Value,
+    ) -> Option<HttpToken> {
+        let cluster = self.cluster.as_mut()?;
+        let (token, request) = cluster
+            .gathers
+            .start(purpose, now + timeout, tool, arguments);
+        cluster.counts.relays += 1;
+        self.cluster_output(ClusterAction::Relay {
+            token,
+            replica,
+            request: Box::new(request),
+            timeout,
+        });
+        Some(token)
+    }
+
+    /// A part of `aggregate_pipeline_status` for a project whose sled `replica` holds.
+    pub(super) fn relay_pipeline_part(
+        &mut self,
+        now: Instant,
+        fanout: u64,
+        project: &str,
+        per_sled: Duration,
+    ) -> Option<HttpToken> {
+        if !self.gathers_elsewhere() {
+            return None;
+        }
+        let replica = self.relay_target(project)?;
+        let purpose = Purpose::Pipeline {
+            fanout,
+            project: project.to_owned(),
+            replica: replica.clone(),
+            sent_at: now,
+        };
+        let arguments = json!({ "project": project });
+        self.relay_part(
+            now,
+            replica,
+            purpose,
+            per_sled,
+            fleet::PIPELINE_TOOL,
+            arguments,
+        )
+    }
+
+    /// Gives up a part still open (its call's deadline passed, or its client went away): the
+    /// replica asked is told, and cancels it.
+    pub(super) fn abort_part(&mut self, token: HttpToken) {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return;
+        };
+        if cluster.gathers.take(token).is_some() {
+            self.cluster_output(ClusterAction::RelayAbort { token });
+        }
+    }
+
+    /// A message of an internal relay's answer; `false` when `token` is a client's.
+    pub(super) fn part_message(&mut self, token: HttpToken, message: RelayMessage) -> bool {
+        if !Gathers::is_internal(token) {
+            return false;
+        }
+        let done = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.gathers.on_message(token, message));
+        if let (Some((purpose, answer)), Some(now)) = (done, self.now) {
+            self.part_answered(now, purpose, answer, false);
+        }
+        true
+    }
+
+    /// An internal relay that got no whole answer; `false` when `token` is a client's.
+    pub(super) fn part_failed(&mut self, token: HttpToken, sent: RelaySent) -> bool {
+        if !Gathers::is_internal(token) {
+            return false;
+        }
+        let purpose = self.cluster.as_mut().and_then(|c| c.gathers.take(token));
+        if let (Some(purpose), Some(now)) = (purpose, self.now) {
+            let why = match sent {
+                RelaySent::NotSent => "no replica took it",
+                RelaySent::Unknown => "the replica fell silent",
+            };
+            self.part_answered(now, purpose, Answer::Failed(why.into()), false);
+        }
+        true
+    }
+
+    /// Parts whose deadline passed: given up, and told to the replica asked.
+    pub(super) fn parts_expired(&mut self, now: Instant) {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return;
+        };
+        for (token, purpose) in cluster.gathers.expired(now) {
+            self.cluster_output(ClusterAction::RelayAbort { token });
+            self.part_answered(
+                now,
+                purpose,
+                Answer::Failed("no answer in time".into()),
+                true,
+            );
+        }
+    }
+
+    fn part_answered(&mut self, now: Instant, purpose: Purpose, answer: Answer, late: bool) {
+        match purpose {
+            Purpose::Pipeline {
+                fanout,
+                project,
+                replica,
+                sent_at,
+            } => match answer {
+                Answer::Response { result, error } => self.on_fanout_answer(
+                    now,
+                    fanout,
+                    project,
+                    sent_at,
+                    result.as_deref(),
+                    error.as_deref(),
+                ),
+                Answer::Failed(why) => {
+                    let (reason, outcome, detail) = if late {
+                        let waited = self.fanout_sled_timeout(fanout);
+                        (
+                            "timed_out",
+                            Outcome::Timeout,
+                            format!(
+                                "no answer within {} ms from replica '{replica}', which holds its sled",
+                                millis(waited)
+                            ),
+                        )
+                    } else {
+                        (
+                            "error",
+                            Outcome::Error,
+                            format!("relayed to replica '{replica}', which holds its sled: {why}"),
+                        )
+                    };
+                    self.fail_fanout_part(now, fanout, &project, reason, detail, outcome);
+                }
+            },
+            Purpose::Health { gather, replica } => self.health_part(gather, &replica, answer),
+        }
+    }
+
+    // ---- gateway_health ----
+
+    /// `gateway_health`: this replica's rows, and in a cluster, those of the projects other
+    /// replicas hold taken from them (`None`: the answer comes when they have answered).
+    pub(super) fn gateway_health_call(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        id: &RawId,
+        modern: bool,
+        arguments: &Map<String, Value>,
+    ) -> Result<Option<String>, RpcError> {
+        let mut result = self.gateway_health(now, arguments)?;
+        if self.cluster.is_none() {
+            return Ok(Some(client::tool_result(result)));
+        }
+        let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        if let Some(rows) = result["projects"].as_array_mut() {
+            for row in rows {
+                let Some(project) = row["project"].as_str().map(str::to_owned) else {
+                    continue;
+                };
+                row["replica"] = self.holder_of(&project).map_or(Value::Null, Value::from);
+                if self.gathers_elsewhere() && !self.is_live(&project) {
+                    if let Some(replica) = self.relay_target(&project) {
+                        elsewhere.entry(replica).or_default().push(project);
+                    }
+                }
+            }
+        }
+        if elsewhere.is_empty() {
+            return Ok(Some(client::tool_result(result)));
+        }
+        let gather = match self.cluster.as_mut() {
+            Some(c) => c.gathers.new_gather(),
+            None => return Ok(Some(client::tool_result(result))),
+        };
+        let timeout = self.config.fanout_sled_timeout;
+        for replica in elsewhere.keys() {
+            let purpose = Purpose::Health {
+                gather,
+                replica: replica.clone(),
+            };
+            self.relay_part(
+                now,
+                replica.clone(),
+                purpose,
+                timeout,
+                GATEWAY_HEALTH,
+                json!({}),
+            );
+        }
+        if let Some(c) = self.cluster.as_mut() {
+            c.gathers.health.insert(
+                gather,
+                HealthGather {
+                    token,
+                    client_id: id.as_str().to_owned(),
+                    modern,
+                    result,
+                    waiting: elsewhere,
+                },
+            );
+        }
+        Ok(None)
+    }
+
+    /// A replica's `gateway_health`: its rows for the projects it holds replace this one's.
+    fn health_part(&mut self, gather: u64, replica: &str, answer: Answer) {
+        let Some(g) = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.gathers.health.get_mut(&gather))
+        else {
+            return;
+        };
+        let Some(projects) = g.waiting.remove(replica) else {
+            return;
+        };
+        let theirs: Result<Vec<Value>, String> = match answer {
+            Answer::Response {
+                result: Some(r), ..
+            } => serde_json::from_str::<Value>(r.get())
+                .ok()
+                .and_then(|v| v["structuredContent"]["projects"].as_array().cloned())
+                .ok_or_else(|| "its answer has no rows".to_owned()),
+            Answer::Response { error, .. } => Err(format!(
+                "it answered with an error: {}",
+                error.map_or_else(String::new, |e| e.get().to_owned())
+            )),
+            Answer::Failed(why) => Err(why),
+        };
+        let rows = g.result["projects"].as_array_mut();
+        for row in rows.into_iter().flatten() {
+            let Some(project) = row["project"].as_str() else {
+                continue;
+            };
+            if !projects.iter().any(|p| p == project) {
+                continue;
+            }
+            let replaced = match &theirs {
+                Ok(their_rows) => their_rows
+                    .iter()
+                    .find(|r| r["project"].as_str() == Some(project))
+                    .cloned()
+                    .ok_or_else(|| "its rows do not include the project".to_owned()),
+                Err(why) => Err(why.clone()),
+            };
+            match replaced {
+                Ok(r) => *row = r,
+                Err(why) => {
+                    row["status"] = "unknown".into();
+                    row["via"] = "replica".into();
+                    row["reasons"] = json!([format!(
+                        "its sled is held by replica '{replica}', which did not give its health: {why}"
+                    )]);
+                }
+            }
+        }
+        if g.waiting.is_empty() {
+            self.finish_health(gather);
+        }
+    }
+
+    fn finish_health(&mut self, gather: u64) {
+        let Some(mut g) = self
+            .cluster
+            .as_mut()
+            .and_then(|c| c.gathers.health.remove(&gather))
+        else {
+            return;
+        };
+        // The summary, again from the rows as they are now.
+        let mut summary: BTreeMap<String, Vec<Value>> = ["up", "down", "stale", "unknown"]
+            .into_iter()
+            .map(|s| (s.to_owned(), Vec::new()))
+            .collect();
+        for row in g.result["projects"].as_array().into_iter().flatten() {
+            if let Some(status) = row["status"].as_str() {
+                summary
+                    .entry(status.to_owned())
+                    .or_default()
+                    .push(row["project"].clone());
+            }
+        }
+        g.result["summary"] = json!(summary);
+        let result = client::tool_result(g.result);
+        let body = if g.modern {
+            jsonrpc::ok_response(&g.client_id, &modern::with_result_type(&result))
+        } else {
+            jsonrpc::ok_response(&g.client_id, &result)
+        };
+        self.reply(g.token, 200, Vec::new(), Some(body));
+    }
+
+    /// The client of a `gateway_health` waiting for other replicas went away; `true` when
+    /// `token` was one.
+    pub(super) fn abort_health(&mut self, token: HttpToken) -> bool {
+        let Some(cluster) = self.cluster.as_mut() else {
+            return false;
+        };
+        let Some(gather) = cluster
+            .gathers
+            .health
+            .iter()
+            .find(|(_, g)| g.token == token)
+            .map(|(n, _)| *n)
+        else {
+            return false;
+        };
+        cluster.gathers.health.remove(&gather);
+        let open = cluster
+            .gathers
+            .open_parts(|p| matches!(p, Purpose::Health { gather: g, .. } if *g == gather));
+        for part in open {
+            self.abort_part(part);
+        }
+        true
+    }
+}
