@@ -384,3 +384,64 @@ async fn a_sled_moving_to_another_replica_takes_its_project_along() {
     assert_eq!(structured(&r)["project"], "alpha");
     assert!(holds(&alpha, "alpha", &r));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_tools_answer_for_every_project_wherever_its_sled_is() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let _alpha = r1.fleet(&["alpha"], Duration::ZERO);
+    let _beta = r2.fleet(&["beta"], Duration::ZERO);
+    // gamma has no sled anywhere.
+    wait_held(&r1, &[("alpha", Some("r1")), ("beta", Some("r2"))]).await;
+    for (via, name) in [(&r1, "r1"), (&r2, "r2")] {
+        let mut c = via.client(None).await;
+        let r = within(c.tools_call(json!(1), "gateway_health", json!({})))
+            .await
+            .unwrap();
+        let rows = structured(&r)["projects"].as_array().unwrap().clone();
+        let row = |p: &str| rows.iter().find(|r| r["project"] == p).unwrap().clone();
+        for (project, holder) in [("alpha", "r1"), ("beta", "r2")] {
+            let row = row(project);
+            assert_eq!(row["status"], "up", "via {name}: {row}");
+            assert_eq!(row["via"], "uplink", "via {name}: {row}");
+            assert_eq!(row["replica"], holder, "via {name}: {row}");
+        }
+        // No sled anywhere: this replica's own view (not probed yet, or its url down).
+        let gamma = row("gamma");
+        assert!(
+            gamma["status"] == "unknown" || gamma["status"] == "down",
+            "{gamma}"
+        );
+        assert_eq!(gamma["replica"], Value::Null, "via {name}: {gamma}");
+        assert_eq!(
+            structured(&r)["summary"]["up"],
+            json!(["alpha", "beta"]),
+            "via {name}"
+        );
+        let r = within(c.tools_call(json!(2), "aggregate_pipeline_status", json!({})))
+            .await
+            .unwrap();
+        let s = structured(&r);
+        assert_eq!(s["totals"]["answered"], 2, "via {name}: {s}");
+        let not: Vec<&str> = s["not_answered"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["project"].as_str().unwrap())
+            .collect();
+        assert_eq!(not, ["gamma"], "via {name}: {s}");
+    }
+    // Each replica asked the other twice (beta's health and pipeline from r1, alpha's from r2).
+    let metrics = get_metrics(r1.addr).await;
+    for line in [
+        "gateway_cluster_events_total{event=\"relay_out\"} 2",
+        "gateway_cluster_events_total{event=\"relay_in\"} 2",
+        "gateway_cluster_events_total{event=\"relay_failed\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
