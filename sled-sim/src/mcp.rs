@@ -85,6 +85,10 @@ pub struct Sled {
     fences: Fences,
     /// The trace context of the latest requests that carried one, oldest first.
     traces: VecDeque<ReceivedTrace>,
+    /// The story URIs the gateway subscribed to (`resources/subscribe`).
+    subscribed: BTreeSet<String>,
+    /// Subscribed URIs whose story changed, until [`Sled::take_updated`].
+    updated: Vec<String>,
 }
 
 /// How many received trace contexts a sled keeps.
@@ -184,6 +188,8 @@ impl Sled {
             seed,
             config: SledConfig::default(),
             disabled: BTreeSet::new(),
+            subscribed: BTreeSet::new(),
+            updated: Vec::new(),
             fences: Fences::default(),
             traces: VecDeque::new(),
         }
@@ -354,8 +360,24 @@ impl Sled {
             "initialize" => Ok(self.initialize(params)),
             "ping" => Ok(json!({})),
             "tools/list" => self.list_tools(params),
-            "tools/call" => self.call(params),
+            "tools/call" => self.call(params).inspect(|r| self.story_touched(params, r)),
             "resources/list" => Ok(self.list_resources()),
+            "resources/subscribe" | "resources/unsubscribe" => {
+                match params.get("uri").and_then(Value::as_str) {
+                    Some(uri) if method == "resources/subscribe" => {
+                        self.subscribed.insert(uri.to_owned());
+                        Ok(json!({}))
+                    }
+                    Some(uri) => {
+                        self.subscribed.remove(uri);
+                        Ok(json!({}))
+                    }
+                    None => Err(RpcError::new(
+                        codes::INVALID_PARAMS,
+                        format!("Invalid params: {method} needs a string \"uri\""),
+                    )),
+                }
+            }
             "resources/read" => self.read_resource(params),
             "prompts/list" => Ok(prompts_list()),
             "prompts/get" => self.get_prompt(params),
@@ -368,6 +390,28 @@ impl Sled {
             Ok(result) => result_response(id, result),
             Err(e) => error_response(id, e.code, e.message),
         })
+    }
+
+    /// After a tool call: the story it named or made, when its URI is subscribed, is updated.
+    fn story_touched(&mut self, params: &Map<String, Value>, result: &Value) {
+        if self.subscribed.is_empty() || result.get("isError") == Some(&Value::Bool(true)) {
+            return;
+        }
+        let named = params.get("arguments").and_then(|a| a.get("story_id"));
+        let made = result.pointer("/structuredContent/story/id");
+        let Some(id) = named.or(made).and_then(Value::as_str) else {
+            return;
+        };
+        let uri = format!("story://{}/{id}", self.project.name);
+        if self.subscribed.contains(&uri) && !self.updated.contains(&uri) {
+            self.updated.push(uri);
+        }
+    }
+
+    /// The subscribed story URIs that changed since the last call, for
+    /// `notifications/resources/updated`.
+    pub fn take_updated(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.updated)
     }
 
     /// Each story is a resource, `story://<project>/<story id>`.
@@ -455,7 +499,7 @@ impl Sled {
             "protocolVersion": version,
             "capabilities": {
                 "tools": { "listChanged": true },
-                "resources": {},
+                "resources": { "subscribe": true },
                 "prompts": {},
             },
             "serverInfo": { "name": "sled-sim", "version": env!("CARGO_PKG_VERSION") },
@@ -1202,6 +1246,8 @@ struct SharedInner {
     sled: Mutex<Sled>,
     project: String,
     tools_changed: watch::Sender<u64>,
+    /// Notifications every connected uplink sends ([`SharedSled::notify`]).
+    notices: tokio::sync::broadcast::Sender<String>,
 }
 
 impl SharedSled {
@@ -1213,6 +1259,7 @@ impl SharedSled {
                 sled: Mutex::new(sled),
                 project,
                 tools_changed: watch::Sender::new(0),
+                notices: tokio::sync::broadcast::Sender::new(64),
             }),
         }
     }
@@ -1226,9 +1273,21 @@ impl SharedSled {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Handles one JSON-RPC message (see [`Sled::handle`]).
+    /// Handles one JSON-RPC message (see [`Sled::handle`]); a subscribed story it changed is
+    /// announced with `notifications/resources/updated` on every connected uplink.
     pub fn handle(&self, msg: &Value) -> Option<Value> {
-        self.lock().handle(msg)
+        let (response, updated) = {
+            let mut sled = self.lock();
+            let response = sled.handle(msg);
+            (response, sled.take_updated())
+        };
+        for uri in updated {
+            self.notify(
+                "notifications/resources/updated",
+                Some(json!({ "uri": uri })),
+            );
+        }
+        response
     }
 
     /// Runs `f` on the sled under the lock (to inspect or set up the model).
@@ -1276,6 +1335,23 @@ impl SharedSled {
     /// A receiver that sees a change each time the tool list changes.
     pub fn subscribe_tools_changed(&self) -> watch::Receiver<u64> {
         self.inner.tools_changed.subscribe()
+    }
+
+    /// Makes every connected uplink send the notification `method` (with `params`) now, as a
+    /// sled whose prompts or resources change does (`notifications/prompts/list_changed`,
+    /// `notifications/resources/list_changed`, `notifications/resources/updated`). Returns
+    /// how many uplinks will send it.
+    pub fn notify(&self, method: &str, params: Option<Value>) -> usize {
+        let mut n = json!({"jsonrpc": "2.0", "method": method});
+        if let Some(p) = params {
+            n["params"] = p;
+        }
+        self.inner.notices.send(n.to_string()).unwrap_or(0)
+    }
+
+    /// A receiver of what [`SharedSled::notify`] sends.
+    pub fn subscribe_notices(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.notices.subscribe()
     }
 }
 
@@ -1351,7 +1427,7 @@ mod tests {
             assert_eq!(r["result"]["protocolVersion"], answered);
             assert_eq!(
                 r["result"]["capabilities"],
-                json!({"tools":{"listChanged":true},"resources":{},"prompts":{}})
+                json!({"tools":{"listChanged":true},"resources":{"subscribe":true},"prompts":{}})
             );
             assert_eq!(r["result"]["serverInfo"]["name"], "sled-sim");
         }
@@ -1903,6 +1979,44 @@ mod resource_tests {
             "prompts/get",
             json!({"name":"story_brief","arguments":{}}),
         );
+        assert_eq!(bad["error"]["code"], -32602);
+    }
+
+    #[test]
+    fn a_subscribed_story_is_updated_when_a_call_changes_it_and_no_other() {
+        let mut sled = Sled::new(Project::new("beta"), "beta", 0);
+        let make = |sled: &mut Sled, name: &str| {
+            let r = rpc(
+                sled,
+                "tools/call",
+                json!({"name":"create_story","arguments":{"name":name,"acceptance_criteria":["x"]}}),
+            );
+            r["result"]["structuredContent"]["story"]["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        let (a, b) = (make(&mut sled, "a"), make(&mut sled, "b"));
+        assert!(sled.take_updated().is_empty(), "nothing subscribed yet");
+        let uri = format!("story://beta/{a}");
+        let r = rpc(&mut sled, "resources/subscribe", json!({"uri": uri}));
+        assert_eq!(r["result"], json!({}));
+        let add = |sled: &mut Sled, id: &str| {
+            rpc(
+                sled,
+                "tools/call",
+                json!({"name":"add_todo","arguments":{"story_id":id,"text":"t"}}),
+            )
+        };
+        add(&mut sled, &b);
+        assert!(sled.take_updated().is_empty(), "b is not subscribed");
+        add(&mut sled, &a);
+        add(&mut sled, &a);
+        assert_eq!(sled.take_updated(), vec![uri.clone()], "once until taken");
+        rpc(&mut sled, "resources/unsubscribe", json!({"uri": uri}));
+        add(&mut sled, &a);
+        assert!(sled.take_updated().is_empty());
+        let bad = rpc(&mut sled, "resources/subscribe", json!({}));
         assert_eq!(bad["error"]["code"], -32602);
     }
 }

@@ -288,6 +288,14 @@ impl Backend {
             Backend::Handler(_) => None,
         }
     }
+
+    /// A receiver of the notifications the sled is told to send, if it can be.
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        match self {
+            Backend::Story(s) => Some(s.subscribe_notices()),
+            Backend::Handler(_) => None,
+        }
+    }
 }
 
 /// Why a request a handler made of the gateway got no result.
@@ -950,6 +958,10 @@ where
         Some(rx) => (rx, true),
         None => (watch::channel(0).1, false),
     };
+    let (mut notices, mut notices_open) = match backend.notices() {
+        Some(rx) => (rx, true),
+        None => (tokio::sync::broadcast::channel(1).1, false),
+    };
     let mut tasks: JoinSet<()> = JoinSet::new();
     // Calls still waiting out their latency, by the gateway's request id, so that a
     // `notifications/cancelled` stops them before they are applied.
@@ -1013,6 +1025,16 @@ where
                     tools_open = false;
                 }
             }
+            notice = notices.recv(), if notices_open => match notice {
+                Ok(text) => {
+                    debug!(project = %project, notice = %text, "sending a notification");
+                    send(text);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    warn!(project = %project, missed = n, "notifications to send were dropped");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => notices_open = false,
+            },
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             changed = newer.changed(), if newer_open => {
                 if changed.is_err() {
