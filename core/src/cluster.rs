@@ -94,6 +94,29 @@ pub enum ClusterEvent {
     },
     /// A relayed request ended without a whole answer.
     RelayFailed { token: HttpToken, sent: RelaySent },
+    /// Another replica's [`ClusterAction::Announce`].
+    Announced(Announcement),
+    /// The tools bucket's watch reported a write of a project's tool listing (`None`:
+    /// deleted): the definitions its holder lists, as a JSON array.
+    ToolsChanged {
+        project: String,
+        listing: Option<String>,
+    },
+}
+
+/// News for the streams other replicas hold ([`ClusterAction::Announce`]). Not kept: a
+/// replica that misses one (cut off from the engine) misses it, as a client whose stream was
+/// closed does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "news", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Announcement {
+    /// A list of `project`'s sled changed: `method` is the notification
+    /// (`notifications/prompts/list_changed` or `notifications/resources/list_changed`). Each
+    /// replica tells the sessions whose default it is and its listeners of the project.
+    ListChanged { project: String, method: String },
+    /// A notification (a JSON-RPC message, `data`) for these sessions' GET streams, made by a
+    /// replica that holds none of them: the replica holding a stream sends it there.
+    ToSessions { sessions: Vec<String>, data: String },
 }
 
 /// How a first-use pin went in the engine.
@@ -175,6 +198,14 @@ pub enum ClusterAction {
     CreatePin { project: String, pin: crate::Pin },
     /// Replace the project's pin (an operator's re-pin): a `put`.
     StorePin { project: String, pin: crate::Pin },
+    /// Tell every other replica, for the streams they hold; reported there as
+    /// [`ClusterEvent::Announced`].
+    Announce(Announcement),
+    /// Write the tool listing of a project whose sled is here (a JSON array of the
+    /// definitions, `project` injected) to the tools bucket, so that every replica's stateless
+    /// `tools/list` lists it; reported to all as [`ClusterEvent::ToolsChanged`]. Writes of one
+    /// project are carried out in the order given.
+    StoreTools { project: String, listing: String },
 }
 
 /// A session as the engine keeps it: what any replica needs to serve it.
@@ -257,6 +288,9 @@ pub(crate) struct Cluster {
     pub(crate) after_store: BTreeMap<String, Vec<(HttpToken, HttpReply)>>,
     /// What this replica asks of the others to answer a fleet tool for the whole cluster.
     pub(crate) gathers: crate::gather::Gathers,
+    /// The tools of projects whose sleds other replicas hold, as their holders listed them
+    /// (the tools bucket), for the stateless `tools/list`.
+    pub(crate) remote_tools: BTreeMap<String, Vec<crate::tools::CachedTool>>,
     pub(crate) counts: ClusterCounts,
 }
 
@@ -298,6 +332,7 @@ impl Cluster {
             pinning: BTreeMap::new(),
             after_store: BTreeMap::new(),
             gathers: crate::gather::Gathers::default(),
+            remote_tools: BTreeMap::new(),
             counts: ClusterCounts::default(),
         }
     }
@@ -338,5 +373,27 @@ mod tests {
         assert_eq!(SessionRecord::parse(r.to_json().as_bytes()).unwrap(), r);
         assert!(SessionRecord::parse(br#"{"protocol_version":"x","extra":1}"#).is_err());
         assert!(SessionRecord::parse(b"not json").is_err());
+    }
+
+    #[test]
+    fn announcements_round_trip_and_refuse_unknown_news() {
+        for a in [
+            Announcement::ListChanged {
+                project: "alpha".into(),
+                method: "notifications/prompts/list_changed".into(),
+            },
+            Announcement::ToSessions {
+                sessions: vec!["s1".into(), "s2".into()],
+                data: r#"{"jsonrpc":"2.0","method":"m"}"#.into(),
+            },
+        ] {
+            let text = serde_json::to_string(&a).unwrap();
+            assert_eq!(serde_json::from_str::<Announcement>(&text).unwrap(), a);
+        }
+        assert!(serde_json::from_str::<Announcement>(r#"{"news":"other"}"#).is_err());
+        assert!(serde_json::from_str::<Announcement>(
+            r#"{"news":"list_changed","project":"a","method":"m","extra":1}"#
+        )
+        .is_err());
     }
 }

@@ -12,6 +12,7 @@ mod interleavings;
 mod limits;
 mod modern;
 mod mrtr;
+mod news;
 mod reload;
 mod rights;
 mod streams;

@@ -6,6 +6,8 @@
 
 #[path = "support/nats.rs"]
 mod nats;
+#[path = "support/sse.rs"]
+mod sse;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -184,6 +186,39 @@ fn holds(fleet: &Fleet, project: &str, r: &Value) -> bool {
         .sled(project)
         .unwrap()
         .with(|s| s.project().story(&id).is_some())
+}
+
+/// A request of the stateless era (2026-07-28) to a replica: the JSON-RPC response.
+async fn stateless(via: &Replica, method: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let mut c = via.client(None).await;
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let (status, _, body) = within(c.post_raw(
+        body.to_string().into_bytes(),
+        &[
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", method),
+        ],
+    ))
+    .await
+    .unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The names of the tools a replica's stateless `tools/list` lists.
+async fn stateless_tools(via: &Replica) -> Vec<String> {
+    let r = stateless(via, "tools/list", json!({})).await;
+    r["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 async fn create_story(c: &mut McpClient<TokioConnect>, id: i64, args: Value) -> Value {
@@ -444,4 +479,98 @@ async fn fleet_tools_answer_for_every_project_wherever_its_sled_is() {
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_hear_of_their_projects_wherever_the_sleds_are() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let alpha = r1.fleet(&["alpha"], Duration::ZERO);
+    wait_held(&r2, &[("alpha", Some("r1")), ("beta", None)]).await;
+    // r2's stateless tools/list lists alpha's tools as r1 listed them (the tools bucket).
+    within(async {
+        while !stateless_tools(&r2)
+            .await
+            .iter()
+            .any(|t| t == "block_story")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // A session made on r2 (its default alpha, whose sled is on r1), its GET stream on r2,
+    // and a stateless listener of the tool list on r2.
+    let mut s = r2.client(None).await;
+    s.initialize().await.unwrap();
+    let session = s.session_id().unwrap().to_owned();
+    let mut events = sse::open_get_stream(r2.addr, &session).await;
+    let mut tools_news = sse::open_listen(r2.addr, json!({"toolsListChanged": true}), None).await;
+    sse::next_event_with(&mut tools_news, "acknowledged").await;
+
+    // alpha's sled hides a tool: r1 lists its tools again, and r2's streams hear of it.
+    assert!(alpha
+        .sled("alpha")
+        .unwrap()
+        .set_tool_enabled("block_story", false));
+    sse::next_event_with(&mut events, "notifications/tools/list_changed").await;
+    sse::next_event_with(&mut tools_news, "notifications/tools/list_changed").await;
+    let tools = stateless_tools(&r2).await;
+    assert!(tools.iter().any(|t| t == "create_story"), "{tools:?}");
+    assert!(!tools.iter().any(|t| t == "block_story"), "{tools:?}");
+    let r = within(s.tools_list(json!(1), None)).await.unwrap();
+    let listed = r["result"]["tools"].as_array().unwrap();
+    assert!(listed.iter().any(|t| t["name"] == "create_story"), "{r}");
+    assert!(!listed.iter().any(|t| t["name"] == "block_story"), "{r}");
+
+    // Its prompts change: the session whose default it is hears of it on r2.
+    let told = alpha
+        .sled("alpha")
+        .unwrap()
+        .notify("notifications/prompts/list_changed", None);
+    assert_eq!(told, 1, "one uplink sends it");
+    sse::next_event_with(&mut events, "notifications/prompts/list_changed").await;
+
+    // A story the session subscribed to through r2 (the subscription is kept at r1, with
+    // alpha's sled) changes: its update comes to the session's stream on r2. A listener on r2
+    // naming alpha is relayed to r1 and hears it too.
+    let r = create_story(&mut s, 2, json!({})).await;
+    let id = structured(&r)["story"]["id"].as_str().unwrap().to_owned();
+    let uri = format!("story://alpha/{id}");
+    let r = within(s.request(json!(3), "resources/subscribe", json!({"uri": uri})))
+        .await
+        .unwrap();
+    assert_eq!(r["result"], json!({}), "{r}");
+    let mut story_news = sse::open_listen(
+        r2.addr,
+        json!({"resourceSubscriptions": [uri]}),
+        Some("alpha"),
+    )
+    .await;
+    let ack = sse::next_event_with(&mut story_news, "acknowledged").await;
+    assert!(ack.contains(&uri), "{ack}");
+    let mut other = r1.client(Some(&session)).await;
+    let r = within(other.tools_call(
+        json!(4),
+        "add_todo",
+        json!({"story_id": id, "text": "from r1"}),
+    ))
+    .await
+    .unwrap();
+    structured(&r);
+    let update = sse::next_event_with(&mut events, "notifications/resources/updated").await;
+    assert!(update.contains(&uri), "{update}");
+    let update = sse::next_event_with(&mut story_news, "notifications/resources/updated").await;
+    assert!(update.contains(&uri), "{update}");
+
+    // alpha's sled leaves the cluster: r2's listing drops its tools, and its streams hear so.
+    alpha.shutdown().await;
+    sse::next_event_with(&mut tools_news, "notifications/tools/list_changed").await;
+    sse::next_event_with(&mut events, "notifications/tools/list_changed").await;
+    let tools = stateless_tools(&r2).await;
+    assert!(!tools.iter().any(|t| t == "create_story"), "{tools:?}");
 }

@@ -1,6 +1,9 @@
 //! End-to-end over real loopback sockets: the real gateway server, the real sled-sim fleet,
 //! and MCP client sessions, as a user would run them.
 
+#[path = "support/sse.rs"]
+mod sse;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,6 +12,7 @@ use gateway_core::{ProjectSpec, Registry};
 use gateway_server::{serve, ServerOptions};
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
+use sse::{next_event_with, open_get_stream};
 use tokio::sync::oneshot;
 
 /// A gateway serving alpha, beta and gamma (default alpha) on a loopback port.
@@ -418,45 +422,6 @@ async fn sessions_are_per_client_and_end_with_delete() {
     assert_eq!(r["result"], json!({}));
     fleet.shutdown().await;
     gw.stop().await;
-}
-
-/// Opens a session's GET stream over a raw connection; returns a reader of its events.
-async fn open_get_stream(
-    addr: SocketAddr,
-    session: &str,
-) -> tokio::io::BufReader<tokio::net::TcpStream> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!(
-        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut reader = tokio::io::BufReader::new(stream);
-    let mut status = String::new();
-    reader.read_line(&mut status).await.unwrap();
-    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-    reader
-}
-
-/// Reads SSE `data:` lines until one holds `needle`.
-async fn next_event_with(
-    reader: &mut tokio::io::BufReader<tokio::net::TcpStream>,
-    needle: &str,
-) -> String {
-    use tokio::io::AsyncBufReadExt;
-    within(async {
-        loop {
-            let mut line = String::new();
-            assert!(
-                reader.read_line(&mut line).await.unwrap() > 0,
-                "the stream ended"
-            );
-            if line.starts_with("data:") && line.contains(needle) {
-                return line;
-            }
-        }
-    })
-    .await
 }
 
 #[tokio::test]

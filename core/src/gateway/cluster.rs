@@ -67,7 +67,12 @@ impl Gateway {
                 };
                 // In token order: the relays are a HashMap, and the simulation replays seeds.
                 orphaned.sort_unstable();
+                let was_elsewhere = self.held_elsewhere(&project).is_some();
+                let Some(cluster) = self.cluster.as_mut() else {
+                    return;
+                };
                 cluster.directory.handle_entry(&project, revision, state);
+                self.holder_news(&project, was_elsewhere);
                 for token in orphaned {
                     self.cluster_output(ClusterAction::RelayAbort { token });
                     self.relay_failed(token, RelaySent::Unknown);
@@ -115,6 +120,10 @@ impl Gateway {
             }
             ClusterEvent::PinChanged { project, pin } => self.pin_changed(now, project, pin),
             ClusterEvent::RelayFailed { token, sent } => self.relay_failed(token, sent),
+            ClusterEvent::Announced(news) => self.announced(news),
+            ClusterEvent::ToolsChanged { project, listing } => {
+                self.tools_changed_elsewhere(&project, listing)
+            }
         }
         self.drain_directory(now);
     }

@@ -891,7 +891,7 @@ impl Gateway {
                 },
             })
             .to_string();
-            self.notify_session(&session, data);
+            self.notify_session_anywhere(&session, data);
         }
         while let Some((wait, ready)) = self.coordination.coord.poll_woken() {
             let Some(parked) = self.coordination.unpark(wait) else {

@@ -94,6 +94,24 @@ impl Gateway {
         } else {
             None
         };
+        // In a cluster, a project's notifications come from where its sled is: a listen that
+        // names one held by another replica is relayed there whole (its tool news too, which
+        // every replica has).
+        if let Some(p) = project.as_deref().filter(|p| !self.is_live(p)) {
+            if let Some(replica) = self.relay_target(p) {
+                return Err(RpcError::OwnedElsewhere {
+                    sled: self.sled_of(p),
+                    project: p.to_owned(),
+                    replica,
+                });
+            }
+            if self.is_moving(p) {
+                return Err(RpcError::SledMoving {
+                    sled: self.sled_of(p),
+                    project: p.to_owned(),
+                });
+            }
+        }
         let listen = Listen {
             id: id.clone(),
             tools: filter.tools_list_changed,

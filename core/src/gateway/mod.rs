@@ -18,9 +18,13 @@ mod gather;
 mod listen;
 mod modern;
 mod mrtr;
+mod news;
 mod proxy;
 mod sled;
 mod streams;
+
+/// The notification of a changed tool list (a sled's, and the gateway's to its clients).
+const TOOLS_CHANGED: &str = "notifications/tools/list_changed";
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};

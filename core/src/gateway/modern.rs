@@ -312,7 +312,9 @@ impl Gateway {
             }
         }
         for p in self.registry.projects() {
-            let Some(ts) = self.projects.get(&p.name).and_then(|s| s.tools.as_deref()) else {
+            // A project whose sled is on another replica: as that replica listed it.
+            let local = self.projects.get(&p.name).and_then(|s| s.tools.as_deref());
+            let Some(ts) = local.or_else(|| self.remote_tools(&p.name)) else {
                 continue;
             };
             if !open && !self.sees(&p.name) {

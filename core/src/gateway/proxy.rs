@@ -641,7 +641,7 @@ impl Gateway {
             &json!({ "uri": uri }).to_string(),
         );
         for s in sessions {
-            self.notify_session(&s, data.clone());
+            self.notify_session_anywhere(&s, data.clone());
         }
     }
 

@@ -124,7 +124,7 @@ impl Gateway {
             match message.id {
                 // A sled's request: for the client of one of its calls, or a ping.
                 Some(rid) => self.relay_server_request(id, rid, &method, message.params),
-                None if method == "notifications/tools/list_changed" => {
+                None if method == TOOLS_CHANGED => {
                     if let Some(project) = self.live_project(id) {
                         self.start_refresh(now, id, project);
                     }
@@ -141,6 +141,7 @@ impl Gateway {
                     if let Some(project) = self.live_project(id) {
                         self.notify_default_sessions(&project, &method);
                         self.notify_listeners_list_changed(&project, &method);
+                        self.announce_list_changed(&project, &method);
                     }
                 }
                 None => self.relay_related(id, &method, message.params),
@@ -303,6 +304,7 @@ impl Gateway {
                                 );
                             }
                             _ => {
+                                self.store_tools(&project, &tools);
                                 let prepared = tools::prepare_sled_tools(&project, tools);
                                 tracing::info!(
                                     project,

@@ -317,7 +317,7 @@ fn record(default: &str) -> SessionRecord {
 
 /// `initialize` on a replica: answered once the engine has the session. Returns its id; the
 /// store action stays for the test to see.
-fn initialize(h: &mut Harness) -> String {
+pub(super) fn initialize(h: &mut Harness) -> String {
     let t = h.send(
         HttpMethod::Post,
         None,

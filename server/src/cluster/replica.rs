@@ -12,13 +12,18 @@
 //!   [`SessionRecord`];
 //! - bucket `N_pins`: key `p.<project>`, value a sled identity [`gateway_core::Pin`] (made by
 //!   `create` on first use, so the first replica wins; replaced by a re-pin);
+//! - bucket `N_tools`: key `p.<project>`, value the JSON array of tools the project's sled
+//!   listed to the replica holding it (written after every listing), for every replica's
+//!   stateless `tools/list`;
+//! - subject `N.news`: announcements for the streams other replicas hold (an `Announced`);
 //! - subject `N.relay.R`: requests relayed to R ([`relay::Envelope`]); answers go to
 //!   `N.inbox.<relaying replica>.<run>.<token>`.
 //!
 //! # Tasks
 //!
 //! Each holds only a weak sender of the driver's commands, so that the driver ends as before:
-//! the directory watch, the sessions watch, the pins watch, the engine probe (a read every second; its
+//! the directory watch, the sessions watch, the pins watch, the tools watch, the news
+//! subscription, the engine probe (a read every second; its
 //! failures and recoveries are the core's `Engine { up }`), the relay server, and the
 //! executor of actions, which runs each in a task of its own (a session's writes in order, on
 //! one task) and, once the driver has gone, finishes the ones in flight (the releases of a
@@ -31,11 +36,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gateway_core::cluster::{
-    ClusterAction, ClusterConfig, ClusterEvent, EngineDown, PinOutcome, RelayMessage, RelaySent,
-    SessionRecord,
+    Announcement, ClusterAction, ClusterConfig, ClusterEvent, EngineDown, PinOutcome, RelayMessage,
+    RelaySent, SessionRecord,
 };
 use gateway_core::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState};
 use gateway_core::HttpToken;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
@@ -117,6 +123,24 @@ impl ClusterOptions {
     fn relay_subject(&self, replica: &str) -> String {
         format!("{}.relay.{replica}", self.namespace)
     }
+
+    fn tools(&self) -> String {
+        format!("{}_tools", self.namespace)
+    }
+
+    /// Where replicas announce news for the streams the others hold.
+    fn changes_subject(&self) -> String {
+        format!("{}.news", self.namespace)
+    }
+}
+
+/// An announcement on the changes subject ([`ClusterAction::Announce`]), with the replica
+/// that made it (which skips its own).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Announced {
+    from: String,
+    news: Announcement,
 }
 
 /// Where the streamed answers of this replica's relays go: one subject per relay under it.
@@ -178,7 +202,11 @@ pub(crate) async fn start(
         .ensure_bucket(BucketConfig::with_max_age(opts.sessions(), session_ttl))
         .await?;
     engine.ensure_bucket(BucketConfig::new(opts.pins())).await?;
+    engine
+        .ensure_bucket(BucketConfig::new(opts.tools()))
+        .await?;
     let relays_in = engine.subscribe(&opts.relay_subject(&opts.replica)).await?;
+    let changes = engine.subscribe(&opts.changes_subject()).await?;
     // One subscription for the streamed answers of every relay this replica makes.
     let inbox_messages = engine
         .subscribe(&format!("{}.>", inbox_prefix(opts, &run)))
@@ -187,12 +215,19 @@ pub(crate) async fn start(
     let directory = engine.watch(&opts.directory(), "p.>").await?;
     let sessions = engine.watch(&opts.sessions(), ">").await?;
     let pins = engine.watch(&opts.pins(), "p.>").await?;
+    let tools = engine.watch(&opts.tools(), "p.>").await?;
     let opts = Arc::new(opts.clone());
     let (tx, rx) = mpsc::unbounded_channel();
     let others = vec![
         tokio::spawn(watch_directory(directory, commands.clone())),
         tokio::spawn(watch_sessions(sessions, commands.clone())),
         tokio::spawn(watch_pins(pins, commands.clone())),
+        tokio::spawn(watch_tools(tools, commands.clone())),
+        tokio::spawn(follow_changes(
+            changes,
+            opts.replica.clone(),
+            commands.clone(),
+        )),
         tokio::spawn(route_inboxes(inbox_messages, inboxes.clone())),
         tokio::spawn(probe(opts.clone(), commands.clone())),
         tokio::spawn(serve_relays(
@@ -285,6 +320,50 @@ async fn watch_pins(mut watch: super::Watch, commands: mpsc::WeakSender<Command>
     }
 }
 
+async fn watch_tools(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+    while let Some(change) = watch.next().await {
+        let Some(project) = key_project(&change.key) else {
+            continue;
+        };
+        let listing = match change.kind {
+            ChangeKind::Put(value) => match String::from_utf8(value.to_vec()) {
+                Ok(text) => Some(text),
+                Err(_) => {
+                    tracing::warn!(project, "a tool listing that is not UTF-8; ignored");
+                    continue;
+                }
+            },
+            ChangeKind::Deleted | ChangeKind::Expired => None,
+        };
+        if !tell(&commands, ClusterEvent::ToolsChanged { project, listing }).await {
+            return;
+        }
+    }
+}
+
+/// Other replicas' announcements, for the driver.
+async fn follow_changes(
+    mut changes: super::Subscription,
+    replica: String,
+    commands: mpsc::WeakSender<Command>,
+) {
+    while let Some(m) = changes.next().await {
+        let a = match serde_json::from_slice::<Announced>(&m.payload) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "an unreadable announcement from another replica; ignored");
+                continue;
+            }
+        };
+        if a.from == replica {
+            continue;
+        }
+        if !tell(&commands, ClusterEvent::Announced(a.news)).await {
+            return;
+        }
+    }
+}
+
 /// Reads a key every [`PROBE_EVERY`] and reports when the engine is lost or back.
 async fn probe(opts: Arc<ClusterOptions>, commands: mpsc::WeakSender<Command>) {
     let mut up = true;
@@ -321,6 +400,9 @@ async fn execute(
     // A session's writes go in order: one writer for all of them.
     let (stores, store_rx) = mpsc::unbounded_channel();
     tasks.spawn(store_sessions(opts.clone(), store_rx, commands.clone()));
+    // Tool listings and announcements too, each in the order made.
+    let (ordered, ordered_rx) = mpsc::unbounded_channel();
+    tasks.spawn(write_in_order(opts.clone(), ordered_rx));
     loop {
         let action = tokio::select! {
             a = actions.recv() => match a {
@@ -455,6 +537,12 @@ async fn execute(
                     Some(token)
                 });
             }
+            ClusterAction::Announce(news) => {
+                let _ = ordered.send(Ordered::Announce(news));
+            }
+            ClusterAction::StoreTools { project, listing } => {
+                let _ = ordered.send(Ordered::Tools { project, listing });
+            }
             ClusterAction::RelayAbort { token } => {
                 if let Some(abort) = aborts.remove(&token) {
                     let _ = abort.send(());
@@ -462,7 +550,7 @@ async fn execute(
             }
         }
     }
-    drop(stores);
+    drop((stores, ordered));
     // The driver is gone: what is in flight (a shutdown's releases) finishes.
     for (_, abort) in aborts.drain() {
         let _ = abort.send(());
@@ -490,6 +578,41 @@ async fn store_sessions(
         }
         let written = written.is_ok();
         tell(&commands, ClusterEvent::SessionStored { session, written }).await;
+    }
+    None
+}
+
+/// A write carried out in the order it was made.
+enum Ordered {
+    Tools { project: String, listing: String },
+    Announce(Announcement),
+}
+
+async fn write_in_order(
+    opts: Arc<ClusterOptions>,
+    mut writes: mpsc::UnboundedReceiver<Ordered>,
+) -> Option<HttpToken> {
+    let (tools, subject) = (opts.tools(), opts.changes_subject());
+    while let Some(write) = writes.recv().await {
+        match write {
+            Ordered::Tools { project, listing } => {
+                let key = project_key(&project);
+                if let Err(e) = opts.engine.put(&tools, &key, Bytes::from(listing)).await {
+                    tracing::warn!(project, error = %e, "writing a project's tool listing to the engine; the other replicas list its old tools");
+                }
+            }
+            Ordered::Announce(news) => {
+                let payload = Announced {
+                    from: opts.replica.clone(),
+                    news,
+                };
+                let payload =
+                    Bytes::from(serde_json::to_vec(&payload).expect("an announcement serialises"));
+                if let Err(e) = opts.engine.publish(&subject, payload).await {
+                    tracing::warn!(error = %e, "announcing news to the other replicas");
+                }
+            }
+        }
     }
     None
 }
@@ -560,6 +683,9 @@ async fn relay_out(
     // SILENT_AFTER means it is gone.
     let request = engine.request(&to, payload, timeout + relay::RELAY_MARGIN);
     tokio::pin!(request);
+    // A stream's first events may overtake the handoff (they come on another subscription):
+    // kept for the stream, in order.
+    let mut early: Vec<Bytes> = Vec::new();
     let handoff = loop {
         tokio::select! {
             h = &mut request => break h,
@@ -568,8 +694,13 @@ async fn relay_out(
                 inboxes.lock().expect("not poisoned").remove(&token.0);
                 return;
             }
-            heard = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => {
-                if !matches!(heard, Ok(Some(_))) {
+            heard = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => match heard {
+                Ok(Some(payload)) => {
+                    if !matches!(serde_json::from_slice(&payload), Ok(Answer::Alive)) {
+                        early.push(payload);
+                    }
+                }
+                Ok(None) | Err(_) => {
                     tracing::warn!(to, "the owner of a relayed request fell silent");
                     inboxes.lock().expect("not poisoned").remove(&token.0);
                     tell(&commands, failed(RelaySent::Unknown)).await;
@@ -597,8 +728,8 @@ async fn relay_out(
                     &engine,
                     &commands,
                     token,
-                    &to,
-                    &inbox,
+                    (&to, &inbox),
+                    early,
                     &mut streamed,
                     &mut abort,
                 )
@@ -631,12 +762,19 @@ async fn stream_in(
     engine: &Arc<dyn Engine>,
     commands: &mpsc::WeakSender<Command>,
     token: HttpToken,
-    to: &str,
-    inbox: &str,
+    (to, inbox): (&str, &str),
+    early: Vec<Bytes>,
     streamed: &mut mpsc::UnboundedReceiver<Bytes>,
     abort: &mut oneshot::Receiver<()>,
 ) {
+    let mut early = early.into_iter();
     loop {
+        if let Some(payload) = early.next() {
+            if !stream_message(commands, token, to, &payload).await {
+                return;
+            }
+            continue;
+        }
         let next = tokio::select! {
             next = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => next,
             _ = &mut *abort => {
@@ -663,19 +801,30 @@ async fn stream_in(
                 return;
             }
         };
-        let (message, last) = match serde_json::from_slice::<Answer>(&payload) {
-            Ok(Answer::Alive) => continue,
-            Ok(Answer::Event { id, data }) => (RelayMessage::Event { id, data }, false),
-            Ok(Answer::Close) => (RelayMessage::Close, true),
-            Err(e) => {
-                tracing::warn!(to, error = %e, "an unreadable message of a streamed relay; ignored");
-                continue;
-            }
-        };
-        if !tell(commands, ClusterEvent::Relayed { token, message }).await || last {
+        if !stream_message(commands, token, to, &payload).await {
             return;
         }
     }
+}
+
+/// Passes one message of a streamed relay to the driver; `false` when the stream is over
+/// (closed, or the driver gone).
+async fn stream_message(
+    commands: &mpsc::WeakSender<Command>,
+    token: HttpToken,
+    to: &str,
+    payload: &[u8],
+) -> bool {
+    let (message, last) = match serde_json::from_slice::<Answer>(payload) {
+        Ok(Answer::Alive) => return true,
+        Ok(Answer::Event { id, data }) => (RelayMessage::Event { id, data }, false),
+        Ok(Answer::Close) => (RelayMessage::Close, true),
+        Err(e) => {
+            tracing::warn!(to, error = %e, "an unreadable message of a streamed relay; ignored");
+            return true;
+        }
+    };
+    tell(commands, ClusterEvent::Relayed { token, message }).await && !last
 }
 
 /// Serves the requests other replicas relay here: each becomes an HTTP request of the driver's,
