@@ -314,6 +314,9 @@ pub(crate) struct Relay {
     pub(crate) streaming: bool,
     /// The request, to serve again should nobody take it (the project is moving).
     pub(crate) request: Option<Box<HttpRequest>>,
+    /// A stateless retry sent to the replica that parked its call: never served again, and
+    /// without a whole answer the call's outcome is unknown (the call died with that replica).
+    pub(crate) retry: bool,
 }
 
 impl Cluster {

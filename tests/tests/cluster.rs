@@ -574,3 +574,82 @@ async fn streams_hear_of_their_projects_wherever_the_sleds_are() {
     let tools = stateless_tools(&r2).await;
     assert!(!tools.iter().any(|t| t == "create_story"), "{tools:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_retry_on_another_replica_resumes_the_parked_call() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let r3 = Replica::start(&nats.url(), "r3", ttl);
+    let opts = SledOptions {
+        fixture_projects: vec!["beta".into()],
+        ..SledOptions::default()
+    };
+    let _beta = Fleet::spawn(&r1.url(), &["beta".to_owned()], opts);
+    wait_held(&r2, &[("beta", Some("r1"))]).await;
+    let sampling = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"sampling": {}},
+    });
+    let call = |state: Option<(&Value, Value)>| {
+        let mut params = json!({"name": "test_sampling",
+            "arguments": {"project": "beta", "prompt": "2+2?"}, "_meta": sampling});
+        if let Some((s, responses)) = state {
+            params["requestState"] = s.clone();
+            params["inputResponses"] = responses;
+        }
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).to_string()
+    };
+    let post = |via: &Replica, body: String| {
+        let url = via.url();
+        async move {
+            let mut c = McpClient::connect(TokioConnect, &format!("{url}/mcp"))
+                .await
+                .unwrap();
+            let headers = [
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "test_sampling"),
+                ("mcp-param-project", "beta"),
+            ];
+            let (status, _, body) = within(c.post_raw(body.into_bytes(), &headers))
+                .await
+                .unwrap();
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            (status, v)
+        }
+    };
+    // Asked through r2, parked at r1 (beta's holder): the handle names r1.
+    let (status, r) = post(&r2, call(None)).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let state = r["result"]["requestState"].clone();
+    assert!(state.as_str().unwrap().ends_with(".r1"), "{state}");
+    let key = r["result"]["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    // The retry lands on r3 (a load balancer's choice): relayed to r1, it resumes the call.
+    let answer =
+        json!({key: {"role": "assistant", "content": {"type": "text", "text": "4"}, "model": "m"}});
+    let (status, r) = post(&r3, call(Some((&state, answer.clone())))).await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["content"][0]["text"], "LLM response: 4", "{r}");
+    // The handle was used: once more is unknown, wherever it lands.
+    let (_, r) = post(&r2, call(Some((&state, answer.clone())))).await;
+    assert_eq!(r["error"]["data"]["kind"], "unknown_request_state", "{r}");
+
+    // A call parked at a replica that dies: its retry elsewhere has an unknown outcome.
+    let (_, r) = post(&r2, call(None)).await;
+    let state = r["result"]["requestState"].clone();
+    r1.kill();
+    let (_, r) = post(&r3, call(Some((&state, answer)))).await;
+    assert_eq!(r["error"]["data"]["kind"], "uplink_lost", "{r}");
+    assert_eq!(r["error"]["data"]["outcome"], "unknown", "{r}");
+}

@@ -422,6 +422,7 @@ impl Gateway {
                 modern,
                 streaming: false,
                 request: (!cluster.move_grace.is_zero()).then(|| Box::new(request.clone())),
+                retry: false,
             },
         );
         request.relayed = true;
@@ -435,6 +436,14 @@ impl Gateway {
             request: Box::new(request),
             timeout,
         });
+    }
+
+    /// The relay just made is a stateless retry for the replica that parked its call.
+    pub(super) fn relay_is_retry(&mut self, token: HttpToken) {
+        if let Some(r) = self.cluster.as_mut().and_then(|c| c.relays.get_mut(&token)) {
+            r.request = None;
+            r.retry = true;
+        }
     }
 
     fn relayed(&mut self, token: HttpToken, message: RelayMessage) {
@@ -498,8 +507,8 @@ impl Gateway {
             return self.on_http(now, token, request);
         }
         let loss = match sent {
-            RelaySent::NotSent => UplinkLoss::NotRelayed,
-            RelaySent::Unknown => UplinkLoss::OwnerLost,
+            RelaySent::NotSent if !relay.retry => UplinkLoss::NotRelayed,
+            RelaySent::NotSent | RelaySent::Unknown => UplinkLoss::OwnerLost,
         };
         tracing::warn!(
             token = token.0,

@@ -91,11 +91,13 @@ impl Gateway {
             }
             ClientMessage::Request { id, method, params } => (id, method, params),
         };
+        let mut retry = false;
         let answer = self
             .modern_checks(&request, &rpc_method, params)
             .and_then(|checked| match rpc_method.as_str() {
                 // A retry with the input a sled asked for: to the parked call it names.
                 m if checked.request_state.is_some() && mrtr::MRTR_METHODS.contains(&m) => {
+                    retry = true;
                     self.resume(now, token, &id, m, checked, params, stream_ok)
                 }
                 "server/discover" => Ok(Some(self.discover())),
@@ -147,7 +149,10 @@ impl Gateway {
             Err(RpcError::OwnedElsewhere {
                 project, replica, ..
             }) if !self.serving_relayed => {
-                self.relay(token, replica, project, id.as_str(), true, request)
+                self.relay(token, replica, project, id.as_str(), true, request);
+                if retry {
+                    self.relay_is_retry(token);
+                }
             }
             Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
                 self.hold(token, project, request)

@@ -252,9 +252,15 @@ impl Gateway {
         use rand_chacha::rand_core::RngCore;
         let mut bytes = [0u8; 16];
         self.rng.fill_bytes(&mut bytes);
-        let handle: String = std::iter::once("rs-".to_owned())
+        let mut handle: String = std::iter::once("rs-".to_owned())
             .chain(bytes.iter().map(|b| format!("{b:02x}")))
             .collect();
+        // In a cluster, the handle names the replica that parks the call, so that a retry
+        // landing on another replica is relayed here.
+        if let Some(c) = self.cluster.as_ref() {
+            handle.push('.');
+            handle.push_str(c.directory.replica());
+        }
         let now = self.now;
         let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
             return;
@@ -350,6 +356,42 @@ impl Gateway {
         }
     }
 
+    /// The replica of the cluster that parked the call a `requestState` names, when it is
+    /// another one (and this request was not relayed here): the retry is relayed there.
+    pub(super) fn parked_elsewhere(&self, handle: &str) -> Option<String> {
+        let cluster = self.cluster.as_ref()?;
+        let (_, replica) = handle.strip_prefix("rs-")?.split_once('.')?;
+        let name_ok = !replica.is_empty()
+            && replica
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        (name_ok && replica != cluster.directory.replica() && !self.serving_relayed)
+            .then(|| replica.to_owned())
+    }
+
+    /// The project a retry is for, as the original request named it (else the default), for
+    /// the relay's bookkeeping; empty when it names none.
+    fn retry_project(&self, method: &str, params: Option<&RawValue>) -> String {
+        let v: Value = params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or(Value::Null);
+        let in_meta = v.pointer(&format!(
+            "/_meta/{}",
+            proxy::PROJECT_META.replace('/', "~1")
+        ));
+        let in_arguments = v.pointer("/arguments/project");
+        let named = match method {
+            "tools/call" => in_arguments,
+            "prompts/get" => in_meta.or(in_arguments),
+            _ => in_meta,
+        };
+        named
+            .and_then(Value::as_str)
+            .or_else(|| self.default_of(Caller::Sessionless))
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// A stateless retry (`requestState` present): attaches to the parked call it names, gives
     /// the sled the client's responses, and answers later like the original request would.
     #[allow(clippy::too_many_arguments)]
@@ -367,6 +409,14 @@ impl Gateway {
             method: method.to_owned(),
         };
         let handle = checked.request_state.ok_or_else(unknown)?;
+        if let Some(replica) = self.parked_elsewhere(&handle) {
+            let project = self.retry_project(method, params);
+            return Err(RpcError::OwnedElsewhere {
+                sled: self.sled_of(&project),
+                project,
+                replica,
+            });
+        }
         self.expire_held(now);
         let retry: RetryParams = jsonrpc::params_of(method, params)?;
         let meta = retry.meta.unwrap_or_default();

@@ -199,3 +199,75 @@ fn a_sled_answer_while_parked_is_held_for_the_retry_and_a_parked_call_still_has_
         (400, Some("unknown_request_state"))
     );
 }
+
+#[test]
+fn in_a_cluster_a_retry_goes_to_the_replica_that_parked_its_call() {
+    use super::cluster::{event, owned_by, replica, sled_claimed, take_actions};
+    use crate::cluster::{ClusterAction, ClusterEvent, RelaySent};
+    // r1 parks a call; its handle names r1.
+    let mut h = replica("r1");
+    let beta = sled_claimed(&mut h, "beta", 3);
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"test_sampling","arguments":{"project":"beta","prompt":"2+2?"},"_meta":sampling_caps()}),
+        &|_| {},
+    );
+    let call = h.take_frames(beta).pop().unwrap();
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":"s-1","method":"sampling/createMessage","params":{
+            "messages":[],"maxTokens":5,"_meta":{"io.mcp-gateway/relatedRequest":call["id"]}}}),
+    );
+    let (_, r) = answer(&mut h, t);
+    let state = r["result"]["requestState"].clone();
+    assert!(state.as_str().unwrap().ends_with(".r1"), "{state}");
+    // A retry that comes to r1 itself attaches to the call there.
+    take_actions(&mut h);
+    let t = retry(&mut h, 2, &state, json!({}));
+    assert!(
+        take_actions(&mut h).is_empty(),
+        "served where it was parked"
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(
+        r["result"]["resultType"], "input_required",
+        "asked again: {r}"
+    );
+    assert_ne!(r["result"]["requestState"], state, "a new handle");
+
+    // On r2 a retry naming r1 is relayed to r1 whole, never served again elsewhere: with
+    // nobody taking it there, the parked call died with r1 and its outcome is unknown.
+    let mut h = replica("r2");
+    owned_by(&mut h, "beta", "r1", 3);
+    take_actions(&mut h);
+    let state = json!(format!("rs-{}.r1", "ab".repeat(16)));
+    let t = retry(&mut h, 3, &state, json!({}));
+    let actions = take_actions(&mut h);
+    assert!(
+        matches!(actions.as_slice(), [ClusterAction::Relay { token, replica, timeout, .. }]
+            if *token == t && replica == "r1" && *timeout == h.gw.registry().get("beta").unwrap().1.call_timeout),
+        "{actions:?}"
+    );
+    event(
+        &mut h,
+        ClusterEvent::RelayFailed {
+            token: t,
+            sent: RelaySent::NotSent,
+        },
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["error"]["data"]["kind"], "uplink_lost", "{r}");
+    assert_eq!(r["error"]["data"]["outcome"], "unknown", "{r}");
+    assert!(take_actions(&mut h).is_empty(), "not relayed again");
+    // A handle naming no replica, or one that is no name, is unknown here.
+    for forged in ["rs-00", "rs-00.", "rs-00.r/1", "rs-00.r2"] {
+        let t = retry(&mut h, 4, &json!(forged), json!({}));
+        let (_, r) = answer(&mut h, t);
+        assert_eq!(
+            r["error"]["data"]["kind"], "unknown_request_state",
+            "{forged}: {r}"
+        );
+    }
+}
