@@ -1,6 +1,6 @@
-//! Fleet tools for the whole cluster (issue 15): the requests a replica makes of the others
-//! on its own account, to answer `aggregate_pipeline_status` and `gateway_health` for every
-//! project wherever its sled is.
+//! Answers for the whole cluster (issue 15): the requests a replica makes of the others on its
+//! own account, to answer `aggregate_pipeline_status` and `gateway_health` for every project
+//! wherever its sled is, and a `wait` in projects held by several replicas.
 //!
 //! A part asked of another replica is an ordinary relayed request ([`ClusterAction::Relay`]),
 //! made here rather than by a client: a `tools/call` with the caller's credentials, marked
@@ -41,6 +41,24 @@ pub(crate) enum Purpose {
     },
     /// The `gateway_health` rows of the projects `replica` holds, for gather `gather`.
     Health { gather: u64, replica: String },
+    /// A `wait` in the projects another replica holds, for the client's wait `wait` (a
+    /// coordination `WaitToken`'s number) parked here.
+    Wait { wait: u64 },
+}
+
+/// A client's `wait` whose projects are held by several replicas: parked here (with a
+/// waiter of its own for the projects held here, if any), with a part at each other holder.
+/// The first part to wake answers it; when every part ends without waking and there is no
+/// waiter here, the first part's error, or a timeout, does.
+#[derive(Debug, Default)]
+pub(crate) struct WaitGather {
+    /// How many parts are still open.
+    pub(crate) parts: usize,
+    /// A waiter here for the projects this replica holds.
+    pub(crate) local: bool,
+    /// The first error a part answered (a JSON-RPC error object), for when nothing else
+    /// answers.
+    pub(crate) error: Option<Box<RawValue>>,
 }
 
 /// The credentials of the request being served, which the parts it needs are made with: the
@@ -87,6 +105,8 @@ pub(crate) struct Gathers {
     credentials: Credentials,
     /// `gateway_health` calls waiting for other replicas, by gather number.
     pub(crate) health: BTreeMap<u64, HealthGather>,
+    /// `wait`s spread over replicas, by their wait token's number.
+    pub(crate) waits: BTreeMap<u64, WaitGather>,
 }
 
 impl Gathers {

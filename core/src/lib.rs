@@ -20,6 +20,7 @@
 //! Time is always the caller's `now`; session ids come from a seeded generator
 //! ([`Gateway::new`] takes the seed), so the same inputs give the same outputs.
 
+pub mod agents;
 pub mod auth;
 pub mod cluster;
 pub mod coord;

@@ -15,6 +15,7 @@ mod mrtr;
 mod news;
 mod reload;
 mod rights;
+mod spread;
 mod streams;
 mod surface;
 mod trace;

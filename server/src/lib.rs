@@ -218,7 +218,10 @@ where
         cluster,
     } = opts;
     if let Some(c) = &cluster {
-        core.cluster = Some(c.core_config());
+        let key = cluster::replica::agent_key(c, gateway_core::agents::AgentKey::derive(&seed))
+            .await
+            .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;
+        core.cluster = Some(c.core_config(key));
     }
     let session_ttl = core.session_idle_ttl;
     // Spans are made only when they can go somewhere.

@@ -653,3 +653,82 @@ async fn a_stateless_retry_on_another_replica_resumes_the_parked_call() {
     assert_eq!(r["error"]["data"]["kind"], "uplink_lost", "{r}");
     assert_eq!(r["error"]["data"]["outcome"], "unknown", "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_coordinate_across_replicas() {
+    let Some(nats) = nats::NatsServer::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(30);
+    let r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let _alpha = r1.fleet(&["alpha"], Duration::ZERO);
+    let _beta = r2.fleet(&["beta"], Duration::ZERO);
+    wait_held(&r1, &[("alpha", Some("r1")), ("beta", Some("r2"))]).await;
+
+    // A caller without a session checks in on alpha through r2 (served by r1, alpha's
+    // holder): its handle works on r2 too, for beta.
+    let mut anon = r2.client(None).await;
+    let r = within(anon.tools_call(json!(1), "checkin", json!({"project": "alpha"})))
+        .await
+        .unwrap();
+    let handle = structured(&r)["handle"].as_str().unwrap().to_owned();
+    let r = within(anon.tools_call(
+        json!(2),
+        "checkin",
+        json!({"project": "beta", "agent": handle}),
+    ))
+    .await
+    .unwrap();
+    structured(&r);
+
+    // A session (made on r1) present in both waits through r1 in both: beta's part waits at
+    // r2, and a message to it in beta wakes it.
+    let mut s = r1.client(None).await;
+    s.initialize().await.unwrap();
+    let mut me = String::new();
+    for (id, p) in [(3, "alpha"), (4, "beta")] {
+        let r = within(s.tools_call(json!(id), "checkin", json!({"project": p})))
+            .await
+            .unwrap();
+        // Its name where beta's coordination state is.
+        me = structured(&r)["agent"].as_str().unwrap().to_owned();
+    }
+    let session = s.session_id().unwrap().to_owned();
+    let waiter = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let r = s
+            .tools_call(json!(6), "wait", json!({"timeout_s": 20}))
+            .await
+            .unwrap();
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = within(anon.tools_call(
+        json!(7),
+        "send",
+        json!({"project": "beta", "agent": handle, "to": me, "body": "your turn"}),
+    ))
+    .await
+    .unwrap();
+    structured(&r);
+    let (r, took) = within(waiter).await.unwrap();
+    let woke = structured(&r);
+    assert_eq!(woke["woke"], true, "{r}");
+    assert_eq!(woke["project"], "beta", "{r}");
+    assert!(
+        took < Duration::from_secs(10),
+        "{took:?}: woken, not timed out"
+    );
+
+    // gamma has no sled anywhere: no replica keeps coordination state for it.
+    let mut c = r2.client(Some(&session)).await;
+    let r = within(c.tools_call(
+        json!(8),
+        "claim",
+        json!({"project": "gamma", "resource": "x"}),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "sled_not_connected", "{r}");
+}

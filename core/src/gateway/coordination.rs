@@ -87,10 +87,10 @@ pub(super) struct Coordination {
 
 /// A `wait` whose answer has not come yet.
 #[derive(Debug)]
-struct Parked {
+pub(super) struct Parked {
     http: HttpToken,
     client_id: RawId,
-    agent: String,
+    pub(super) agent: String,
     project: Option<String>,
     /// The client's progress token, when it asked for progress and reads SSE.
     progress: Option<Box<RawValue>>,
@@ -148,7 +148,7 @@ impl Coordination {
     }
 
     /// Forgets a parked wait (answered, withdrawn or ended).
-    fn unpark(&mut self, wait: WaitToken) -> Option<Parked> {
+    pub(super) fn unpark(&mut self, wait: WaitToken) -> Option<Parked> {
         let parked = self.parked.remove(&wait)?;
         self.by_http.remove(&parked.http);
         self.progress_due.remove(&(parked.next_progress, wait));
@@ -427,21 +427,36 @@ impl Gateway {
         client::only_arguments(tool, arguments, allowed(tool))?;
         // In a cluster, a project's coordination state lives where its sled is: the call is
         // relayed there whole (before anything is made here for it).
-        if tool != WAIT {
+        // A project no replica holds has no coordination state anywhere (it would live on
+        // whichever replica was asked, and a sled connecting to another would not see it):
+        // the call waits a moment for a sled on the move, else it is refused.
+        if tool != WAIT && self.cluster.is_some() {
             let project = self.coordination_project(caller, arguments, tool)?;
             if !self.is_live(&project) {
-                if let Some(replica) = self.relay_target(&project) {
-                    return Err(RpcError::OwnedElsewhere {
-                        sled: self.sled_of(&project),
+                let sled = self.sled_of(&project);
+                return Err(match self.relay_target(&project) {
+                    Some(replica) => RpcError::OwnedElsewhere {
+                        sled,
                         project,
                         replica,
-                    });
-                }
+                    },
+                    _ if self.is_moving(&project) => RpcError::SledMoving { sled, project },
+                    _ => RpcError::SledNotConnected { sled, project },
+                });
             }
         }
         let (agent, handle) = self.agent_of(caller, arguments, tool)?;
         if tool == WAIT {
-            return self.coordination_wait(now, token, id, &agent, arguments, meta, mode);
+            let given: Option<String> = arg(tool, arguments, "agent")?;
+            return self.coordination_wait(
+                now,
+                token,
+                (id, caller),
+                (&agent, given.as_deref()),
+                arguments,
+                meta,
+                mode,
+            );
         }
         let project = self.coordination_project(caller, arguments, tool)?;
         let force = tool == RELEASE && arguments.get("force") == Some(&Value::Bool(true));
@@ -693,11 +708,9 @@ impl Gateway {
         tool: &'static str,
     ) -> Result<(String, Option<String>), RpcError> {
         if let Some(handle) = arg::<String>(tool, arguments, "agent")? {
-            return match self.coordination.known_name(&handle) {
-                Some(name) if self.coordination.handles.get(name) == Some(&handle) => {
-                    Ok((name.to_owned(), None))
-                }
-                _ => Err(RpcError::UnknownAgent { tool }),
+            return match self.handle_agent(&handle)? {
+                Some(name) => Ok((name, None)),
+                None => Err(RpcError::UnknownAgent { tool }),
             };
         }
         match caller {
@@ -716,9 +729,7 @@ impl Gateway {
                 use rand_chacha::rand_core::RngCore;
                 let mut bytes = [0u8; 16];
                 self.rng.fill_bytes(&mut bytes);
-                let handle: String = std::iter::once("ah-".to_owned())
-                    .chain(bytes.iter().map(|b| format!("{b:02x}")))
-                    .collect();
+                let handle = crate::agents::issue(bytes, self.agent_key());
                 let name = self.coordination.name_of(&handle);
                 self.coordination
                     .handles
@@ -727,6 +738,42 @@ impl Gateway {
             }
             Caller::Sessionless => Err(RpcError::NoAgent { tool }),
         }
+    }
+
+    /// The cluster's key for agent handles, in a cluster.
+    fn agent_key(&self) -> Option<&crate::agents::AgentKey> {
+        self.config.cluster.as_ref()?.agent_key.as_ref()
+    }
+
+    /// The public name of the agent behind a handle: one issued here, or (in a cluster) by
+    /// another replica under the cluster's key, which is then known here too. `None`: a
+    /// handle nobody issued.
+    fn handle_agent(&mut self, handle: &str) -> Result<Option<String>, RpcError> {
+        if let Some(name) = self.coordination.known_name(handle) {
+            let issued = self.coordination.handles.get(name).map(String::as_str) == Some(handle);
+            return Ok(issued.then(|| name.to_owned()));
+        }
+        if !self
+            .agent_key()
+            .is_some_and(|k| crate::agents::verify(handle, k))
+        {
+            return Ok(None);
+        }
+        let max = self.config.max_sessions;
+        if self.coordination.handles.len() >= max {
+            return Err(coord_error(
+                "checkin",
+                CoordError::Limit {
+                    which: crate::coord::CoordLimit::Handles,
+                    max,
+                },
+            ));
+        }
+        let name = self.coordination.name_of(handle);
+        self.coordination
+            .handles
+            .insert(name.clone(), handle.to_owned());
+        Ok(Some(name))
     }
 
     /// The public name of a session's agent, made on its first coordination call or leased
@@ -780,13 +827,14 @@ impl Gateway {
         &mut self,
         now: Instant,
         token: HttpToken,
-        id: &RawId,
-        agent: &str,
+        (id, caller): (&RawId, Caller<'_>),
+        (agent, handle): (&str, Option<&str>),
         arguments: &Map<String, Value>,
         meta: Option<&Value>,
         mode: CallMode,
     ) -> Result<Option<String>, RpcError> {
         let named: Option<Vec<String>> = arg(WAIT, arguments, "projects")?;
+        let named_any = named.is_some();
         let projects = match named {
             Some(ps) => {
                 for p in &ps {
@@ -804,23 +852,30 @@ impl Gateway {
                 present.into_iter().filter(|p| self.sees(p)).collect()
             }
         };
-        if projects.is_empty() {
+        let limit = self.coordination.coord.limits().max_wait;
+        let timeout = seconds(WAIT, arguments, "timeout_s")?
+            .unwrap_or(limit)
+            .min(limit);
+        // In a cluster, projects held by other replicas are waited in there.
+        let (projects, elsewhere) = self.wait_places(projects, named_any);
+        if projects.is_empty() && elsewhere.is_empty() {
             return Err(RpcError::InvalidParams {
                 method: WAIT.into(),
                 detail: "you are present in no project: checkin first, or name `projects`".into(),
             });
         }
-        let limit = self.coordination.coord.limits().max_wait;
-        let timeout = seconds(WAIT, arguments, "timeout_s")?
-            .unwrap_or(limit)
-            .min(limit);
         self.coordination.next_wait += 1;
         let wait = WaitToken(self.coordination.next_wait);
-        let started = self
-            .coordination
-            .coord
-            .wait(now, agent, &projects, wait, now + timeout)
-            .map_err(|e| coord_error(WAIT, e))?;
+        let started = if projects.is_empty() {
+            WaitStart::Parked {
+                deadline: now + timeout,
+            }
+        } else {
+            self.coordination
+                .coord
+                .wait(now, agent, &projects, wait, now + timeout)
+                .map_err(|e| coord_error(WAIT, e))?
+        };
         match started {
             WaitStart::Ready(ready) => {
                 let project = ready.project.clone();
@@ -851,13 +906,17 @@ impl Gateway {
                         sent_progress: 0,
                     },
                 );
+                if !elsewhere.is_empty() {
+                    let local = !projects.is_empty();
+                    self.spread_wait(now, wait, local, elsewhere, caller, handle, timeout);
+                }
                 Ok(None)
             }
         }
     }
 
     /// A `wait` answer, with the caller's lost leases and unread count.
-    fn wait_result(
+    pub(super) fn wait_result(
         &mut self,
         now: Instant,
         agent: &str,
@@ -900,11 +959,25 @@ impl Gateway {
             let project = ready.project.clone().or(parked.project.clone());
             let result = self.wait_result(now, &parked.agent, project.as_deref(), &ready);
             self.answer_parked(parked, &result);
+            self.wait_ended(wait);
         }
     }
 
-    fn answer_parked(&mut self, parked: Parked, result: &str) {
+    pub(super) fn answer_parked(&mut self, parked: Parked, result: &str) {
         let body = jsonrpc::ok_response(parked.client_id.as_str(), result);
+        self.deliver_parked(parked, body);
+    }
+
+    /// Answers a parked wait with a JSON-RPC error object (raw JSON).
+    pub(super) fn fail_parked(&mut self, parked: Parked, error: &str) {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{error}}}"#,
+            parked.client_id.as_str()
+        );
+        self.deliver_parked(parked, body);
+    }
+
+    fn deliver_parked(&mut self, parked: Parked, body: String) {
         if parked.streamed {
             let id = Some(self.next_event_id());
             self.outputs.push_back(Output::StreamEvent {
@@ -967,6 +1040,7 @@ impl Gateway {
         self.coordination.unpark(wait);
         self.coordination.coord.cancel_wait(wait);
         self.post_streams.remove(&token);
+        self.wait_ended(wait);
         true
     }
 
@@ -979,6 +1053,7 @@ impl Gateway {
         self.coordination.sessions.remove(&name);
         let ended = self.coordination.coord.end_agent(now, &name);
         for wait in ended.cancelled_waits {
+            self.wait_ended(wait);
             if let Some(parked) = self.coordination.unpark(wait) {
                 let result = client::tool_result(json!({
                     "woke": false, "reasons": [], "ended": "the session ended",
@@ -1027,11 +1102,10 @@ impl Gateway {
         handle: Option<&Value>,
     ) -> Result<Option<String>, RpcError> {
         if let Some(h) = handle {
-            let known = h.as_str().and_then(|h| {
-                let name = self.coordination.known_name(h)?;
-                (self.coordination.handles.get(name).map(String::as_str) == Some(h))
-                    .then(|| name.to_owned())
-            });
+            let known = match h.as_str() {
+                Some(h) => self.handle_agent(h)?,
+                None => None,
+            };
             return known
                 .map(Some)
                 .ok_or(RpcError::UnknownAgent { tool: "tools/call" });

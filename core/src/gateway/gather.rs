@@ -17,8 +17,9 @@ impl Gateway {
     }
 
     /// Relays a part of a fleet tool to `replica`: a `tools/call` of `tool` with `arguments`,
-    /// to be answered within `timeout`.
-    fn relay_part(
+    /// to be answered within `timeout`; in `session` when it is given.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn relay_part(
         &mut self,
         now: Instant,
         replica: String,
@@ -26,11 +27,13 @@ impl Gateway {
         timeout: Duration,
         tool: &str,
         arguments: Value,
+        session: Option<&str>,
     ) -> Option<HttpToken> {
         let cluster = self.cluster.as_mut()?;
-        let (token, request) = cluster
+        let (token, mut request) = cluster
             .gathers
             .start(purpose, now + timeout, tool, arguments);
+        request.session = session.map(str::to_owned);
         cluster.counts.relays += 1;
         self.cluster_output(ClusterAction::Relay {
             token,
@@ -67,6 +70,7 @@ impl Gateway {
             per_sled,
             fleet::PIPELINE_TOOL,
             arguments,
+            None,
         )
     }
 
@@ -166,6 +170,7 @@ impl Gateway {
                 }
             },
             Purpose::Health { gather, replica } => self.health_part(gather, &replica, answer),
+            Purpose::Wait { wait } => self.wait_part_answered(now, wait, answer),
         }
     }
 
@@ -219,6 +224,7 @@ impl Gateway {
                 timeout,
                 GATEWAY_HEALTH,
                 json!({}),
+                None,
             );
         }
         if let Some(c) = self.cluster.as_mut() {

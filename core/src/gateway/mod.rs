@@ -21,6 +21,7 @@ mod mrtr;
 mod news;
 mod proxy;
 mod sled;
+mod spread;
 mod streams;
 
 /// The notification of a changed tool list (a sled's, and the gateway's to its clients).

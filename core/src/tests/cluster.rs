@@ -22,6 +22,7 @@ fn replica_with_grace(name: &str, move_grace: Duration) -> Harness {
             replica: name.into(),
             directory: DirectoryConfig::new(Duration::from_secs(9)),
             move_grace,
+            agent_key: Some(crate::agents::AgentKey::derive(&[1; 32])),
         }),
         ..Config::default()
     };
@@ -576,6 +577,59 @@ fn a_lease_on_a_project_held_elsewhere_is_taken_where_its_sled_is() {
     );
     let r = h.reply_json(t).unwrap();
     assert!(r["result"]["structuredContent"]["fence"].is_u64(), "{r}");
+}
+
+#[test]
+fn an_agent_handle_issued_by_one_replica_is_recognised_by_every_other() {
+    let tool = |h: &mut Harness, id: u64, name: &str, arguments: Value| {
+        let t = h.call(None, json!(id), name, arguments);
+        h.reply_json(t).expect("answered at once")
+    };
+    let mut r1 = replica("r1");
+    sled_claimed(&mut r1, "alpha", 3);
+    let r = tool(
+        &mut r1,
+        1,
+        "checkin",
+        json!({"project":"alpha","name":"ci"}),
+    );
+    let handle = r["result"]["structuredContent"]["handle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(handle.len(), 3 + 64, "with the cluster's MAC: {handle}");
+    // r2 (the same cluster key) takes it for a lease in beta, whose sled is there.
+    let mut r2 = replica("r2");
+    sled_claimed(&mut r2, "beta", 4);
+    let r = tool(
+        &mut r2,
+        2,
+        "claim",
+        json!({"project":"beta","resource":"x","agent":handle}),
+    );
+    assert_eq!(r["result"]["structuredContent"]["acquired"], true, "{r}");
+    // The same agent again, by the same handle: it holds the lease.
+    let r = tool(
+        &mut r2,
+        3,
+        "claims",
+        json!({"project":"beta","agent":handle}),
+    );
+    let holder = &r["result"]["structuredContent"]["leases"][0]["holder"];
+    assert!(holder.is_string(), "{r}");
+    // A handle with a forged MAC, or a single gateway's kind, is nobody's.
+    let mut forged = handle.clone();
+    let last = if forged.ends_with('0') { "1" } else { "0" };
+    forged.replace_range(forged.len() - 1.., last);
+    for h in [forged, format!("ah-{}", "0".repeat(32))] {
+        let r = tool(
+            &mut r2,
+            4,
+            "claim",
+            json!({"project":"beta","resource":"y","agent":h}),
+        );
+        assert_eq!(r["error"]["data"]["kind"], "unknown_agent", "{h}: {r}");
+    }
 }
 
 fn relays(h: &mut Harness) -> Vec<(HttpToken, String)> {

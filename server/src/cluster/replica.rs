@@ -12,6 +12,8 @@
 //!   [`SessionRecord`];
 //! - bucket `N_pins`: key `p.<project>`, value a sled identity [`gateway_core::Pin`] (made by
 //!   `create` on first use, so the first replica wins; replaced by a re-pin);
+//! - bucket `N_cluster`: key `agent-key`, the key of agent handles every replica recognises
+//!   (64 hex digits; made by `create`, so the first replica's wins);
 //! - bucket `N_tools`: key `p.<project>`, value the JSON array of tools the project's sled
 //!   listed to the replica holding it (written after every listing), for every replica's
 //!   stateless `tools/list`;
@@ -35,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use gateway_core::agents::AgentKey;
 use gateway_core::cluster::{
     Announcement, ClusterAction, ClusterConfig, ClusterEvent, EngineDown, PinOutcome, RelayMessage,
     RelaySent, SessionRecord,
@@ -99,13 +102,19 @@ impl ClusterOptions {
         }
     }
 
-    /// The core's side of these options.
-    pub fn core_config(&self) -> ClusterConfig {
+    /// The core's side of these options, with the cluster's key for agent handles
+    /// ([`agent_key`]).
+    pub fn core_config(&self, agent_key: AgentKey) -> ClusterConfig {
         ClusterConfig {
             replica: self.replica.clone(),
             directory: DirectoryConfig::new(self.claim_ttl),
             move_grace: self.move_grace,
+            agent_key: Some(agent_key),
         }
+    }
+
+    fn shared(&self) -> String {
+        format!("{}_cluster", self.namespace)
     }
 
     fn directory(&self) -> String {
@@ -156,6 +165,35 @@ pub fn project_key(project: &str) -> String {
 /// The project of a directory key, `None` for a key that is not one.
 pub fn key_project(key: &str) -> Option<String> {
     key.strip_prefix("p.").map(|p| p.replace('=', "."))
+}
+
+/// The cluster's key for agent handles: the one in the engine (bucket `N_cluster`, key
+/// `agent-key`), or `candidate` when this replica is the first to write one. Fails when the
+/// engine cannot be reached, or keeps a key that cannot be read.
+pub(crate) async fn agent_key(
+    opts: &ClusterOptions,
+    candidate: AgentKey,
+) -> Result<AgentKey, EngineError> {
+    const KEY: &str = "agent-key";
+    super::check_bucket(&opts.namespace)
+        .map_err(|_| EngineError::Invalid(format!("cluster namespace {:?}", opts.namespace)))?;
+    let bucket = opts.shared();
+    opts.engine
+        .ensure_bucket(BucketConfig::new(bucket.clone()))
+        .await?;
+    let text = Bytes::from(candidate.to_hex());
+    match opts.engine.create(&bucket, KEY, text).await {
+        Ok(_) => return Ok(candidate),
+        Err(EngineError::Conflict { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let kept = opts.engine.get(&bucket, KEY).await?.ok_or_else(|| {
+        EngineError::Invalid(format!("{bucket}: {KEY} conflicted on create and is gone"))
+    })?;
+    std::str::from_utf8(&kept.value)
+        .ok()
+        .and_then(AgentKey::from_hex)
+        .ok_or_else(|| EngineError::Invalid(format!("{bucket}: {KEY} is not 64 hex digits")))
 }
 
 /// The driver's handle on the replica's tasks.

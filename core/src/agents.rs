@@ -1,0 +1,141 @@
+//! Agent handles: the secret a caller without a session passes as `agent` to act as the
+//! agent `checkin` made for it.
+//!
+//! On one gateway a handle is 128 random bits (`ah-` and 32 hex digits) that the gateway
+//! remembers. Replicas of a cluster share an [`AgentKey`] (kept in the engine, the first
+//! replica's wins), and a handle issued by any of them also carries a MAC of its random part
+//! under that key (`ah-` and 64 hex digits): every replica recognises it at once, without
+//! asking the engine or the replica that issued it, and nobody without the key can make one.
+//! The MAC is HMAC-SHA-256 truncated to 128 bits, compared in constant time.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// The key that makes handles every replica of a cluster recognises.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentKey([u8; 32]);
+
+impl std::fmt::Debug for AgentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentKey(..)")
+    }
+}
+
+impl AgentKey {
+    pub fn new(bytes: [u8; 32]) -> AgentKey {
+        AgentKey(bytes)
+    }
+
+    /// A key made from a replica's seed: its candidate for the cluster's key (the first
+    /// replica to write one wins), deterministic so that simulations replay.
+    pub fn derive(seed: &[u8; 32]) -> AgentKey {
+        let mut mac = Hmac::<Sha256>::new_from_slice(seed).expect("HMAC takes any key length");
+        mac.update(b"mcp-gateway agent key");
+        AgentKey(mac.finalize().into_bytes().into())
+    }
+
+    /// The key as 64 hex digits, as the engine keeps it.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// Reads a key kept as 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<AgentKey> {
+        let bytes = unhex(text.trim())?;
+        Some(AgentKey(bytes.try_into().ok()?))
+    }
+
+    fn tag(&self, random: &[u8]) -> [u8; 16] {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(b"agent handle ");
+        mac.update(random);
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0u8; 16];
+        tag.copy_from_slice(&full[..16]);
+        tag
+    }
+}
+
+/// A new handle from 16 random bytes; with a key, one every holder of the key recognises.
+pub(crate) fn issue(random: [u8; 16], key: Option<&AgentKey>) -> String {
+    let mut handle = format!("ah-{}", hex(&random));
+    if let Some(k) = key {
+        handle.push_str(&hex(&k.tag(&random)));
+    }
+    handle
+}
+
+/// Whether `handle` was issued under `key` (by any replica holding it).
+pub(crate) fn verify(handle: &str, key: &AgentKey) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(bytes) = handle.strip_prefix("ah-").and_then(unhex) else {
+        return false;
+    };
+    if bytes.len() != 32 {
+        return false;
+    }
+    let (random, tag) = bytes.split_at(16);
+    key.tag(random).ct_eq(tag).into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_issued_under_the_key_is_recognised_by_every_holder_of_it_only() {
+        let key = AgentKey::derive(&[7; 32]);
+        let same = AgentKey::from_hex(&key.to_hex()).unwrap();
+        let other = AgentKey::derive(&[8; 32]);
+        let h = issue([1; 16], Some(&key));
+        assert!(h.starts_with("ah-") && h.len() == 3 + 64, "{h}");
+        assert!(verify(&h, &same));
+        assert!(!verify(&h, &other));
+        // Any change of the random part or the tag, and the short handles of one gateway,
+        // are not recognised.
+        let mut forged = h.clone().into_bytes();
+        let last = forged.len() - 1;
+        forged[last] = if forged[last] == b'0' { b'1' } else { b'0' };
+        assert!(!verify(std::str::from_utf8(&forged).unwrap(), &key));
+        let mut forged = h.into_bytes();
+        forged[3] = if forged[3] == b'0' { b'1' } else { b'0' };
+        assert!(!verify(std::str::from_utf8(&forged).unwrap(), &key));
+        let single = issue([1; 16], None);
+        assert_eq!(single.len(), 3 + 32);
+        assert!(!verify(&single, &key));
+        for junk in [
+            "",
+            "ah-",
+            "ah-zz",
+            "ah-0",
+            "xx-00",
+            &format!("ah-{}", "é".repeat(32)),
+        ] {
+            assert!(!verify(junk, &key), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn keys_round_trip_as_hex_and_do_not_show_in_logs() {
+        let key = AgentKey::derive(&[3; 32]);
+        assert_eq!(AgentKey::from_hex(&key.to_hex()), Some(key.clone()));
+        assert_eq!(AgentKey::from_hex("00"), None);
+        assert_eq!(AgentKey::from_hex(&"g".repeat(64)), None);
+        assert_eq!(format!("{key:?}"), "AgentKey(..)");
+        assert_ne!(AgentKey::derive(&[3; 32]), AgentKey::derive(&[4; 32]));
+    }
+}
