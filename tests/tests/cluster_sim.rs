@@ -9,6 +9,11 @@
 //! - `cluster_planted_serve_after_losing_claim_is_caught`: the replicas with
 //!   `PlantedBug::ServeAfterLosingClaim` must fail some of `DST_SEEDS` seeds (default 12), and
 //!   the first failing seed must fail again.
+//! - `cluster_waits_lose_no_wakeup`: agents wait in two projects held by two replicas, through
+//!   any replica, while messages come through any replica; no wait may time out past a message
+//!   it had to see ((w), `DST_SEEDS` seeds, default 6).
+//! - `cluster_planted_wait_here_only_is_caught`: with `PlantedBug::WaitHereOnly`, (w) must
+//!   fail some seeds, and the first failing seed must fail again.
 //!
 //! Guarding the gateway bugs this simulation found (each failed before its fix):
 //! `cluster_quick_switches_through_two_replicas_keep_the_last`,
@@ -28,7 +33,8 @@ use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError};
 use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{
-    run_cluster, run_failed_session_write, run_switch_race, ClusterReport, ClusterScenario,
+    run_cluster, run_failed_session_write, run_spread_waits, run_switch_race, ClusterReport,
+    ClusterScenario,
 };
 use gateway_tests::sim::runner::{
     assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, threads, RunTrace,
@@ -501,4 +507,59 @@ fn cluster_twins_same_seed_same_trace() {
             },
         );
     }
+}
+
+/// How long each run of the waits' scenario lasts (simulated).
+const WAIT_RUN_S: u64 = 16;
+
+#[test]
+fn cluster_waits_lose_no_wakeup() {
+    let test = "cluster_waits_lose_no_wakeup";
+    let seeds = seeds(6, true);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_spread_waits(*seed, WAIT_RUN_S, None));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    for r in &reports {
+        if let Some(line) = r.trace.iter().find(|l| l.contains(" waits (")) {
+            println!("{test}: seed {}: {}", r.seed, line.trim());
+        }
+    }
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| describe(test, r))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn cluster_planted_wait_here_only_is_caught() {
+    let test = "cluster_planted_wait_here_only_is_caught";
+    let bug = Some(gateway_core::PlantedBug::WaitHereOnly);
+    let seeds = seeds(6, true);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_spread_waits(*seed, WAIT_RUN_S, bug));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let caught = reports.iter().filter(|r| !r.passed()).count();
+    println!("WaitHereOnly: caught by {caught}/{} seeds", reports.len());
+    let Some(first) = reports.iter().find(|r| !r.passed()) else {
+        panic!(
+            "WaitHereOnly was not caught by any of {} seeds",
+            reports.len()
+        );
+    };
+    println!("{}", describe(test, first));
+    let again = run_spread_waits(first.seed, WAIT_RUN_S, bug);
+    assert!(
+        !again.passed(),
+        "seed {} does not replay to a failure",
+        first.seed
+    );
+    assert_eq!(again.trace_hash, first.trace_hash, "the same run again");
 }

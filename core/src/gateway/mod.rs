@@ -297,6 +297,10 @@ pub enum PlantedBug {
     /// In a cluster: a replica that loses a project's claim keeps its uplink and goes on
     /// sending it calls (only a sled's epoch fence, if the same sled, would stop them).
     ServeAfterLosingClaim,
+    /// In a cluster: a `wait` waits in every project on the replica it came to, as one
+    /// gateway would, though the state of projects held elsewhere (and what wakes it) is
+    /// there.
+    WaitHereOnly,
 }
 
 impl Default for Config {

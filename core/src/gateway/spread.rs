@@ -37,6 +37,10 @@ impl Gateway {
         if self.cluster.is_none() || self.serving_relayed {
             return (projects, elsewhere);
         }
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(PlantedBug::WaitHereOnly) {
+            return (projects, elsewhere);
+        }
         if !named {
             for p in self.registry.projects() {
                 if !self.sees(&p.name) || self.is_live(&p.name) {

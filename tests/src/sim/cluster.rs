@@ -116,6 +116,9 @@ use super::{Fnv, TurmoilConnect, TurmoilListener};
 use crate::engine_model::Model;
 use crate::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 
+mod wait;
+pub use wait::run_spread_waits;
+
 pub const PROJECTS: [&str; 2] = ["alpha", "beta"];
 pub const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
 const ENGINE_HOST: &str = "engine";
@@ -223,6 +226,8 @@ impl Fault {
 pub struct ClusterScenario {
     pub seed: u64,
     pub planted: bool,
+    /// Another planted bug, for the scripted runs that look for it.
+    pub bug: Option<PlantedBug>,
     /// The sessions send requests until then; then (e) is checked.
     pub run_for: Duration,
     pub net_latency_max: Duration,
@@ -333,6 +338,7 @@ impl ClusterScenario {
         ClusterScenario {
             seed,
             planted,
+            bug: None,
             run_for,
             net_latency_max,
             sessions,
@@ -721,7 +727,9 @@ fn server_options(s: &ClusterScenario, replica: usize, incarnation: u64) -> Serv
         hello_timeout: Duration::from_secs(2),
         refresh_timeout: CALL_TIMEOUT,
         probe_interval: Duration::ZERO,
-        planted: s.planted.then_some(PlantedBug::ServeAfterLosingClaim),
+        planted: s
+            .bug
+            .or(s.planted.then_some(PlantedBug::ServeAfterLosingClaim)),
         ..Config::default()
     };
     opts
@@ -1104,6 +1112,7 @@ fn scripted(seed: u64, run_for: Duration, faults: Vec<Fault>) -> ClusterScenario
     ClusterScenario {
         seed,
         planted: false,
+        bug: None,
         run_for,
         net_latency_max: Duration::from_millis(20),
         sessions: 1,
