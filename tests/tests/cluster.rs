@@ -221,6 +221,17 @@ async fn stateless_tools(via: &Replica) -> Vec<String> {
         .collect()
 }
 
+/// Two replicas (claims live 30 s), alpha's sled on r1 and beta's on r2, both held.
+async fn alpha_on_r1_beta_on_r2(nats: &nats::NatsServer) -> (Replica, Replica, (Fleet, Fleet)) {
+    let ttl = Duration::from_secs(30);
+    let r1 = Replica::start(&nats.url(), "r1", ttl);
+    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let alpha = r1.fleet(&["alpha"], Duration::ZERO);
+    let beta = r2.fleet(&["beta"], Duration::ZERO);
+    wait_held(&r1, &[("alpha", Some("r1")), ("beta", Some("r2"))]).await;
+    (r1, r2, (alpha, beta))
+}
+
 async fn create_story(c: &mut McpClient<TokioConnect>, id: i64, args: Value) -> Value {
     let mut arguments = json!({"name": format!("story {id}"), "acceptance_criteria": ["done"]});
     for (k, v) in args.as_object().unwrap() {
@@ -425,13 +436,8 @@ async fn fleet_tools_answer_for_every_project_wherever_its_sled_is() {
     let Some(nats) = nats::NatsServer::start().await else {
         return;
     };
-    let ttl = Duration::from_secs(30);
-    let r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
-    let _alpha = r1.fleet(&["alpha"], Duration::ZERO);
-    let _beta = r2.fleet(&["beta"], Duration::ZERO);
     // gamma has no sled anywhere.
-    wait_held(&r1, &[("alpha", Some("r1")), ("beta", Some("r2"))]).await;
+    let (r1, r2, _sleds) = alpha_on_r1_beta_on_r2(&nats).await;
     for (via, name) in [(&r1, "r1"), (&r2, "r2")] {
         let mut c = via.client(None).await;
         let r = within(c.tools_call(json!(1), "gateway_health", json!({})))
@@ -659,12 +665,7 @@ async fn agents_coordinate_across_replicas() {
     let Some(nats) = nats::NatsServer::start().await else {
         return;
     };
-    let ttl = Duration::from_secs(30);
-    let r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
-    let _alpha = r1.fleet(&["alpha"], Duration::ZERO);
-    let _beta = r2.fleet(&["beta"], Duration::ZERO);
-    wait_held(&r1, &[("alpha", Some("r1")), ("beta", Some("r2"))]).await;
+    let (r1, r2, _sleds) = alpha_on_r1_beta_on_r2(&nats).await;
 
     // A caller without a session checks in on alpha through r2 (served by r1, alpha's
     // holder): its handle works on r2 too, for beta.

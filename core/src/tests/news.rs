@@ -5,25 +5,14 @@ use serde_json::{json, Value};
 
 use super::cluster::{event, initialize, owned_by, replica, sled_claimed, take_actions};
 use super::modern::modern;
+use super::streams::{get, methods};
 use super::{sled_tools, Harness};
 use crate::cluster::{Announcement, ClusterAction, ClusterEvent};
 use crate::directory::EntryState;
-use crate::{HttpMethod, HttpRequest, HttpToken};
+use crate::{HttpMethod, HttpToken};
 
 fn get_stream(h: &mut Harness, session: &str) -> HttpToken {
-    h.request(HttpRequest {
-        method: HttpMethod::Get,
-        session: Some(session.to_owned()),
-        accept: Some("text/event-stream".into()),
-        ..HttpRequest::default()
-    })
-}
-
-fn methods(h: &Harness, t: HttpToken) -> Vec<String> {
-    h.streams[&t]
-        .iter()
-        .map(|(_, v)| v["method"].as_str().unwrap_or("<response>").to_owned())
-        .collect()
+    get(h, Some(session), None)
 }
 
 fn stateless_tool_names(h: &mut Harness) -> Vec<String> {

@@ -7,7 +7,11 @@ use serde_json::{json, Value};
 use super::Harness;
 use crate::{HttpMethod, HttpRequest, HttpToken, Input};
 
-fn get(h: &mut Harness, session: Option<&str>, last_event_id: Option<&str>) -> HttpToken {
+pub(super) fn get(
+    h: &mut Harness,
+    session: Option<&str>,
+    last_event_id: Option<&str>,
+) -> HttpToken {
     h.request(HttpRequest {
         method: HttpMethod::Get,
         session: session.map(str::to_owned),
@@ -17,7 +21,7 @@ fn get(h: &mut Harness, session: Option<&str>, last_event_id: Option<&str>) -> H
     })
 }
 
-fn methods(h: &Harness, t: HttpToken) -> Vec<String> {
+pub(super) fn methods(h: &Harness, t: HttpToken) -> Vec<String> {
     h.streams[&t]
         .iter()
         .map(|(_, v)| v["method"].as_str().unwrap_or("<response>").to_owned())

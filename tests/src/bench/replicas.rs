@@ -251,6 +251,10 @@ pub(super) async fn replicas(args: &Args, tmp: &TempDir, targets: &mut Targets) 
     ));
     drop((c0, c1, c2));
 
+    // 1b. A wait woken by a message: on one gateway, at the replica holding the project, and
+    // through another replica (the wait spread to the holder).
+    wake_latency(args, project, a0, a1, a2, targets).await?;
+
     // 2. Throughput: one gateway against two replicas.
     let k = args.replica_clients.max(2);
     let secs = args.duration_secs;
@@ -294,6 +298,129 @@ pub(super) async fn replicas(args: &Args, tmp: &TempDir, targets: &mut Targets) 
 
     // 3. Scale: many sleds over three replicas behind nginx.
     scale(args, tmp, &nats, targets).await
+}
+
+/// A session's `tools/call` of `tool` on `c`: its structured content.
+async fn tool(
+    c: &mut Conn,
+    id: u64,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> Res<serde_json::Value> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}});
+    let a = c
+        .post("/mcp", Bytes::from(body.to_string()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(&a.body).map_err(|e| e.to_string())?;
+    match v["result"]["structuredContent"].clone() {
+        serde_json::Value::Null => Err(format!("{tool}: {v}")),
+        s => Ok(s),
+    }
+}
+
+/// The time from a `send` to the wake of a `wait` parked for its recipient, three ways,
+/// interleaved: the waiter and sender on one gateway; both on the replica holding the
+/// project; the waiter on another replica (its wait spread to the holder), the sender on the
+/// holder.
+async fn wake_latency(
+    args: &Args,
+    project: &str,
+    single: SocketAddr,
+    holder: SocketAddr,
+    other: SocketAddr,
+    targets: &mut Targets,
+) -> Res<()> {
+    struct Way {
+        waiter: Option<Conn>,
+        sender: Conn,
+        to: String,
+        hist: hdrhistogram::Histogram<u64>,
+    }
+    let mut ways = Vec::new();
+    for (wait_at, send_at) in [(single, single), (holder, holder), (other, holder)] {
+        let mut waiter = Conn::connect(wait_at).await.map_err(|e| e.to_string())?;
+        waiter.initialize("/mcp").await.map_err(|e| e.to_string())?;
+        let mut sender = Conn::connect(send_at).await.map_err(|e| e.to_string())?;
+        sender.initialize("/mcp").await.map_err(|e| e.to_string())?;
+        let me = tool(
+            &mut waiter,
+            1,
+            "checkin",
+            serde_json::json!({"project": project}),
+        )
+        .await?;
+        let to = me["agent"].as_str().ok_or("checkin: no agent")?.to_owned();
+        ways.push(Way {
+            waiter: Some(waiter),
+            sender,
+            to,
+            hist: new_hist(),
+        });
+    }
+    let n = (args.coord_calls / 10).clamp(20, 300);
+    let mut id = 10;
+    for round in 0..n + n / 10 {
+        for way in ways.iter_mut() {
+            id += 3;
+            let mut waiter = way.waiter.take().ok_or("the waiter's connection is gone")?;
+            let wait_id = id;
+            let args = serde_json::json!({"projects": [project], "timeout_s": 10});
+            let parked = tokio::spawn(async move {
+                let r = tool(&mut waiter, wait_id, "wait", args).await;
+                (waiter, r, Instant::now())
+            });
+            // Parked by then (a wait registers in well under a millisecond on loopback).
+            tokio::time::sleep(Duration::from_millis(15)).await;
+            let sent = Instant::now();
+            let body = serde_json::json!({"project": project, "to": way.to, "body": "go"});
+            tool(&mut way.sender, id + 1, "send", body).await?;
+            let (waiter, woke, at) = parked.await.map_err(|e| e.to_string())?;
+            let waiter = way.waiter.insert(waiter);
+            let woke = woke?;
+            if woke["woke"] != true {
+                return Err(format!("the wait did not wake: {woke}"));
+            }
+            if round >= n / 10 {
+                way.hist
+                    .saturating_record(at.duration_since(sent).as_nanos() as u64);
+            }
+            let read = serde_json::json!({"project": project});
+            tool(waiter, id + 2, "inbox", read).await?;
+        }
+    }
+    println!(
+        "\n| a `send` until the recipient's `wait` answers ({} each, interleaved) | p50 µs | p99 µs |",
+        ways[0].hist.len()
+    );
+    println!("|---|---|---|");
+    for (what, way) in [
+        "one gateway",
+        "waiter and sender on the replica holding the project",
+        "waiter on another replica (the wait spread to the holder)",
+    ]
+    .iter()
+    .zip(&ways)
+    {
+        println!(
+            "| {what} | {:.1} | {:.1} |",
+            us(&way.hist, 0.5),
+            us(&way.hist, 0.99)
+        );
+    }
+    let (local, spread) = (us(&ways[1].hist, 0.5), us(&ways[2].hist, 0.5));
+    println!(
+        "\na wait spread to another replica wakes {:.1} µs later at p50 ({:.2}× the holder's)",
+        spread - local,
+        spread / local.max(1e-9)
+    );
+    targets.lines.push((
+        "a wait woken through another replica against one at the holder".into(),
+        None,
+        format!("+{:.1} µs at p50", spread - local),
+    ));
+    Ok(())
 }
 
 /// Calls from `k` clients for `secs`; client `i` uses replica `i % addrs.len()` and, when
