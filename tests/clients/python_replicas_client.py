@@ -1,8 +1,10 @@
 """The official Python MCP SDK (PyPI `mcp`) against three gateway replicas behind nginx
-(round-robin, no stickiness): one session whose requests land on every replica in turn.
+(round-robin, no stickiness): one session whose requests land on every replica in turn, and
+stateless requests on any replica.
 
 Run by tests/tests/replicas.rs as `python_replicas_client.py URL`. The replicas front alpha
-(the default) and beta, whose sleds are connected to whichever replicas nginx picked. Prints
+(the default), beta and delta (the conformance fixture, whose test_sampling asks the client
+for a sampling), whose sleds are connected to whichever replicas nginx picked. Prints
 one line per check and a closing "N passed, N failed" line; exits non-zero on any failure.
 """
 
@@ -11,6 +13,7 @@ import sys
 import anyio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CreateMessageResult, TextContent
 
 URL = sys.argv[1]
 results = []
@@ -54,6 +57,25 @@ async def main():
             r = await c.call_tool("create_story", {"name": f"stateless {i}", "acceptance_criteria": [], "project": target})
             got.append(r.structured_content["project"])
         check("[2026-07-28] calls reach their project through any replica", got == ["alpha", "beta"] * 3, got)
+        # Every replica lists every live project's tools, wherever its sled is.
+        lists = []
+        for i in range(3):
+            names = {t.name for t in (await c.list_tools()).tools}
+            lists.append({"create_story", "test_sampling"} <= names)
+        check("[2026-07-28] tools/list on any replica lists every live project's tools", all(lists), lists)
+
+    # A sled's sampling request: the retry (with the SDK's answer) lands on another replica
+    # than the one that parked the call, and is taken there.
+    async def sampling(context, params):
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="4"), model="m")
+
+    async with Client(streamable_http_client(URL), mode="2026-07-28", sampling_callback=sampling) as c:
+        answers = []
+        for i in range(6):
+            r = await c.call_tool("test_sampling", {"prompt": "2+2?", "project": "delta"})
+            answers.append(r.content[0].text if r.content else repr(r))
+        check("[2026-07-28] six sampling round trips through the load balancer",
+              answers == ["LLM response: 4"] * 6, answers)
 
     passed = sum(results)
     failed = len(results) - passed

@@ -32,6 +32,11 @@ url = "http://127.0.0.1:9101"
 [[project]]
 name = "beta"
 url = "http://127.0.0.1:9102"
+
+# Served by the conformance fixture (its test_sampling asks the client), in the Python test.
+[[project]]
+name = "delta"
+url = "http://127.0.0.1:9104"
 "#;
 
 /// nats-server, three replicas and nginx in front of them; `None` when a part is missing
@@ -337,7 +342,9 @@ async fn the_python_sdk_through_the_load_balancer() {
     };
     let lb = cluster.nginx.url();
     let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
-    wait_live(&lb, &["alpha", "beta"]).await;
+    let fixture = ["--fixture-project".to_owned(), "delta".to_owned()];
+    let _delta = processes::sled_sim_with(&lb, &fixture);
+    wait_live(&lb, &["alpha", "beta", "delta"]).await;
     let python = python::python_with_sdk().await;
     python::run_checks(
         &python,

@@ -203,12 +203,17 @@ impl Drop for GatewayProcess {
 
 /// A `sled-sim` process emulating the sleds of `projects`, dialing `gateway`.
 pub fn sled_sim(gateway: &str, projects: &[&str], latency_ms: u64) -> Child {
-    let mut c = Command::new(workspace_bin("sled-sim"));
-    c.args(["--gateway", gateway])
-        .args(["--latency-ms", &latency_ms.to_string()]);
+    let mut args = vec!["--latency-ms".to_owned(), latency_ms.to_string()];
     for p in projects {
-        c.args(["--project", p]);
+        args.extend(["--project".to_owned(), (*p).to_owned()]);
     }
+    sled_sim_with(gateway, &args)
+}
+
+/// A `sled-sim` process dialing `gateway` with these arguments (its projects among them).
+pub fn sled_sim_with(gateway: &str, args: &[String]) -> Child {
+    let mut c = Command::new(workspace_bin("sled-sim"));
+    c.args(["--gateway", gateway]).args(args);
     c.env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
