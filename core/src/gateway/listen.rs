@@ -313,6 +313,29 @@ impl Gateway {
     }
 
     /// Ends every subscription gracefully (shutdown).
+    /// In a cluster, this replica no longer holds `project`'s sled: the listeners of the
+    /// project's notifications are ended, so that their clients listen again
+    /// where its sled is next (a listen naming a project held elsewhere is relayed there).
+    pub(super) fn end_project_listens(&mut self, project: &str) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let ended: Vec<HttpToken> = self
+            .listens
+            .iter()
+            .filter(|(_, l)| {
+                l.project.as_deref() == Some(project)
+                    && (l.prompts || l.resources || !l.uris.is_empty())
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        for token in ended {
+            if let Some(listen) = self.listens.remove(&token) {
+                self.end_listen(token, &listen.id);
+            }
+        }
+    }
+
     pub(super) fn end_listens(&mut self) {
         for (token, listen) in std::mem::take(&mut self.listens) {
             self.end_listen(token, &listen.id);

@@ -729,11 +729,12 @@ impl Gateway {
                     let had_tools = state.set_tools(None).is_some();
                     state.refresh += 1;
                     self.modern_listing = None;
+                    let project = project.clone();
                     if had_tools {
-                        let project = project.clone();
                         self.notify_tools_changed(&project);
                         self.notify_listeners_tools_changed();
                     }
+                    self.end_project_listens(&project);
                 }
             }
         }

@@ -251,3 +251,36 @@ fn a_listen_naming_a_project_held_elsewhere_is_relayed_there() {
     assert!(take_actions(&mut h).is_empty());
     assert!(h.streams.contains_key(&t));
 }
+
+#[test]
+fn listeners_of_a_project_end_when_its_sled_leaves_the_replica() {
+    let mut h = replica("r1");
+    let alpha = sled_claimed(&mut h, "alpha", 3);
+    take_actions(&mut h);
+    let of_alpha = modern(
+        &mut h,
+        9,
+        "subscriptions/listen",
+        json!({"notifications":{"promptsListChanged":true},
+               "_meta":{"io.mcp-gateway/project":"alpha"}}),
+        &|_| {},
+    );
+    let of_tools = modern(
+        &mut h,
+        10,
+        "subscriptions/listen",
+        json!({"notifications":{"toolsListChanged":true}}),
+        &|_| {},
+    );
+    h.handle(crate::Input::UplinkClosed { uplink: alpha });
+    // Ended with a complete result, so that its client listens again where alpha's sled is.
+    assert!(h.streams_closed.contains(&of_alpha));
+    let last = &h.streams[&of_alpha].last().unwrap().1;
+    assert_eq!(last["result"]["resultType"], "complete", "{last}");
+    // A listener of the tool list stays, and hears that alpha's tools are gone.
+    assert!(!h.streams_closed.contains(&of_tools));
+    assert_eq!(
+        methods(&h, of_tools)[1..],
+        ["notifications/tools/list_changed"]
+    );
+}
