@@ -9,6 +9,8 @@
 //! - `cluster_planted_serve_after_losing_claim_is_caught`: the replicas with
 //!   `PlantedBug::ServeAfterLosingClaim` must fail some of `DST_SEEDS` seeds (default 12), and
 //!   the first failing seed must fail again.
+//! - `cluster_planted_ignore_remote_tools_is_caught`: with `PlantedBug::IgnoreRemoteTools`,
+//!   (f) must fail some of `DST_SEEDS` seeds (default 4).
 //! - `cluster_waits_lose_no_wakeup`: agents wait in two projects held by two replicas, through
 //!   any replica, while messages come through any replica; no wait may time out past a message
 //!   it had to see ((w), `DST_SEEDS` seeds, default 6).
@@ -562,4 +564,36 @@ fn cluster_planted_wait_here_only_is_caught() {
         first.seed
     );
     assert_eq!(again.trace_hash, first.trace_hash, "the same run again");
+}
+
+#[test]
+fn cluster_planted_ignore_remote_tools_is_caught() {
+    let test = "cluster_planted_ignore_remote_tools_is_caught";
+    let scenarios: Vec<ClusterScenario> = seeds(4, true)
+        .into_iter()
+        .map(|seed| {
+            let mut s = ClusterScenario::draw(seed, false);
+            s.bug = Some(gateway_core::PlantedBug::IgnoreRemoteTools);
+            s
+        })
+        .collect();
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run_cluster);
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let caught: Vec<&ClusterReport> = reports
+        .iter()
+        .filter(|r| r.violations.iter().any(|v| v.starts_with("(f)")))
+        .collect();
+    println!(
+        "IgnoreRemoteTools: caught by (f) in {}/{} seeds",
+        caught.len(),
+        reports.len()
+    );
+    let Some(first) = caught.first() else {
+        panic!(
+            "IgnoreRemoteTools was not caught by any of {} seeds",
+            reports.len()
+        );
+    };
+    println!("{}", describe(test, first));
 }

@@ -301,6 +301,9 @@ pub enum PlantedBug {
     /// gateway would, though the state of projects held elsewhere (and what wakes it) is
     /// there.
     WaitHereOnly,
+    /// In a cluster: replicas do not follow the tools bucket, so a stateless `tools/list`
+    /// lists only the projects whose sleds are on the replica answering.
+    IgnoreRemoteTools,
 }
 
 impl Default for Config {

@@ -71,6 +71,10 @@ impl Gateway {
         if !self.hears_of(project) {
             return;
         }
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(PlantedBug::IgnoreRemoteTools) {
+            return;
+        }
         let tools = match listing.map(|text| serde_json::from_str::<Vec<Value>>(&text)) {
             Some(Ok(raw)) => Some(tools::prepare_sled_tools(project, raw)),
             Some(Err(e)) => {

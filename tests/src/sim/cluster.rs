@@ -69,6 +69,10 @@
 //!   `list_projects` shows every project live and a `create_story` naming each project
 //!   succeeds, within [`CLAIM_TTL`] + the sleds' reconnect backoff + [`ROUTABLE_SLACK`] of the
 //!   last fault's end (or of the end of the workload, whichever is later).
+//! - **(f) every replica lists every project's tools.** By the same deadline, each replica's
+//!   stateless `tools/list` lists the tool only alpha's sled lists and the one only beta's
+//!   lists, wherever their sleds are (the tools bucket). `PlantedBug::IgnoreRemoteTools`
+//!   (replicas do not follow it) is caught by (f).
 //!
 //! # Bugs this simulation found (fixed), and the runs that guard them
 //!
@@ -120,6 +124,8 @@ mod wait;
 pub use wait::run_spread_waits;
 
 pub const PROJECTS: [&str; 2] = ["alpha", "beta"];
+/// The tool only each project's sled lists.
+const ONLY_TOOLS: [&str; 2] = ["block_story", "unblock_story"];
 pub const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
 const ENGINE_HOST: &str = "engine";
 const CLIENT_HOST: &str = "client";
@@ -659,11 +665,19 @@ fn sled_software(
         let n = incarnation.fetch_add(1, Ordering::Relaxed);
         let name = PROJECTS[project];
         let fence = EpochFence::default();
+        // Each project lists a tool the other does not (its `ONLY_TOOLS` entry), so that a
+        // replica's stateless tools/list shows whether it lists that project.
+        let mut model = Sled::new(Project::new(name), format!("{name}-sled"), seed);
+        for (other, tool) in ONLY_TOOLS.iter().enumerate() {
+            if other != project {
+                model.set_tool_enabled(tool, false);
+            }
+        }
         let handler = Arc::new(ClusterSled {
             instance: format!("{host}#{n}"),
             project: name.to_owned(),
             replica,
-            sled: SharedSled::new(Sled::new(Project::new(name), format!("{name}-sled"), seed)),
+            sled: SharedSled::new(model),
             fence: fence.clone(),
             latency,
             log: log.clone(),
@@ -1012,9 +1026,11 @@ impl Session {
 }
 
 /// (e): through `replica`, every project live in `list_projects` and a `create_story` naming
-/// each one succeeding, by `deadline`.
+/// each one succeeding, by `deadline`; then (f): its stateless `tools/list` listing both
+/// projects' own tools.
 async fn probe_routable(replica: usize, deadline: Duration, log: Arc<Log>) {
     let mut client: Option<Client> = None;
+    let mut routed = false;
     let mut conn_since = Duration::ZERO;
     let mut attempt = 0u32;
     let mut last = String::from("no attempt");
@@ -1032,72 +1048,123 @@ async fn probe_routable(replica: usize, deadline: Duration, log: Arc<Log>) {
             }
         }
         let c = client.as_mut().expect("just made");
-        let listed = classify(
-            c.tools_call(json!(attempt), "list_projects", json!({}))
-                .await,
-        );
-        let live: Vec<bool> = match &listed {
-            Outcome::Ok(v) => PROJECTS
-                .iter()
-                .map(|p| {
-                    v["projects"]
-                        .as_array()
-                        .and_then(|ps| ps.iter().find(|x| x["name"] == *p))
-                        .is_some_and(|x| x["live"] == true)
-                })
-                .collect(),
-            other => {
-                client = None;
-                last = format!("list_projects: {}", other.brief());
+        if !routed {
+            let listed = classify(
+                c.tools_call(json!(attempt), "list_projects", json!({}))
+                    .await,
+            );
+            let live: Vec<bool> = match &listed {
+                Outcome::Ok(v) => PROJECTS
+                    .iter()
+                    .map(|p| {
+                        v["projects"]
+                            .as_array()
+                            .and_then(|ps| ps.iter().find(|x| x["name"] == *p))
+                            .is_some_and(|x| x["live"] == true)
+                    })
+                    .collect(),
+                other => {
+                    client = None;
+                    last = format!("list_projects: {}", other.brief());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            if live.iter().any(|l| !l) {
+                last = format!("list_projects: live {live:?} for {PROJECTS:?}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
-        };
-        if live.iter().any(|l| !l) {
-            last = format!("list_projects: live {live:?} for {PROJECTS:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        }
-        let mut all = true;
-        for p in PROJECTS {
-            let name = format!("probe-{}.{attempt}.{p}", REPLICAS[replica]);
-            let sent = now();
-            let arguments = json!({"name": name, "acceptance_criteria": ["done"], "project": p});
-            let outcome = classify(
-                c.tools_call(json!(attempt), "create_story", arguments)
-                    .await,
-            );
-            lock(&log.calls).push(Call {
-                who: format!("probe-{}", REPLICAS[replica]),
-                replica,
-                op: Op::Create {
-                    name,
-                    project: Some(p.to_owned()),
-                    default: None,
-                },
-                sent,
-                done: now(),
-                outcome: outcome.clone(),
-                session_since: Duration::ZERO,
-                conn_since,
-            });
-            if !matches!(outcome, Outcome::Ok(_)) {
-                last = format!("create_story in {p}: {}", outcome.brief());
-                all = false;
-                break;
+            let mut all = true;
+            for p in PROJECTS {
+                let name = format!("probe-{}.{attempt}.{p}", REPLICAS[replica]);
+                let sent = now();
+                let arguments =
+                    json!({"name": name, "acceptance_criteria": ["done"], "project": p});
+                let outcome = classify(
+                    c.tools_call(json!(attempt), "create_story", arguments)
+                        .await,
+                );
+                lock(&log.calls).push(Call {
+                    who: format!("probe-{}", REPLICAS[replica]),
+                    replica,
+                    op: Op::Create {
+                        name,
+                        project: Some(p.to_owned()),
+                        default: None,
+                    },
+                    sent,
+                    done: now(),
+                    outcome: outcome.clone(),
+                    session_since: Duration::ZERO,
+                    conn_since,
+                });
+                if !matches!(outcome, Outcome::Ok(_)) {
+                    last = format!("create_story in {p}: {}", outcome.brief());
+                    all = false;
+                    break;
+                }
+            }
+            if !all {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
             }
         }
-        if all {
+        if !routed {
+            routed = true;
             log.note(format!("(e) {} routes every project", REPLICAS[replica]));
-            return;
+        }
+        // (f) Its stateless tools/list lists every project's tools, wherever its sled is.
+        match stateless_tools(c, attempt).await {
+            Ok(tools) if ONLY_TOOLS.iter().all(|t| tools.iter().any(|n| n == t)) => {
+                log.note(format!(
+                    "(f) {} lists every project's tools",
+                    REPLICAS[replica]
+                ));
+                return;
+            }
+            Ok(tools) => last = format!("(f) the stateless tools/list lists {tools:?}"),
+            Err(e) => {
+                client = None;
+                last = format!("(f) the stateless tools/list: {e}");
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let what = if routed {
+        "(f) not every project's tools were listed"
+    } else {
+        "(e) not every sled was routable"
+    };
     lock(&log.violations).push(format!(
-        "(e) through {}, not every sled was routable by {} ms (claim TTL + backoff + slack after the faults); last: {last}",
+        "{what} through {} by {} ms (claim TTL + backoff + slack after the faults); last: {last}",
         REPLICAS[replica],
         deadline.as_millis()
     ));
+}
+
+/// The tool names of a replica's stateless (2026-07-28) `tools/list`.
+async fn stateless_tools(c: &mut Client, id: u32) -> Result<Vec<String>, String> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }}});
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/list"),
+        ("mcp-session-id", ""),
+    ];
+    let (status, _, body) = c
+        .post_raw(body.to_string().into_bytes(), &headers)
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&body).map_err(|e| format!("HTTP {status}: {e}"))?;
+    Ok(v["result"]["tools"]
+        .as_array()
+        .ok_or_else(|| format!("HTTP {status}: {v}"))?
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .collect())
 }
 
 // ---------------------------------------------------------------------------------------------
