@@ -10,9 +10,13 @@
 //! an upgraded uplink WebSocket has left hyper altogether. `tokio::time` drives the timer, so
 //! turmoil's clock drives it in the simulation.
 //!
-//! Shutdown is axum's: when `signal` resolves the listener is dropped, every connection is told
-//! to finish the request it is serving and close, and [`serve_http`] returns once they all
-//! have.
+//! Shutdown, when `signal` resolves (see [`Drain`]): the connections the kernel has already
+//! completed (the accept backlog) are accepted and served, so that none is reset when the
+//! listener closes; the listener is dropped, so new connections are refused (a load balancer
+//! tries another server; nothing was sent); then, `settle` later (time for what was just
+//! accepted to reach the driver), `then` runs (the server's drain starts), every connection is
+//! told to finish the request it is serving and close, and [`serve_http`] returns once they
+//! all have.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -27,18 +31,66 @@ use tokio::sync::watch;
 
 use crate::fleet::ServerCounters;
 
-/// Accepts on `listener` and serves `app` until `signal` resolves, then waits for the open
-/// connections to finish (the caller bounds that wait).
-pub(crate) async fn serve_http<L>(
+/// A listener whose accept backlog can be taken at once, when the server stops accepting.
+pub trait Backlog: Listener + Sized {
+    /// Every connection the kernel has completed and not yet handed over, taken now without
+    /// waiting; the listener closes after. The default takes none (a listener without a
+    /// kernel backlog, such as the simulation's).
+    fn take_backlog(self) -> Vec<(Self::Io, Self::Addr)> {
+        Vec::new()
+    }
+}
+
+impl Backlog for tokio::net::TcpListener {
+    fn take_backlog(self) -> Vec<(Self::Io, Self::Addr)> {
+        // Straight to the socket (non-blocking, as tokio left it): tokio's own accept waits
+        // for the reactor to have seen a connection, which it may not have yet.
+        let Ok(listener) = self.into_std() else {
+            return Vec::new();
+        };
+        let mut taken = Vec::new();
+        while let Ok((stream, peer)) = listener.accept() {
+            let stream = stream
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(stream));
+            match stream {
+                Ok(s) => taken.push((s, peer)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a connection of the backlog could not be served")
+                }
+            }
+        }
+        taken
+    }
+}
+
+/// How [`serve_http`] stops: when `signal` resolves it stops accepting, waits `settle`, runs
+/// `then`, and lets the connections finish.
+pub(crate) struct Drain<S, T> {
+    pub(crate) signal: S,
+    pub(crate) settle: Duration,
+    pub(crate) then: T,
+}
+
+/// Accepts on `listener` and serves `app` until `drain.signal` resolves, then drains (see the
+/// module docs) and waits for the open connections to finish (the caller bounds that wait).
+pub(crate) async fn serve_http<L, S, T>(
     mut listener: L,
     app: Router,
     idle_timeout: Option<Duration>,
     counters: Arc<ServerCounters>,
-    signal: impl Future<Output = ()>,
+    drain: Drain<S, T>,
 ) where
-    L: Listener,
+    L: Backlog,
     L::Addr: std::fmt::Debug,
+    S: Future<Output = ()>,
+    T: Future<Output = ()>,
 {
+    let Drain {
+        signal,
+        settle,
+        then,
+    } = drain;
     // `stop_tx` is dropped when shutdown starts: each connection then finishes gracefully.
     // Each connection task holds a `done_rx`; `done_tx.closed()` resolves when all are gone.
     let (stop_tx, stop_rx) = watch::channel(());
@@ -48,14 +100,7 @@ pub(crate) async fn serve_http<L>(
         .timer(TokioTimer::new())
         .header_read_timeout(idle_timeout);
 
-    let mut signal = std::pin::pin!(signal);
-    loop {
-        // `Listener::accept` retries failed accepts itself (and backs off when out of file
-        // descriptors), so it only ever yields a connection.
-        let (io, peer) = tokio::select! {
-            conn = listener.accept() => conn,
-            () = &mut signal => break,
-        };
+    let serve_one = |io: L::Io, peer: L::Addr| {
         tracing::trace!(?peer, "HTTP connection accepted");
         let conn = builder
             .serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()))
@@ -88,9 +133,87 @@ pub(crate) async fn serve_http<L>(
                 .fetch_sub(1, Ordering::Relaxed);
             drop(done_rx);
         });
+    };
+    let mut signal = std::pin::pin!(signal);
+    loop {
+        // `Listener::accept` retries failed accepts itself (and backs off when out of file
+        // descriptors), so it only ever yields a connection.
+        let (io, peer) = tokio::select! {
+            conn = listener.accept() => conn,
+            () = &mut signal => break,
+        };
+        serve_one(io, peer);
     }
-    drop(listener);
+    // What the kernel completed and nobody accepted yet would be reset when the listener
+    // closes: taken and served first. The listener is closed then.
+    let backlog = listener.take_backlog();
+    if !backlog.is_empty() {
+        tracing::debug!(
+            connections = backlog.len(),
+            "serving the accept backlog at shutdown"
+        );
+    }
+    for (io, peer) in backlog {
+        serve_one(io, peer);
+    }
+    if !settle.is_zero() {
+        tokio::time::sleep(settle).await;
+    }
+    then.await;
     drop(stop_tx);
     drop(done_rx);
     done_tx.closed().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Connections the kernel completed before shutdown (the backlog) are served, not reset,
+    /// and a connection after it is refused. Several rounds: the accept loop's `select!`
+    /// picks between a ready accept and the ready signal at random.
+    #[tokio::test]
+    async fn the_backlog_at_shutdown_is_served_and_later_connections_refused() {
+        for _ in 0..4 {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+            // Completed by the kernel before the server runs at all.
+            let mut waiting = Vec::new();
+            for _ in 0..5 {
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .await
+                    .unwrap();
+                waiting.push(s);
+            }
+            let (then_tx, then_rx) = tokio::sync::oneshot::channel();
+            let drain = Drain {
+                signal: std::future::ready(()),
+                settle: Duration::from_millis(20),
+                then: async move {
+                    let _ = then_tx.send(());
+                },
+            };
+            let server = tokio::spawn(serve_http(
+                listener,
+                app,
+                None,
+                Arc::new(ServerCounters::default()),
+                drain,
+            ));
+            for mut s in waiting {
+                let mut answer = String::new();
+                s.read_to_string(&mut answer).await.unwrap();
+                assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+            }
+            then_rx.await.unwrap();
+            assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+            tokio::time::timeout(Duration::from_secs(5), server)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
 }

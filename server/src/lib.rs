@@ -59,6 +59,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+pub use accept::Backlog;
 pub use fleet::{HttpProber, Prober};
 
 mod accept;
@@ -76,6 +77,9 @@ mod uplink;
 
 /// The default of [`ServerOptions::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// `gateway serve`'s [`ServerOptions::drain_settle`].
+pub const DEFAULT_DRAIN_SETTLE: Duration = Duration::from_millis(250);
 
 /// The default of [`ServerOptions::max_body_bytes`]: 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -102,6 +106,12 @@ pub struct ServerOptions {
     pub seed: [u8; 32],
     /// How long calls in flight get to finish once shutdown starts.
     pub shutdown_grace: Duration,
+    /// At shutdown, how long the server goes on serving once it has stopped accepting
+    /// (and has accepted what the kernel had completed), before the drain starts: time for
+    /// the connections just accepted to deliver their requests, so that a load balancer's
+    /// request is neither reset nor refused as the server goes. `gateway serve` uses
+    /// [`DEFAULT_DRAIN_SETTLE`]; zero here.
+    pub drain_settle: Duration,
     /// The largest `/mcp` request body accepted; larger ones get 413.
     pub max_body_bytes: usize,
     /// The projects.toml to reload on SIGHUP or when it changes, with the text `registry`
@@ -154,6 +164,7 @@ impl ServerOptions {
             core: gateway_core::Config::default(),
             seed,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            drain_settle: Duration::ZERO,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reload_from: None,
             prober: Arc::new(HttpProber(gateway_client::TokioConnect)),
@@ -179,7 +190,7 @@ pub async fn serve<L>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
+    L: Backlog,
     L::Addr: std::fmt::Debug,
 {
     serve_with_metrics(listener, None::<L>, opts, shutdown).await
@@ -198,9 +209,9 @@ pub async fn serve_with_metrics<L, M>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
+    L: Backlog,
     L::Addr: std::fmt::Debug,
-    M: axum::serve::Listener,
+    M: Backlog,
     M::Addr: std::fmt::Debug,
 {
     let ServerOptions {
@@ -208,6 +219,7 @@ where
         mut core,
         seed,
         shutdown_grace,
+        drain_settle,
         max_body_bytes,
         reload_from,
         prober,
@@ -333,8 +345,12 @@ where
             app,
             http_idle_timeout,
             Arc::new(fleet::ServerCounters::default()),
-            async move {
-                let _ = ops_stopped.changed().await;
+            accept::Drain {
+                signal: async move {
+                    let _ = ops_stopped.changed().await;
+                },
+                settle: Duration::ZERO,
+                then: async {},
             },
         ))
     });
@@ -343,20 +359,28 @@ where
     let signal = async move {
         tokio::select! {
             () = shutdown => {
-                tracing::info!(grace = ?shutdown_grace, "shutting down: no new connections, calls in flight may finish");
-                draining.store(true, std::sync::atomic::Ordering::Relaxed);
-                // If the driver is gone there is nobody to tell; the send fails and that is fine.
-                let _ = cmd_tx.send(driver::Command::Shutdown).await;
+                tracing::info!(grace = ?shutdown_grace, settle = ?drain_settle, "shutting down: no new connections, calls in flight may finish");
             }
             _ = driver_gone => {
                 tracing::error!("the gateway driver stopped; shutting the server down");
             }
         }
+    };
+    // Once accepting has stopped and settled: the drain.
+    let then = async move {
+        draining.store(true, std::sync::atomic::Ordering::Relaxed);
+        // If the driver is gone there is nobody to tell; the send fails and that is fine.
+        let _ = cmd_tx.send(driver::Command::Shutdown).await;
         drop(ops_stop);
         let _ = started_tx.send(Instant::now());
     };
+    let drain = accept::Drain {
+        signal,
+        settle: drain_settle,
+        then,
+    };
 
-    let server = accept::serve_http(listener, app, http_idle_timeout, counters, signal);
+    let server = accept::serve_http(listener, app, http_idle_timeout, counters, drain);
     let mut server = std::pin::pin!(server);
     let mut served = false;
     // Phase 1: serve until shutdown starts.

@@ -185,6 +185,11 @@ struct McpFlags {
     #[arg(long = "http-idle-timeout-secs", value_name = "SECS",
           default_value_t = gateway_server::DEFAULT_HTTP_IDLE_TIMEOUT.as_secs())]
     http_idle_timeout_secs: u64,
+    /// At shutdown, how long the gateway goes on serving after it stopped accepting (the
+    /// connections just accepted deliver their requests) before it drains; 0: not at all.
+    #[arg(long = "drain-settle-ms", value_name = "MS",
+          default_value_t = gateway_server::DEFAULT_DRAIN_SETTLE.as_millis() as u64)]
+    drain_settle_ms: u64,
 }
 
 /// Joining a cluster of replicas (issue 15) for `gateway serve`.
@@ -310,6 +315,7 @@ impl McpFlags {
         opts.core.max_calls_per_sled = size(self.max_calls_per_sled);
         opts.http_idle_timeout = (self.http_idle_timeout_secs > 0)
             .then(|| Duration::from_secs(self.http_idle_timeout_secs));
+        opts.drain_settle = Duration::from_millis(self.drain_settle_ms);
     }
 }
 

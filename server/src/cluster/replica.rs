@@ -63,6 +63,10 @@ pub const DEFAULT_MOVE_GRACE: Duration = Duration::from_secs(5);
 /// How often the engine is probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
+/// The pauses before reading a session again when the engine could not be asked.
+const SESSION_READ_RETRIES: [Duration; 2] =
+    [Duration::from_millis(100), Duration::from_millis(300)];
+
 /// How a gateway joins a cluster (see `ServerOptions::cluster`).
 #[derive(Clone)]
 pub struct ClusterOptions {
@@ -495,7 +499,18 @@ async fn execute(
             ClusterAction::LoadSession { session } => {
                 let bucket = opts.sessions();
                 tasks.spawn(async move {
-                    let record = match engine.get(&bucket, &session).await {
+                    // A request waits on this read: a passing hiccup of the engine (a
+                    // JetStream request timing out while it settles) is tried again before
+                    // the client is told to retry.
+                    let mut read = engine.get(&bucket, &session).await;
+                    for pause in SESSION_READ_RETRIES {
+                        if read.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(pause).await;
+                        read = engine.get(&bucket, &session).await;
+                    }
+                    let record = match read {
                         Ok(None) => Ok(None),
                         Ok(Some(entry)) => match SessionRecord::parse(&entry.value) {
                             Ok(r) => Ok(Some(r)),

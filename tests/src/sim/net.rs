@@ -37,3 +37,6 @@ impl axum::serve::Listener for TurmoilListener {
         self.0.local_addr()
     }
 }
+
+/// turmoil has no kernel backlog to take at shutdown.
+impl gateway_server::Backlog for TurmoilListener {}
