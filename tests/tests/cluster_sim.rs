@@ -296,6 +296,22 @@ fn describe(test: &str, r: &ClusterReport) -> String {
     out
 }
 
+/// Fails, describing each, if any seed failed.
+fn assert_all_passed(test: &str, reports: &[ClusterReport]) {
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| describe(test, r))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+}
+
 fn summary(test: &str, reports: &[ClusterReport], wall: f64) {
     let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
     let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
@@ -337,18 +353,7 @@ fn cluster_sweep() {
     let started = Instant::now();
     let reports = run_parallel(&scenarios, run_cluster);
     summary(test, &reports, started.elapsed().as_secs_f64());
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| describe(test, r))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n")
-    );
+    assert_all_passed(test, &reports);
 }
 
 #[test]
@@ -439,18 +444,7 @@ fn all_pass(
     let started = Instant::now();
     let reports = run_parallel(scenarios, run);
     summary(test, &reports, started.elapsed().as_secs_f64());
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| describe(test, r))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n")
-    );
+    assert_all_passed(test, &reports);
 }
 
 #[test]
@@ -526,18 +520,7 @@ fn cluster_waits_lose_no_wakeup() {
             println!("{test}: seed {}: {}", r.seed, line.trim());
         }
     }
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| describe(test, r))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n")
-    );
+    assert_all_passed(test, &reports);
 }
 
 #[test]
