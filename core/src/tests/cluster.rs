@@ -87,6 +87,22 @@ pub(super) fn owned_by(h: &mut Harness, project: &str, owner: &str, revision: u6
     );
 }
 
+/// The replica a part (or request) was relayed to answers it, whole, with this JSON-RPC
+/// response.
+pub(super) fn relay_answers(h: &mut Harness, token: HttpToken, response: Value) {
+    event(
+        h,
+        ClusterEvent::Relayed {
+            token,
+            message: RelayMessage::Reply(HttpReply {
+                status: 200,
+                headers: Vec::new(),
+                body: Some(response.to_string()),
+            }),
+        },
+    );
+}
+
 fn body(reply: &HttpReply) -> Value {
     serde_json::from_str(reply.body.as_deref().unwrap()).unwrap()
 }

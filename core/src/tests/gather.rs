@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::cluster::{event, owned_by, replica, take_actions};
+use super::cluster::{event, owned_by, relay_answers, replica, take_actions};
 use super::Harness;
-use crate::cluster::{ClusterAction, ClusterEvent, RelayMessage, RelaySent};
+use crate::cluster::{ClusterAction, ClusterEvent, RelaySent};
 use crate::directory::ClaimOutcome;
-use crate::{HttpMethod, HttpReply, HttpRequest, HttpToken, Input, UplinkId};
+use crate::{HttpMethod, HttpRequest, HttpToken, Input, UplinkId};
 
 /// A sled of `project` on `h` that lists `pipeline_status`, its claim won at `revision`.
 fn pipeline_sled(h: &mut Harness, project: &str, revision: u64) -> UplinkId {
@@ -71,20 +71,6 @@ fn parts(h: &mut Harness) -> Vec<(HttpToken, String, Value, bool)> {
         .collect()
 }
 
-fn answer(h: &mut Harness, token: HttpToken, body: Value) {
-    event(
-        h,
-        ClusterEvent::Relayed {
-            token,
-            message: RelayMessage::Reply(HttpReply {
-                status: 200,
-                headers: Vec::new(),
-                body: Some(body.to_string()),
-            }),
-        },
-    );
-}
-
 fn not_answered(r: &Value) -> Vec<(String, String, String)> {
     r["result"]["structuredContent"]["not_answered"]
         .as_array()
@@ -118,7 +104,7 @@ fn pipeline_status_asks_each_projects_holder() {
     assert_eq!(body["params"]["arguments"], json!({"project": "beta"}));
     answer_locally(&mut h, alpha, 2);
     assert!(!h.replies.contains_key(&t), "beta's part is still out");
-    answer(
+    relay_answers(
         &mut h,
         *part,
         json!({"jsonrpc":"2.0","id":1,"result":status(5)}),
@@ -129,7 +115,7 @@ fn pipeline_status_asks_each_projects_holder() {
     assert_eq!(s["totals"]["stages"]["backlog"], 7);
     assert!(not_answered(&r).is_empty());
     // A late message for the part changes nothing.
-    answer(
+    relay_answers(
         &mut h,
         *part,
         json!({"jsonrpc":"2.0","id":1,"result":status(9)}),
@@ -226,7 +212,7 @@ fn gateway_health_takes_the_rows_of_projects_held_elsewhere_from_their_holder() 
         {"project": "alpha", "status": "down", "replica": "r1"},
         {"project": "beta", "status": "up", "via": "uplink", "replica": "r2"},
     ]});
-    answer(
+    relay_answers(
         &mut h,
         *part,
         json!({"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":theirs}}),

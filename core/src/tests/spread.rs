@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::cluster::{event, initialize, owned_by, replica, sled_claimed, take_actions};
+use super::cluster::{
+    event, initialize, owned_by, relay_answers, replica, sled_claimed, take_actions,
+};
 use super::Harness;
-use crate::cluster::{ClusterAction, ClusterEvent, RelayMessage, RelaySent};
-use crate::{HttpReply, HttpRequest, HttpToken, UplinkId};
+use crate::cluster::{ClusterAction, ClusterEvent, RelaySent};
+use crate::{HttpRequest, HttpToken, UplinkId};
 
 /// r1 holds alpha's sled, r2 beta's; a session made on r1 is present in alpha.
 fn setup() -> (Harness, UplinkId, String) {
@@ -44,20 +46,6 @@ fn arguments(request: &HttpRequest) -> Value {
     v["params"]["arguments"].clone()
 }
 
-fn part_answers(h: &mut Harness, token: HttpToken, response: Value) {
-    event(
-        h,
-        ClusterEvent::Relayed {
-            token,
-            message: RelayMessage::Reply(HttpReply {
-                status: 200,
-                headers: Vec::new(),
-                body: Some(response.to_string()),
-            }),
-        },
-    );
-}
-
 fn woke_in(project: &str) -> Value {
     json!({"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{
         "woke":true,"project":project,"reasons":[{"kind":"message","id":1,"from":"agent-9","to":"you"}]}}})
@@ -89,7 +77,7 @@ fn a_wait_in_projects_of_two_replicas_is_answered_by_the_first_to_wake() {
         json!({"projects":["beta"],"timeout_s":10})
     );
     // beta's holder wakes it: the client gets that answer, and the waiter here is gone.
-    part_answers(&mut h, *part, woke_in("beta"));
+    relay_answers(&mut h, *part, woke_in("beta"));
     let r = h.reply_json(t).expect("answered");
     assert_eq!(r["result"]["structuredContent"]["project"], "beta", "{r}");
     assert!(take_actions(&mut h).is_empty(), "nothing left to abort");
@@ -137,7 +125,7 @@ fn a_wait_woken_here_withdraws_its_parts_elsewhere() {
     assert_eq!(r["result"]["structuredContent"]["project"], "alpha", "{r}");
     assert!(take_actions(&mut h).contains(&ClusterAction::RelayAbort { token: part }));
     // The part's late answer changes nothing.
-    part_answers(&mut h, part, woke_in("beta"));
+    relay_answers(&mut h, part, woke_in("beta"));
     assert!(!h.replies.contains_key(&t));
 }
 
@@ -152,7 +140,7 @@ fn a_wait_only_elsewhere_ends_with_its_parts() {
         json!({"projects":["beta"],"timeout_s":2}),
     );
     let part = parts(&mut h)[0].0;
-    part_answers(
+    relay_answers(
         &mut h,
         part,
         json!({"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"woke":false,"project":null,"reasons":[]}}}),
@@ -162,7 +150,7 @@ fn a_wait_only_elsewhere_ends_with_its_parts() {
     // An error there is the client's answer.
     let t = h.call(Some(&s), json!(2), "wait", json!({"projects":["beta"]}));
     let part = parts(&mut h)[0].0;
-    part_answers(
+    relay_answers(
         &mut h,
         part,
         json!({"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"no","data":{"kind":"x"}}}),
