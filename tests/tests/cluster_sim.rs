@@ -39,7 +39,8 @@ use gateway_tests::sim::cluster::{
     ClusterScenario,
 };
 use gateway_tests::sim::runner::{
-    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, threads, RunTrace,
+    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, sweep_seeds, threads,
+    RunTrace,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -346,7 +347,7 @@ fn summary(test: &str, reports: &[ClusterReport], wall: f64) {
 #[test]
 fn cluster_sweep() {
     let test = "cluster_sweep";
-    let scenarios: Vec<ClusterScenario> = seeds(24, true)
+    let scenarios: Vec<ClusterScenario> = sweep_seeds(24)
         .into_iter()
         .map(|seed| ClusterScenario::draw(seed, false))
         .collect();
@@ -387,7 +388,7 @@ fn cluster_same_seed_same_trace() {
 #[test]
 fn cluster_planted_serve_after_losing_claim_is_caught() {
     let test = "cluster_planted_serve_after_losing_claim_is_caught";
-    let scenarios: Vec<ClusterScenario> = seeds(12, true)
+    let scenarios: Vec<ClusterScenario> = seeds(12, false)
         .into_iter()
         .map(|seed| ClusterScenario::draw(seed, true))
         .collect();
@@ -450,7 +451,7 @@ fn all_pass(
 #[test]
 fn cluster_quick_switches_through_two_replicas_keep_the_last() {
     let test = "cluster_quick_switches_through_two_replicas_keep_the_last";
-    let scenarios: Vec<ClusterScenario> = seeds(4, true)
+    let scenarios: Vec<ClusterScenario> = sweep_seeds(4)
         .into_iter()
         .map(|seed| ClusterScenario::draw(seed, false))
         .collect();
@@ -460,7 +461,7 @@ fn cluster_quick_switches_through_two_replicas_keep_the_last() {
 #[test]
 fn cluster_failed_session_write_is_repaired() {
     let test = "cluster_failed_session_write_is_repaired";
-    let scenarios: Vec<ClusterScenario> = seeds(2, true)
+    let scenarios: Vec<ClusterScenario> = sweep_seeds(2)
         .into_iter()
         .map(|seed| ClusterScenario::draw(seed, false))
         .collect();
@@ -470,7 +471,7 @@ fn cluster_failed_session_write_is_repaired() {
 #[test]
 fn cluster_long_engine_cut_recovers() {
     let test = "cluster_long_engine_cut_recovers";
-    let scenarios: Vec<ClusterScenario> = seeds(8, true)
+    let scenarios: Vec<ClusterScenario> = sweep_seeds(8)
         .into_iter()
         .map(ClusterScenario::draw_long_cut)
         .collect();
@@ -480,7 +481,7 @@ fn cluster_long_engine_cut_recovers() {
 #[test]
 fn cluster_twins_same_seed_same_trace() {
     // Seeds with a twin, each run twice.
-    let scenarios: Vec<ClusterScenario> = seeds(16, true)
+    let scenarios: Vec<ClusterScenario> = seeds(16, false)
         .into_iter()
         .map(|seed| ClusterScenario::draw(seed, false))
         .filter(|s| !s.twins.is_empty())
@@ -511,7 +512,7 @@ const WAIT_RUN_S: u64 = 16;
 #[test]
 fn cluster_waits_lose_no_wakeup() {
     let test = "cluster_waits_lose_no_wakeup";
-    let seeds = seeds(6, true);
+    let seeds = sweep_seeds(6);
     let started = Instant::now();
     let reports = run_parallel(&seeds, |seed| run_spread_waits(*seed, WAIT_RUN_S, None));
     summary(test, &reports, started.elapsed().as_secs_f64());
@@ -527,7 +528,7 @@ fn cluster_waits_lose_no_wakeup() {
 fn cluster_planted_wait_here_only_is_caught() {
     let test = "cluster_planted_wait_here_only_is_caught";
     let bug = Some(gateway_core::PlantedBug::WaitHereOnly);
-    let seeds = seeds(6, true);
+    let seeds = seeds(6, false);
     let started = Instant::now();
     let reports = run_parallel(&seeds, |seed| run_spread_waits(*seed, WAIT_RUN_S, bug));
     summary(test, &reports, started.elapsed().as_secs_f64());
@@ -552,7 +553,7 @@ fn cluster_planted_wait_here_only_is_caught() {
 #[test]
 fn cluster_planted_ignore_remote_tools_is_caught() {
     let test = "cluster_planted_ignore_remote_tools_is_caught";
-    let scenarios: Vec<ClusterScenario> = seeds(4, true)
+    let scenarios: Vec<ClusterScenario> = seeds(4, false)
         .into_iter()
         .map(|seed| {
             let mut s = ClusterScenario::draw(seed, false);

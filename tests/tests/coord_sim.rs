@@ -15,9 +15,11 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use gateway_core::coord::CoordBug;
+use gateway_core::PlantedBug;
 use gateway_tests::sim::coord::{run_coord, CoordReport, CoordScenario};
 use gateway_tests::sim::runner::{
-    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, threads, RunTrace,
+    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, sweep_seeds, threads,
+    RunTrace,
 };
 
 fn describe(test: &str, r: &CoordReport) -> String {
@@ -70,7 +72,7 @@ fn summary(test: &str, reports: &[CoordReport], wall: f64) {
 #[test]
 fn coord_sweep() {
     let test = "coord_sweep";
-    let scenarios: Vec<CoordScenario> = seeds(48, true)
+    let scenarios: Vec<CoordScenario> = sweep_seeds(48)
         .into_iter()
         .map(|seed| CoordScenario::draw(seed, None))
         .collect();
@@ -124,19 +126,25 @@ fn planted(test: &str, bug: CoordBug, default_seeds: u64) {
         .into_iter()
         .map(|seed| CoordScenario::draw(seed, Some(bug)))
         .collect();
+    caught(test, &scenarios, &format!("{bug:?}"));
+}
+
+/// Runs `scenarios`, each with a bug planted; some must fail, and the first failing one must
+/// replay to the same violations.
+fn caught(test: &str, scenarios: &[CoordScenario], bug: &str) {
     let started = Instant::now();
-    let reports = run_parallel(&scenarios, run_coord);
+    let reports = run_parallel(scenarios, run_coord);
     summary(test, &reports, started.elapsed().as_secs_f64());
     let caught = reports.iter().filter(|r| !r.passed()).count();
     let first = reports.iter().position(|r| !r.passed());
     println!(
-        "{bug:?}: caught by {caught}/{} seeds ({:.0} % per seed), first caught at seed {:?}",
+        "{bug}: caught by {caught}/{} seeds ({:.0} % per seed), first caught at seed {:?}",
         reports.len(),
         100.0 * caught as f64 / reports.len().max(1) as f64,
         first.map(|i| reports[i].seed),
     );
     let Some(first) = first else {
-        panic!("{bug:?} was not caught by any of {} seeds", reports.len());
+        panic!("{bug} was not caught by any of {} seeds", reports.len());
     };
     let r = &reports[first];
     println!("{}", describe(test, r));
@@ -156,6 +164,56 @@ fn coord_planted_fence_reused_after_release_is_caught() {
         CoordBug::FenceReusedAfterRelease,
         16,
     );
+}
+
+/// Seeds that meet the listing window (a gateway restart, sleds slow to list their tools to
+/// it): all pass, and writes sent before the listing are served (held until it came).
+#[test]
+fn coord_listing_window_sweep() {
+    let test = "coord_listing_window_sweep";
+    let scenarios: Vec<CoordScenario> = sweep_seeds(12)
+        .into_iter()
+        .map(|seed| CoordScenario::draw_listing_window(seed, None))
+        .collect();
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run_coord);
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| describe(test, r))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+    let served: usize = reports
+        .iter()
+        .filter_map(|r| r.coverage.get("write before its listing ok"))
+        .sum();
+    if !replaying() {
+        assert!(
+            served > 0,
+            "no seed sent a write before its project's listing"
+        );
+    }
+}
+
+/// The gateway holds writes for the listing but does not serve them when it comes: they are
+/// refused `tools_pending` at the hold's end, which the oracle must flag.
+#[test]
+fn coord_planted_tools_pending_after_listing_is_caught() {
+    let test = "coord_planted_tools_pending_after_listing_is_caught";
+    let scenarios: Vec<CoordScenario> = seeds(12, true)
+        .into_iter()
+        .map(|seed| {
+            CoordScenario::draw_listing_window(seed, Some(PlantedBug::ToolsPendingAfterListing))
+        })
+        .collect();
+    caught(test, &scenarios, "ToolsPendingAfterListing");
 }
 
 #[test]

@@ -20,7 +20,7 @@ use gateway_tests::sim::fleet::{
     RelayScenario,
 };
 use gateway_tests::sim::runner::{
-    assert_same_run, replay_command, replaying, run_parallel, seeds, threads, RunTrace,
+    assert_same_run, replay_command, replaying, run_parallel, sweep_seeds, threads, RunTrace,
 };
 
 /// Runs `run` over the test's seeds, prints what happened, and fails with every failing seed.
@@ -30,7 +30,7 @@ fn sweep<S: Sync>(
     draw: impl Fn(u64) -> S,
     run: impl Fn(&S) -> FleetReport + Sync,
 ) {
-    let scenarios: Vec<S> = seeds(default_seeds, true).into_iter().map(draw).collect();
+    let scenarios: Vec<S> = sweep_seeds(default_seeds).into_iter().map(draw).collect();
     let started = Instant::now();
     let reports = run_parallel(&scenarios, run);
     let wall = started.elapsed();

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use gateway_core::PlantedBug;
-use gateway_tests::sim::runner::{env_u64, run_parallel, seeds, threads};
+use gateway_tests::sim::runner::{env_u64, run_parallel, seeds, sweep_seeds, threads};
 use gateway_tests::sim::{self, FaultMode, Report, Scenario};
 use sled_sim::script::{CancelHow, Era, Op, Outcome, Tool};
 use sled_sim::sim_sled::Received;
@@ -47,7 +47,7 @@ fn describe_failure(test: &str, s: &Scenario, r: &Report) -> String {
 
 #[test]
 fn sweep() {
-    let seeds = seeds(500, true);
+    let seeds = sweep_seeds(500);
     let scenarios: Vec<Scenario> = seeds
         .iter()
         .map(|&seed| Scenario::draw(seed, FaultMode::Drawn, None))

@@ -220,6 +220,10 @@ impl Gateway {
                     Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
                         self.hold(token, project, request)
                     }
+                    // Its project's tools are not listed yet: it waits for them.
+                    Err(e @ RpcError::ToolsPending { .. }) => {
+                        self.hold_for_listing(now, token, request, &id, e, 200)
+                    }
                     Err(e) => {
                         self.reply(token, 200, Vec::new(), Some(e.response(Some(id.as_str()))))
                     }
@@ -313,6 +317,7 @@ impl Gateway {
     pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
         if self.relay_aborted(token)
             || self.unhold(token)
+            || self.listing_holds.abort(token)
             || self.listener_gone(token)
             || self.coordination_aborted(token)
         {
@@ -482,8 +487,14 @@ impl Gateway {
                 _ => None,
             })
             .max();
-        // No such call: it finished already (the race the spec says to tolerate).
+        // No such call: it may be held for its project's tools, or it finished already (the
+        // race the spec says to tolerate).
         let Some((_, key)) = found else {
+            if let Some((project, held)) = self.listing_holds.cancel(session, wanted) {
+                self.counters.calls_cancelled += 1;
+                let body = RpcError::Cancelled { project }.response(Some(&held.id));
+                self.reply(held.token, 200, Vec::new(), Some(body));
+            }
             return;
         };
         let Some(Pending::Call(call)) = self.pending.remove(&key) else {
@@ -795,6 +806,72 @@ impl Gateway {
     /// The registered projects this caller may see (all of them without `[[access]]`).
     pub(super) fn registered(&self) -> Vec<String> {
         self.visible_projects()
+    }
+
+    /// Holds a write refused `refusal` (`tools_pending`) until its project's tools are listed,
+    /// for at most [`Config::listing_hold`] or the call's own timeout; at that deadline it is
+    /// answered `refusal` with HTTP `status` (`listing_holds.rs`).
+    pub(super) fn hold_for_listing(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        request: HttpRequest,
+        id: &RawId,
+        refusal: RpcError,
+        status: u16,
+    ) {
+        let RpcError::ToolsPending { project, .. } = &refusal else {
+            return self.reply(
+                token,
+                status,
+                Vec::new(),
+                Some(refusal.response(Some(id.as_str()))),
+            );
+        };
+        let project = project.clone();
+        let bound = self
+            .registry
+            .get(&project)
+            .map_or(self.config.listing_hold, |(_, spec)| {
+                spec.call_timeout.min(self.config.listing_hold)
+            });
+        tracing::debug!(
+            token = token.0,
+            project,
+            "held until the project's tools are listed"
+        );
+        let held = listing_holds::Held {
+            token,
+            session: request.session.clone(),
+            id: id.as_str().to_owned(),
+            until: now + bound,
+            expired: HttpReply {
+                status,
+                headers: Vec::new(),
+                body: Some(refusal.response(Some(id.as_str()))),
+            },
+            request,
+        };
+        self.listing_holds.hold(&project, held);
+    }
+
+    /// Serves again the requests held for `project`'s tools: they are listed, or its sled went
+    /// away (then they are answered as for any call without a sled).
+    pub(super) fn release_listing_holds(&mut self, now: Instant, project: &str) {
+        for (token, request) in self.listing_holds.release(project) {
+            self.on_http(now, token, request);
+        }
+    }
+
+    /// Held requests whose project's tools did not come in time are refused `tools_pending`.
+    pub(super) fn listing_holds_timeout(&mut self, now: Instant) {
+        for (token, reply) in self.listing_holds.expired(now) {
+            tracing::debug!(
+                token = token.0,
+                "held past the listing's deadline: tools_pending"
+            );
+            self.outputs.push_back(Output::Http { token, reply });
+        }
     }
 
     pub(super) fn reply(

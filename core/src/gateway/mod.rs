@@ -16,6 +16,7 @@ pub(crate) mod coordination;
 mod fleet;
 mod gather;
 mod listen;
+mod listing_holds;
 mod modern;
 mod mrtr;
 mod news;
@@ -243,6 +244,10 @@ pub struct Config {
     pub max_calls_per_sled: usize,
     /// The retry hint given with a refusal by a limit (`retry_after_ms`, `Retry-After`).
     pub retry_after: Duration,
+    /// How long a write to a project whose sled just connected, whose tools this gateway has
+    /// never listed and which has live leases, waits for that listing (bounded by the call's
+    /// own timeout) before it is refused `tools_pending` (`listing_holds.rs`).
+    pub listing_hold: Duration,
     /// How often a project without a live uplink has its `url` probed over HTTP for
     /// `gateway_health` (zero: never).
     pub probe_interval: Duration,
@@ -304,6 +309,9 @@ pub enum PlantedBug {
     /// In a cluster: replicas do not follow the tools bucket, so a stateless `tools/list`
     /// lists only the projects whose sleds are on the replica answering.
     IgnoreRemoteTools,
+    /// A write held until its project's tools are listed is not served when they are: it
+    /// waits out the hold and is refused `tools_pending` though the tools are known.
+    ToolsPendingAfterListing,
 }
 
 impl Default for Config {
@@ -321,6 +329,7 @@ impl Default for Config {
             max_calls_per_session: 64,
             max_calls_per_sled: 1024,
             retry_after: Duration::from_secs(1),
+            listing_hold: Duration::from_secs(1),
             probe_interval: Duration::from_secs(10),
             probe_timeout: Duration::from_secs(2),
             relay_stale_after: Duration::from_secs(30),
@@ -414,6 +423,8 @@ pub struct Gateway {
     next_server_request: u64,
     /// Stateless calls parked until their client retries with input (`requestState`).
     retries: mrtr::Retries,
+    /// Writes held until their project's tools are listed (`listing_holds.rs`).
+    listing_holds: listing_holds::ListingHolds,
     /// Who the HTTP request being handled comes from (`access.rs`).
     caller: crate::auth::Identity,
     timers: BTreeSet<(Instant, Timer)>,
@@ -687,6 +698,7 @@ impl Gateway {
             server_requests: HashMap::new(),
             next_server_request: 0,
             retries: mrtr::Retries::default(),
+            listing_holds: listing_holds::ListingHolds::default(),
             caller: crate::auth::Identity::Anonymous,
             timers: BTreeSet::new(),
             outputs: VecDeque::new(),
@@ -824,6 +836,7 @@ impl Gateway {
             self.coordination_timeout(now);
         }
         self.cluster_timeout(now);
+        self.listing_holds_timeout(now);
     }
 
     /// The next decision to carry out, if any.
@@ -837,9 +850,14 @@ impl Gateway {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let own = self.timers.first().map(|&(at, _)| at);
         let cluster = self.cluster.as_ref().and_then(|c| c.poll_timeout());
-        [own, self.coordination.poll_timeout(), cluster]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            own,
+            self.coordination.poll_timeout(),
+            cluster,
+            self.listing_holds.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 }

@@ -157,6 +157,11 @@ impl Gateway {
             Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
                 self.hold(token, project, request)
             }
+            // Its project's tools are not listed yet: it waits for them.
+            Err(e @ RpcError::ToolsPending { .. }) => {
+                let status = headers::modern_status(e.code());
+                self.hold_for_listing(now, token, request, &id, e, status)
+            }
             Err(e) => {
                 let status = headers::modern_status(e.code());
                 self.reply(

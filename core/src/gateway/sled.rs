@@ -324,6 +324,15 @@ impl Gateway {
                                     self.notify_listeners_tools_changed();
                                     self.notify_tools_changed(&project);
                                 }
+                                // Writes held for this listing can be checked now.
+                                #[cfg(feature = "planted-bugs")]
+                                let release = self.config.planted
+                                    != Some(PlantedBug::ToolsPendingAfterListing);
+                                #[cfg(not(feature = "planted-bugs"))]
+                                let release = true;
+                                if release {
+                                    self.release_listing_holds(now, &project);
+                                }
                             }
                         }
                     }
@@ -712,6 +721,7 @@ impl Gateway {
             });
         }
         let mut probe_now = None;
+        let mut gone_from = None;
         if let UplinkState::AwaitingClaim { project } | UplinkState::Live { project } =
             &uplink.state
         {
@@ -722,6 +732,7 @@ impl Gateway {
                 if state.uplink == Some(id) {
                     tracing::info!(uplink = id.0, project, "uplink gone");
                     state.uplink = None;
+                    gone_from = Some(project.clone());
                     state.health.last_seen = Some(uplink.last_rx);
                     state.health.connected_at = None;
                     probe_now = (loss != UplinkLoss::Shutdown && loss != UplinkLoss::Unregistered)
@@ -775,6 +786,10 @@ impl Gateway {
         // Find out at once whether the project's server is still there.
         if let (Some(project), Some(now)) = (probe_now, self.now) {
             self.start_probe(now, project);
+        }
+        // Writes held for its tools are answered as any call without a sled is.
+        if let (Some(project), Some(now)) = (gone_from, self.now) {
+            self.release_listing_holds(now, &project);
         }
     }
 

@@ -607,13 +607,13 @@ fn writes_stay_checked_while_a_returning_sleds_tools_are_not_listed_again() {
     h.reply_json(t).unwrap();
 }
 
-#[test]
-fn a_sled_whose_tools_were_never_listed_is_not_written_unchecked_while_leases_live() {
-    let mut h = Harness::new();
+/// A gateway that has leases on beta before it ever listed beta's sled's tools (a restart,
+/// say), with beta's sled just connected: returns the session, the uplink and the `id` of the
+/// gateway's `tools/list`, not answered yet.
+fn leases_before_a_listing(h: &mut Harness) -> (String, UplinkId, Value) {
     let a = h.initialize();
-    // A lease on beta before its sled ever connected to this gateway (a restart, say).
     tool(
-        &mut h,
+        h,
         &a,
         "claim",
         json!({"project":"beta","resource":"story:beta-1"}),
@@ -623,10 +623,55 @@ fn a_sled_whose_tools_were_never_listed_is_not_written_unchecked_while_leases_li
         u,
         json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
     );
-    h.take_frames(u);
+    let frames = h.take_frames(u);
+    assert_eq!(frames[1]["method"], "tools/list");
+    (a, u, frames[1]["id"].clone())
+}
+
+fn list_beta_tools(h: &mut Harness, u: UplinkId, id: Value) {
+    let story_id = json!({"type":"string","x-mcp-gateway-lease":"story"});
+    let tools = json!([
+        {"name":"move_story","inputSchema":{"type":"object","properties":{"story_id":story_id,"stage":{"type":"string"}}}},
+    ]);
+    h.sled_says(u, json!({"jsonrpc":"2.0","id":id,"result":{"tools":tools}}));
+}
+
+#[test]
+fn a_write_before_the_first_listing_waits_for_it_and_is_then_checked_and_fenced() {
+    let mut h = Harness::new();
+    let (a, u, list_id) = leases_before_a_listing(&mut h);
     let t = move_story(&mut h, &a, "beta-1");
-    let r = h.reply_json(t).expect("refused at once");
+    assert!(h.reply_json(t).is_none(), "held, not refused");
+    assert!(h.take_frames(u).is_empty(), "nothing sent unchecked");
+    h.advance(Duration::from_millis(40));
+    list_beta_tools(&mut h, u, list_id);
+    let frames = h.take_frames(u);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!(frames[0]["params"]["name"], "move_story");
+    assert!(
+        frames[0]["params"]["_meta"]["io.mcp-gateway/fence"]["fence"].is_u64(),
+        "checked against the listing: the holder's write is fenced: {}",
+        frames[0]
+    );
+    h.sled_answers_all_frames(u, frames);
+    let r = h.reply_json(t).expect("served");
+    assert!(r.get("error").is_none(), "{r}");
+}
+
+#[test]
+fn a_held_write_is_refused_tools_pending_when_the_listing_does_not_come_in_time() {
+    let mut h = Harness::new();
+    let (a, u, _) = leases_before_a_listing(&mut h);
+    let t = move_story(&mut h, &a, "beta-1");
+    h.advance(Duration::from_millis(999));
+    assert!(
+        h.reply_json(t).is_none(),
+        "still held before the hold's end"
+    );
+    h.advance(Duration::from_millis(1));
+    let r = h.reply_json(t).expect("refused at the hold's end");
     assert_eq!(kind(&r), "tools_pending");
+    assert_eq!(r["error"]["data"]["outcome"], "not_sent");
     assert_eq!(r["error"]["data"]["retry_after_ms"], 1000);
     assert!(h.take_frames(u).is_empty(), "nothing sent unchecked");
     // A project without leases is not held up.
@@ -644,4 +689,84 @@ fn a_sled_whose_tools_were_never_listed_is_not_written_unchecked_while_leases_li
     );
     assert_eq!(h.sled_answers_all(alpha, "alpha"), 1);
     h.reply_json(t).unwrap();
+}
+
+#[test]
+fn a_held_write_is_bounded_by_its_call_timeout_when_that_is_shorter() {
+    let mut h = Harness::new();
+    h.gw.config_mut().listing_hold = Duration::from_secs(60);
+    let timeout = Duration::from_secs(2);
+    let specs = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|p| {
+            let mut spec = crate::ProjectSpec::new(*p, format!("http://{p}:9000"));
+            spec.call_timeout = timeout;
+            spec
+        })
+        .collect();
+    let registry = crate::Registry::from_projects(specs, Some("alpha")).unwrap();
+    h.handle(crate::Input::Reload { registry });
+    let (a, _u, _) = leases_before_a_listing(&mut h);
+    let t = move_story(&mut h, &a, "beta-1");
+    h.advance(timeout - Duration::from_millis(1));
+    assert!(h.reply_json(t).is_none());
+    h.advance(Duration::from_millis(1));
+    assert_eq!(kind(&h.reply_json(t).expect("answered")), "tools_pending");
+}
+
+#[test]
+fn a_held_write_ends_with_its_sled_its_client_or_its_cancellation() {
+    let mut h = Harness::new();
+    let (a, u, _) = leases_before_a_listing(&mut h);
+    // The sled goes away: answered as any call without a sled.
+    let t = move_story(&mut h, &a, "beta-1");
+    h.handle(crate::Input::UplinkClosed { uplink: u });
+    let r = h.reply_json(t).expect("answered when the sled went");
+    assert_eq!(kind(&r), "sled_not_connected", "{r}");
+    // The client goes away: nothing more is answered, not even at the deadline.
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    h.take_frames(u);
+    let t = move_story(&mut h, &a, "beta-1");
+    h.handle(crate::Input::HttpAborted { token: t });
+    h.advance(Duration::from_secs(2));
+    assert!(h.reply_json(t).is_none(), "no answer to a client that left");
+    // The session cancels it: answered `cancelled`, and never sent.
+    let t = move_story(&mut h, &a, "beta-1");
+    h.post(
+        Some(&a),
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":9}}),
+    );
+    let r = h.reply_json(t).expect("answered when cancelled");
+    assert_eq!(kind(&r), "cancelled", "{r}");
+    h.advance(Duration::from_secs(2));
+    assert!(h.take_frames(u).is_empty());
+}
+
+#[test]
+fn a_stateless_write_is_held_too_and_refused_with_the_stateless_shape() {
+    let mut h = Harness::new();
+    let (_a, u, list_id) = leases_before_a_listing(&mut h);
+    let modern = |h: &mut Harness, id: u64| {
+        super::modern::modern(
+            h,
+            id,
+            "tools/call",
+            json!({"name":"move_story","arguments":{"project":"beta","story_id":"beta-2","stage":"doing"}}),
+            &|_| {},
+        )
+    };
+    let t = modern(&mut h, 1);
+    h.advance(Duration::from_secs(1));
+    let (status, r) = super::modern::answer(&mut h, t);
+    assert_eq!(kind(&r), "tools_pending", "{r}");
+    assert_eq!(status, crate::http::modern_status(-32000), "{r}");
+    let t = modern(&mut h, 2);
+    list_beta_tools(&mut h, u, list_id);
+    assert_eq!(h.sled_answers_all(u, "beta"), 1, "served once listed");
+    let r = h.reply_json(t).expect("served");
+    assert!(r.get("error").is_none(), "{r}");
 }

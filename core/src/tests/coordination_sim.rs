@@ -30,8 +30,9 @@
 //! name only their own project, and no wakeup is lost: a parked wait with something pending is
 //! a violation at the instant it happens, and a wait that times out must have had nothing.
 //!
-//! `COORD_SIM_SEEDS=N` sets the sweep (default 300), `COORD_SIM_SEED=S` replays one seed and
-//! prints its step log. With `--features planted-bugs`, one test per planted coordination bug
+//! `COORD_SIM_SEEDS=N` (else `DST_SEEDS=N`) sets the sweep (default 300), `COORD_SIM_SEED=S`
+//! replays one seed and prints its step log; `DST_FRESH_FROM` swaps its last quarter for fresh
+//! seeds from there, as CI does. With `--features planted-bugs`, one test per planted coordination bug
 //! ([`crate::coord::CoordBug`]) shows the sweep catches it and that the seed replays.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -2432,10 +2433,27 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
-fn sweep(bug: Bug, default_seeds: u64) -> (Vec<Outcome>, SimStats) {
-    let n = env_u64("COORD_SIM_SEEDS").unwrap_or(default_seeds);
+/// The seeds of a sweep: `COORD_SIM_SEEDS` (else `DST_SEEDS`, the workspace-wide size, when
+/// `deep`) or `default_seeds`; with `DST_FRESH_FROM` set and `deep`, the last quarter are fresh
+/// seeds from there, as in the network simulations' sweeps (`tests/src/sim/runner.rs`).
+fn sweep_seeds(default_seeds: u64, deep: bool) -> Vec<u64> {
+    let sized = env_u64("COORD_SIM_SEEDS").or_else(|| env_u64("DST_SEEDS").filter(|_| deep));
+    let n = sized.unwrap_or(default_seeds);
+    match env_u64("DST_FRESH_FROM").filter(|_| deep) {
+        Some(start) => {
+            let fresh = n / 4;
+            (0..n - fresh)
+                .chain(start..start.saturating_add(fresh))
+                .collect()
+        }
+        None => (0..n).collect(),
+    }
+}
+
+fn sweep(bug: Bug, seeds: Vec<u64>) -> (Vec<Outcome>, SimStats) {
     let mut total = SimStats::default();
-    let outcomes: Vec<Outcome> = (0..n)
+    let outcomes: Vec<Outcome> = seeds
+        .into_iter()
         .map(|seed| {
             let o = run(seed, bug);
             total.add(&o.stats);
@@ -2481,7 +2499,7 @@ fn coordination_promises_hold_over_the_seed_sweep() {
         );
         return;
     }
-    let (outcomes, total) = sweep(no_bug(), 300);
+    let (outcomes, total) = sweep(no_bug(), sweep_seeds(300, true));
     println!("{} seeds: {total:?}", outcomes.len());
     if let Some(o) = outcomes.iter().find(|o| !o.violations.is_empty()) {
         print_log(o, 60);
@@ -2519,7 +2537,7 @@ fn a_seed_replays_to_the_same_run() {
 /// same violations.
 #[cfg(feature = "planted-bugs")]
 fn planted(bug: CoordBug) {
-    let (outcomes, _) = sweep(Some(bug), 300);
+    let (outcomes, _) = sweep(Some(bug), sweep_seeds(300, false));
     let caught: Vec<&Outcome> = outcomes
         .iter()
         .filter(|o| !o.violations.is_empty())

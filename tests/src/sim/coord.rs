@@ -51,7 +51,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use gateway_core::coord::{CoordBug, Limits};
-use gateway_core::{Config, ProjectSpec, Registry};
+use gateway_core::{Config, PlantedBug, ProjectSpec, Registry};
 use gateway_server::ServerOptions;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -77,6 +77,8 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
 const FAULT_SLACK: Duration = Duration::from_millis(10);
 /// Slack on a wait's answer past its timeout.
 const WAIT_SLACK: Duration = Duration::from_secs(1);
+/// How long the gateway holds a write for its project's first tool listing.
+pub const LISTING_HOLD: Duration = Duration::from_secs(1);
 
 /// A fault, with its start and end on the simulated clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,20 +114,28 @@ pub struct CoordScenario {
     pub net_latency_min: Duration,
     pub net_latency_max: Duration,
     pub faults: Vec<CoordFault>,
+    /// How long each sled takes to answer a `tools/list`: a gateway that restarted cannot
+    /// check writes against lease annotations until then, so writes that come in meanwhile
+    /// (while leases live) wait for the listing, up to [`LISTING_HOLD`].
+    pub listing_delay: Duration,
     pub planted: Option<CoordBug>,
+    /// A gateway bug planted beside (or instead of) a coordination one.
+    pub gateway_bug: Option<PlantedBug>,
 }
 
 impl fmt::Debug for CoordScenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "coord seed {}: {} agents for {:?}, net {:?}..={:?}, planted {:?}, faults {:?}",
+            "coord seed {}: {} agents for {:?}, net {:?}..={:?}, listing {:?}, planted {:?} {:?}, faults {:?}",
             self.seed,
             self.clients,
             self.run_for,
             self.net_latency_min,
             self.net_latency_max,
+            self.listing_delay,
             self.planted,
+            self.gateway_bug,
             self.faults
         )
     }
@@ -172,6 +182,12 @@ impl CoordScenario {
                 until: at + Duration::from_millis(rng.random_range(300..=2_000)),
             });
         }
+        // Drawn last, so that the seeds drawn before it keep their faults.
+        let listing_delay = if rng.random_bool(0.3) {
+            Duration::from_millis(rng.random_range(0..=2_500))
+        } else {
+            Duration::ZERO
+        };
         CoordScenario {
             seed,
             clients,
@@ -179,8 +195,29 @@ impl CoordScenario {
             net_latency_min,
             net_latency_max,
             faults,
+            listing_delay,
             planted,
+            gateway_bug: None,
         }
+    }
+
+    /// A seed that meets the listing window: the gateway restarts, and the sleds take
+    /// 300–900 ms (less than the hold) to list their tools to it, so writes sent meanwhile by
+    /// agents that claimed again are held and then served; with `bug` planted in the gateway.
+    pub fn draw_listing_window(seed: u64, bug: Option<PlantedBug>) -> CoordScenario {
+        let mut s = CoordScenario::draw(seed, None);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x115e_0000_0000_0002);
+        if s.gateway_bounces().is_empty() {
+            let last = s.run_for.as_secs().saturating_sub(6);
+            let at = Duration::from_millis(rng.random_range(4_000..=last * 1000));
+            s.faults.push(CoordFault::GatewayBounce {
+                at,
+                until: at + Duration::from_millis(rng.random_range(300..=2_000)),
+            });
+        }
+        s.listing_delay = Duration::from_millis(rng.random_range(300..=900));
+        s.gateway_bug = bug;
+        s
     }
 
     /// The one-way latency when every message takes the same time.
@@ -437,6 +474,8 @@ struct Log {
     applied: Mutex<Vec<Applied>>,
     /// Requests that reached each project's sled, by arrival time.
     sled_requests: Mutex<Vec<(String, Duration)>>,
+    /// When each project's sled sent a `tools/list` answer.
+    listings: Mutex<Vec<(String, Duration)>>,
     violations: Mutex<Vec<String>>,
 }
 
@@ -467,6 +506,7 @@ pub struct CoordSled {
     sled: SharedSled,
     project: String,
     log: Arc<Log>,
+    listing_delay: Duration,
 }
 
 impl fmt::Debug for CoordSled {
@@ -493,15 +533,24 @@ impl Handler for CoordSled {
             .and_then(|m| m.get(NONCE_KEY))
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let delay = nonce
-            .as_deref()
-            .and_then(parse_nonce)
-            .map_or(Duration::ZERO, |(_, d)| Duration::from_millis(d));
+        let listing = msg["method"] == "tools/list";
+        let delay = match nonce.as_deref().and_then(parse_nonce) {
+            Some((_, d)) => Duration::from_millis(d),
+            None if listing => self.listing_delay,
+            None => Duration::ZERO,
+        };
         Box::pin(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             let resp = self.sled.handle(&msg)?;
+            if listing {
+                self.log
+                    .listings
+                    .lock()
+                    .expect("no poisoned lock")
+                    .push((self.project.clone(), now()));
+            }
             if msg.pointer("/params/name") == Some(&json!("move_story")) {
                 let result = &resp["result"];
                 let outcome = if result["isError"] == true {
@@ -1007,6 +1056,8 @@ fn server_options(s: &CoordScenario, incarnation: u64) -> ServerOptions {
             planted: s.planted,
             ..Limits::default()
         },
+        listing_hold: LISTING_HOLD,
+        planted: s.gateway_bug,
         ..Config::default()
     };
     opts
@@ -1062,8 +1113,16 @@ pub fn run_coord(s: &CoordScenario) -> CoordReport {
     let events = std::mem::take(&mut *log.events.lock().expect("no poisoned lock"));
     let applied = std::mem::take(&mut *log.applied.lock().expect("no poisoned lock"));
     let sled_requests = std::mem::take(&mut *log.sled_requests.lock().expect("no poisoned lock"));
+    let listings = std::mem::take(&mut *log.listings.lock().expect("no poisoned lock"));
     let mut coverage = BTreeMap::new();
-    violations.extend(judge(s, &events, &applied, &sled_requests, &mut coverage));
+    violations.extend(judge(
+        s,
+        &events,
+        &applied,
+        &sled_requests,
+        &listings,
+        &mut coverage,
+    ));
     let mut trace: Vec<String> = events.iter().map(Ev::line).collect();
     for a in &applied {
         trace.push(format!(
@@ -1136,6 +1195,7 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
             sled: sled.clone(),
             project: PROJECTS[i].to_owned(),
             log: log.clone(),
+            listing_delay: s.listing_delay,
         });
         let opts = UplinkOptions {
             latency: Duration::ZERO,
@@ -1270,6 +1330,69 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
 // ---------------------------------------------------------------------------------------------
 // The oracle.
 
+/// Whether a request sent at `sent` certainly reached the gateway before `project`'s sled
+/// listed its tools to it, in a gateway incarnation that had not seen that listing yet.
+fn sent_before_listing(
+    s: &CoordScenario,
+    project: &str,
+    sent: Duration,
+    listings: &[(String, Duration)],
+) -> bool {
+    let up = s
+        .gateway_bounces()
+        .iter()
+        .filter(|(at, _)| *at < sent)
+        .map(|(_, until)| *until)
+        .max()
+        .unwrap_or_default();
+    let arrived = sent + s.net_latency_max + FAULT_SLACK;
+    let mine = || listings.iter().filter(|(p, at)| p == project && *at > up);
+    mine().all(|(_, at)| *at > arrived) && mine().any(|_| true)
+}
+
+/// Why a `tools_pending` answer to `e` is wrong, if it is. It is right only for a write that
+/// waited the whole [`LISTING_HOLD`] in the gateway for a listing of its project's tools that
+/// did not come: so not for any other request, not for one answered sooner, and not when the
+/// project's sled certainly delivered a listing to the same gateway incarnation before the
+/// hold ended.
+fn tools_pending_wrong(
+    s: &CoordScenario,
+    e: &Ev,
+    listings: &[(String, Duration)],
+) -> Option<String> {
+    let Op::Write { project, .. } = &e.op else {
+        return Some("only writes wait for a listing".into());
+    };
+    if e.done < e.sent + LISTING_HOLD {
+        return Some(format!(
+            "it was answered after {:?}, before the {LISTING_HOLD:?} hold ended",
+            e.done - e.sent
+        ));
+    }
+    let sled = PROJECTS.iter().position(|p| p == project)?;
+    let (lat_min, lat_max) = (s.net_latency_min, s.net_latency_max);
+    // The hold ended no sooner than this; a listing that surely reached the gateway before it
+    // released the write.
+    let hold_end = e.sent + lat_min + LISTING_HOLD;
+    let delivered = |at: Duration| {
+        let reached = at + lat_max + FAULT_SLACK;
+        let sled_down = s.faults.iter().any(|f| match f {
+            CoordFault::SledBounce {
+                sled: b,
+                at: down,
+                until,
+                ..
+            } => *b == sled && *down <= reached && *until + FAULT_SLACK >= at,
+            _ => false,
+        });
+        !sled_down && !s.restart_between(at.saturating_sub(lat_max), e.done)
+    };
+    listings
+        .iter()
+        .find(|(p, at)| p == project && *at + lat_max + FAULT_SLACK < hold_end && delivered(*at))
+        .map(|(_, at)| format!("the {project} sled listed its tools to this gateway at {at:?}"))
+}
+
 /// A fresh grant and how long its holder certainly held it.
 #[derive(Debug, Clone)]
 struct Holding {
@@ -1296,6 +1419,7 @@ fn judge(
     events: &[Ev],
     applied: &[Applied],
     sled_requests: &[(String, Duration)],
+    listings: &[(String, Duration)],
     coverage: &mut BTreeMap<String, usize>,
 ) -> Vec<String> {
     let mut out = Vec::new();
@@ -1328,6 +1452,11 @@ fn judge(
                 "write {}",
                 v["kind"].as_str().unwrap_or("isError")
             )),
+            (Op::Write { project, .. }, Answer::Ok(_))
+                if sent_before_listing(s, project, e.sent, listings) =>
+            {
+                cover("write before its listing ok")
+            }
             (Op::Write { kind, .. }, Answer::Ok(_)) => cover(&format!("write {kind:?} ok")),
             (Op::Wait { .. }, Answer::Ok(v)) if v["woke"] == true => cover("wait woke"),
             (Op::Wait { .. }, Answer::Ok(_)) => cover("wait timed out"),
@@ -1680,6 +1809,17 @@ fn judge(
                         agent_name(e.agent),
                         e.op,
                         e.sent
+                    ));
+                }
+            }
+            Answer::Rpc(kind, err) if kind == "tools_pending" => {
+                if let Some(why) = tools_pending_wrong(s, e, listings) {
+                    out.push(format!(
+                        "{}'s {:?} sent at {:?} was refused tools_pending at {:?}, though {why}: {err}",
+                        agent_name(e.agent),
+                        e.op,
+                        e.sent,
+                        e.done
                     ));
                 }
             }

@@ -24,6 +24,27 @@ pub fn seeds(default: u64, sized: bool) -> Vec<u64> {
     (0..n).collect()
 }
 
+/// The seeds a sweep runs: only `DST_SEED` when set; else `DST_SEEDS` (or `default`) seeds, of
+/// which, when `DST_FRESH_FROM` names a start, the last quarter are fresh ones from that start
+/// instead of fixed ones from 0. CI takes the start from the commit id, so each run keeps the
+/// same cost and most fixed seeds while, over many commits, thousands more are looked at; a
+/// failing fresh seed prints its `DST_SEED` like any other.
+pub fn sweep_seeds(default: u64) -> Vec<u64> {
+    let all = seeds(default, true);
+    let Some(start) = env_u64("DST_FRESH_FROM").filter(|_| !replaying()) else {
+        return all;
+    };
+    fresh_window(all.len() as u64, start)
+}
+
+/// `n` seeds: the first three quarters from 0, the rest from `start`.
+fn fresh_window(n: u64, start: u64) -> Vec<u64> {
+    let fresh = n / 4;
+    (0..n - fresh)
+        .chain(start..start.saturating_add(fresh))
+        .collect()
+}
+
 /// Whether `DST_SEED` names one seed to replay.
 pub fn replaying() -> bool {
     env_u64("DST_SEED").is_some()
@@ -103,5 +124,17 @@ pub fn assert_same_run(what: &str, replay: &str, x: RunTrace<'_>, y: RunTrace<'_
             x.trace.get(first),
             y.trace.get(first),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_fresh_window_keeps_the_count_and_most_fixed_seeds() {
+        assert_eq!(super::fresh_window(8, 1000), [0, 1, 2, 3, 4, 5, 1000, 1001]);
+        assert_eq!(super::fresh_window(3, 1000), [0, 1, 2]);
+        let w = super::fresh_window(48, 7_000_000);
+        assert_eq!(w.len(), 48);
+        assert_eq!(w.iter().filter(|s| **s >= 7_000_000).count(), 12);
     }
 }
