@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::directory::{
     ClaimOutcome, ClaimValue, Directory, DirectoryConfig, EntryState, Revision,
 };
-use crate::{HttpReply, HttpRequest, HttpToken};
+use crate::io::{HttpReply, HttpRequest, HttpToken};
 
 /// How a gateway joins a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,7 +300,7 @@ pub(crate) struct Cluster {
 /// An uplink waiting for its project's claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Waiting {
-    pub(crate) uplink: crate::UplinkId,
+    pub(crate) uplink: crate::io::UplinkId,
     pub(crate) sled: String,
     pub(crate) key: Option<String>,
 }

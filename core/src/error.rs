@@ -97,8 +97,43 @@ impl UplinkLoss {
     fn outcome(self) -> &'static str {
         match self {
             UplinkLoss::NotRelayed => "not_sent",
-            _ => "unknown",
+            UplinkLoss::Closed
+            | UplinkLoss::Replaced
+            | UplinkLoss::HeartbeatTimeout
+            | UplinkLoss::Shutdown
+            | UplinkLoss::Unregistered
+            | UplinkLoss::Superseded
+            | UplinkLoss::OwnerLost => "unknown",
         }
+    }
+}
+
+/// A sled's request to the client of one of its calls that the gateway answers itself, up the
+/// uplink, because it cannot be relayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SledRequestRefused {
+    /// -32601: the request cannot reach a client; `why` says why.
+    NotRelayable { why: String },
+    /// The client of the call (of the stateless era) did not declare `capability`:
+    /// [`code::MISSING_REQUIRED_CLIENT_CAPABILITY`], with the capability in
+    /// `data.requiredCapabilities`.
+    MissingCapability { capability: &'static str },
+}
+
+impl SledRequestRefused {
+    /// The JSON-RPC error response to the sled's request `sled_id` (raw JSON text).
+    pub(crate) fn response(&self, sled_id: &str) -> String {
+        let error = match self {
+            SledRequestRefused::NotRelayable { why } => {
+                json!({ "code": code::METHOD_NOT_FOUND, "message": why })
+            }
+            SledRequestRefused::MissingCapability { capability } => json!({
+                "code": code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "message": format!("the client of this call did not declare the '{capability}' capability"),
+                "data": { "requiredCapabilities": { *capability: {} } },
+            }),
+        };
+        crate::jsonrpc::raw_error_response(sled_id, &error.to_string())
     }
 }
 
@@ -497,7 +532,15 @@ impl RpcError {
                 CoordError::Limit { .. } | CoordError::InboxFull { .. } | CoordError::TooManyWaiters { .. } => {
                     format!("{tool} refused: {error}; retry after {} ms", RETRY_AFTER_MS)
                 }
-                _ => format!("{tool} refused: {error}"),
+                CoordError::BadName { .. }
+                | CoordError::BadTtl { .. }
+                | CoordError::NotHolder { .. }
+                | CoordError::NoLease { .. }
+                | CoordError::RevisionMismatch { .. }
+                | CoordError::NoKey { .. }
+                | CoordError::TooLarge { .. }
+                | CoordError::DuplicateToken(_)
+                | CoordError::Exhausted { .. } => format!("{tool} refused: {error}"),
             },
             RpcError::NoAgent { tool } => format!(
                 "{tool} needs an agent: send initialize and repeat its Mcp-Session-Id, or call checkin without a session to get an agent handle and pass it as \"agent\""
@@ -919,8 +962,8 @@ impl HttpError {
     }
 
     /// The whole HTTP answer.
-    pub fn reply(&self) -> crate::HttpReply {
-        crate::HttpReply {
+    pub fn reply(&self) -> crate::io::HttpReply {
+        crate::io::HttpReply {
             status: self.status(),
             headers: self.headers(),
             body: Some(self.body()),

@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 
 use crate::auth::AccessToken;
 use crate::cluster::RelayMessage;
-use crate::{HttpMethod, HttpRequest, HttpToken};
+use crate::io::{HttpMethod, HttpRequest, HttpToken};
 
 /// Tokens of internal relays have this bit set; drivers count theirs up from zero.
 pub(crate) const INTERNAL: u64 = 1 << 63;
@@ -263,7 +263,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::HttpReply;
+    use crate::io::HttpReply;
 
     /// The fake clock's origin: the one real reading, made once per test.
     #[allow(clippy::disallowed_methods)]

@@ -10,10 +10,14 @@
 //! A driver (the `gateway-server` crate, or a test harness) owns one [`Gateway`] by `&mut` and
 //! runs this loop:
 //!
-//! 1. feed each event in with [`Gateway::handle`]`(now, input)`: an HTTP request to `/mcp`
-//!    ([`Input::Http`]), an uplink opening, a text frame from a sled, an uplink closing;
+//! 1. feed each event in with [`Gateway::handle`]`(now, input)`, one of the [`Input`]s: an
+//!    HTTP request to `/mcp` ([`Input::Http`]) or its client gone ([`Input::HttpAborted`]), an
+//!    uplink opening, a text or binary frame from a sled, an uplink closing, a shutdown, a new
+//!    registry, a probe's outcome, or (in a cluster) what the engine said;
 //! 2. drain [`Gateway::poll_output`] until it returns `None`, carrying out each [`Output`]:
-//!    answer an HTTP request, send a frame up an uplink, close an uplink;
+//!    answer an HTTP request or stream it events, send a frame up an uplink, close an uplink,
+//!    probe a project's URL, save the pin file, export a span, or (in a cluster) act on the
+//!    engine;
 //! 3. sleep until [`Gateway::poll_timeout`] (or the next event), then call
 //!    [`Gateway::handle_timeout`] with the *current* time, and go to 2.
 //!
@@ -30,6 +34,7 @@ mod gateway;
 mod gather;
 mod http;
 pub mod identity;
+mod io;
 mod jsonrpc;
 mod metrics;
 mod registry;
@@ -47,11 +52,11 @@ pub use auth::{AccessToken, Identity, OAuthConfig, Principal};
 pub use error::{CallLimit, HttpError, RpcError, UplinkLoss};
 #[cfg(feature = "planted-bugs")]
 pub use gateway::PlantedBug;
-pub use gateway::{
-    Config, Gateway, HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId,
-    ProbeOutcome, Stats, UplinkId,
-};
+pub use gateway::{Config, Gateway, Stats};
 pub use identity::{Pin, Pins, PinsError};
+pub use io::{
+    HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId, ProbeOutcome, UplinkId,
+};
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
 pub use registry::{LeaseMode, ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
 pub use strict::{Unreadable, MAX_CLIENT_DEPTH, MAX_FRAME_DEPTH};

@@ -7,7 +7,7 @@ use std::time::Instant;
 use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
-use crate::HttpToken;
+use crate::io::HttpToken;
 
 /// One MCP session, created by `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq)]

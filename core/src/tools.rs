@@ -11,6 +11,8 @@ use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
+pub(crate) mod coordination;
+
 /// Names of the gateway's own tools. They are answered by the gateway, and a sled tool with
 /// one of these names is not listed.
 pub const GATEWAY_TOOLS: &[&str] = &[
@@ -112,7 +114,7 @@ pub fn tool_definitions() -> Vec<Value> {
         }),
     ];
     defs.into_iter()
-        .chain(crate::gateway::coordination::tool_definitions())
+        .chain(coordination::tool_definitions())
         .collect()
 }
 

@@ -504,13 +504,8 @@ impl Gateway {
 
     // ---- probes ----
 
-    /// Remembers the time of the latest event, and arms the probe round the first time.
-    pub(super) fn see_time(&mut self, now: Instant) {
-        self.now = Some(self.now.map_or(now, |n| n.max(now)));
-        self.arm_probes(now);
-    }
-
-    fn arm_probes(&mut self, now: Instant) {
+    /// Arms the probe round, unless it is armed, the gateway stops, or probes are off.
+    pub(super) fn arm_probes(&mut self, now: Instant) {
         if self.probes_armed || self.shutting_down || self.config.probe_interval.is_zero() {
             return;
         }

@@ -180,24 +180,18 @@ impl Gateway {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
-            let message = format!("Method not found: {method} (a request of protocol 2026-07-28 can take a sled's requests only in tools/call, prompts/get and resources/read)");
-            let error = json!({ "code": -32601, "message": message });
+            let why = format!("Method not found: {method} (a request of protocol 2026-07-28 can take a sled's requests only in tools/call, prompts/get and resources/read)");
             self.outputs.push_back(Output::UplinkSend {
                 uplink,
-                text: jsonrpc::raw_error_response(sled_id.get(), &error.to_string()),
+                text: SledRequestRefused::NotRelayable { why }.response(sled_id.get()),
             });
             return;
         };
         if !rounds.declared.has(capability) {
             let project = call.project.clone();
-            let error = json!({
-                "code": crate::error::code::MISSING_REQUIRED_CLIENT_CAPABILITY,
-                "message": format!("the client of this call did not declare the '{capability}' capability"),
-                "data": { "requiredCapabilities": { capability: {} } },
-            });
             self.outputs.push_back(Output::UplinkSend {
                 uplink,
-                text: jsonrpc::raw_error_response(sled_id.get(), &error.to_string()),
+                text: SledRequestRefused::MissingCapability { capability }.response(sled_id.get()),
             });
             let sled = self.sled_of(&project);
             let e = RpcError::MissingClientCapability {

@@ -504,11 +504,10 @@ impl Gateway {
         method: &str,
         params: Option<&RawValue>,
     ) {
-        let refuse = |this: &mut Gateway, message: String| {
-            let error = json!({ "code": -32601, "message": message });
+        let refuse = |this: &mut Gateway, why: String| {
             this.outputs.push_back(Output::UplinkSend {
                 uplink,
-                text: jsonrpc::raw_error_response(sled_id.get(), &error.to_string()),
+                text: SledRequestRefused::NotRelayable { why }.response(sled_id.get()),
             });
         };
         if method == "ping" {
