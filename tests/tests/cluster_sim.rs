@@ -25,7 +25,6 @@
 //! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
 //! that seed and prints its scenario and trace; `DST_LOG=debug` adds every host's logs.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,8 +38,7 @@ use gateway_tests::sim::cluster::{
     ClusterScenario,
 };
 use gateway_tests::sim::runner::{
-    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, sweep_seeds, threads,
-    RunTrace,
+    self, assert_same_run, env_u64, replay_command, run_parallel, seeds, summary, sweep_seeds,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -282,66 +280,12 @@ fn net_engine_keeps_the_model_semantics() -> turmoil::Result {
 // The cluster.
 
 fn describe(test: &str, r: &ClusterReport) -> String {
-    let mut out = format!(
-        "DST_SEED={}\n{}\n  replay: {}\n",
-        r.seed,
-        r.scenario,
-        replay_command("cluster_sim", test, r.seed)
-    );
-    for v in r.violations.iter().take(16) {
-        out.push_str(&format!("  - {v}\n"));
-    }
-    if r.violations.len() > 16 {
-        out.push_str(&format!("  … and {} more\n", r.violations.len() - 16));
-    }
-    out
+    runner::describe("cluster_sim", test, r)
 }
 
 /// Fails, describing each, if any seed failed.
 fn assert_all_passed(test: &str, reports: &[ClusterReport]) {
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| describe(test, r))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n")
-    );
-}
-
-fn summary(test: &str, reports: &[ClusterReport], wall: f64) {
-    let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
-    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
-    for r in reports {
-        for (k, n) in &r.coverage {
-            *coverage.entry(k.clone()).or_default() += n;
-        }
-    }
-    println!(
-        "{test}: {} seeds in {wall:.2} s wall on {} threads ({simulated:.0} simulated s); slowest seed {:.2} s",
-        reports.len(),
-        threads(),
-        reports
-            .iter()
-            .map(|r| r.wall.as_secs_f64())
-            .fold(0.0, f64::max),
-    );
-    println!("{test}: coverage {coverage:?}");
-    if replaying() {
-        let r = &reports[0];
-        println!("{}", r.scenario);
-        println!(
-            "trace hash {:016x}, simulated {:?}",
-            r.trace_hash, r.sim_time
-        );
-        for line in &r.trace {
-            println!("  {line}");
-        }
-    }
+    runner::assert_all_passed("cluster_sim", test, reports)
 }
 
 #[test]
@@ -368,16 +312,8 @@ fn cluster_same_seed_same_trace() {
     assert_same_run(
         &format!("seed {seed}"),
         &replay_command("cluster_sim", "cluster_same_seed_same_trace", seed),
-        RunTrace {
-            trace: &x.trace,
-            trace_hash: x.trace_hash,
-            sim_time: x.sim_time,
-        },
-        RunTrace {
-            trace: &y.trace,
-            trace_hash: y.trace_hash,
-            sim_time: y.sim_time,
-        },
+        x.run_trace(),
+        y.run_trace(),
     );
     assert_eq!(
         x.violations, y.violations,
@@ -492,16 +428,8 @@ fn cluster_twins_same_seed_same_trace() {
         assert_same_run(
             &format!("seed {}", s.seed),
             &replay_command("cluster_sim", "cluster_twins_same_seed_same_trace", s.seed),
-            RunTrace {
-                trace: &x.trace,
-                trace_hash: x.trace_hash,
-                sim_time: x.sim_time,
-            },
-            RunTrace {
-                trace: &y.trace,
-                trace_hash: y.trace_hash,
-                sim_time: y.sim_time,
-            },
+            x.run_trace(),
+            y.run_trace(),
         );
     }
 }

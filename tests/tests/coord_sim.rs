@@ -11,62 +11,18 @@
 //! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
 //! that seed and prints its scenario and trace; `DST_LOG=debug` adds every host's logs.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use gateway_core::coord::CoordBug;
 use gateway_core::PlantedBug;
 use gateway_tests::sim::coord::{run_coord, CoordReport, CoordScenario};
 use gateway_tests::sim::runner::{
-    assert_same_run, env_u64, replay_command, replaying, run_parallel, seeds, sweep_seeds, threads,
-    RunTrace,
+    self, assert_all_passed, assert_same_run, env_u64, replay_command, replaying, run_parallel,
+    seeds, summary, sweep_seeds,
 };
 
 fn describe(test: &str, r: &CoordReport) -> String {
-    let mut out = format!(
-        "DST_SEED={}\n{}\n  replay: {}\n",
-        r.seed,
-        r.scenario,
-        replay_command("coord_sim", test, r.seed)
-    );
-    for v in r.violations.iter().take(12) {
-        out.push_str(&format!("  - {v}\n"));
-    }
-    if r.violations.len() > 12 {
-        out.push_str(&format!("  … and {} more\n", r.violations.len() - 12));
-    }
-    out
-}
-
-fn summary(test: &str, reports: &[CoordReport], wall: f64) {
-    let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
-    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
-    for r in reports {
-        for (k, n) in &r.coverage {
-            *coverage.entry(k.clone()).or_default() += n;
-        }
-    }
-    println!(
-        "{test}: {} seeds in {wall:.2} s wall on {} threads ({simulated:.0} simulated s); slowest seed {:.2} s",
-        reports.len(),
-        threads(),
-        reports
-            .iter()
-            .map(|r| r.wall.as_secs_f64())
-            .fold(0.0, f64::max),
-    );
-    println!("{test}: coverage {coverage:?}");
-    if replaying() {
-        let r = &reports[0];
-        println!("{}", r.scenario);
-        println!(
-            "trace hash {:016x}, simulated {:?}",
-            r.trace_hash, r.sim_time
-        );
-        for line in &r.trace {
-            println!("  {line}");
-        }
-    }
+    runner::describe("coord_sim", test, r)
 }
 
 #[test]
@@ -79,18 +35,7 @@ fn coord_sweep() {
     let started = Instant::now();
     let reports = run_parallel(&scenarios, run_coord);
     summary(test, &reports, started.elapsed().as_secs_f64());
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| describe(test, r))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n")
-    );
+    assert_all_passed("coord_sim", test, &reports);
 }
 
 #[test]
@@ -102,16 +47,8 @@ fn coord_same_seed_same_trace() {
     assert_same_run(
         &format!("seed {seed}"),
         &replay_command("coord_sim", "coord_same_seed_same_trace", seed),
-        RunTrace {
-            trace: &x.trace,
-            trace_hash: x.trace_hash,
-            sim_time: x.sim_time,
-        },
-        RunTrace {
-            trace: &y.trace,
-            trace_hash: y.trace_hash,
-            sim_time: y.sim_time,
-        },
+        x.run_trace(),
+        y.run_trace(),
     );
     assert_eq!(
         x.violations, y.violations,
@@ -178,18 +115,7 @@ fn coord_listing_window_sweep() {
     let started = Instant::now();
     let reports = run_parallel(&scenarios, run_coord);
     summary(test, &reports, started.elapsed().as_secs_f64());
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| describe(test, r))
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n")
-    );
+    assert_all_passed("coord_sim", test, &reports);
     let served: usize = reports
         .iter()
         .filter_map(|r| r.coverage.get("write before its listing ok"))

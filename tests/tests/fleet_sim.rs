@@ -12,7 +12,6 @@
 //! `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only that seed and prints
 //! its scenario and the client's trace; `DST_LOG=debug` adds every host's logs.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use gateway_tests::sim::fleet::{
@@ -20,7 +19,7 @@ use gateway_tests::sim::fleet::{
     RelayScenario,
 };
 use gateway_tests::sim::runner::{
-    assert_same_run, replay_command, replaying, run_parallel, sweep_seeds, threads, RunTrace,
+    assert_all_passed, assert_same_run, replay_command, run_parallel, summary, sweep_seeds,
 };
 
 /// Runs `run` over the test's seeds, prints what happened, and fails with every failing seed.
@@ -33,59 +32,8 @@ fn sweep<S: Sync>(
     let scenarios: Vec<S> = sweep_seeds(default_seeds).into_iter().map(draw).collect();
     let started = Instant::now();
     let reports = run_parallel(&scenarios, run);
-    let wall = started.elapsed();
-    let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
-    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
-    for r in &reports {
-        for (k, n) in &r.coverage {
-            *coverage.entry(k.clone()).or_default() += n;
-        }
-    }
-    println!(
-        "{test}: {} seeds in {:.2} s wall on {} threads ({:.0} simulated s); slowest seed {:.2} s",
-        reports.len(),
-        wall.as_secs_f64(),
-        threads(),
-        simulated,
-        reports
-            .iter()
-            .map(|r| r.wall.as_secs_f64())
-            .fold(0.0, f64::max),
-    );
-    if !coverage.is_empty() {
-        println!("{test}: coverage {coverage:?}");
-    }
-    if replaying() {
-        let r = &reports[0];
-        println!("{}", r.scenario);
-        println!(
-            "trace hash {:016x}, simulated {:?}",
-            r.trace_hash, r.sim_time
-        );
-        for line in &r.trace {
-            println!("  {line}");
-        }
-    }
-    let failures: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| {
-            format!(
-                "DST_SEED={}\n{}\n  replay: {}\n  - {}",
-                r.seed,
-                r.scenario,
-                replay_command("fleet_sim", test, r.seed),
-                r.violations.join("\n  - ")
-            )
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "{} of {} seeds failed:\n{}",
-        failures.len(),
-        reports.len(),
-        failures.join("\n\n")
-    );
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    assert_all_passed("fleet_sim", test, &reports);
 }
 
 #[test]
@@ -143,16 +91,8 @@ fn fleet_same_seed_same_trace() {
         assert_same_run(
             &format!("the {name} run of seed {seed}"),
             &replay_command("fleet_sim", "fleet_same_seed_same_trace", seed),
-            RunTrace {
-                trace: &x.trace,
-                trace_hash: x.trace_hash,
-                sim_time: x.sim_time,
-            },
-            RunTrace {
-                trace: &y.trace,
-                trace_hash: y.trace_hash,
-                sim_time: y.sim_time,
-            },
+            x.run_trace(),
+            y.run_trace(),
         );
         assert_eq!(
             x.violations, y.violations,

@@ -245,27 +245,7 @@ impl CoordScenario {
 }
 
 /// What one run found.
-#[derive(Debug, Clone)]
-pub struct CoordReport {
-    pub seed: u64,
-    pub scenario: String,
-    /// Everything the oracle objects to; empty for a passing run.
-    pub violations: Vec<String>,
-    pub trace: Vec<String>,
-    /// FNV-1a over the trace and the simulated time.
-    pub trace_hash: u64,
-    pub sim_time: Duration,
-    /// Wall-clock time the run took (not part of the trace).
-    pub wall: Duration,
-    /// What the run exercised, summed over seeds by the tests.
-    pub coverage: BTreeMap<String, usize>,
-}
-
-impl CoordReport {
-    pub fn passed(&self) -> bool {
-        self.violations.is_empty()
-    }
-}
+pub type CoordReport = super::runner::SweepReport;
 
 // ---------------------------------------------------------------------------------------------
 // What is recorded.

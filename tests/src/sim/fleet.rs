@@ -54,29 +54,8 @@ const MCP_URL: &str = "http://gateway:80/mcp";
 const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What one fleet run found.
-#[derive(Debug, Clone)]
-pub struct FleetReport {
-    pub seed: u64,
-    /// The drawn scenario, for the failure message.
-    pub scenario: String,
-    /// Everything that was wrong; empty for a passing run.
-    pub violations: Vec<String>,
-    /// FNV-1a over the client's trace (every answer with its simulated time) and the sim time.
-    pub trace_hash: u64,
-    pub trace: Vec<String>,
-    pub sim_time: Duration,
-    /// Wall-clock time the run took (not part of the trace).
-    pub wall: Duration,
-    /// What the run exercised (e.g. reasons seen), summed over seeds by the tests.
-    pub coverage: BTreeMap<String, usize>,
-}
-
-impl FleetReport {
-    pub fn passed(&self) -> bool {
-        self.violations.is_empty()
-    }
-}
+/// What one run found.
+pub type FleetReport = super::runner::SweepReport;
 
 // ---------------------------------------------------------------------------------------------
 // Shared pieces: the gateway host, sled hosts, the client, the run loop.

@@ -2,8 +2,10 @@
 //! (`DST_THREADS`), and the command that replays one. Shared by `tests/tests/simulation.rs` and
 //! `tests/tests/fleet_sim.rs`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// An environment variable as a number, if set and numeric.
 pub fn env_u64(name: &str) -> Option<u64> {
@@ -95,6 +97,111 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_default()
+}
+
+/// What one seed's run of a network simulation (`cluster`, `coord`, `fleet`) found.
+#[derive(Debug, Clone)]
+pub struct SweepReport {
+    pub seed: u64,
+    /// The drawn scenario, for the failure message.
+    pub scenario: String,
+    /// Everything the oracle objects to; empty for a passing run.
+    pub violations: Vec<String>,
+    pub trace: Vec<String>,
+    /// FNV-1a over the trace and the simulated time.
+    pub trace_hash: u64,
+    pub sim_time: Duration,
+    /// Wall-clock time the run took (not part of the trace).
+    pub wall: Duration,
+    /// What the run exercised, summed over seeds by [`summary`].
+    pub coverage: BTreeMap<String, usize>,
+}
+
+impl SweepReport {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Its trace, for [`assert_same_run`].
+    pub fn run_trace(&self) -> RunTrace<'_> {
+        RunTrace {
+            trace: &self.trace,
+            trace_hash: self.trace_hash,
+            sim_time: self.sim_time,
+        }
+    }
+}
+
+/// A failed seed of test `test` in test binary `binary`: its `DST_SEED`, scenario, replay
+/// command and first violations.
+pub fn describe(binary: &str, test: &str, r: &SweepReport) -> String {
+    const SHOWN: usize = 16;
+    let mut out = format!(
+        "DST_SEED={}\n{}\n  replay: {}\n",
+        r.seed,
+        r.scenario,
+        replay_command(binary, test, r.seed)
+    );
+    for v in r.violations.iter().take(SHOWN) {
+        out.push_str(&format!("  - {v}\n"));
+    }
+    if r.violations.len() > SHOWN {
+        out.push_str(&format!("  … and {} more\n", r.violations.len() - SHOWN));
+    }
+    out
+}
+
+/// Fails, describing each, if any seed failed.
+pub fn assert_all_passed(binary: &str, test: &str, reports: &[SweepReport]) {
+    let failures: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| describe(binary, test, r))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}",
+        failures.len(),
+        reports.len(),
+        failures.join("\n")
+    );
+}
+
+/// Prints a sweep's size, time and coverage; when replaying one seed, also its scenario and
+/// trace.
+pub fn summary(test: &str, reports: &[SweepReport], wall: f64) {
+    let simulated: f64 = reports.iter().map(|r| r.sim_time.as_secs_f64()).sum();
+    let mut coverage: BTreeMap<String, usize> = BTreeMap::new();
+    for r in reports {
+        for (k, n) in &r.coverage {
+            *coverage.entry(k.clone()).or_default() += n;
+        }
+    }
+    println!(
+        "{test}: {} seeds in {wall:.2} s wall on {} threads ({simulated:.0} simulated s, {:.1} seeds/s); slowest seed {:.2} s",
+        reports.len(),
+        threads(),
+        reports.len() as f64 / wall.max(1e-9),
+        reports
+            .iter()
+            .map(|r| r.wall.as_secs_f64())
+            .fold(0.0, f64::max),
+    );
+    if !coverage.is_empty() {
+        println!("{test}: coverage {coverage:?}");
+    }
+    if replaying() {
+        if let Some(r) = reports.first() {
+            println!("{}", r.scenario);
+            println!(
+                "trace hash {:016x}, simulated {:?}",
+                r.trace_hash, r.sim_time
+            );
+            for line in &r.trace {
+                println!("  {line}");
+            }
+        }
+    }
 }
 
 /// One run's observable behaviour, for [`assert_same_run`].
