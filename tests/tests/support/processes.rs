@@ -336,9 +336,78 @@ http {{
     }
 }
 
+/// The processes whose parent is `pid` (from `/proc`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            // /proc/<p>/stat: "pid (comm) state ppid …"; comm may hold spaces, not ')'.
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = st.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            st.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+}
+
+impl Nginx {
+    /// Stops nginx the way it expects (SIGQUIT to the master: the workers finish and exit, then
+    /// the master), and returns the processes it started that are still running after 10 s
+    /// (then killed).
+    fn stop(&mut self) -> Vec<u32> {
+        let Some(master) = self.child.id() else {
+            return Vec::new();
+        };
+        let workers = children_of(master);
+        let _ = std::process::Command::new("kill")
+            .args(["-QUIT", &master.to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut left: Vec<u32> = workers.clone();
+        loop {
+            let master_done = matches!(self.child.try_wait(), Ok(Some(_)));
+            left.retain(|w| alive(*w));
+            if master_done && left.is_empty() {
+                return Vec::new();
+            }
+            if std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.start_kill();
+        let mut outlived: Vec<u32> = left.clone();
+        for w in &left {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &w.to_string()])
+                .status();
+        }
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            outlived.push(master);
+        }
+        outlived
+    }
+}
+
 impl Drop for Nginx {
     fn drop(&mut self) {
-        let _ = self.child.start_kill();
+        let outlived = self.stop();
+        if !outlived.is_empty() && !std::thread::panicking() {
+            panic!("nginx processes {outlived:?} outlived a graceful stop by 10 s");
+        }
         if std::thread::panicking() {
             let log = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
             let mut last = "";
