@@ -2,11 +2,13 @@
 //! two real sled uplinks and 3–5 agent sessions on client hosts, with partitions, a sled crash
 //! and a gateway crash drawn from the seed.
 //!
-//! - `coord_sweep`: `DST_SEEDS` seeds (default 48), on every core; fails on any violation.
+//! - `coord_sweep`: `DST_SEEDS` seeds (default 48; with `DST_FRESH_FROM`, a quarter fresh), on
+//!   every core; fails on any violation.
+//! - `coord_listing_window_sweep`: `DST_SEEDS` seeds (default 12) that meet the listing window.
 //! - `coord_same_seed_same_trace`: one seed run twice gives the same trace.
-//! - `coord_planted_fence_reused_after_release_is_caught`: the gateway with
-//!   `CoordBug::FenceReusedAfterRelease` planted must fail some seeds, and the first failing
-//!   seed must replay to the same violations.
+//! - `coord_planted_*_is_caught`: the gateway with a bug planted (`CoordBug`s, and
+//!   `PlantedBug::ToolsPendingAfterListing`) must fail some of its fixed seeds (not sized by
+//!   `DST_SEEDS`), and the first failing seed must replay to the same violations.
 //!
 //! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
 //! that seed and prints its scenario and trace; `DST_LOG=debug` adds every host's logs.
@@ -59,7 +61,7 @@ fn coord_same_seed_same_trace() {
 /// Runs the gateway with `bug` planted over the first seeds; the sweep must catch it, and the
 /// first failing seed must replay to the same violations.
 fn planted(test: &str, bug: CoordBug, default_seeds: u64) {
-    let scenarios: Vec<CoordScenario> = seeds(default_seeds, true)
+    let scenarios: Vec<CoordScenario> = seeds(default_seeds, false)
         .into_iter()
         .map(|seed| CoordScenario::draw(seed, Some(bug)))
         .collect();
@@ -133,7 +135,7 @@ fn coord_listing_window_sweep() {
 #[test]
 fn coord_planted_tools_pending_after_listing_is_caught() {
     let test = "coord_planted_tools_pending_after_listing_is_caught";
-    let scenarios: Vec<CoordScenario> = seeds(12, true)
+    let scenarios: Vec<CoordScenario> = seeds(12, false)
         .into_iter()
         .map(|seed| {
             CoordScenario::draw_listing_window(seed, Some(PlantedBug::ToolsPendingAfterListing))
