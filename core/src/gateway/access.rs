@@ -1,10 +1,9 @@
-//! Who may do what (`[[access]]`, [`crate::rights`]): the decisions on the caller of the request
-//! being handled.
+//! Who may do what (`[[access]]`, [`crate::rights`]): the decisions on a request's principal.
 //!
-//! The caller is set by [`Gateway::on_http`] from the request's credentials before anything
-//! else runs, and requests are handled one at a time, so every decision made while handling a
-//! request is about that request's caller. Decisions made later (a sled's answer, a timer) are
-//! about the call they belong to, which was checked when it was made.
+//! The principal is proved by [`Gateway::on_http`] from the request's credentials before
+//! anything else runs, and travels down the request path in its [`Req`]; every decision here
+//! takes it as an argument. Decisions made later (a sled's answer, a timer) have no principal
+//! to ask about: they are about the call they belong to, which was checked when it was made.
 //!
 //! A project the caller has no right on is invisible to it: it is left out of every listing,
 //! and naming it is answered exactly as naming a project that is not registered. A project it
@@ -16,46 +15,48 @@ use crate::auth::Identity;
 use crate::rights::{Caller as RuleCaller, Right};
 
 impl Gateway {
-    /// The caller's right on `project`, if any.
-    pub(super) fn right_on(&self, project: &str) -> Option<Right> {
+    /// `who`'s right on `project`, if any.
+    pub(super) fn right_on(&self, who: &Identity, project: &str) -> Option<Right> {
         let rules = self.registry.rules();
         if rules.is_open() {
             return Some(Right::Admin);
         }
-        let token_name = match &self.caller {
+        let token_name = match who {
             Identity::ClientToken(i) => self.registry.client_token_name(*i),
             Identity::Anonymous | Identity::Token(_) => None,
         };
-        rules.right(&RuleCaller::new(&self.caller, token_name), project)
+        rules.right(&RuleCaller::new(who, token_name), project)
     }
 
-    /// Whether the caller may see `project` at all (it has some right on it).
-    pub(super) fn sees(&self, project: &str) -> bool {
-        self.right_on(project).is_some()
+    /// Whether `who` may see `project` at all (it has some right on it).
+    pub(super) fn sees(&self, who: &Identity, project: &str) -> bool {
+        self.right_on(who, project).is_some()
     }
 
-    /// The registered projects the caller may see, in file order.
-    pub(super) fn visible_projects(&self) -> Vec<String> {
+    /// The registered projects `who` may see, in file order (all of them without
+    /// `[[access]]`).
+    pub(super) fn visible_projects(&self, who: &Identity) -> Vec<String> {
         #[cfg(feature = "planted-bugs")]
         let all = self.config.planted == Some(PlantedBug::HiddenProjectsListed);
         #[cfg(not(feature = "planted-bugs"))]
         let all = false;
         self.registry
             .names()
-            .filter(|p| all || self.sees(p))
+            .filter(|p| all || self.sees(who, p))
             .map(str::to_owned)
             .collect()
     }
 
-    /// `Ok` when the caller has `need` on `project`; else `forbidden`, or, when it may not see
+    /// `Ok` when `who` has `need` on `project`; else `forbidden`, or, when it may not see
     /// the project at all, the answer for an unregistered one.
     pub(super) fn require(
         &self,
+        who: &Identity,
         project: &str,
         need: Right,
         what: std::fmt::Arguments<'_>,
     ) -> Result<(), RpcError> {
-        match self.right_on(project) {
+        match self.right_on(who, project) {
             Some(r) if r >= need => Ok(()),
             #[cfg(feature = "planted-bugs")]
             Some(_) if self.config.planted == Some(PlantedBug::RightsIgnoreReadOnly) => Ok(()),
@@ -63,7 +64,7 @@ impl Gateway {
                 let what = what.to_string();
                 tracing::info!(
                     target: "audit",
-                    principal = self.principal_label(),
+                    principal = self.principal_label(who),
                     project,
                     what,
                     right = need.name(),
@@ -78,14 +79,14 @@ impl Gateway {
             }
             None => Err(RpcError::UnknownProject {
                 project: project.to_owned(),
-                registered: self.visible_projects(),
+                registered: self.visible_projects(who),
             }),
         }
     }
 
-    /// The caller, for audit lines: never a token.
-    pub(super) fn principal_label(&self) -> String {
-        match &self.caller {
+    /// `who`, for audit lines: never a token.
+    pub(super) fn principal_label(&self, who: &Identity) -> String {
+        match who {
             Identity::Anonymous => "anonymous".into(),
             Identity::ClientToken(i) => format!(
                 "token:{}",
@@ -98,10 +99,10 @@ impl Gateway {
         }
     }
 
-    /// What a project that asks for it (`forward_principal`) learns of the caller, for the
+    /// What a project that asks for it (`forward_principal`) learns of `who`, for the
     /// forwarded request's `_meta`.
-    pub(super) fn principal_meta(&self) -> Option<Value> {
-        match &self.caller {
+    pub(super) fn principal_meta(&self, who: &Identity) -> Option<Value> {
+        match who {
             Identity::Anonymous => None,
             Identity::ClientToken(i) => Some(json!({
                 "token": self.registry.client_token_name(*i),

@@ -41,8 +41,13 @@ impl Gateway {
             Ok(identity) => identity,
             Err(refusal) => return self.http_error(token, refusal),
         };
-        self.caller = identity.clone();
-        self.serving_relayed = request.relayed;
+        let req = Req {
+            now,
+            token,
+            principal: &identity,
+            relayed: request.relayed,
+            scope: Scope::Sessionless,
+        };
         if let Some(c) = self.cluster.as_mut() {
             c.gathers.serving(&request);
         }
@@ -78,7 +83,7 @@ impl Gateway {
             .as_deref()
             .is_some_and(headers::is_modern)
         {
-            return self.on_modern(now, token, request);
+            return self.on_modern(&req, request);
         }
         if let Some(v) = request.protocol_version.as_deref() {
             if !headers::supported_version(v) {
@@ -103,19 +108,14 @@ impl Gateway {
                     None => self.http_error(token, HttpError::UnknownSession),
                 },
             },
-            HttpMethod::Post => self.on_post(now, token, request, owner),
+            HttpMethod::Post => self.on_post(&req, request, owner),
         }
     }
 
     /// `owner`: who a session created by this request belongs to
     /// ([`crate::Identity::session_owner`]).
-    pub(super) fn on_post(
-        &mut self,
-        now: Instant,
-        token: HttpToken,
-        request: HttpRequest,
-        owner: Option<String>,
-    ) {
+    pub(super) fn on_post(&mut self, req: &Req<'_>, request: HttpRequest, owner: Option<String>) {
+        let Req { now, token, .. } = *req;
         if !is_json(request.content_type.as_deref()) {
             return self.http_error(
                 token,
@@ -144,27 +144,28 @@ impl Gateway {
         };
         if let ClientMessage::Request { id, method, params } = &message {
             if method == "initialize" {
-                return self.on_initialize(now, token, id, *params, owner);
+                return self.on_initialize(req, id, *params, owner);
             }
         }
-        let caller = match request.session.as_deref() {
-            None => Caller::Sessionless,
+        let scope = match request.session.as_deref() {
+            None => Scope::Sessionless,
             Some(id) => match self.sessions.get_mut(id) {
                 Some(s) => {
                     s.last_seen = now;
-                    Caller::Session(id)
+                    Scope::Session(id)
                 }
                 None => return self.http_error(token, HttpError::UnknownSession),
             },
         };
-        if let Caller::Session(id) = caller {
+        let req = &req.in_scope(scope);
+        if let Scope::Session(id) = scope {
             self.touch_session(now, id);
         }
         match message {
             ClientMessage::Notification { method, params } => {
                 tracing::trace!(method, "client notification");
                 if method == "notifications/cancelled" {
-                    if let Caller::Session(session) = caller {
+                    if let Scope::Session(session) = scope {
                         let session = session.to_owned();
                         self.on_client_cancelled(&session, params);
                     }
@@ -172,7 +173,7 @@ impl Gateway {
                 self.reply(token, 202, Vec::new(), None)
             }
             ClientMessage::Response { id, result, error } => {
-                self.on_client_response(caller, &id, result, error);
+                self.on_client_response(scope, &id, result, error);
                 self.reply(token, 202, Vec::new(), None)
             }
             ClientMessage::Request { id, method, params } => {
@@ -182,15 +183,15 @@ impl Gateway {
                 };
                 let answer = match method.as_str() {
                     "ping" => Ok(Some("{}".to_owned())),
-                    "tools/list" => self.tools_list(caller, params).map(Some),
-                    "tools/call" => self.tools_call(now, token, caller, &id, params, mode),
+                    "tools/list" => self.tools_list(req, params).map(Some),
+                    "tools/call" => self.tools_call(req, &id, params, mode),
                     // A 2026-07-28 client probing for the stateless era without the header.
                     "server/discover" => Ok(Some(self.discover())),
                     // Log messages reach only the session whose call produced them; the level
                     // is the session's own.
-                    "logging/setLevel" => self.set_log_level(caller, params).map(Some),
+                    "logging/setLevel" => self.set_log_level(scope, params).map(Some),
                     m if proxy::PROXIED_METHODS.contains(&m) => {
-                        self.proxy_method(now, token, caller, &id, m, params, mode)
+                        self.proxy_method(req, &id, m, params, mode)
                     }
                     _ => Err(RpcError::MethodNotFound { method }),
                 };
@@ -214,10 +215,10 @@ impl Gateway {
                     // Its project's sled is on another replica of the cluster: relayed there.
                     Err(RpcError::OwnedElsewhere {
                         project, replica, ..
-                    }) if !self.serving_relayed => {
+                    }) if !req.relayed => {
                         self.relay(token, replica, project, id.as_str(), false, request)
                     }
-                    Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
+                    Err(RpcError::SledMoving { project, .. }) if !req.relayed => {
                         self.hold(token, project, request)
                     }
                     // Its project's tools are not listed yet: it waits for them.
@@ -234,12 +235,12 @@ impl Gateway {
 
     pub(super) fn on_initialize(
         &mut self,
-        now: Instant,
-        token: HttpToken,
+        req: &Req<'_>,
         id: &RawId,
         params: Option<&RawValue>,
         owner: Option<String>,
     ) {
+        let Req { now, token, .. } = *req;
         let params: InitializeParams = match jsonrpc::params_of("initialize", params) {
             Ok(p) => p,
             Err(e) => {
@@ -281,7 +282,7 @@ impl Gateway {
         let default = self
             .registry
             .default_project()
-            .filter(|p| self.sees(p))
+            .filter(|p| self.sees(req.principal, p))
             .map(str::to_owned);
         let session =
             self.sessions
@@ -355,17 +356,20 @@ impl Gateway {
     }
 
     /// The caller's default project: its session's, or the file's for a sessionless request.
-    pub(super) fn default_of(&self, caller: Caller<'_>) -> Option<&str> {
+    pub(super) fn default_of(&self, req: &Req<'_>) -> Option<&str> {
         #[cfg(feature = "planted-bugs")]
         if self.config.planted == Some(PlantedBug::SharedActiveProject) {
             if let Some(active) = &self.shared_active {
                 return Some(active);
             }
         }
-        match caller {
-            Caller::Session(id) => self.sessions.get(id)?.default_project.as_deref(),
-            // Not one the caller may not see: naming it would reveal it.
-            Caller::Sessionless => self.registry.default_project().filter(|p| self.sees(p)),
+        match req.scope {
+            Scope::Session(id) => self.sessions.get(id)?.default_project.as_deref(),
+            // Not one the principal may not see: naming it would reveal it.
+            Scope::Sessionless => self
+                .registry
+                .default_project()
+                .filter(|p| self.sees(req.principal, p)),
         }
     }
 
@@ -373,7 +377,7 @@ impl Gateway {
     /// project's. The cursor is the offset of the page, as text.
     pub(super) fn tools_list(
         &self,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         params: Option<&RawValue>,
     ) -> Result<String, RpcError> {
         #[derive(Deserialize)]
@@ -382,10 +386,10 @@ impl Gateway {
             cursor: Option<String>,
         }
         let params: ListParams = jsonrpc::params_of("tools/list", params)?;
-        let default = self.default_of(caller).filter(|p| self.sees(p));
+        let default = self.default_of(req).filter(|p| self.sees(req.principal, p));
         // In a cluster, the default's tools are known where its sled is: the list is made
         // there (a list relayed here by mistake lists the gateway's tools only).
-        if let Some(project) = default.filter(|p| !self.is_live(p) && !self.serving_relayed) {
+        if let Some(project) = default.filter(|p| !self.is_live(p) && !req.relayed) {
             if let Some(replica) = self.relay_target(project) {
                 return Err(RpcError::OwnedElsewhere {
                     project: project.to_owned(),
@@ -517,14 +521,13 @@ impl Gateway {
     /// Answers a `tools/call` now (`Ok(Some)`), or forwards it (`Ok(None)`).
     pub(super) fn tools_call(
         &mut self,
-        now: Instant,
-        token: HttpToken,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         id: &RawId,
         params: Option<&RawValue>,
         mode: CallMode,
     ) -> Result<Option<String>, RpcError> {
         let CallMode { stream_ok, modern } = mode;
+        let now = req.now;
         let params: CallParams = jsonrpc::params_of("tools/call", params)?;
         let gateway_tool = [
             SWITCH_PROJECT,
@@ -543,16 +546,7 @@ impl Gateway {
                 Some(m) => Some(call_arguments::<Value>(Some(m))?),
                 None => None,
             };
-            return self.coordination_call(
-                now,
-                token,
-                caller,
-                id,
-                tool,
-                &arguments,
-                meta.as_ref(),
-                mode,
-            );
+            return self.coordination_call(req, id, tool, &arguments, meta.as_ref(), mode);
         }
         if gateway_tool {
             let arguments: Map<String, Value> = call_arguments(params.arguments)?;
@@ -561,11 +555,11 @@ impl Gateway {
                     tool: SWITCH_PROJECT.into(),
                     why: "requests of protocol 2026-07-28 have no session to keep a default in: pass \"project\" in each call's arguments",
                 }),
-                SWITCH_PROJECT => self.switch_project(caller, &arguments).map(Some),
-                LIST_PROJECTS => self.list_projects(caller, &arguments).map(Some),
-                GATEWAY_HEALTH => self.gateway_health_call(now, token, id, modern, &arguments),
-                FLEET_IDENTITY => self.fleet_identity(now, &arguments).map(Some),
-                _ => self.aggregate_pipeline_status(now, token, id, modern, &arguments),
+                SWITCH_PROJECT => self.switch_project(req, &arguments).map(Some),
+                LIST_PROJECTS => self.list_projects(req, &arguments).map(Some),
+                GATEWAY_HEALTH => self.gateway_health_call(req, id, modern, &arguments),
+                FLEET_IDENTITY => self.fleet_identity(req, &arguments).map(Some),
+                _ => self.aggregate_pipeline_status(req, id, modern, &arguments),
             };
         }
         // A project's tool: its arguments are looked at only for `project`.
@@ -575,7 +569,7 @@ impl Gateway {
             None => None,
         };
         let tool = params.name;
-        let route = self.route(explicit.as_ref(), caller, &tool)?;
+        let route = self.route(req, explicit.as_ref(), &tool)?;
         let listed = self
             .projects
             .get(&route.project)
@@ -587,7 +581,12 @@ impl Gateway {
         } else {
             Right::Write
         };
-        self.require(&route.project, need, format_args!("tools/call {tool}"))?;
+        self.require(
+            req.principal,
+            &route.project,
+            need,
+            format_args!("tools/call {tool}"),
+        )?;
         if !listed.is_some_and(|t| t.declares_project) {
             arguments.remove("project");
         }
@@ -637,7 +636,7 @@ impl Gateway {
             Some(format!("{kind}:{value}"))
         });
         if let Some(resource) = leased {
-            let agent = self.writer_of(caller, handle.as_ref())?;
+            let agent = self.writer_of(req.scope, handle.as_ref())?;
             if let Some(fence) =
                 self.check_lease(now, agent.as_deref(), &route.project, &resource)?
             {
@@ -651,9 +650,7 @@ impl Gateway {
             }
         }
         self.forward(
-            now,
-            token,
-            caller,
+            req,
             id,
             CallMode { stream_ok, modern },
             route,
@@ -667,7 +664,7 @@ impl Gateway {
     /// `logging/setLevel`: the session's own threshold for the log messages of its calls.
     pub(super) fn set_log_level(
         &mut self,
-        caller: Caller<'_>,
+        scope: Scope<'_>,
         params: Option<&RawValue>,
     ) -> Result<String, RpcError> {
         #[derive(Deserialize)]
@@ -685,7 +682,7 @@ impl Gateway {
                 ),
             });
         };
-        if let Caller::Session(s) = caller {
+        if let Scope::Session(s) = scope {
             if let Some(session) = self.sessions.get_mut(s) {
                 session.log_level = Some(rank);
             }
@@ -696,7 +693,7 @@ impl Gateway {
 
     pub(super) fn switch_project(
         &mut self,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         arguments: &Map<String, Value>,
     ) -> Result<String, RpcError> {
         only_arguments(SWITCH_PROJECT, arguments, &["project"])?;
@@ -719,14 +716,14 @@ impl Gateway {
                 })
             }
         };
-        let Caller::Session(session) = caller else {
+        let Scope::Session(session) = req.scope else {
             return Err(RpcError::SwitchWithoutSession);
         };
         let sid = session;
-        if self.registry.get(&project).is_none() || !self.sees(&project) {
+        if self.registry.get(&project).is_none() || !self.sees(req.principal, &project) {
             return Err(RpcError::UnknownProject {
                 project,
-                registered: self.registered(),
+                registered: self.visible_projects(req.principal),
             });
         }
         let live = self.is_live(&project);
@@ -759,16 +756,16 @@ impl Gateway {
 
     pub(super) fn list_projects(
         &self,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         arguments: &Map<String, Value>,
     ) -> Result<String, RpcError> {
         only_arguments(LIST_PROJECTS, arguments, &[])?;
-        let active = self.default_of(caller).filter(|p| self.sees(p));
+        let active = self.default_of(req).filter(|p| self.sees(req.principal, p));
         let projects: Vec<Value> = self
             .registry
             .projects()
             .iter()
-            .filter(|p| self.sees(&p.name))
+            .filter(|p| self.sees(req.principal, &p.name))
             .map(|p| {
                 let mut entry = json!({
                     "name": p.name,
@@ -801,11 +798,6 @@ impl Gateway {
         Ok(tool_result(
             json!({ "projects": projects, "active": active }),
         ))
-    }
-
-    /// The registered projects this caller may see (all of them without `[[access]]`).
-    pub(super) fn registered(&self) -> Vec<String> {
-        self.visible_projects()
     }
 
     /// Holds a write refused `refusal` (`tools_pending`) until its project's tools are listed,

@@ -340,12 +340,11 @@ impl Gateway {
     }
 
     /// Whether `project`'s sled left its replica a moment ago (so a request for it may wait
-    /// for its next one); never for a request relayed here.
-    pub(super) fn is_moving(&self, project: &str) -> bool {
-        let (Some(c), Some(now)) = (self.cluster.as_ref(), self.now) else {
-            return false;
-        };
-        !self.serving_relayed && c.moving.get(project).is_some_and(|until| *until > now)
+    /// for its next one; a request relayed here never waits, its caller asks).
+    pub(super) fn is_moving(&self, now: Instant, project: &str) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.moving.get(project).is_some_and(|until| *until > now))
     }
 
     /// Holds a request until `project` has a holder again, or its move takes too long.

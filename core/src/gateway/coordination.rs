@@ -264,15 +264,14 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn coordination_call(
         &mut self,
-        now: Instant,
-        token: HttpToken,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         id: &RawId,
         tool: &'static str,
         arguments: &Map<String, Value>,
         meta: Option<&Value>,
         mode: CallMode,
     ) -> Result<Option<String>, RpcError> {
+        let now = req.now;
         client::only_arguments(tool, arguments, allowed(tool))?;
         // In a cluster, a project's coordination state lives where its sled is: the call is
         // relayed there whole (before anything is made here for it).
@@ -280,7 +279,7 @@ impl Gateway {
         // whichever replica was asked, and a sled connecting to another would not see it):
         // the call waits a moment for a sled on the move, else it is refused.
         if tool != WAIT && self.cluster.is_some() {
-            let project = self.coordination_project(caller, arguments, tool)?;
+            let project = self.coordination_project(req, arguments, tool)?;
             if !self.is_live(&project) {
                 let sled = self.sled_of(&project);
                 return Err(match self.relay_target(&project) {
@@ -289,36 +288,37 @@ impl Gateway {
                         project,
                         replica,
                     },
-                    _ if self.is_moving(&project) => RpcError::SledMoving { sled, project },
+                    _ if !req.relayed && self.is_moving(now, &project) => {
+                        RpcError::SledMoving { sled, project }
+                    }
                     _ => RpcError::SledNotConnected { sled, project },
                 });
             }
         }
-        let (agent, handle) = self.agent_of(caller, arguments, tool)?;
+        let (agent, handle) = self.agent_of(req.scope, arguments, tool)?;
         if tool == WAIT {
             let given: Option<String> = arg(tool, arguments, "agent")?;
             return self.coordination_wait(
-                now,
-                token,
-                (id, caller),
+                req,
+                id,
                 (&agent, given.as_deref()),
                 arguments,
                 meta,
                 mode,
             );
         }
-        let project = self.coordination_project(caller, arguments, tool)?;
+        let project = self.coordination_project(req, arguments, tool)?;
         let force = tool == RELEASE && arguments.get("force") == Some(&Value::Bool(true));
         let need = match tool {
             RELEASE if force => Right::Admin,
             CLAIM | RENEW | RELEASE | SEND | BOARD_SET | BOARD_DELETE => Right::Write,
             _ => Right::Read,
         };
-        self.require(&project, need, format_args!("{tool}"))?;
+        self.require(req.principal, &project, need, format_args!("{tool}"))?;
         if force {
             tracing::info!(
                 target: "audit",
-                principal = self.principal_label(),
+                principal = self.principal_label(req.principal),
                 project,
                 tool,
                 action = "force_release",
@@ -552,7 +552,7 @@ impl Gateway {
     /// The calling agent's public name, and a handle when this call issued one.
     fn agent_of(
         &mut self,
-        caller: Caller<'_>,
+        scope: Scope<'_>,
         arguments: &Map<String, Value>,
         tool: &'static str,
     ) -> Result<(String, Option<String>), RpcError> {
@@ -562,9 +562,9 @@ impl Gateway {
                 None => Err(RpcError::UnknownAgent { tool }),
             };
         }
-        match caller {
-            Caller::Session(s) => Ok((self.session_agent(s), None)),
-            Caller::Sessionless if tool == CHECKIN => {
+        match scope {
+            Scope::Session(s) => Ok((self.session_agent(s), None)),
+            Scope::Sessionless if tool == CHECKIN => {
                 let max = self.config.max_sessions;
                 if self.coordination.handles.len() >= max {
                     return Err(coord_error(
@@ -585,7 +585,7 @@ impl Gateway {
                     .insert(name.clone(), handle.clone());
                 Ok((name, Some(handle)))
             }
-            Caller::Sessionless => Err(RpcError::NoAgent { tool }),
+            Scope::Sessionless => Err(RpcError::NoAgent { tool }),
         }
     }
 
@@ -642,17 +642,17 @@ impl Gateway {
     /// The project a coordination call acts in: its `project`, else the caller's default.
     fn coordination_project(
         &self,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         arguments: &Map<String, Value>,
         tool: &'static str,
     ) -> Result<String, RpcError> {
         let project = match arguments.get("project") {
-            None | Some(Value::Null) => match self.default_of(caller) {
+            None | Some(Value::Null) => match self.default_of(req) {
                 Some(p) => p.to_owned(),
                 None => {
                     return Err(RpcError::NoProjectSelected {
                         tool: tool.into(),
-                        registered: self.registered(),
+                        registered: self.visible_projects(req.principal),
                     })
                 }
             },
@@ -662,10 +662,10 @@ impl Gateway {
             Some(Value::String(p)) => p.clone(),
             Some(_) => return Err(RpcError::ProjectNotString { tool: tool.into() }),
         };
-        if self.registry.get(&project).is_none() || !self.sees(&project) {
+        if self.registry.get(&project).is_none() || !self.sees(req.principal, &project) {
             return Err(RpcError::UnknownProject {
                 project,
-                registered: self.registered(),
+                registered: self.visible_projects(req.principal),
             });
         }
         Ok(project)
@@ -674,23 +674,23 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     fn coordination_wait(
         &mut self,
-        now: Instant,
-        token: HttpToken,
-        (id, caller): (&RawId, Caller<'_>),
+        req: &Req<'_>,
+        id: &RawId,
         (agent, handle): (&str, Option<&str>),
         arguments: &Map<String, Value>,
         meta: Option<&Value>,
         mode: CallMode,
     ) -> Result<Option<String>, RpcError> {
+        let Req { now, token, .. } = *req;
         let named: Option<Vec<String>> = arg(WAIT, arguments, "projects")?;
         let named_any = named.is_some();
         let projects = match named {
             Some(ps) => {
                 for p in &ps {
-                    if self.registry.get(p).is_none() || !self.sees(p) {
+                    if self.registry.get(p).is_none() || !self.sees(req.principal, p) {
                         return Err(RpcError::UnknownProject {
                             project: p.clone(),
-                            registered: self.registered(),
+                            registered: self.visible_projects(req.principal),
                         });
                     }
                 }
@@ -698,7 +698,10 @@ impl Gateway {
             }
             None => {
                 let present = self.coordination.coord.present_in(now, agent);
-                present.into_iter().filter(|p| self.sees(p)).collect()
+                present
+                    .into_iter()
+                    .filter(|p| self.sees(req.principal, p))
+                    .collect()
             }
         };
         let limit = self.coordination.coord.limits().max_wait;
@@ -706,7 +709,7 @@ impl Gateway {
             .unwrap_or(limit)
             .min(limit);
         // In a cluster, projects held by other replicas are waited in there.
-        let (projects, elsewhere) = self.wait_places(projects, named_any);
+        let (projects, elsewhere) = self.wait_places(req, projects, named_any);
         if projects.is_empty() && elsewhere.is_empty() {
             return Err(RpcError::InvalidParams {
                 method: WAIT.into(),
@@ -757,7 +760,7 @@ impl Gateway {
                 );
                 if !elsewhere.is_empty() {
                     let local = !projects.is_empty();
-                    self.spread_wait(now, wait, local, elsewhere, caller, handle, timeout);
+                    self.spread_wait(now, wait, local, elsewhere, req.scope, handle, timeout);
                 }
                 Ok(None)
             }
@@ -947,7 +950,7 @@ impl Gateway {
     /// (then the write holds no lease).
     pub(super) fn writer_of(
         &mut self,
-        caller: Caller<'_>,
+        scope: Scope<'_>,
         handle: Option<&Value>,
     ) -> Result<Option<String>, RpcError> {
         if let Some(h) = handle {
@@ -959,9 +962,9 @@ impl Gateway {
                 .map(Some)
                 .ok_or(RpcError::UnknownAgent { tool: "tools/call" });
         }
-        Ok(match caller {
-            Caller::Session(s) => Some(self.session_agent(s)),
-            Caller::Sessionless => None,
+        Ok(match scope {
+            Scope::Session(s) => Some(self.session_agent(s)),
+            Scope::Sessionless => None,
         })
     }
 

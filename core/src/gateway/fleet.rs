@@ -306,9 +306,10 @@ impl Gateway {
     /// attempts; or, with `action: "repin"`, a re-pin of one project to its refused key.
     pub(super) fn fleet_identity(
         &mut self,
-        now: Instant,
+        req: &Req<'_>,
         arguments: &Map<String, Value>,
     ) -> Result<String, RpcError> {
+        let now = req.now;
         client::only_arguments(FLEET_IDENTITY, arguments, &["action", "project", "key"])?;
         let bad = |detail: String| RpcError::InvalidParams {
             method: FLEET_IDENTITY.into(),
@@ -325,13 +326,15 @@ impl Gateway {
         };
         let project = match arguments.get("project") {
             None => None,
-            Some(Value::String(p)) if self.registry.get(p).is_some() && self.sees(p) => {
+            Some(Value::String(p))
+                if self.registry.get(p).is_some() && self.sees(req.principal, p) =>
+            {
                 Some(p.clone())
             }
             Some(Value::String(p)) => {
                 return Err(RpcError::UnknownProject {
                     project: p.clone(),
-                    registered: self.registered(),
+                    registered: self.visible_projects(req.principal),
                 })
             }
             Some(_) => return Err(bad("`project` must be a string".into())),
@@ -348,11 +351,16 @@ impl Gateway {
                         .into(),
                 ));
             };
-            self.require(&project, Right::Admin, format_args!("fleet_identity repin"))?;
+            self.require(
+                req.principal,
+                &project,
+                Right::Admin,
+                format_args!("fleet_identity repin"),
+            )?;
             let r = self.repin(&project, key.as_deref());
             tracing::info!(
                 target: "audit",
-                principal = self.principal_label(),
+                principal = self.principal_label(req.principal),
                 project,
                 tool = FLEET_IDENTITY,
                 action = "repin",
@@ -367,7 +375,9 @@ impl Gateway {
         let mut rows = Vec::new();
         let mut summary: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for spec in self.registry.projects() {
-            if project.as_deref().is_some_and(|p| p != spec.name) || !self.sees(&spec.name) {
+            if project.as_deref().is_some_and(|p| p != spec.name)
+                || !self.sees(req.principal, &spec.name)
+            {
                 continue;
             }
             let state = &self.projects[&spec.name];
@@ -625,9 +635,10 @@ impl Gateway {
     /// This replica's `gateway_health` result (`gather.rs` adds the other replicas' rows).
     pub(super) fn gateway_health(
         &self,
-        now: Instant,
+        req: &Req<'_>,
         arguments: &Map<String, Value>,
     ) -> Result<Value, RpcError> {
+        let now = req.now;
         client::only_arguments(GATEWAY_HEALTH, arguments, &[])?;
         let stale_heartbeat = self.config.heartbeat_interval * 2;
         let threshold = self.config.relay_stale_after;
@@ -637,7 +648,7 @@ impl Gateway {
             .map(|s| (s, Vec::new()))
             .collect();
         for spec in self.registry.projects() {
-            if !self.sees(&spec.name) {
+            if !self.sees(req.principal, &spec.name) {
                 continue;
             }
             let state = &self.projects[&spec.name];
@@ -770,12 +781,12 @@ impl Gateway {
     /// answer and why.
     pub(super) fn aggregate_pipeline_status(
         &mut self,
-        now: Instant,
-        token: HttpToken,
+        req: &Req<'_>,
         id: &RawId,
         modern: bool,
         arguments: &Map<String, Value>,
     ) -> Result<Option<String>, RpcError> {
+        let Req { now, token, .. } = *req;
         client::only_arguments(
             AGGREGATE_PIPELINE_STATUS,
             arguments,
@@ -808,10 +819,10 @@ impl Gateway {
         self.next_fanout += 1;
         let mut parts = BTreeMap::new();
         let mut waiting = 0;
-        let names = self.visible_projects();
+        let names = self.visible_projects(req.principal);
         let params = json!({ "name": PIPELINE_TOOL, "arguments": {} }).to_string();
         for project in names {
-            let part = self.send_pipeline_status(now, fanout_id, &project, per_sled, &params);
+            let part = self.send_pipeline_status(req, fanout_id, &project, per_sled, &params);
             if part.open() {
                 waiting += 1;
             }
@@ -839,7 +850,7 @@ impl Gateway {
 
     fn send_pipeline_status(
         &mut self,
-        now: Instant,
+        req: &Req<'_>,
         fanout: u64,
         project: &str,
         per_sled: Duration,
@@ -848,7 +859,7 @@ impl Gateway {
         let state = &self.projects[project];
         let Some(uplink_id) = state.uplink else {
             // In a cluster, another replica may hold its sled: asked there.
-            if let Some(token) = self.relay_pipeline_part(now, fanout, project, per_sled) {
+            if let Some(token) = self.relay_pipeline_part(req, fanout, project, per_sled) {
                 return Part::Relayed { token };
             }
             let sled = self.sled_of(project);
@@ -886,6 +897,7 @@ impl Gateway {
         let rpc_id = uplink.next_id;
         uplink.next_id += 1;
         uplink.pending.insert(rpc_id);
+        let now = req.now;
         let deadline = now + per_sled;
         self.pending.insert(
             (uplink_id, rpc_id),

@@ -10,10 +10,10 @@ use crate::gather::{Answer, Gathers, HealthGather, Purpose};
 use fleet::millis;
 
 impl Gateway {
-    /// Whether a fleet tool served now asks the other replicas for their projects: in a
+    /// Whether a fleet tool serving `req` asks the other replicas for their projects: in a
     /// cluster, for a client's request (a relayed one is answered for this replica's sleds).
-    fn gathers_elsewhere(&self) -> bool {
-        self.cluster.is_some() && !self.serving_relayed
+    fn gathers_elsewhere(&self, req: &Req<'_>) -> bool {
+        self.cluster.is_some() && !req.relayed
     }
 
     /// Relays a part of a fleet tool to `replica`: a `tools/call` of `tool` with `arguments`,
@@ -47,12 +47,13 @@ impl Gateway {
     /// A part of `aggregate_pipeline_status` for a project whose sled `replica` holds.
     pub(super) fn relay_pipeline_part(
         &mut self,
-        now: Instant,
+        req: &Req<'_>,
         fanout: u64,
         project: &str,
         per_sled: Duration,
     ) -> Option<HttpToken> {
-        if !self.gathers_elsewhere() {
+        let now = req.now;
+        if !self.gathers_elsewhere(req) {
             return None;
         }
         let replica = self.relay_target(project)?;
@@ -180,13 +181,13 @@ impl Gateway {
     /// replicas hold taken from them (`None`: the answer comes when they have answered).
     pub(super) fn gateway_health_call(
         &mut self,
-        now: Instant,
-        token: HttpToken,
+        req: &Req<'_>,
         id: &RawId,
         modern: bool,
         arguments: &Map<String, Value>,
     ) -> Result<Option<String>, RpcError> {
-        let mut result = self.gateway_health(now, arguments)?;
+        let Req { now, token, .. } = *req;
+        let mut result = self.gateway_health(req, arguments)?;
         if self.cluster.is_none() {
             return Ok(Some(client::tool_result(result)));
         }
@@ -197,7 +198,7 @@ impl Gateway {
                     continue;
                 };
                 row["replica"] = self.holder_of(&project).map_or(Value::Null, Value::from);
-                if self.gathers_elsewhere() && !self.is_live(&project) {
+                if self.gathers_elsewhere(req) && !self.is_live(&project) {
                     if let Some(replica) = self.relay_target(&project) {
                         elsewhere.entry(replica).or_default().push(project);
                     }

@@ -51,10 +51,11 @@ struct ListenParams {
 impl Gateway {
     pub(super) fn listen(
         &mut self,
-        token: HttpToken,
+        req: &Req<'_>,
         id: &RawId,
         params: Option<&RawValue>,
     ) -> Result<(), RpcError> {
+        let token = req.token;
         let method = "subscriptions/listen";
         let p: ListenParams = jsonrpc::params_of(method, params)?;
         let filter = p.notifications.unwrap_or_default();
@@ -79,14 +80,14 @@ impl Gateway {
                 None => self
                     .registry
                     .default_project()
-                    .filter(|p| self.sees(p))
+                    .filter(|p| self.sees(req.principal, p))
                     .map(str::to_owned),
             };
             if let Some(p) = &project {
-                if self.registry.get(p).is_none() || !self.sees(p) {
+                if self.registry.get(p).is_none() || !self.sees(req.principal, p) {
                     return Err(RpcError::UnknownProject {
                         project: p.clone(),
-                        registered: self.registered(),
+                        registered: self.visible_projects(req.principal),
                     });
                 }
             }
@@ -105,7 +106,7 @@ impl Gateway {
                     replica,
                 });
             }
-            if self.is_moving(p) {
+            if !req.relayed && self.is_moving(req.now, p) {
                 return Err(RpcError::SledMoving {
                     sled: self.sled_of(p),
                     project: p.to_owned(),

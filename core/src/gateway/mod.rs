@@ -268,8 +268,6 @@ pub struct Gateway {
     retries: mrtr::Retries,
     /// Writes held until their project's tools are listed (`listing_holds.rs`).
     listing_holds: listing_holds::ListingHolds,
-    /// Who the HTTP request being handled comes from (`access.rs`).
-    caller: crate::auth::Identity,
     timers: BTreeSet<(Instant, Timer)>,
     outputs: VecDeque<Output>,
     shutting_down: bool,
@@ -300,9 +298,6 @@ pub struct Gateway {
     coordination: coordination::Coordination,
     /// The replica's part in a cluster (`None`: a single-process gateway).
     cluster: Option<crate::cluster::Cluster>,
-    /// The request being handled was relayed by another replica (so it is never relayed
-    /// again); set by every HTTP request, like `caller`.
-    serving_relayed: bool,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -502,11 +497,44 @@ struct CallMode {
     modern: bool,
 }
 
-/// Where a session-scoped request comes from.
+/// The session a request belongs to, or its absence (a sessionless or stateless-era request).
 #[derive(Debug, Clone, Copy)]
-enum Caller<'a> {
+enum Scope<'a> {
     Session(&'a str),
     Sessionless,
+}
+
+/// What is true only while one HTTP request is handled: built by `on_http`, passed down the
+/// request path by reference. Nothing outside that path has one, so a sled's frame or a timer
+/// cannot be decided with some request's identity.
+///
+/// Three things were once all called "caller": the principal (who the credentials prove the
+/// sender is, [`crate::Identity`]), the scope (its session or none, [`Scope`]) and the subject
+/// that `[[access]]` rules match ([`crate::rights::Caller`]), which is made from the principal.
+#[derive(Clone, Copy)]
+struct Req<'r> {
+    now: Instant,
+    token: HttpToken,
+    /// Who sent it, as its credentials proved.
+    principal: &'r crate::auth::Identity,
+    /// Relayed here by another replica of the cluster: served here, never relayed again.
+    relayed: bool,
+    scope: Scope<'r>,
+}
+
+impl<'r> Req<'r> {
+    /// The same request, in `scope`.
+    fn in_scope(&self, scope: Scope<'r>) -> Req<'r> {
+        Req { scope, ..*self }
+    }
+
+    /// Its session id, if it has one.
+    fn session(&self) -> Option<&'r str> {
+        match self.scope {
+            Scope::Session(s) => Some(s),
+            Scope::Sessionless => None,
+        }
+    }
 }
 
 impl Gateway {
@@ -520,7 +548,6 @@ impl Gateway {
         Gateway {
             coordination: coordination::Coordination::new(config.coordination.clone()),
             cluster: config.cluster.as_ref().map(crate::cluster::Cluster::new),
-            serving_relayed: false,
             registry,
             config,
             sessions: Sessions::new(seed),
@@ -542,7 +569,6 @@ impl Gateway {
             next_server_request: 0,
             retries: mrtr::Retries::default(),
             listing_holds: listing_holds::ListingHolds::default(),
-            caller: crate::auth::Identity::Anonymous,
             timers: BTreeSet::new(),
             outputs: VecDeque::new(),
             shutting_down: false,

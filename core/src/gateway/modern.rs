@@ -52,7 +52,8 @@ const MODERN_PROXIED: &[&str] = &[
 ];
 
 impl Gateway {
-    pub(super) fn on_modern(&mut self, now: Instant, token: HttpToken, request: HttpRequest) {
+    pub(super) fn on_modern(&mut self, req: &Req<'_>, request: HttpRequest) {
+        let Req { now, token, .. } = *req;
         let method = match request.method {
             HttpMethod::Post => "POST",
             HttpMethod::Get => "GET",
@@ -98,20 +99,18 @@ impl Gateway {
                 // A retry with the input a sled asked for: to the parked call it names.
                 m if checked.request_state.is_some() && mrtr::MRTR_METHODS.contains(&m) => {
                     retry = true;
-                    self.resume(now, token, &id, m, checked, params, stream_ok)
+                    self.resume(req, &id, m, checked, params, stream_ok)
                 }
                 "server/discover" => Ok(Some(self.discover())),
-                "tools/list" => Ok(Some(self.modern_tools_list())),
+                "tools/list" => Ok(Some(self.modern_tools_list(req.principal))),
                 "subscriptions/listen" if !stream_ok => Err(RpcError::InvalidParams {
                     method: rpc_method.clone(),
                     detail: "subscriptions/listen answers with an event stream: send Accept: text/event-stream".into(),
                 }),
-                "subscriptions/listen" => self.listen(token, &id, params).map(|()| None),
+                "subscriptions/listen" => self.listen(req, &id, params).map(|()| None),
                 "tools/call" => self
                     .tools_call(
-                        now,
-                        token,
-                        Caller::Sessionless,
+                        req,
                         &id,
                         params,
                         CallMode {
@@ -125,9 +124,7 @@ impl Gateway {
                 // the file's default. Subscriptions go through `subscriptions/listen` instead.
                 m if MODERN_PROXIED.contains(&m) => self
                     .proxy_method(
-                        now,
-                        token,
-                        Caller::Sessionless,
+                        req,
                         &id,
                         m,
                         params,
@@ -148,13 +145,13 @@ impl Gateway {
             // Its project's sled is on another replica of the cluster: relayed there.
             Err(RpcError::OwnedElsewhere {
                 project, replica, ..
-            }) if !self.serving_relayed => {
+            }) if !req.relayed => {
                 self.relay(token, replica, project, id.as_str(), true, request);
                 if retry {
                     self.relay_is_retry(token);
                 }
             }
-            Err(RpcError::SledMoving { project, .. }) if !self.serving_relayed => {
+            Err(RpcError::SledMoving { project, .. }) if !req.relayed => {
                 self.hold(token, project, request)
             }
             // Its project's tools are not listed yet: it waits for them.
@@ -309,7 +306,7 @@ impl Gateway {
     /// (`list_projects`), then every live project's tools in registry order, each name once
     /// (the first project to list a name gives its schema), each with `project`. Cached while
     /// no rules make it depend on the caller.
-    pub(super) fn modern_tools_list(&mut self) -> String {
+    pub(super) fn modern_tools_list(&mut self, who: &crate::auth::Identity) -> String {
         let open = self.registry.rules().is_open();
         if let Some(cached) = self.modern_listing.as_ref().filter(|_| open) {
             return cached.clone();
@@ -327,7 +324,7 @@ impl Gateway {
             let Some(ts) = local.or_else(|| self.remote_tools(&p.name)) else {
                 continue;
             };
-            if !open && !self.sees(&p.name) {
+            if !open && !self.sees(who, &p.name) {
                 continue;
             }
             for t in ts {

@@ -351,21 +351,21 @@ impl Gateway {
     }
 
     /// The replica of the cluster that parked the call a `requestState` names, when it is
-    /// another one (and this request was not relayed here): the retry is relayed there.
-    pub(super) fn parked_elsewhere(&self, handle: &str) -> Option<String> {
+    /// another one: the retry is relayed there (unless `req` was relayed here already).
+    pub(super) fn parked_elsewhere(&self, req: &Req<'_>, handle: &str) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
         let (_, replica) = handle.strip_prefix("rs-")?.split_once('.')?;
         let name_ok = !replica.is_empty()
             && replica
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        (name_ok && replica != cluster.directory.replica() && !self.serving_relayed)
+        (name_ok && replica != cluster.directory.replica() && !req.relayed)
             .then(|| replica.to_owned())
     }
 
     /// The project a retry is for, as the original request named it (else the default), for
     /// the relay's bookkeeping; empty when it names none.
-    fn retry_project(&self, method: &str, params: Option<&RawValue>) -> String {
+    fn retry_project(&self, req: &Req<'_>, method: &str, params: Option<&RawValue>) -> String {
         let v: Value = params
             .and_then(|p| serde_json::from_str(p.get()).ok())
             .unwrap_or(Value::Null);
@@ -381,7 +381,7 @@ impl Gateway {
         };
         named
             .and_then(Value::as_str)
-            .or_else(|| self.default_of(Caller::Sessionless))
+            .or_else(|| self.default_of(req))
             .unwrap_or_default()
             .to_owned()
     }
@@ -391,20 +391,20 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn resume(
         &mut self,
-        now: Instant,
-        token: HttpToken,
+        req: &Req<'_>,
         id: &RawId,
         method: &str,
         checked: modern::Checked,
         params: Option<&RawValue>,
         stream_ok: bool,
     ) -> Result<Option<String>, RpcError> {
+        let Req { now, token, .. } = *req;
         let unknown = || RpcError::UnknownRequestState {
             method: method.to_owned(),
         };
         let handle = checked.request_state.ok_or_else(unknown)?;
-        if let Some(replica) = self.parked_elsewhere(&handle) {
-            let project = self.retry_project(method, params);
+        if let Some(replica) = self.parked_elsewhere(req, &handle) {
+            let project = self.retry_project(req, method, params);
             return Err(RpcError::OwnedElsewhere {
                 sled: self.sled_of(&project),
                 project,

@@ -77,18 +77,18 @@ impl Gateway {
     /// caller's default; the project must be registered and its sled connected.
     pub(super) fn route(
         &self,
+        req: &Req<'_>,
         explicit: Option<&Value>,
-        caller: Caller<'_>,
         what: &str,
     ) -> Result<Route, RpcError> {
         let tool = what.to_owned();
         let project = match explicit {
-            None => match self.default_of(caller) {
+            None => match self.default_of(req) {
                 Some(p) => p.to_owned(),
                 None => {
                     return Err(RpcError::NoProjectSelected {
                         tool,
-                        registered: self.registered(),
+                        registered: self.visible_projects(req.principal),
                     })
                 }
             },
@@ -97,11 +97,11 @@ impl Gateway {
             Some(_) => return Err(RpcError::ProjectNotString { tool }),
         };
         // A project the caller may not see is answered as one that does not exist.
-        let visible = self.sees(&project);
+        let visible = self.sees(req.principal, &project);
         let Some((_, spec)) = self.registry.get(&project).filter(|_| visible) else {
             return Err(RpcError::UnknownProject {
                 project,
-                registered: self.registered(),
+                registered: self.visible_projects(req.principal),
             });
         };
         let state = self
@@ -122,10 +122,12 @@ impl Gateway {
                     replica,
                 }),
                 // Just left its replica: a request that can wait is held for its next one.
-                None if self.is_moving(&project) => Err(RpcError::SledMoving {
-                    sled: spec.sled.clone(),
-                    project,
-                }),
+                None if !req.relayed && self.is_moving(req.now, &project) => {
+                    Err(RpcError::SledMoving {
+                        sled: spec.sled.clone(),
+                        project,
+                    })
+                }
                 None => Err(RpcError::SledNotConnected {
                     sled: spec.sled.clone(),
                     project,
@@ -141,9 +143,7 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn forward(
         &mut self,
-        now: Instant,
-        token: HttpToken,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         id: &RawId,
         mode: CallMode,
         route: Route,
@@ -152,6 +152,7 @@ impl Gateway {
         tool: String,
         rewrite: Rewrite,
     ) -> Result<Option<String>, RpcError> {
+        let Req { now, token, .. } = *req;
         let Route {
             project,
             uplink: uplink_id,
@@ -163,10 +164,7 @@ impl Gateway {
         } = params;
         let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method))
             .then(|| mrtr::Rounds::new(method, meta.as_ref(), timeout));
-        let session = match caller {
-            Caller::Session(s) => Some(s.to_owned()),
-            Caller::Sessionless => None,
-        };
+        let session = req.session().map(str::to_owned);
         // Past a limit, refuse now: nothing queues behind a busy sled or session.
         let sled_busy = self.uplinks.get(&uplink_id).map_or(0, |u| u.pending.len());
         let session_busy = session
@@ -313,7 +311,7 @@ impl Gateway {
             .get(&project)
             .is_some_and(|(_, spec)| spec.forward_principal)
         {
-            if let Some(who) = self.principal_meta() {
+            if let Some(who) = self.principal_meta(req.principal) {
                 let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
                 if let Value::Object(m) = m {
                     m.insert(PRINCIPAL_META.to_owned(), who);
@@ -366,7 +364,7 @@ impl Gateway {
                 log_level,
                 mrtr,
                 principal: tracing::enabled!(target: "audit", tracing::Level::INFO)
-                    .then(|| self.principal_label().into_boxed_str()),
+                    .then(|| self.principal_label(req.principal).into_boxed_str()),
             }),
         );
         self.by_token.insert(token, (uplink_id, rpc_id));
@@ -437,9 +435,7 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn proxy_method(
         &mut self,
-        now: Instant,
-        token: HttpToken,
-        caller: Caller<'_>,
+        req: &Req<'_>,
         id: &RawId,
         method: &str,
         params: Option<&RawValue>,
@@ -457,13 +453,17 @@ impl Gateway {
                 }
             }
         }
-        let route = self.route(explicit.as_ref(), caller, method)?;
-        self.require(&route.project, Right::Read, format_args!("{method}"))?;
+        let route = self.route(req, explicit.as_ref(), method)?;
+        self.require(
+            req.principal,
+            &route.project,
+            Right::Read,
+            format_args!("{method}"),
+        )?;
         let rewrite = match method {
             "prompts/list" => Rewrite::PromptsList,
             "resources/subscribe" | "resources/unsubscribe" => {
-                if let (Caller::Session(s), Some(Value::String(uri))) = (caller, params.get("uri"))
-                {
+                if let (Some(s), Some(Value::String(uri))) = (req.session(), params.get("uri")) {
                     let key = (route.project.clone(), uri.clone());
                     if method == "resources/subscribe" {
                         self.subscriptions
@@ -482,9 +482,7 @@ impl Gateway {
             _ => Rewrite::None,
         };
         self.forward(
-            now,
-            token,
-            caller,
+            req,
             id,
             mode,
             route,
@@ -580,7 +578,7 @@ impl Gateway {
     /// A client's answer to a request the gateway relayed: back to the sled, under its id.
     pub(super) fn on_client_response(
         &mut self,
-        caller: Caller<'_>,
+        scope: Scope<'_>,
         id: &RawId,
         result: Option<&RawValue>,
         error: Option<&RawValue>,
@@ -592,9 +590,9 @@ impl Gateway {
             );
             return;
         };
-        let from = match caller {
-            Caller::Session(s) => Some(s),
-            Caller::Sessionless => None,
+        let from = match scope {
+            Scope::Session(s) => Some(s),
+            Scope::Sessionless => None,
         };
         if request.session.as_deref() != from {
             tracing::warn!(

@@ -382,13 +382,12 @@ impl Gateway {
                 sled,
                 "uplink for an unregistered project refused"
             );
+            // The reason names no other project: an uplink has proved nothing yet, and the
+            // registered names are not its to learn (security review, finding 11).
             return self.close_uplink(
                 id,
                 CloseCode::UnknownProject,
-                format!(
-                    "project '{project}' is not registered (registered: {})",
-                    self.registered().join(", ")
-                ),
+                format!("project '{project}' is not registered at this gateway"),
             );
         }
         let (_, spec) = self.registry.get(&project).expect("checked just above");

@@ -30,11 +30,12 @@ impl Gateway {
     /// relayed here, everything is here.
     pub(super) fn wait_places(
         &self,
+        req: &Req<'_>,
         projects: Vec<String>,
         named: bool,
     ) -> (Vec<String>, BTreeMap<String, Option<Vec<String>>>) {
         let mut elsewhere: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
-        if self.cluster.is_none() || self.serving_relayed {
+        if self.cluster.is_none() || req.relayed {
             return (projects, elsewhere);
         }
         #[cfg(feature = "planted-bugs")]
@@ -43,7 +44,7 @@ impl Gateway {
         }
         if !named {
             for p in self.registry.projects() {
-                if !self.sees(&p.name) || self.is_live(&p.name) {
+                if !self.sees(req.principal, &p.name) || self.is_live(&p.name) {
                     continue;
                 }
                 if let Some(replica) = self.relay_target(&p.name) {
@@ -79,13 +80,13 @@ impl Gateway {
         wait: WaitToken,
         local: bool,
         elsewhere: BTreeMap<String, Option<Vec<String>>>,
-        caller: Caller<'_>,
+        scope: Scope<'_>,
         handle: Option<&str>,
         timeout: Duration,
     ) {
-        let session = match caller {
-            Caller::Session(s) => Some(s.to_owned()),
-            Caller::Sessionless => None,
+        let session = match scope {
+            Scope::Session(s) => Some(s.to_owned()),
+            Scope::Sessionless => None,
         };
         let mut parts = 0;
         for (replica, projects) in elsewhere {

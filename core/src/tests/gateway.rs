@@ -439,7 +439,11 @@ fn hello_problems_close_the_uplink() {
         json!({"uplink":"hello","protocol":1,"project":"zeta","sled":"z"}),
     );
     assert_eq!(h.closed[&u].0, 4003);
-    assert!(h.closed[&u].1.contains("alpha, beta, gamma"));
+    assert!(h.closed[&u].1.contains("'zeta' is not registered"));
+    assert!(
+        !h.closed[&u].1.contains("alpha"),
+        "an uplink that proved nothing learns no registered name"
+    );
     let u = h.open_uplink();
     h.sled_says(
         u,

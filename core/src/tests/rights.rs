@@ -344,3 +344,29 @@ fn a_default_the_caller_cannot_see_is_no_default_and_is_never_named() {
     assert_eq!(r["error"]["data"]["kind"], "no_project_selected", "{r}");
     assert!(!r.to_string().contains("alpha"), "{r}");
 }
+
+/// Security review finding 11: a sled's close reason was once made with the rights of
+/// whichever HTTP request came last, naming every project an operator may see. An uplink has
+/// no principal at all now; its refusal names nothing but its own project, whoever asked last.
+#[test]
+fn an_uplink_refused_for_an_unknown_project_learns_no_names_whoever_asked_last() {
+    let mut h = harness();
+    for bearer in [OPS, READER] {
+        let s = initialize(&mut h, bearer);
+        let t = call(&mut h, bearer, &s, "list_projects", json!({}));
+        assert!(answer(&mut h, t)["result"].is_object());
+        let u = h.open_uplink();
+        h.sled_says(
+            u,
+            json!({"uplink":"hello","protocol":1,"project":"zeta","sled":"z"}),
+        );
+        let (code, reason) = &h.closed[&u];
+        assert_eq!(*code, 4003);
+        for name in ["alpha", "beta", "gamma"] {
+            assert!(
+                !reason.contains(name),
+                "after a request with {bearer}: {reason}"
+            );
+        }
+    }
+}
