@@ -102,7 +102,7 @@ impl Gateway {
                         }
                         let id = id.to_owned();
                         self.coordination_session_ended(now, &id);
-                        self.store_session(&id);
+                        self.store_session(now, &id);
                         self.reply(token, 204, Vec::new(), None)
                     }
                     None => self.http_error(token, HttpError::UnknownSession),
@@ -167,7 +167,7 @@ impl Gateway {
                 if method == "notifications/cancelled" {
                     if let Scope::Session(session) = scope {
                         let session = session.to_owned();
-                        self.on_client_cancelled(&session, params);
+                        self.on_client_cancelled(now, &session, params);
                     }
                 }
                 self.reply(token, 202, Vec::new(), None)
@@ -189,7 +189,7 @@ impl Gateway {
                     "server/discover" => Ok(Some(self.discover())),
                     // Log messages reach only the session whose call produced them; the level
                     // is the session's own.
-                    "logging/setLevel" => self.set_log_level(scope, params).map(Some),
+                    "logging/setLevel" => self.set_log_level(now, scope, params).map(Some),
                     m if proxy::PROXIED_METHODS.contains(&m) => {
                         self.proxy_method(req, &id, m, params, mode)
                     }
@@ -290,7 +290,7 @@ impl Gateway {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.owner = owner;
         }
-        self.store_session(&session);
+        self.store_session(now, &session);
         self.arm_sweep(now);
         let result = json!({
             "protocolVersion": version,
@@ -315,11 +315,11 @@ impl Gateway {
         self.reply_when_stored(token, &session, reply);
     }
 
-    pub(super) fn on_http_aborted(&mut self, token: HttpToken) {
+    pub(super) fn on_http_aborted(&mut self, now: Instant, token: HttpToken) {
         if self.relay_aborted(token)
             || self.unhold(token)
             || self.listing_holds.abort(token)
-            || self.listener_gone(token)
+            || self.listener_gone(now, token)
             || self.coordination_aborted(token)
         {
             return;
@@ -344,7 +344,7 @@ impl Gateway {
                 if let Some((gateway_token, _)) = &call.progress {
                     self.progress.remove(gateway_token);
                 }
-                self.call_ended(call, Outcome::Aborted, None);
+                self.call_ended(now, call, Outcome::Aborted, None);
             }
             self.timers
                 .remove(&(p.deadline(), Timer::Request(key.0, key.1)));
@@ -459,7 +459,12 @@ impl Gateway {
 
     /// A client's `notifications/cancelled`: the session's latest pending call with that id
     /// is released, and its sled told under the gateway's own id.
-    pub(super) fn on_client_cancelled(&mut self, session: &str, params: Option<&RawValue>) {
+    pub(super) fn on_client_cancelled(
+        &mut self,
+        now: Instant,
+        session: &str,
+        params: Option<&RawValue>,
+    ) {
         #[derive(Deserialize)]
         struct CancelParams<'a> {
             #[serde(rename = "requestId", borrow)]
@@ -515,7 +520,7 @@ impl Gateway {
             project: call.project.clone(),
         }
         .response(Some(call.client_id.as_str()));
-        self.finish_call(call, body, Outcome::Cancelled, None);
+        self.finish_call(now, call, body, Outcome::Cancelled, None);
     }
 
     /// Answers a `tools/call` now (`Ok(Some)`), or forwards it (`Ok(None)`).
@@ -664,6 +669,7 @@ impl Gateway {
     /// `logging/setLevel`: the session's own threshold for the log messages of its calls.
     pub(super) fn set_log_level(
         &mut self,
+        now: Instant,
         scope: Scope<'_>,
         params: Option<&RawValue>,
     ) -> Result<String, RpcError> {
@@ -686,7 +692,7 @@ impl Gateway {
             if let Some(session) = self.sessions.get_mut(s) {
                 session.log_level = Some(rank);
             }
-            self.store_session(s);
+            self.store_session(now, s);
         }
         Ok("{}".to_owned())
     }
@@ -716,6 +722,7 @@ impl Gateway {
                 })
             }
         };
+        let now = req.now;
         let Scope::Session(session) = req.scope else {
             return Err(RpcError::SwitchWithoutSession);
         };
@@ -740,7 +747,7 @@ impl Gateway {
         // In a cluster, written even when unchanged here: this replica's copy may be older
         // than the engine's (a switch through another replica a moment ago).
         if changed || self.cluster.is_some() {
-            self.store_session(sid);
+            self.store_session(now, sid);
         }
         if changed {
             // This session's tools/list now shows another project's tools.

@@ -75,7 +75,7 @@ impl Gateway {
                 self.holder_news(&project, was_elsewhere);
                 for token in orphaned {
                     self.cluster_output(ClusterAction::RelayAbort { token });
-                    self.relay_failed(token, RelaySent::Unknown);
+                    self.relay_failed(now, token, RelaySent::Unknown);
                 }
                 if !gone {
                     self.drain_directory(now);
@@ -114,12 +114,12 @@ impl Gateway {
             ClusterEvent::SessionStored { session, written } => {
                 self.session_stored(&session, written)
             }
-            ClusterEvent::Relayed { token, message } => self.relayed(token, message),
+            ClusterEvent::Relayed { token, message } => self.relayed(now, token, message),
             ClusterEvent::PinCreated { project, outcome } => {
                 self.pin_created(now, project, outcome)
             }
             ClusterEvent::PinChanged { project, pin } => self.pin_changed(now, project, pin),
-            ClusterEvent::RelayFailed { token, sent } => self.relay_failed(token, sent),
+            ClusterEvent::RelayFailed { token, sent } => self.relay_failed(now, token, sent),
             ClusterEvent::Announced(news) => self.announced(news),
             ClusterEvent::ToolsChanged { project, listing } => {
                 self.tools_changed_elsewhere(&project, listing)
@@ -174,7 +174,7 @@ impl Gateway {
                     self.cluster_output(ClusterAction::Release { project, revision })
                 }
                 Action::Serve { project, epoch } => self.serve_claimed(now, project, epoch),
-                Action::StopServing { project, reason } => self.stop_serving(&project, reason),
+                Action::StopServing { project, reason } => self.stop_serving(now, &project, reason),
             }
         }
     }
@@ -210,6 +210,7 @@ impl Gateway {
         let live = self.projects.get(&project).and_then(|s| s.uplink);
         for old in older.into_iter().chain(live) {
             self.drop_uplink(
+                now,
                 old,
                 UplinkLoss::Replaced,
                 Some((
@@ -249,7 +250,7 @@ impl Gateway {
     }
 
     /// The claim was lost: this replica's uplink of the project must not serve any more.
-    fn stop_serving(&mut self, project: &str, reason: Loss) {
+    fn stop_serving(&mut self, now: Instant, project: &str, reason: Loss) {
         let waiting = self
             .cluster
             .as_mut()
@@ -280,7 +281,7 @@ impl Gateway {
             return;
         }
         for id in waiting.into_iter().chain(live) {
-            self.drop_uplink(
+            self.drop_uplink(now,
                 id,
                 UplinkLoss::Superseded,
                 Some((
@@ -292,7 +293,7 @@ impl Gateway {
     }
 
     /// An uplink that waited for or held a claim is gone (called by `drop_uplink`).
-    pub(super) fn cluster_uplink_gone(&mut self, id: UplinkId, project: &str) {
+    pub(super) fn cluster_uplink_gone(&mut self, now: Instant, id: UplinkId, project: &str) {
         let live = self.projects.get(project).and_then(|s| s.uplink);
         let Some(cluster) = self.cluster.as_mut() else {
             return;
@@ -307,7 +308,7 @@ impl Gateway {
         }
         if was_waiting || live == Some(id) {
             // Its sled will dial again, here or elsewhere: requests wait for it a moment.
-            if let Some(now) = self.now.filter(|_| !cluster.move_grace.is_zero()) {
+            if !cluster.move_grace.is_zero() {
                 cluster
                     .moving
                     .insert(project.to_owned(), now + cluster.move_grace);
@@ -445,8 +446,8 @@ impl Gateway {
         }
     }
 
-    fn relayed(&mut self, token: HttpToken, message: RelayMessage) {
-        if self.part_message(token, message.clone()) {
+    fn relayed(&mut self, now: Instant, token: HttpToken, message: RelayMessage) {
+        if self.part_message(now, token, message.clone()) {
             return;
         }
         let Some(cluster) = self.cluster.as_mut() else {
@@ -476,8 +477,8 @@ impl Gateway {
         }
     }
 
-    fn relay_failed(&mut self, token: HttpToken, sent: RelaySent) {
-        if self.part_failed(token, sent) {
+    fn relay_failed(&mut self, now: Instant, token: HttpToken, sent: RelaySent) {
+        if self.part_failed(now, token, sent) {
             return;
         }
         let Some(cluster) = self.cluster.as_mut() else {
@@ -489,8 +490,7 @@ impl Gateway {
         cluster.counts.relays_failed += 1;
         // Nobody took it: that replica is gone. The request was not sent, so it is served
         // again, and waits for the project's next holder (the sled dials again).
-        if let (RelaySent::NotSent, Some(request), false, Some(now)) =
-            (sent, &relay.request, relay.streaming, self.now)
+        if let (RelaySent::NotSent, Some(request), false) = (sent, &relay.request, relay.streaming)
         {
             tracing::info!(
                 project = relay.project,
@@ -658,8 +658,8 @@ impl Gateway {
     }
 
     /// A session was created, changed or deleted here: write it to the engine.
-    pub(super) fn store_session(&mut self, session: &str) {
-        let (Some(cluster), Some(now)) = (self.cluster.as_mut(), self.now) else {
+    pub(super) fn store_session(&mut self, now: Instant, session: &str) {
+        let Some(cluster) = self.cluster.as_mut() else {
             return;
         };
         let record = self.sessions.get(session).map(|s| SessionRecord {
@@ -693,7 +693,7 @@ impl Gateway {
             })
         });
         if due {
-            self.store_session(session);
+            self.store_session(now, session);
         }
     }
 
@@ -735,7 +735,14 @@ impl Gateway {
 
     /// A sled proved a key for a project with no pin: the pin is created in the engine (the
     /// first replica to do so wins), and the uplink waits for the answer.
-    pub(super) fn create_pin(&mut self, id: UplinkId, project: String, sled: String, key: String) {
+    pub(super) fn create_pin(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: String,
+        sled: String,
+        key: String,
+    ) {
         let Some(cluster) = self.cluster.as_mut() else {
             return;
         };
@@ -749,6 +756,7 @@ impl Gateway {
         );
         if let Some(old) = older {
             self.close_uplink(
+                now,
                 old.uplink,
                 CloseCode::Replaced,
                 format!("replaced by a newer uplink for project '{project}'"),
@@ -798,7 +806,7 @@ impl Gateway {
             }
             PinOutcome::Exists(pin) => pin,
             PinOutcome::Unavailable => {
-                return self.close_uplink(
+                return self.close_uplink(now,
                     w.uplink,
                     CloseCode::HelloTimeout,
                     format!("project '{project}' has no pinned key yet and this gateway replica cannot reach the cluster's engine to pin one; connect again"),
@@ -844,6 +852,7 @@ impl Gateway {
             let pinned = self.pins.pins.get(&project).map(|p| p.key.clone());
             if pinned.is_some() && key != pinned {
                 self.close_uplink(
+                    now,
                     u,
                     CloseCode::IdentityRefused,
                     format!("project '{project}' was re-pinned to another key"),

@@ -215,6 +215,7 @@ impl Gateway {
         if self.registry.get(&project).is_none() {
             // Unregistered by a reload while it was proving itself.
             return self.close_uplink(
+                now,
                 id,
                 CloseCode::UnknownProject,
                 format!("project '{project}' is no longer registered"),
@@ -231,7 +232,7 @@ impl Gateway {
             }
             // In a cluster, the first use is one create in the engine: the uplink waits for it.
             None if self.cluster.is_some() => {
-                return self.create_pin(id, project, sled, key);
+                return self.create_pin(now, id, project, sled, key);
             }
             None => {
                 tracing::info!(project, sled, key, "sled identity pinned on first use");
@@ -276,7 +277,7 @@ impl Gateway {
                 attempts,
             });
         }
-        self.close_uplink(id, CloseCode::IdentityRefused, reason);
+        self.close_uplink(now, id, CloseCode::IdentityRefused, reason);
     }
 
     /// Saves the pins by [`Config::pin_save_delay`] from now, with whatever else changes
@@ -357,7 +358,7 @@ impl Gateway {
                 Right::Admin,
                 format_args!("fleet_identity repin"),
             )?;
-            let r = self.repin(&project, key.as_deref());
+            let r = self.repin(now, &project, key.as_deref());
             tracing::info!(
                 target: "audit",
                 principal = self.principal_label(req.principal),
@@ -420,7 +421,12 @@ impl Gateway {
         })))
     }
 
-    fn repin(&mut self, project: &str, key: Option<&str>) -> Result<String, RpcError> {
+    fn repin(
+        &mut self,
+        now: Instant,
+        project: &str,
+        key: Option<&str>,
+    ) -> Result<String, RpcError> {
         let bad = |detail: String| RpcError::InvalidParams {
             method: FLEET_IDENTITY.into(),
             detail,
@@ -473,6 +479,7 @@ impl Gateway {
             if self.uplinks.get(&u).and_then(|u| u.key.as_deref()) != Some(refused.as_str()) {
                 closed = true;
                 self.close_uplink(
+                    now,
                     u,
                     CloseCode::IdentityRefused,
                     format!("project '{project}' was re-pinned to another key"),

@@ -87,7 +87,12 @@ impl Gateway {
     }
 
     /// A message of an internal relay's answer; `false` when `token` is a client's.
-    pub(super) fn part_message(&mut self, token: HttpToken, message: RelayMessage) -> bool {
+    pub(super) fn part_message(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        message: RelayMessage,
+    ) -> bool {
         if !Gathers::is_internal(token) {
             return false;
         }
@@ -95,19 +100,19 @@ impl Gateway {
             .cluster
             .as_mut()
             .and_then(|c| c.gathers.on_message(token, message));
-        if let (Some((purpose, answer)), Some(now)) = (done, self.now) {
+        if let Some((purpose, answer)) = done {
             self.part_answered(now, purpose, answer, false);
         }
         true
     }
 
     /// An internal relay that got no whole answer; `false` when `token` is a client's.
-    pub(super) fn part_failed(&mut self, token: HttpToken, sent: RelaySent) -> bool {
+    pub(super) fn part_failed(&mut self, now: Instant, token: HttpToken, sent: RelaySent) -> bool {
         if !Gathers::is_internal(token) {
             return false;
         }
         let purpose = self.cluster.as_mut().and_then(|c| c.gathers.take(token));
-        if let (Some(purpose), Some(now)) = (purpose, self.now) {
+        if let Some(purpose) = purpose {
             let why = match sent {
                 RelaySent::NotSent => "no replica took it",
                 RelaySent::Unknown => "the replica fell silent",

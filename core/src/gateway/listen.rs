@@ -55,7 +55,7 @@ impl Gateway {
         id: &RawId,
         params: Option<&RawValue>,
     ) -> Result<(), RpcError> {
-        let token = req.token;
+        let Req { now, token, .. } = *req;
         let method = "subscriptions/listen";
         let p: ListenParams = jsonrpc::params_of(method, params)?;
         let filter = p.notifications.unwrap_or_default();
@@ -171,7 +171,7 @@ impl Gateway {
         };
         self.listens.insert(token, listen);
         for (project, uri) in new_uris {
-            self.sled_subscription(&project, &uri, "resources/subscribe");
+            self.sled_subscription(now, &project, &uri, "resources/subscribe");
         }
         Ok(())
     }
@@ -188,7 +188,7 @@ impl Gateway {
 
     /// Sends the gateway's own `resources/subscribe` or `resources/unsubscribe` for `uri` to
     /// `project`'s sled, if it is connected. The answer only ends the pending entry.
-    fn sled_subscription(&mut self, project: &str, uri: &str, method: &'static str) {
+    fn sled_subscription(&mut self, now: Instant, project: &str, uri: &str, method: &'static str) {
         let Some(uplink) = self.projects.get(project).and_then(|s| s.uplink) else {
             return;
         };
@@ -198,7 +198,6 @@ impl Gateway {
         let rpc_id = u.next_id;
         u.next_id += 1;
         u.pending.insert(rpc_id);
-        let now = self.now.unwrap_or(u.last_rx);
         let deadline = now + self.config.refresh_timeout;
         self.pending.insert(
             (uplink, rpc_id),
@@ -217,7 +216,7 @@ impl Gateway {
     }
 
     /// A project's sled connected: the URIs its listeners want are subscribed to again.
-    pub(super) fn resubscribe_listeners(&mut self, project: &str) {
+    pub(super) fn resubscribe_listeners(&mut self, now: Instant, project: &str) {
         let uris: BTreeSet<String> = self
             .listens
             .values()
@@ -225,20 +224,20 @@ impl Gateway {
             .flat_map(|l| l.uris.iter().cloned())
             .collect();
         for uri in uris {
-            self.sled_subscription(project, &uri, "resources/subscribe");
+            self.sled_subscription(now, project, &uri, "resources/subscribe");
         }
     }
 
     /// A listener went away: the URIs nobody else wants any more are unsubscribed at the sled.
     /// Returns whether `token` was a listener's.
-    pub(super) fn listener_gone(&mut self, token: HttpToken) -> bool {
+    pub(super) fn listener_gone(&mut self, now: Instant, token: HttpToken) -> bool {
         let Some(listen) = self.listens.remove(&token) else {
             return false;
         };
         if let Some(project) = &listen.project {
             for uri in &listen.uris {
                 if !self.uri_wanted(project, uri) {
-                    self.sled_subscription(project, uri, "resources/unsubscribe");
+                    self.sled_subscription(now, project, uri, "resources/unsubscribe");
                 }
             }
         }

@@ -280,9 +280,6 @@ pub struct Gateway {
     pins: crate::identity::Pins,
     /// When the pins changed since the last `SavePins` are due to be saved.
     pins_save_at: Option<Instant>,
-    /// The latest `now` given, for decisions made where no event carries one (an uplink's
-    /// loss found while handling another event).
-    now: Option<Instant>,
     /// Challenge nonces (a stream of its own from the seed).
     rng: rand_chacha::ChaCha20Rng,
     /// Whether the probe round timer is armed.
@@ -585,7 +582,6 @@ impl Gateway {
                 rng
             },
             probes_armed: false,
-            now: None,
             next_probe: 0,
             probes: HashMap::new(),
             fanouts: HashMap::new(),
@@ -661,9 +657,9 @@ impl Gateway {
         self.sessions.get(session)?.default_project.as_deref()
     }
 
-    /// Remembers the time of the latest event, and arms the probe round the first time.
+    /// Arms the probe round at the first event (the core has no clock of its own: its time is
+    /// what each event carries, passed down as an argument).
     fn see_time(&mut self, now: Instant) {
-        self.now = Some(self.now.map_or(now, |n| n.max(now)));
         self.arm_probes(now);
     }
 
@@ -672,15 +668,15 @@ impl Gateway {
         self.see_time(now);
         match input {
             Input::Http { token, request } => self.on_http(now, token, request),
-            Input::HttpAborted { token } => self.on_http_aborted(token),
+            Input::HttpAborted { token } => self.on_http_aborted(now, token),
             Input::UplinkOpened { uplink } => self.on_uplink_opened(now, uplink),
             Input::UplinkText { uplink, text } => self.on_uplink_text(now, uplink, &text),
-            Input::UplinkBinary { uplink, len } => self.on_uplink_binary(uplink, len),
+            Input::UplinkBinary { uplink, len } => self.on_uplink_binary(now, uplink, len),
             Input::UplinkClosed { uplink } => {
-                self.drop_uplink(uplink, UplinkLoss::Closed, None);
+                self.drop_uplink(now, uplink, UplinkLoss::Closed, None);
             }
-            Input::Shutdown => self.on_shutdown(),
-            Input::Reload { registry } => self.on_reload(registry),
+            Input::Shutdown => self.on_shutdown(now),
+            Input::Reload { registry } => self.on_reload(now, registry),
             Input::ProbeDone { probe, outcome } => self.on_probe_done(now, probe, outcome),
             Input::Cluster(event) => self.on_cluster(now, event),
         }

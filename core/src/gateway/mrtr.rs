@@ -169,6 +169,7 @@ impl Gateway {
     /// when the request did not declare the capability.
     pub(super) fn ask_stateless_client(
         &mut self,
+        now: Instant,
         key: (UplinkId, u64),
         sled_id: &RawValue,
         method: &str,
@@ -199,7 +200,7 @@ impl Gateway {
                 sled,
                 capability,
             };
-            return self.end_call_refused(key, e);
+            return self.end_call_refused(now, key, e);
         }
         self.next_server_request += 1;
         rounds.asks.push(Ask {
@@ -213,12 +214,12 @@ impl Gateway {
             asked: false,
         });
         if rounds.parked.is_none() {
-            self.answer_input_required(key);
+            self.answer_input_required(now, key);
         }
     }
 
     /// Ends a pending stateless call with a gateway error, cancelling it at the sled.
-    fn end_call_refused(&mut self, key: (UplinkId, u64), e: RpcError) {
+    fn end_call_refused(&mut self, now: Instant, key: (UplinkId, u64), e: RpcError) {
         let Some(Pending::Call(call)) = self.pending.remove(&key) else {
             return;
         };
@@ -233,16 +234,13 @@ impl Gateway {
             "the client of this call cannot answer the sled's request",
         );
         let body = e.response(Some(call.client_id.as_str()));
-        let took = self
-            .now
-            .map(|n| n.saturating_duration_since(call.sent_at))
-            .unwrap_or_default();
-        self.finish_or_hold(call, body, Outcome::Error, took);
+        let took = now.saturating_duration_since(call.sent_at);
+        self.finish_or_hold(now, call, body, Outcome::Error, took);
     }
 
     /// Answers the attached request of a stateless call with `input_required`, carrying the
     /// sled's requests not yet given to the client, and parks the call.
-    fn answer_input_required(&mut self, key: (UplinkId, u64)) {
+    fn answer_input_required(&mut self, now: Instant, key: (UplinkId, u64)) {
         use rand_chacha::rand_core::RngCore;
         let mut bytes = [0u8; 16];
         self.rng.fill_bytes(&mut bytes);
@@ -255,7 +253,6 @@ impl Gateway {
             handle.push('.');
             handle.push_str(c.directory.replica());
         }
-        let now = self.now;
         let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
             return;
         };
@@ -275,9 +272,7 @@ impl Gateway {
         requests.push('}');
         rounds.parked = Some(handle.clone());
         let old_deadline = call.deadline;
-        if let Some(now) = now {
-            call.deadline = now + rounds.timeout;
-        }
+        call.deadline = now + rounds.timeout;
         let (token, streamed, deadline) = (call.token, call.streamed, call.deadline);
         let result = format!(
             r#"{{"resultType":"input_required","inputRequests":{requests},"requestState":"{handle}"}}"#
@@ -307,6 +302,7 @@ impl Gateway {
     /// is parked.
     pub(super) fn finish_or_hold(
         &mut self,
+        now: Instant,
         call: Call,
         body: String,
         outcome: Outcome,
@@ -314,9 +310,8 @@ impl Gateway {
     ) {
         let parked = call.mrtr.as_ref().and_then(|m| m.parked.clone());
         let Some(handle) = parked else {
-            return self.finish_call(call, body, outcome, Some(took));
+            return self.finish_call(now, call, body, outcome, Some(took));
         };
-        let now = self.now.unwrap_or(call.sent_at);
         self.expire_held(now);
         let until = call.deadline;
         self.retries.hold(
@@ -334,7 +329,7 @@ impl Gateway {
     /// Books the held answers no retry came for.
     fn expire_held(&mut self, now: Instant) {
         for held in self.retries.expire(now) {
-            self.call_ended(&held.call, held.outcome, Some(held.took));
+            self.call_ended(now, &held.call, held.outcome, Some(held.took));
         }
     }
 
@@ -434,7 +429,13 @@ impl Gateway {
             if let Some(m) = held.call.mrtr.as_mut() {
                 m.parked = None;
             }
-            self.finish_call(held.call, body.to_string(), held.outcome, Some(held.took));
+            self.finish_call(
+                now,
+                held.call,
+                body.to_string(),
+                held.outcome,
+                Some(held.took),
+            );
             return Ok(None);
         }
         let key = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
@@ -491,7 +492,7 @@ impl Gateway {
             });
         }
         if ask_again {
-            self.answer_input_required(key);
+            self.answer_input_required(now, key);
         }
         Ok(None)
     }

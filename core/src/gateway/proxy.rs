@@ -389,7 +389,13 @@ impl Gateway {
     }
 
     /// Books a call that left the pending table: its session's count, and the metrics.
-    pub(super) fn call_ended(&mut self, call: &Call, outcome: Outcome, took: Option<Duration>) {
+    pub(super) fn call_ended(
+        &mut self,
+        now: Instant,
+        call: &Call,
+        outcome: Outcome,
+        took: Option<Duration>,
+    ) {
         if let Some(principal) = &call.principal {
             tracing::info!(
                 target: "audit",
@@ -411,7 +417,7 @@ impl Gateway {
         );
         if let Some(span) = &call.span {
             // Ended by its answer or deadline at `sent_at + took`; otherwise now.
-            let end = took.map_or_else(|| self.now.unwrap_or(call.sent_at), |t| call.sent_at + t);
+            let end = took.map_or(now, |t| call.sent_at + t);
             let record = span.finish(outcome, call.sent_at, end);
             self.outputs.push_back(Output::Span(Box::new(record)));
         }
@@ -497,6 +503,7 @@ impl Gateway {
     /// under an id of the gateway's, or refused when the client cannot take it.
     pub(super) fn relay_server_request(
         &mut self,
+        now: Instant,
         uplink: UplinkId,
         sled_id: &RawValue,
         method: &str,
@@ -543,6 +550,7 @@ impl Gateway {
         };
         if call.modern {
             return self.ask_stateless_client(
+                now,
                 (uplink, related),
                 sled_id,
                 method,

@@ -31,6 +31,7 @@ impl Gateway {
         self.timers.insert((at, Timer::Uplink(id)));
         if self.shutting_down {
             self.close_uplink(
+                now,
                 id,
                 CloseCode::GoingAway,
                 "the gateway is shutting down".into(),
@@ -38,7 +39,7 @@ impl Gateway {
         }
     }
 
-    pub(super) fn on_uplink_binary(&mut self, id: UplinkId, len: usize) {
+    pub(super) fn on_uplink_binary(&mut self, now: Instant, id: UplinkId, len: usize) {
         let Some(uplink) = self.uplinks.get(&id) else {
             return;
         };
@@ -50,6 +51,7 @@ impl Gateway {
         );
         if !matches!(uplink.state, UplinkState::Live { .. }) {
             self.close_uplink(
+                now,
                 id,
                 CloseCode::ProtocolError,
                 "expected a hello or proof text frame first".into(),
@@ -67,7 +69,7 @@ impl Gateway {
         let expects_proof = matches!(uplink.state, UplinkState::AwaitingProof(_));
         let message = match jsonrpc::parse_object(text.as_bytes()) {
             Ok(m) => m,
-            Err(e) => return self.invalid_frame(id, awaiting_hello, &e.message()),
+            Err(e) => return self.invalid_frame(now, id, awaiting_hello, &e.message()),
         };
         if m_is_control(&message) {
             match serde_json::from_str::<Control>(text) {
@@ -101,12 +103,13 @@ impl Gateway {
                 }
                 // Named by kind only: a frame's text may hold a token.
                 Ok(other) => self.invalid_frame(
+                    now,
                     id,
                     awaiting_hello,
                     &format!("unexpected control frame '{}'", control_kind(&other)),
                 ),
                 Err(e) => {
-                    self.invalid_frame(id, awaiting_hello, &format!("bad control frame: {e}"))
+                    self.invalid_frame(now, id, awaiting_hello, &format!("bad control frame: {e}"))
                 }
             }
             return;
@@ -114,6 +117,7 @@ impl Gateway {
         if awaiting_hello {
             let expected = if expects_proof { "proof" } else { "hello" };
             return self.invalid_frame(
+                now,
                 id,
                 true,
                 &format!("expected a {expected} control frame first"),
@@ -123,7 +127,7 @@ impl Gateway {
             let method: String = serde_json::from_str(method.get()).unwrap_or_default();
             match message.id {
                 // A sled's request: for the client of one of its calls, or a ping.
-                Some(rid) => self.relay_server_request(id, rid, &method, message.params),
+                Some(rid) => self.relay_server_request(now, id, rid, &method, message.params),
                 None if method == TOOLS_CHANGED => {
                     if let Some(project) = self.live_project(id) {
                         self.start_refresh(now, id, project);
@@ -263,7 +267,7 @@ impl Gateway {
                     }
                 };
                 let took = now.saturating_duration_since(call.sent_at);
-                self.finish_or_hold(call, body, outcome, took);
+                self.finish_or_hold(now, call, body, outcome, took);
             }
             Pending::ToolsList {
                 project,
@@ -345,11 +349,18 @@ impl Gateway {
         }
     }
 
-    pub(super) fn invalid_frame(&mut self, id: UplinkId, awaiting_hello: bool, detail: &str) {
+    pub(super) fn invalid_frame(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        awaiting_hello: bool,
+        detail: &str,
+    ) {
         self.counters.frames_invalid += 1;
         tracing::warn!(uplink = id.0, "invalid uplink frame: {detail}");
         if awaiting_hello {
             self.close_uplink(
+                now,
                 id,
                 CloseCode::ProtocolError,
                 format!("expected hello: {detail}"),
@@ -369,7 +380,7 @@ impl Gateway {
         key: Option<String>,
     ) {
         if protocol != PROTOCOL_VERSION {
-            return self.close_uplink(
+            return self.close_uplink(now,
                 id,
                 CloseCode::ProtocolError,
                 format!("uplink protocol {protocol} is not supported; this gateway speaks {PROTOCOL_VERSION}"),
@@ -385,6 +396,7 @@ impl Gateway {
             // The reason names no other project: an uplink has proved nothing yet, and the
             // registered names are not its to learn (security review, finding 11).
             return self.close_uplink(
+                now,
                 id,
                 CloseCode::UnknownProject,
                 format!("project '{project}' is not registered at this gateway"),
@@ -400,6 +412,7 @@ impl Gateway {
                 };
                 tracing::warn!(uplink = id.0, project, sled, "uplink refused: {why}");
                 return self.close_uplink(
+                    now,
                     id,
                     CloseCode::Unauthorized,
                     format!("project '{project}' requires its uplink token; the hello had {why}"),
@@ -439,6 +452,7 @@ impl Gateway {
     ) {
         if self.registry.get(&project).is_none() {
             return self.close_uplink(
+                now,
                 id,
                 CloseCode::UnknownProject,
                 format!("project '{project}' is no longer registered"),
@@ -456,6 +470,7 @@ impl Gateway {
                 "uplink replaced by a newer connection"
             );
             self.drop_uplink(
+                now,
                 old,
                 UplinkLoss::Replaced,
                 Some((
@@ -503,7 +518,7 @@ impl Gateway {
             uplink: id,
             text: welcome.to_text(),
         });
-        self.resubscribe_listeners(&project);
+        self.resubscribe_listeners(now, &project);
         self.start_refresh(now, id, project);
     }
 
@@ -594,7 +609,7 @@ impl Gateway {
                 };
                 let body = e.response(Some(call.client_id.as_str()));
                 let took = now.saturating_duration_since(call.sent_at);
-                self.finish_call(call, body, Outcome::Timeout, Some(took));
+                self.finish_call(now, call, body, Outcome::Timeout, Some(took));
                 self.send_cancelled(
                     uplink,
                     rpc_id,
@@ -640,6 +655,7 @@ impl Gateway {
         match uplink.state {
             UplinkState::AwaitingHello => {
                 self.close_uplink(
+                    now,
                     id,
                     CloseCode::HelloTimeout,
                     "no hello within the hello timeout".into(),
@@ -647,13 +663,14 @@ impl Gateway {
             }
             UplinkState::AwaitingProof(_) => {
                 self.close_uplink(
+                    now,
                     id,
                     CloseCode::HelloTimeout,
                     "no identity proof within the hello timeout".into(),
                 );
             }
             UplinkState::AwaitingClaim { .. } => {
-                self.close_uplink(
+                self.close_uplink(now,
                     id,
                     CloseCode::HelloTimeout,
                     "this gateway replica could not claim the project within the hello timeout (is the cluster's engine reachable?); connect again".into(),
@@ -665,6 +682,7 @@ impl Gateway {
                     let reason = format!("no frame from the sled for {} ms", silent.as_millis());
                     tracing::warn!(uplink = id.0, "{reason}; closing");
                     self.drop_uplink(
+                        now,
                         id,
                         UplinkLoss::HeartbeatTimeout,
                         Some((CloseCode::HeartbeatTimeout, reason)),
@@ -686,14 +704,21 @@ impl Gateway {
         }
     }
 
-    pub(super) fn close_uplink(&mut self, id: UplinkId, code: CloseCode, reason: String) {
-        self.drop_uplink(id, UplinkLoss::Closed, Some((code, reason)));
+    pub(super) fn close_uplink(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        code: CloseCode,
+        reason: String,
+    ) {
+        self.drop_uplink(now, id, UplinkLoss::Closed, Some((code, reason)));
     }
 
     /// Forgets an uplink: its project loses its sled and tools, its pending calls fail now.
     /// With `close`, the driver is told to close the socket with that code and reason.
     pub(super) fn drop_uplink(
         &mut self,
+        now: Instant,
         id: UplinkId,
         loss: UplinkLoss,
         close: Option<(CloseCode, String)>,
@@ -724,7 +749,7 @@ impl Gateway {
         if let UplinkState::AwaitingClaim { project } | UplinkState::Live { project } =
             &uplink.state
         {
-            self.cluster_uplink_gone(id, project);
+            self.cluster_uplink_gone(now, id, project);
         }
         if let UplinkState::Live { project } = &uplink.state {
             if let Some(state) = self.projects.get_mut(project) {
@@ -764,12 +789,11 @@ impl Gateway {
                         loss,
                     };
                     let body = e.response(Some(call.client_id.as_str()));
-                    self.finish_call(call, body, Outcome::UplinkLost, None);
+                    self.finish_call(now, call, body, Outcome::UplinkLost, None);
                 }
                 Pending::FanoutPart {
                     fanout, project, ..
                 } => {
-                    let now = self.now.unwrap_or(uplink.last_rx);
                     self.fail_fanout_part(
                         now,
                         fanout,
@@ -783,16 +807,16 @@ impl Gateway {
             }
         }
         // Find out at once whether the project's server is still there.
-        if let (Some(project), Some(now)) = (probe_now, self.now) {
+        if let Some(project) = probe_now {
             self.start_probe(now, project);
         }
         // Writes held for its tools are answered as any call without a sled is.
-        if let (Some(project), Some(now)) = (gone_from, self.now) {
+        if let Some(project) = gone_from {
             self.release_listing_holds(now, &project);
         }
     }
 
-    pub(super) fn on_reload(&mut self, registry: Registry) {
+    pub(super) fn on_reload(&mut self, now: Instant, registry: Registry) {
         let removed: Vec<String> = self
             .registry
             .names()
@@ -802,6 +826,7 @@ impl Gateway {
         for project in &removed {
             if let Some(uplink) = self.projects.get(project).and_then(|p| p.uplink) {
                 self.drop_uplink(
+                    now,
                     uplink,
                     UplinkLoss::Unregistered,
                     Some((
@@ -830,7 +855,7 @@ impl Gateway {
         self.modern_listing = None;
     }
 
-    pub(super) fn on_shutdown(&mut self) {
+    pub(super) fn on_shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
         self.cluster_shutdown();
         if self.pins_save_at.is_some() {
@@ -845,6 +870,7 @@ impl Gateway {
         let ids: BTreeSet<UplinkId> = self.uplinks.keys().copied().collect();
         for id in ids {
             self.drop_uplink(
+                now,
                 id,
                 UplinkLoss::Shutdown,
                 Some((CloseCode::GoingAway, "the gateway is shutting down".into())),

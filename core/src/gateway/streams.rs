@@ -101,6 +101,7 @@ impl Gateway {
     /// latency to record, when the call ended by the sled's answer or the deadline.
     pub(super) fn finish_call(
         &mut self,
+        now: Instant,
         mut call: Call,
         body: String,
         outcome: Outcome,
@@ -109,7 +110,7 @@ impl Gateway {
         if let Some(span) = call.span.as_mut().filter(|_| outcome != Outcome::Ok) {
             span.error_code = error_code(&body);
         }
-        self.call_ended(&call, outcome, took);
+        self.call_ended(now, &call, outcome, took);
         if let Some((gateway_token, _)) = &call.progress {
             self.progress.remove(gateway_token);
         }
