@@ -209,12 +209,6 @@ pub enum RpcError {
         sled: String,
         replica: String,
     },
-    /// The project's sled left its gateway replica a moment ago and has not been claimed
-    /// again yet (a request that cannot wait for it is answered this).
-    SledMoving {
-        project: String,
-        sled: String,
-    },
     /// The call was forwarded, then its uplink went away; it may or may not have been applied.
     UplinkLost {
         project: String,
@@ -349,7 +343,6 @@ impl RpcError {
             | RpcError::SwitchWithoutSession => code::INVALID_PARAMS,
             RpcError::SledNotConnected { .. }
             | RpcError::OwnedElsewhere { .. }
-            | RpcError::SledMoving { .. }
             | RpcError::UplinkLost { .. }
             | RpcError::BadSledResponse { .. }
             | RpcError::ShuttingDown => code::INTERNAL_ERROR,
@@ -400,7 +393,6 @@ impl RpcError {
             RpcError::SwitchWithoutSession => "switch_without_session",
             RpcError::SledNotConnected { .. } => "sled_not_connected",
             RpcError::OwnedElsewhere { .. } => "sled_elsewhere",
-            RpcError::SledMoving { .. } => "sled_moving",
             RpcError::UplinkLost { .. } => "uplink_lost",
             RpcError::Timeout { .. } => "timeout",
             RpcError::BadSledResponse { .. } => "bad_sled_response",
@@ -471,9 +463,6 @@ impl RpcError {
             ),
             RpcError::OwnedElsewhere { project, sled, replica } => format!(
                 "Project '{project}''s sled '{sled}' is connected to gateway replica '{replica}', and this request cannot be relayed there; send it again"
-            ),
-            RpcError::SledMoving { project, sled } => format!(
-                "Project '{project}''s sled '{sled}' is moving to another gateway replica; the call was not sent: retry in a moment"
             ),
             RpcError::UplinkLost { project, sled, loss } => format!(
                 "Call to project '{project}' failed: {} (sled '{sled}'); the call may or may not have been applied",
@@ -584,7 +573,6 @@ impl RpcError {
                 json!({ "kind": kind, "tool": tool, "registered": registered })
             }
             RpcError::SledNotConnected { project, sled }
-            | RpcError::SledMoving { project, sled }
             | RpcError::BadSledResponse { project, sled } => {
                 json!({ "kind": kind, "project": project, "sled": sled })
             }

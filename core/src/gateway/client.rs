@@ -182,14 +182,14 @@ impl Gateway {
                     modern: false,
                 };
                 let answer = match method.as_str() {
-                    "ping" => Ok(Some("{}".to_owned())),
-                    "tools/list" => self.tools_list(req, params).map(Some),
+                    "ping" => Ok(Served::Now("{}".to_owned())),
+                    "tools/list" => self.tools_list(req, params),
                     "tools/call" => self.tools_call(req, &id, params, mode),
                     // A 2026-07-28 client probing for the stateless era without the header.
-                    "server/discover" => Ok(Some(self.discover())),
+                    "server/discover" => Ok(Served::Now(self.discover())),
                     // Log messages reach only the session whose call produced them; the level
                     // is the session's own.
-                    "logging/setLevel" => self.set_log_level(now, scope, params).map(Some),
+                    "logging/setLevel" => self.set_log_level(now, scope, params).map(Served::Now),
                     m if proxy::PROXIED_METHODS.contains(&m) => {
                         self.proxy_method(req, &id, m, params, mode)
                     }
@@ -199,7 +199,7 @@ impl Gateway {
                     // In a cluster, a change of the session (a switch, a log level) is in the
                     // engine before it is confirmed: the client's next request, on any
                     // replica, comes after it.
-                    Ok(Some(result)) => {
+                    Ok(Served::Now(result)) => {
                         let reply = HttpReply {
                             status: 200,
                             headers: Vec::new(),
@@ -211,19 +211,13 @@ impl Gateway {
                         }
                     }
                     // Forwarded: the reply comes with the sled's response.
-                    Ok(None) => {}
-                    // Its project's sled is on another replica of the cluster: relayed there.
-                    Err(RpcError::OwnedElsewhere {
-                        project, replica, ..
-                    }) if !req.relayed => {
+                    Ok(Served::Later) => {}
+                    Ok(Served::Away(Away::Relay { project, replica })) => {
                         self.relay(token, replica, project, id.as_str(), false, request)
                     }
-                    Err(RpcError::SledMoving { project, .. }) if !req.relayed => {
-                        self.hold(token, project, request)
-                    }
-                    // Its project's tools are not listed yet: it waits for them.
-                    Err(e @ RpcError::ToolsPending { .. }) => {
-                        self.hold_for_listing(now, token, request, &id, e, 200)
+                    Ok(Served::Away(Away::Hold { project })) => self.hold(token, project, request),
+                    Ok(Served::AwaitListing { project }) => {
+                        self.hold_for_listing(now, token, request, &id, project, false)
                     }
                     Err(e) => {
                         self.reply(token, 200, Vec::new(), Some(e.response(Some(id.as_str()))))
@@ -379,7 +373,19 @@ impl Gateway {
         &self,
         req: &Req<'_>,
         params: Option<&RawValue>,
-    ) -> Result<String, RpcError> {
+    ) -> Result<Served, RpcError> {
+        self.tools_page(req, params).map(|page| match page {
+            Ok(result) => Served::Now(result),
+            Err(away) => Served::Away(away),
+        })
+    }
+
+    /// [`Gateway::tools_list`]'s page, or where the list is made.
+    fn tools_page(
+        &self,
+        req: &Req<'_>,
+        params: Option<&RawValue>,
+    ) -> Result<Result<String, Away>, RpcError> {
         #[derive(Deserialize)]
         struct ListParams {
             #[serde(default)]
@@ -391,11 +397,8 @@ impl Gateway {
         // there (a list relayed here by mistake lists the gateway's tools only).
         if let Some(project) = default.filter(|p| !self.is_live(p) && !req.relayed) {
             if let Some(replica) = self.relay_target(project) {
-                return Err(RpcError::OwnedElsewhere {
-                    project: project.to_owned(),
-                    sled: self.sled_of(project),
-                    replica,
-                });
+                let project = project.to_owned();
+                return Ok(Err(Away::Relay { project, replica }));
             }
         }
         let project = default.and_then(|p| self.projects.get(p));
@@ -413,7 +416,7 @@ impl Gateway {
                 s.push_str(listing);
             }
             s.push_str("]}");
-            return Ok(s);
+            return Ok(Ok(s));
         }
         let start = match params.cursor.as_deref() {
             None => 0,
@@ -454,7 +457,7 @@ impl Gateway {
             s.push_str(&format!(r#","nextCursor":"tools-{end}""#));
         }
         s.push('}');
-        Ok(s)
+        Ok(Ok(s))
     }
 
     /// A client's `notifications/cancelled`: the session's latest pending call with that id
@@ -523,14 +526,14 @@ impl Gateway {
         self.finish_call(now, call, body, Outcome::Cancelled, None);
     }
 
-    /// Answers a `tools/call` now (`Ok(Some)`), or forwards it (`Ok(None)`).
+    /// Answers a `tools/call` now, forwards it, or says where it goes instead.
     pub(super) fn tools_call(
         &mut self,
         req: &Req<'_>,
         id: &RawId,
         params: Option<&RawValue>,
         mode: CallMode,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let CallMode { stream_ok, modern } = mode;
         let now = req.now;
         let params: CallParams = jsonrpc::params_of("tools/call", params)?;
@@ -560,10 +563,10 @@ impl Gateway {
                     tool: SWITCH_PROJECT.into(),
                     why: "requests of protocol 2026-07-28 have no session to keep a default in: pass \"project\" in each call's arguments",
                 }),
-                SWITCH_PROJECT => self.switch_project(req, &arguments).map(Some),
-                LIST_PROJECTS => self.list_projects(req, &arguments).map(Some),
+                SWITCH_PROJECT => self.switch_project(req, &arguments).map(Served::Now),
+                LIST_PROJECTS => self.list_projects(req, &arguments).map(Served::Now),
                 GATEWAY_HEALTH => self.gateway_health_call(req, id, modern, &arguments),
-                FLEET_IDENTITY => self.fleet_identity(req, &arguments).map(Some),
+                FLEET_IDENTITY => self.fleet_identity(req, &arguments).map(Served::Now),
                 _ => self.aggregate_pipeline_status(req, id, modern, &arguments),
             };
         }
@@ -574,7 +577,10 @@ impl Gateway {
             None => None,
         };
         let tool = params.name;
-        let route = self.route(req, explicit.as_ref(), &tool)?;
+        let route = match self.route(req, explicit.as_ref(), &tool)? {
+            Placement::Here(route) => route,
+            Placement::Away(away) => return Ok(Served::Away(away)),
+        };
         let listed = self
             .projects
             .get(&route.project)
@@ -603,8 +609,15 @@ impl Gateway {
         let lease = match listed {
             Some(t) => t.lease.clone(),
             // Not listed now: the sled's uplink came back and its tools are not listed again
-            // yet. Writes stay checked by what it listed last.
-            None => self.remembered_lease(now, &route.project, &tool)?,
+            // yet. Writes stay checked by what it listed last, or wait for the listing.
+            None => match self.remembered_lease(now, &route.project, &tool) {
+                Some(lease) => lease,
+                None => {
+                    return Ok(Served::AwaitListing {
+                        project: route.project,
+                    })
+                }
+            },
         };
         #[derive(serde::Serialize)]
         struct Forwarded<'a> {
@@ -807,27 +820,28 @@ impl Gateway {
         ))
     }
 
-    /// Holds a write refused `refusal` (`tools_pending`) until its project's tools are listed,
-    /// for at most [`Config::listing_hold`] or the call's own timeout; at that deadline it is
-    /// answered `refusal` with HTTP `status` (`listing_holds.rs`).
+    /// Holds a write until `project`'s tools are listed, for at most [`Config::listing_hold`]
+    /// or the call's own timeout; at that deadline it is refused `tools_pending`, with the
+    /// HTTP status of the request's era (`modern`) (`listing_holds.rs`).
     pub(super) fn hold_for_listing(
         &mut self,
         now: Instant,
         token: HttpToken,
         request: HttpRequest,
         id: &RawId,
-        refusal: RpcError,
-        status: u16,
+        project: String,
+        modern: bool,
     ) {
-        let RpcError::ToolsPending { project, .. } = &refusal else {
-            return self.reply(
-                token,
-                status,
-                Vec::new(),
-                Some(refusal.response(Some(id.as_str()))),
-            );
+        let refusal = RpcError::ToolsPending {
+            sled: self.sled_of(&project),
+            project: project.clone(),
+            retry_after: self.config.retry_after,
         };
-        let project = project.clone();
+        let status = if modern {
+            headers::modern_status(refusal.code())
+        } else {
+            200
+        };
         let bound = self
             .registry
             .get(&project)

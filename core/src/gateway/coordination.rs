@@ -270,7 +270,7 @@ impl Gateway {
         arguments: &Map<String, Value>,
         meta: Option<&Value>,
         mode: CallMode,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let now = req.now;
         client::only_arguments(tool, arguments, allowed(tool))?;
         // In a cluster, a project's coordination state lives where its sled is: the call is
@@ -281,18 +281,13 @@ impl Gateway {
         if tool != WAIT && self.cluster.is_some() {
             let project = self.coordination_project(req, arguments, tool)?;
             if !self.is_live(&project) {
-                let sled = self.sled_of(&project);
-                return Err(match self.relay_target(&project) {
-                    Some(replica) => RpcError::OwnedElsewhere {
-                        sled,
+                return match self.away(req, &project)? {
+                    Some(away) => Ok(Served::Away(away)),
+                    None => Err(RpcError::SledNotConnected {
+                        sled: self.sled_of(&project),
                         project,
-                        replica,
-                    },
-                    _ if !req.relayed && self.is_moving(now, &project) => {
-                        RpcError::SledMoving { sled, project }
-                    }
-                    _ => RpcError::SledNotConnected { sled, project },
-                });
+                    }),
+                };
             }
         }
         let (agent, handle) = self.agent_of(req.scope, arguments, tool)?;
@@ -546,7 +541,7 @@ impl Gateway {
         }
         out["unread"] = json!(c.unread(now, &agent, &project));
         self.drain_woken(now);
-        Ok(Some(client::tool_result(out)))
+        Ok(Served::Now(client::tool_result(out)))
     }
 
     /// The calling agent's public name, and a handle when this call issued one.
@@ -680,7 +675,7 @@ impl Gateway {
         arguments: &Map<String, Value>,
         meta: Option<&Value>,
         mode: CallMode,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         let named: Option<Vec<String>> = arg(WAIT, arguments, "projects")?;
         let named_any = named.is_some();
@@ -731,7 +726,7 @@ impl Gateway {
         match started {
             WaitStart::Ready(ready) => {
                 let project = ready.project.clone();
-                Ok(Some(self.wait_result(
+                Ok(Served::Now(self.wait_result(
                     now,
                     agent,
                     project.as_deref(),
@@ -762,7 +757,7 @@ impl Gateway {
                     let local = !projects.is_empty();
                     self.spread_wait(now, wait, local, elsewhere, req.scope, handle, timeout);
                 }
-                Ok(None)
+                Ok(Served::Later)
             }
         }
     }
@@ -970,25 +965,22 @@ impl Gateway {
 
     /// The lease annotation of `tool` as `project`'s sled last listed it. Before any listing
     /// in this gateway's life, a call cannot be checked: while the project has live leases it
-    /// is refused (retryable) rather than sent unchecked.
+    /// must wait for the listing (`None`) rather than be sent unchecked.
+    #[allow(clippy::option_option)]
     pub(super) fn remembered_lease(
         &mut self,
         now: Instant,
         project: &str,
         tool: &str,
-    ) -> Result<Option<(String, String)>, RpcError> {
+    ) -> Option<Option<(String, String)>> {
         match self
             .projects
             .get(project)
             .and_then(|p| p.leases_known.as_ref())
         {
-            Some(known) => Ok(known.get(tool).cloned()),
-            None if self.coordination.coord.claims(now, project).is_empty() => Ok(None),
-            None => Err(RpcError::ToolsPending {
-                project: project.to_owned(),
-                sled: self.sled_of(project),
-                retry_after: self.config.retry_after,
-            }),
+            Some(known) => Some(known.get(tool).cloned()),
+            None if self.coordination.coord.claims(now, project).is_empty() => Some(None),
+            None => None,
         }
     }
 

@@ -792,7 +792,7 @@ impl Gateway {
         id: &RawId,
         modern: bool,
         arguments: &Map<String, Value>,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         client::only_arguments(
             AGGREGATE_PIPELINE_STATUS,
@@ -846,13 +846,13 @@ impl Gateway {
             waiting,
         };
         if waiting == 0 {
-            return Ok(Some(fanout_result(now, fanout, overall)));
+            return Ok(Served::Now(fanout_result(now, fanout, overall)));
         }
         self.timers
             .insert((fanout.deadline, Timer::Fanout(fanout_id)));
         self.fanout_by_token.insert(token, fanout_id);
         self.fanouts.insert(fanout_id, (fanout, overall));
-        Ok(None)
+        Ok(Served::Later)
     }
 
     fn send_pipeline_status(

@@ -190,11 +190,11 @@ impl Gateway {
         id: &RawId,
         modern: bool,
         arguments: &Map<String, Value>,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         let mut result = self.gateway_health(req, arguments)?;
         if self.cluster.is_none() {
-            return Ok(Some(client::tool_result(result)));
+            return Ok(Served::Now(client::tool_result(result)));
         }
         let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
         if let Some(rows) = result["projects"].as_array_mut() {
@@ -211,11 +211,11 @@ impl Gateway {
             }
         }
         if elsewhere.is_empty() {
-            return Ok(Some(client::tool_result(result)));
+            return Ok(Served::Now(client::tool_result(result)));
         }
         let gather = match self.cluster.as_mut() {
             Some(c) => c.gathers.new_gather(),
-            None => return Ok(Some(client::tool_result(result))),
+            None => return Ok(Served::Now(client::tool_result(result))),
         };
         let timeout = self.config.fanout_sled_timeout;
         for replica in elsewhere.keys() {
@@ -245,7 +245,7 @@ impl Gateway {
                 },
             );
         }
-        Ok(None)
+        Ok(Served::Later)
     }
 
     /// A replica's `gateway_health`: its rows for the projects it holds replace this one's.

@@ -54,7 +54,7 @@ impl Gateway {
         req: &Req<'_>,
         id: &RawId,
         params: Option<&RawValue>,
-    ) -> Result<(), RpcError> {
+    ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         let method = "subscriptions/listen";
         let p: ListenParams = jsonrpc::params_of(method, params)?;
@@ -99,18 +99,8 @@ impl Gateway {
         // names one held by another replica is relayed there whole (its tool news too, which
         // every replica has).
         if let Some(p) = project.as_deref().filter(|p| !self.is_live(p)) {
-            if let Some(replica) = self.relay_target(p) {
-                return Err(RpcError::OwnedElsewhere {
-                    sled: self.sled_of(p),
-                    project: p.to_owned(),
-                    replica,
-                });
-            }
-            if !req.relayed && self.is_moving(req.now, p) {
-                return Err(RpcError::SledMoving {
-                    sled: self.sled_of(p),
-                    project: p.to_owned(),
-                });
+            if let Some(away) = self.away(req, p)? {
+                return Ok(Served::Away(away));
             }
         }
         let listen = Listen {
@@ -158,7 +148,7 @@ impl Gateway {
         if honored.is_empty() {
             // Nothing to listen to: end the subscription at once, gracefully.
             self.end_listen(token, id);
-            return Ok(());
+            return Ok(Served::Later);
         }
         let new_uris: Vec<(String, String)> = match &listen.project {
             Some(p) => listen
@@ -173,7 +163,7 @@ impl Gateway {
         for (project, uri) in new_uris {
             self.sled_subscription(now, &project, &uri, "resources/subscribe");
         }
-        Ok(())
+        Ok(Served::Later)
     }
 
     /// Whether a listener or a session already wants `uri` of `project`.

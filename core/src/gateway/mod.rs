@@ -494,6 +494,42 @@ struct CallMode {
     modern: bool,
 }
 
+/// Where a request's project is served, when not here: a value, never an error (a relayed
+/// request is never placed away again; it is answered `sled_elsewhere` or
+/// `sled_not_connected` instead).
+#[derive(Debug)]
+enum Away {
+    /// Its sled is on another replica of the cluster: the request is relayed there whole.
+    Relay { project: String, replica: String },
+    /// Its sled left its replica a moment ago: the request waits for its next one
+    /// (`cluster.rs`, `hold`).
+    Hold { project: String },
+}
+
+/// Where a request for a project goes ([`Gateway::route`]).
+enum Placement {
+    /// Up this replica's uplink to the project's sled.
+    Here(proxy::Route),
+    Away(Away),
+}
+
+/// What handling a client's request came to. Every request handler answers one of these;
+/// only a refusal is an error.
+#[derive(Debug)]
+enum Served {
+    /// Answered now, with this JSON-RPC result.
+    Now(String),
+    /// Forwarded to a sled or parked: the answer comes later.
+    Later,
+    Away(Away),
+    /// A write whose project's tools this gateway has not listed since its sled came, while
+    /// the project has live leases: held until they are (`listing_holds.rs`), else refused
+    /// `tools_pending`.
+    AwaitListing {
+        project: String,
+    },
+}
+
 /// The session a request belongs to, or its absence (a sessionless or stateless-era request).
 #[derive(Debug, Clone, Copy)]
 enum Scope<'a> {

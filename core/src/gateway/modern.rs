@@ -101,13 +101,13 @@ impl Gateway {
                     retry = true;
                     self.resume(req, &id, m, checked, params, stream_ok)
                 }
-                "server/discover" => Ok(Some(self.discover())),
-                "tools/list" => Ok(Some(self.modern_tools_list(req.principal))),
+                "server/discover" => Ok(Served::Now(self.discover())),
+                "tools/list" => Ok(Served::Now(self.modern_tools_list(req.principal))),
                 "subscriptions/listen" if !stream_ok => Err(RpcError::InvalidParams {
                     method: rpc_method.clone(),
                     detail: "subscriptions/listen answers with an event stream: send Accept: text/event-stream".into(),
                 }),
-                "subscriptions/listen" => self.listen(req, &id, params).map(|()| None),
+                "subscriptions/listen" => self.listen(req, &id, params),
                 "tools/call" => self
                     .tools_call(
                         req,
@@ -137,27 +137,20 @@ impl Gateway {
                 _ => Err(RpcError::MethodNotFound { method: rpc_method }),
             });
         match answer {
-            Ok(Some(result)) => {
+            Ok(Served::Now(result)) => {
                 let body = jsonrpc::ok_response(id.as_str(), &with_result_type(&result));
                 self.reply(token, 200, Vec::new(), Some(body));
             }
-            Ok(None) => {}
-            // Its project's sled is on another replica of the cluster: relayed there.
-            Err(RpcError::OwnedElsewhere {
-                project, replica, ..
-            }) if !req.relayed => {
+            Ok(Served::Later) => {}
+            Ok(Served::Away(Away::Relay { project, replica })) => {
                 self.relay(token, replica, project, id.as_str(), true, request);
                 if retry {
                     self.relay_is_retry(token);
                 }
             }
-            Err(RpcError::SledMoving { project, .. }) if !req.relayed => {
-                self.hold(token, project, request)
-            }
-            // Its project's tools are not listed yet: it waits for them.
-            Err(e @ RpcError::ToolsPending { .. }) => {
-                let status = headers::modern_status(e.code());
-                self.hold_for_listing(now, token, request, &id, e, status)
+            Ok(Served::Away(Away::Hold { project })) => self.hold(token, project, request),
+            Ok(Served::AwaitListing { project }) => {
+                self.hold_for_listing(now, token, request, &id, project, true)
             }
             Err(e) => {
                 let status = headers::modern_status(e.code());

@@ -392,7 +392,7 @@ impl Gateway {
         checked: modern::Checked,
         params: Option<&RawValue>,
         stream_ok: bool,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         let unknown = || RpcError::UnknownRequestState {
             method: method.to_owned(),
@@ -400,11 +400,7 @@ impl Gateway {
         let handle = checked.request_state.ok_or_else(unknown)?;
         if let Some(replica) = self.parked_elsewhere(req, &handle) {
             let project = self.retry_project(req, method, params);
-            return Err(RpcError::OwnedElsewhere {
-                sled: self.sled_of(&project),
-                project,
-                replica,
-            });
+            return Ok(Served::Away(Away::Relay { project, replica }));
         }
         self.expire_held(now);
         let retry: RetryParams = jsonrpc::params_of(method, params)?;
@@ -436,7 +432,7 @@ impl Gateway {
                 held.outcome,
                 Some(held.took),
             );
-            return Ok(None);
+            return Ok(Served::Later);
         }
         let key = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
         let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
@@ -494,7 +490,7 @@ impl Gateway {
         if ask_again {
             self.answer_input_required(now, key);
         }
-        Ok(None)
+        Ok(Served::Later)
     }
 }
 

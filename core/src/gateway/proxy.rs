@@ -74,13 +74,14 @@ pub(super) struct ServerRequest {
 
 impl Gateway {
     /// Finds where a request goes: its explicit project (a string, not empty), else the
-    /// caller's default; the project must be registered and its sled connected.
+    /// caller's default; the project must be registered and its sled connected, here or (in a
+    /// cluster) on another replica.
     pub(super) fn route(
         &self,
         req: &Req<'_>,
         explicit: Option<&Value>,
         what: &str,
-    ) -> Result<Route, RpcError> {
+    ) -> Result<Placement, RpcError> {
         let tool = what.to_owned();
         let project = match explicit {
             None => match self.default_of(req) {
@@ -109,30 +110,38 @@ impl Gateway {
             .get(&project)
             .expect("every registered project has a state");
         match state.uplink {
-            Some(uplink) => Ok(Route {
+            Some(uplink) => Ok(Placement::Here(Route {
                 timeout: spec.call_timeout,
                 uplink,
                 project,
-            }),
-            None => match self.relay_target(&project) {
-                // On another replica of the cluster: the request is relayed there whole.
-                Some(replica) => Err(RpcError::OwnedElsewhere {
-                    sled: spec.sled.clone(),
-                    project,
-                    replica,
-                }),
-                // Just left its replica: a request that can wait is held for its next one.
-                None if !req.relayed && self.is_moving(req.now, &project) => {
-                    Err(RpcError::SledMoving {
-                        sled: spec.sled.clone(),
-                        project,
-                    })
-                }
+            })),
+            None => match self.away(req, &project)? {
+                Some(away) => Ok(Placement::Away(away)),
                 None => Err(RpcError::SledNotConnected {
                     sled: spec.sled.clone(),
                     project,
                 }),
             },
+        }
+    }
+
+    /// Where a request for `project`, whose sled is not connected here, is served instead:
+    /// `None` when nowhere. In a cluster, on the replica holding the sled (the request is
+    /// relayed there whole, unless it was relayed here: the holder lost the sled meanwhile);
+    /// or, for a sled that just left its replica, wherever it lands next.
+    pub(super) fn away(&self, req: &Req<'_>, project: &str) -> Result<Option<Away>, RpcError> {
+        let project = project.to_owned();
+        match self.relay_target(&project) {
+            Some(replica) if !req.relayed => Ok(Some(Away::Relay { project, replica })),
+            Some(replica) => Err(RpcError::OwnedElsewhere {
+                sled: self.sled_of(&project),
+                project,
+                replica,
+            }),
+            None if !req.relayed && self.is_moving(req.now, &project) => {
+                Ok(Some(Away::Hold { project }))
+            }
+            None => Ok(None),
         }
     }
 
@@ -151,7 +160,7 @@ impl Gateway {
         params: Outgoing,
         tool: String,
         rewrite: Rewrite,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         let Route {
             project,
@@ -385,7 +394,7 @@ impl Gateway {
             uplink: uplink_id,
             text,
         });
-        Ok(None)
+        Ok(Served::Later)
     }
 
     /// Books a call that left the pending table: its session's count, and the metrics.
@@ -446,7 +455,7 @@ impl Gateway {
         method: &str,
         params: Option<&RawValue>,
         mode: CallMode,
-    ) -> Result<Option<String>, RpcError> {
+    ) -> Result<Served, RpcError> {
         let mut params: Map<String, Value> = jsonrpc::params_of(method, params)?;
         let mut explicit = match params.get_mut("_meta") {
             Some(Value::Object(meta)) => meta.remove(PROJECT_META),
@@ -459,7 +468,10 @@ impl Gateway {
                 }
             }
         }
-        let route = self.route(req, explicit.as_ref(), method)?;
+        let route = match self.route(req, explicit.as_ref(), method)? {
+            Placement::Here(route) => route,
+            Placement::Away(away) => return Ok(Served::Away(away)),
+        };
         self.require(
             req.principal,
             &route.project,
