@@ -246,8 +246,8 @@ impl Gateway {
             .find(|v| **v == params.protocol_version)
             .unwrap_or(&PROTOCOL_VERSIONS[0]);
         if self.sessions.len() >= self.config.max_sessions {
-            let busy = &self.session_calls;
-            match self.sessions.evict_lru(|id| busy.contains_key(id)) {
+            let calls = &self.calls;
+            match self.sessions.evict_lru(|id| calls.in_session(id) > 0) {
                 Some(evicted) => {
                     self.coordination_session_ended(now, &evicted);
                     self.counters.sessions_evicted += 1;
@@ -330,23 +330,13 @@ impl Gateway {
         if self.abort_fanout(token) || self.abort_health(token) {
             return;
         }
-        let Some(key) = self.by_token.remove(&token) else {
+        let Some((key, p)) = self.calls.take_by_token(token) else {
             return;
         };
-        if let Some(p) = self.pending.remove(&key) {
-            if let Pending::Call(call) = &p {
-                if let Some((gateway_token, _)) = &call.progress {
-                    self.progress.remove(gateway_token);
-                }
-                self.call_ended(now, call, Outcome::Aborted, None);
-            }
-            self.timers
-                .remove(&(p.deadline(), Timer::Request(key.0, key.1)));
-            if let Some(u) = self.uplinks.get_mut(&key.0) {
-                u.pending.remove(&key.1);
-            }
-            self.send_cancelled(key.0, key.1, "the client went away");
+        if let Pending::Call(call) = &p {
+            self.call_ended(now, call, Outcome::Aborted, None);
         }
+        self.send_cancelled(key.0, key.1, "the client went away");
     }
 
     /// The caller's default project: its session's, or the file's for a sessionless request.
@@ -487,21 +477,11 @@ impl Gateway {
         #[cfg(not(feature = "planted-bugs"))]
         let any_session = false;
         let found = self
-            .pending
-            .iter()
-            .filter_map(|(key, p)| match p {
-                Pending::Call(c)
-                    if (any_session || c.session.as_deref() == Some(session))
-                        && c.client_id.as_str() == wanted =>
-                {
-                    Some((c.sent_at, *key))
-                }
-                _ => None,
-            })
-            .max();
+            .calls
+            .latest_with_client_id((!any_session).then_some(session), wanted);
         // No such call: it may be held for its project's tools, or it finished already (the
         // race the spec says to tolerate).
-        let Some((_, key)) = found else {
+        let Some(key) = found else {
             if let Some((project, held)) = self.listing_holds.cancel(session, wanted) {
                 self.counters.calls_cancelled += 1;
                 let body = RpcError::Cancelled { project }.response(Some(&held.id));
@@ -509,14 +489,9 @@ impl Gateway {
             }
             return;
         };
-        let Some(Pending::Call(call)) = self.pending.remove(&key) else {
+        let Some(Pending::Call(call)) = self.calls.take(key) else {
             return;
         };
-        self.timers
-            .remove(&(call.deadline, Timer::Request(key.0, key.1)));
-        if let Some(u) = self.uplinks.get_mut(&key.0) {
-            u.pending.remove(&key.1);
-        }
         self.counters.calls_cancelled += 1;
         self.send_cancelled(key.0, key.1, "cancelled by the client");
         let body = RpcError::Cancelled {

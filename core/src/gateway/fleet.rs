@@ -889,7 +889,7 @@ impl Gateway {
             .uplinks
             .get_mut(&uplink_id)
             .expect("a project's live uplink exists");
-        if uplink.pending.len() >= self.config.max_calls_per_sled {
+        if self.calls.on_uplink(uplink_id) >= self.config.max_calls_per_sled {
             self.counters.calls_refused += 1;
             self.call_metrics
                 .count(PIPELINE_TOOL, project, Outcome::Refused);
@@ -903,20 +903,16 @@ impl Gateway {
         }
         let rpc_id = uplink.next_id;
         uplink.next_id += 1;
-        uplink.pending.insert(rpc_id);
         let now = req.now;
-        let deadline = now + per_sled;
-        self.pending.insert(
+        self.calls.start(
             (uplink_id, rpc_id),
             Pending::FanoutPart {
                 fanout,
                 project: project.to_owned(),
                 sent_at: now,
-                deadline,
+                deadline: now + per_sled,
             },
         );
-        self.timers
-            .insert((deadline, Timer::Request(uplink_id, rpc_id)));
         self.counters.calls_forwarded += 1;
         self.outputs.push_back(Output::UplinkSend {
             uplink: uplink_id,
@@ -1040,7 +1036,7 @@ impl Gateway {
         for (project, part) in late {
             match part {
                 Part::Waiting { uplink, rpc_id } => {
-                    self.forget_request(uplink, rpc_id);
+                    self.calls.take((uplink, rpc_id));
                     self.send_cancelled(
                         uplink,
                         rpc_id,
@@ -1101,24 +1097,13 @@ impl Gateway {
                     .count(PIPELINE_TOOL, &project, Outcome::Aborted);
             }
             if let Part::Waiting { uplink, rpc_id } = part {
-                self.forget_request(uplink, rpc_id);
+                self.calls.take((uplink, rpc_id));
                 self.send_cancelled(uplink, rpc_id, "the client went away");
                 self.call_metrics
                     .count(PIPELINE_TOOL, &project, Outcome::Aborted);
             }
         }
         true
-    }
-
-    /// Removes a request from the pending table, its uplink's set and its deadline timer.
-    fn forget_request(&mut self, uplink: UplinkId, rpc_id: u64) {
-        if let Some(p) = self.pending.remove(&(uplink, rpc_id)) {
-            self.timers
-                .remove(&(p.deadline(), Timer::Request(uplink, rpc_id)));
-        }
-        if let Some(u) = self.uplinks.get_mut(&uplink) {
-            u.pending.remove(&rpc_id);
-        }
     }
 }
 

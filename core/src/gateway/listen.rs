@@ -187,17 +187,13 @@ impl Gateway {
         };
         let rpc_id = u.next_id;
         u.next_id += 1;
-        u.pending.insert(rpc_id);
-        let deadline = now + self.config.refresh_timeout;
-        self.pending.insert(
+        self.calls.start(
             (uplink, rpc_id),
             Pending::Subscription {
                 project: project.to_owned(),
-                deadline,
+                deadline: now + self.config.refresh_timeout,
             },
         );
-        self.timers
-            .insert((deadline, Timer::Request(uplink, rpc_id)));
         let params = json!({ "uri": uri }).to_string();
         self.outputs.push_back(Output::UplinkSend {
             uplink,

@@ -13,6 +13,7 @@
 //! `news.rs` and `spread.rs` for a replica of a cluster. What goes in and out is in `io.rs`.
 
 mod access;
+mod calls;
 mod client;
 mod cluster;
 pub(crate) mod coordination;
@@ -243,12 +244,8 @@ pub struct Gateway {
     /// Live state per registered project, by name.
     projects: HashMap<String, ProjectState>,
     uplinks: HashMap<UplinkId, Uplink>,
-    /// Requests sent up an uplink and not yet answered, by uplink and the gateway's id.
-    pending: HashMap<(UplinkId, u64), Pending>,
-    /// Which pending call answers which HTTP request.
-    by_token: HashMap<HttpToken, (UplinkId, u64)>,
-    /// The gateway's progress tokens of pending calls, to relay a sled's progress.
-    progress: HashMap<String, (UplinkId, u64)>,
+    /// Requests sent up an uplink and not yet answered, with their indexes (`calls.rs`).
+    calls: calls::Calls,
     /// Open GET streams, by token, to their session.
     get_streams: HashMap<HttpToken, String>,
     /// Open streamed POST answers.
@@ -272,8 +269,6 @@ pub struct Gateway {
     outputs: VecDeque<Output>,
     shutting_down: bool,
     counters: Counters,
-    /// Calls in flight per session id (entries at zero are removed).
-    session_calls: HashMap<String, usize>,
     /// Calls by tool, project and outcome; latencies.
     call_metrics: crate::metrics::CallMetrics,
     /// Pinned sled keys (trust on first use), as in the pin file.
@@ -349,8 +344,6 @@ struct Uplink {
     /// The next id the gateway gives a request on this uplink.
     next_id: u64,
     ping_seq: u64,
-    /// Ids of this uplink's pending requests.
-    pending: BTreeSet<u64>,
     /// The armed hello or heartbeat timer.
     timer: Option<Instant>,
     /// The identity key the sled proved it holds (base64), once live.
@@ -453,8 +446,6 @@ impl Pending {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    /// The deadline of a pending request.
-    Request(UplinkId, u64),
     /// The hello deadline, or the next heartbeat, of an uplink.
     Uplink(UplinkId),
     /// Ends sessions idle past the TTL.
@@ -589,9 +580,7 @@ impl Gateway {
             modern_listing: None,
             projects,
             uplinks: HashMap::new(),
-            pending: HashMap::new(),
-            by_token: HashMap::new(),
-            progress: HashMap::new(),
+            calls: calls::Calls::default(),
             get_streams: HashMap::new(),
             post_streams: BTreeSet::new(),
             next_event: 0,
@@ -606,7 +595,6 @@ impl Gateway {
             outputs: VecDeque::new(),
             shutting_down: false,
             counters: Counters::default(),
-            session_calls: HashMap::new(),
             call_metrics: crate::metrics::CallMetrics::default(),
             pins: crate::identity::Pins::default(),
             pins_save_at: None,
@@ -649,7 +637,7 @@ impl Gateway {
                 .values()
                 .filter(|p| p.uplink.is_some())
                 .count(),
-            pending_calls: self.by_token.len(),
+            pending_calls: self.calls.waiting(),
             calls_forwarded: self.counters.calls_forwarded,
             calls_timed_out: self.counters.calls_timed_out,
             responses_dropped_late: self.counters.responses_dropped_late,
@@ -721,13 +709,23 @@ impl Gateway {
     /// Fires every timer due at `now` (pass the current time, not the deadline).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.see_time(now);
-        while let Some(&(at, timer)) = self.timers.first() {
-            if at > now {
-                break;
-            }
+        loop {
+            // The due timers and the call table's deadlines, earliest first (a request's
+            // deadline first at the same instant).
+            let own = self.timers.first().copied().filter(|&(at, _)| at <= now);
+            let call = self.calls.poll_timeout().filter(|&at| at <= now);
+            let timer = match (own, call) {
+                (None, None) => break,
+                (Some((at, timer)), call) if call.is_none_or(|c| c > at) => timer,
+                _ => {
+                    if let Some((key, pending)) = self.calls.take_expired(now) {
+                        self.on_request_deadline(now, key, pending);
+                    }
+                    continue;
+                }
+            };
             self.timers.pop_first();
             match timer {
-                Timer::Request(uplink, id) => self.on_request_deadline(now, uplink, id),
                 Timer::Uplink(uplink) => self.on_uplink_timer(now, uplink),
                 Timer::SessionSweep => self.on_session_sweep(now),
                 Timer::ProbeRound => self.on_probe_round(now),
@@ -759,6 +757,7 @@ impl Gateway {
         let cluster = self.cluster.as_ref().and_then(|c| c.poll_timeout());
         [
             own,
+            self.calls.poll_timeout(),
             self.coordination.poll_timeout(),
             cluster,
             self.listing_holds.poll_timeout(),

@@ -261,10 +261,10 @@ impl Gateway {
 
     /// Gives a just-forwarded call the name a retry of it must repeat.
     fn name_call(&mut self, token: HttpToken, name: Option<String>) {
-        let Some(key) = self.by_token.get(&token) else {
+        let Some(key) = self.calls.key_of(token) else {
             return;
         };
-        if let Some(Pending::Call(call)) = self.pending.get_mut(key) {
+        if let Some(call) = self.calls.call_mut(key) {
             if let Some(m) = call.mrtr.as_mut() {
                 m.name = name;
             }

@@ -177,7 +177,7 @@ impl Gateway {
         params: Map<String, Value>,
     ) {
         let (uplink, _) = key;
-        let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
+        let Some(call) = self.calls.call_mut(key) else {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
@@ -220,14 +220,9 @@ impl Gateway {
 
     /// Ends a pending stateless call with a gateway error, cancelling it at the sled.
     fn end_call_refused(&mut self, now: Instant, key: (UplinkId, u64), e: RpcError) {
-        let Some(Pending::Call(call)) = self.pending.remove(&key) else {
+        let Some(Pending::Call(call)) = self.calls.take(key) else {
             return;
         };
-        self.timers
-            .remove(&(call.deadline, Timer::Request(key.0, key.1)));
-        if let Some(u) = self.uplinks.get_mut(&key.0) {
-            u.pending.remove(&key.1);
-        }
         self.send_cancelled(
             key.0,
             key.1,
@@ -253,7 +248,7 @@ impl Gateway {
             handle.push('.');
             handle.push_str(c.directory.replica());
         }
-        let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
+        let Some(call) = self.calls.call_mut(key) else {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
@@ -271,17 +266,14 @@ impl Gateway {
         }
         requests.push('}');
         rounds.parked = Some(handle.clone());
-        let old_deadline = call.deadline;
-        call.deadline = now + rounds.timeout;
-        let (token, streamed, deadline) = (call.token, call.streamed, call.deadline);
+        let deadline = now + rounds.timeout;
+        let (token, streamed) = (call.token, call.streamed);
         let result = format!(
             r#"{{"resultType":"input_required","inputRequests":{requests},"requestState":"{handle}"}}"#
         );
         let body = jsonrpc::ok_response(call.client_id.as_str(), &result);
-        self.timers
-            .remove(&(old_deadline, Timer::Request(key.0, key.1)));
-        self.timers.insert((deadline, Timer::Request(key.0, key.1)));
-        self.by_token.remove(&token);
+        self.calls.set_deadline(key, deadline);
+        self.calls.detach(key);
         self.retries.park(handle, key);
         self.counters.input_required += 1;
         if !streamed {
@@ -435,7 +427,7 @@ impl Gateway {
             return Ok(Served::Later);
         }
         let key = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
-        let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
+        let Some(call) = self.calls.call_mut(key) else {
             self.retries.forget(&handle);
             return Err(unknown());
         };
@@ -471,16 +463,12 @@ impl Gateway {
         {
             *client = serde_json::value::to_raw_value(t).expect("a JSON value serialises");
         }
-        self.timers
-            .remove(&(call.deadline, Timer::Request(key.0, key.1)));
-        call.deadline = now + rounds.timeout;
-        call.token = token;
+        let deadline = now + rounds.timeout;
         call.client_id = id.clone();
         call.stream_ok = stream_ok;
         call.streamed = false;
-        self.timers
-            .insert((call.deadline, Timer::Request(key.0, key.1)));
-        self.by_token.insert(token, key);
+        self.calls.set_deadline(key, deadline);
+        self.calls.attach(key, token);
         for text in back {
             self.outputs.push_back(Output::UplinkSend {
                 uplink: key.0,

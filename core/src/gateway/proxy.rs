@@ -175,12 +175,8 @@ impl Gateway {
             .then(|| mrtr::Rounds::new(method, meta.as_ref(), timeout));
         let session = req.session().map(str::to_owned);
         // Past a limit, refuse now: nothing queues behind a busy sled or session.
-        let sled_busy = self.uplinks.get(&uplink_id).map_or(0, |u| u.pending.len());
-        let session_busy = session
-            .as_deref()
-            .and_then(|s| self.session_calls.get(s))
-            .copied()
-            .unwrap_or(0);
+        let sled_busy = self.calls.on_uplink(uplink_id);
+        let session_busy = session.as_deref().map_or(0, |s| self.calls.in_session(s));
         let refused = if sled_busy >= self.config.max_calls_per_sled {
             Some((CallLimit::Sled, self.config.max_calls_per_sled))
         } else if session.is_some() && session_busy >= self.config.max_calls_per_session {
@@ -340,20 +336,8 @@ impl Gateway {
             params.push('}');
         }
         let text = jsonrpc::request(rpc_id, method, &params);
-        let uplink = self
-            .uplinks
-            .get_mut(&uplink_id)
-            .expect("a project's live uplink exists");
-        uplink.pending.insert(rpc_id);
         let deadline = now + timeout;
-        if let Some((gateway_token, _)) = &progress {
-            self.progress
-                .insert(gateway_token.clone(), (uplink_id, rpc_id));
-        }
-        if let Some(s) = &session {
-            *self.session_calls.entry(s.clone()).or_insert(0) += 1;
-        }
-        self.pending.insert(
+        self.calls.start(
             (uplink_id, rpc_id),
             Pending::Call(Call {
                 token,
@@ -376,9 +360,6 @@ impl Gateway {
                     .then(|| self.principal_label(req.principal).into_boxed_str()),
             }),
         );
-        self.by_token.insert(token, (uplink_id, rpc_id));
-        self.timers
-            .insert((deadline, Timer::Request(uplink_id, rpc_id)));
         self.counters.calls_forwarded += 1;
         tracing::debug!(
             trace_id = trace_id.as_deref().unwrap_or("-"),
@@ -387,7 +368,7 @@ impl Gateway {
             method,
             "request forwarded"
         );
-        if let Some(Pending::Call(call)) = self.pending.get_mut(&(uplink_id, rpc_id)) {
+        if let Some(call) = self.calls.call_mut((uplink_id, rpc_id)) {
             call.trace_id = trace_id;
         }
         self.outputs.push_back(Output::UplinkSend {
@@ -429,14 +410,6 @@ impl Gateway {
             let end = took.map_or(now, |t| call.sent_at + t);
             let record = span.finish(outcome, call.sent_at, end);
             self.outputs.push_back(Output::Span(Box::new(record)));
-        }
-        if let Some(s) = &call.session {
-            if let Some(n) = self.session_calls.get_mut(s) {
-                *n -= 1;
-                if *n == 0 {
-                    self.session_calls.remove(s);
-                }
-            }
         }
         self.call_metrics.count(&call.tool, &call.project, outcome);
         if let Some(took) = took {
@@ -552,7 +525,7 @@ impl Gateway {
         let Some(related) = related else {
             return refuse(self, format!("{method} must name the call it belongs to in _meta[\"{RELATED_REQUEST_META}\"]: the gateway has no other way to reach a client"));
         };
-        let Some(Pending::Call(call)) = self.pending.get(&(uplink, related)) else {
+        let Some(call) = self.calls.call((uplink, related)) else {
             return refuse(
                 self,
                 format!(

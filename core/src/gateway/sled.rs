@@ -21,7 +21,6 @@ impl Gateway {
                 last_rx: now,
                 next_id: 0,
                 ping_seq: 0,
-                pending: BTreeSet::new(),
                 timer: Some(at),
                 key: None,
                 fence_floor: None,
@@ -133,7 +132,9 @@ impl Gateway {
                         self.start_refresh(now, id, project);
                     }
                 }
-                None if method == "notifications/progress" => self.relay_progress(message.params),
+                None if method == "notifications/progress" => {
+                    self.relay_progress(id, message.params)
+                }
                 None if method == "notifications/resources/updated" => {
                     if let Some(project) = self.live_project(id) {
                         self.on_resource_updated(&project, message.params);
@@ -197,7 +198,7 @@ impl Gateway {
         error: Option<&RawValue>,
         unreadable: Option<&str>,
     ) {
-        let Some(pending) = self.pending.remove(&(id, rid)) else {
+        let Some(pending) = self.calls.take((id, rid)) else {
             let sent = self.uplinks.get(&id).is_some_and(|u| rid < u.next_id);
             if sent {
                 self.counters.responses_dropped_late += 1;
@@ -212,11 +213,6 @@ impl Gateway {
             }
             return;
         };
-        self.timers
-            .remove(&(pending.deadline(), Timer::Request(id, rid)));
-        if let Some(u) = self.uplinks.get_mut(&id) {
-            u.pending.remove(&rid);
-        }
         match pending {
             Pending::Subscription { project, .. } => {
                 if let Some(e) = error {
@@ -556,13 +552,12 @@ impl Gateway {
         };
         let rpc_id = uplink.next_id;
         uplink.next_id += 1;
-        uplink.pending.insert(rpc_id);
         let deadline = now + self.config.refresh_timeout;
         let params = match &cursor {
             Some(c) => json!({ "cursor": c }).to_string(),
             None => "{}".to_owned(),
         };
-        self.pending.insert(
+        self.calls.start(
             (id, rpc_id),
             Pending::ToolsList {
                 project,
@@ -572,7 +567,6 @@ impl Gateway {
                 deadline,
             },
         );
-        self.timers.insert((deadline, Timer::Request(id, rpc_id)));
         self.outputs.push_back(Output::UplinkSend {
             uplink: id,
             text: jsonrpc::request(rpc_id, "tools/list", &params),
@@ -590,13 +584,13 @@ impl Gateway {
         });
     }
 
-    pub(super) fn on_request_deadline(&mut self, now: Instant, uplink: UplinkId, rpc_id: u64) {
-        let Some(pending) = self.pending.remove(&(uplink, rpc_id)) else {
-            return;
-        };
-        if let Some(u) = self.uplinks.get_mut(&uplink) {
-            u.pending.remove(&rpc_id);
-        }
+    /// A request's deadline passed (the call table took it out).
+    pub(super) fn on_request_deadline(
+        &mut self,
+        now: Instant,
+        (uplink, rpc_id): calls::Key,
+        pending: Pending,
+    ) {
         match pending {
             Pending::Call(call) => {
                 self.counters.calls_timed_out += 1;
@@ -775,12 +769,7 @@ impl Gateway {
         }
         // The sled's requests to clients can no longer be answered.
         self.server_requests.retain(|_, r| r.uplink != id);
-        for rpc_id in uplink.pending {
-            let Some(pending) = self.pending.remove(&(id, rpc_id)) else {
-                continue;
-            };
-            self.timers
-                .remove(&(pending.deadline(), Timer::Request(id, rpc_id)));
+        for (_, pending) in self.calls.uplink_gone(id) {
             match pending {
                 Pending::Call(call) => {
                     let e = RpcError::UplinkLost {

@@ -111,14 +111,10 @@ impl Gateway {
             span.error_code = error_code(&body);
         }
         self.call_ended(now, &call, outcome, took);
-        if let Some((gateway_token, _)) = &call.progress {
-            self.progress.remove(gateway_token);
-        }
         // A parked stateless call has no request to answer: its handle goes with it.
         if self.forget_parked(&mut call) {
             return;
         }
-        self.by_token.remove(&call.token);
         if !call.streamed {
             let status = if call.modern {
                 error_code(&body).map_or(200, headers::modern_status)
@@ -141,7 +137,7 @@ impl Gateway {
 
     /// Relays a sled's `notifications/progress` to the call it belongs to, under the client's
     /// own progress token.
-    pub(super) fn relay_progress(&mut self, params: Option<&RawValue>) {
+    pub(super) fn relay_progress(&mut self, uplink: UplinkId, params: Option<&RawValue>) {
         let Some(mut params) =
             params.and_then(|p| serde_json::from_str::<Map<String, Value>>(p.get()).ok())
         else {
@@ -152,11 +148,12 @@ impl Gateway {
             self.counters.frames_invalid += 1;
             return;
         };
-        let Some(key) = self.progress.get(gateway_token.as_str()) else {
-            // The call finished or was never asked for progress.
+        // Only the call's own sled can report its progress.
+        let Some(key) = self.calls.by_progress(uplink, gateway_token) else {
+            // The call finished, was never asked for progress, or is another sled's.
             return;
         };
-        let Some(Pending::Call(call)) = self.pending.get(key) else {
+        let Some(call) = self.calls.call(key) else {
             return;
         };
         let Some((_, client_token)) = &call.progress else {
@@ -164,12 +161,11 @@ impl Gateway {
         };
         let client_token: Value =
             serde_json::from_str(client_token.get()).expect("a progress token is JSON");
-        let key = *key;
         #[cfg(feature = "planted-bugs")]
         let key = match self.config.planted {
             // The planted bug: the latest pending call under the same client token, anyone's.
             Some(PlantedBug::ProgressByClientToken) => self
-                .pending
+                .calls
                 .iter()
                 .filter_map(|(k, p)| match p {
                     Pending::Call(c)
@@ -221,8 +217,8 @@ impl Gateway {
                 .get("level")
                 .and_then(Value::as_str)
                 .and_then(client::log_rank);
-            let threshold = match self.pending.get(&(uplink, related)) {
-                Some(Pending::Call(c)) => c.log_level.or_else(|| {
+            let threshold = match self.calls.call((uplink, related)) {
+                Some(c) => c.log_level.or_else(|| {
                     c.session
                         .as_deref()
                         .and_then(|s| self.sessions.get(s))
@@ -243,7 +239,7 @@ impl Gateway {
     /// Sends a message for the client of a pending call, turning its answer into an SSE stream
     /// if it is not one yet. A client that reads only JSON does not get it.
     pub(super) fn call_event(&mut self, key: (UplinkId, u64), data: String) {
-        let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
+        let Some(call) = self.calls.call_mut(key) else {
             // The call finished, or the id is not a call's.
             return;
         };

@@ -200,6 +200,32 @@ fn progress_is_relayed_in_order_on_the_calls_own_stream() {
     assert_eq!(h.gw.stats().open_streams, 0);
 }
 
+/// Security review finding 5: progress was looked up by the gateway's token alone, so a
+/// sled could write into another project's call by naming its token (`gw-<uplink>-<id>`).
+#[test]
+fn a_sled_cannot_report_progress_for_another_sleds_call() {
+    let mut h = Harness::new();
+    let a = h.initialize();
+    let beta = h.connect_sled("beta");
+    let gamma = h.connect_sled("gamma");
+    let t = call_with_progress(
+        &mut h,
+        &a,
+        json!(1),
+        json!("tok"),
+        "application/json, text/event-stream",
+    );
+    let f = h.take_frames(beta);
+    let g = f[0]["params"]["_meta"]["progressToken"].clone();
+    h.sled_says(gamma, json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":g,"progress":1,"message":"forged"}}));
+    assert!(
+        !h.streams.contains_key(&t),
+        "gamma's progress reached beta's call"
+    );
+    h.sled_says(beta, json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":g,"progress":1}}));
+    assert_eq!(h.streams[&t].len(), 1, "the call's own sled still reports");
+}
+
 #[test]
 fn progress_without_an_sse_accept_gets_one_json_answer() {
     let mut h = Harness::new();
