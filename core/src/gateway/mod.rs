@@ -21,6 +21,7 @@ mod fleet;
 mod gather;
 mod listen;
 mod listing_holds;
+mod meta;
 mod modern;
 mod mrtr;
 mod news;

@@ -35,7 +35,7 @@ pub(super) const SERVER_REQUESTS: &[(&str, &str)] = &[
 ];
 
 /// The stateless era's per-request log level key in `params._meta`.
-const MODERN_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+pub(super) const MODERN_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 
 /// A forwarded request's params: a JSON object's text, without `_meta`, and the `_meta` the
 /// client sent (if any), which [`Gateway::forward`] rewrites and adds.
@@ -168,8 +168,8 @@ impl Gateway {
             timeout,
         } = route;
         let Outgoing {
-            object: mut params,
-            mut meta,
+            object: params,
+            meta,
         } = params;
         let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method))
             .then(|| mrtr::Rounds::new(method, meta.as_ref(), timeout));
@@ -212,129 +212,58 @@ impl Gateway {
             _ => rpc_id,
         };
         uplink.next_id = uplink.next_id.max(rpc_id + 1);
-        let mut trace_id = None;
-        let mut span = None;
-        let mut log_level = None;
-        let progress = match meta.as_mut() {
-            None => None,
-            Some(Value::Object(meta)) => {
-                if mode.modern {
-                    // The era's per-request log level: the threshold of this call's log
-                    // messages, as `logging/setLevel` is a session's.
-                    match meta.get(MODERN_LOG_LEVEL) {
-                        None => {}
-                        Some(level) => match level.as_str().and_then(client::log_rank) {
-                            Some(rank) => log_level = Some(rank),
-                            None => {
-                                return Err(RpcError::InvalidParams {
-                                    method: method.to_owned(),
-                                    detail: format!(
-                                        "`_meta[\"{MODERN_LOG_LEVEL}\"]` must be one of {}",
-                                        client::LOG_LEVELS.join(", ")
-                                    ),
-                                })
-                            }
-                        },
-                    }
-                    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
-                }
-                // A progress token is the client's, unique only in its session.
-                let progress = match meta.remove("progressToken") {
-                    Some(client @ (Value::String(_) | Value::Number(_))) => {
-                        let gateway_token = format!("gw-{}-{}", uplink_id.0, rpc_id);
-                        meta.insert("progressToken".into(), Value::String(gateway_token.clone()));
-                        let raw = serde_json::value::to_raw_value(&client)
-                            .expect("a JSON value serialises");
-                        Some((gateway_token, raw))
-                    }
-                    Some(_) => {
-                        return Err(RpcError::InvalidParams {
-                            method: method.to_owned(),
-                            detail: "`_meta.progressToken` must be a string or a number".into(),
-                        })
-                    }
-                    None => None,
-                };
-                // The gateway is a span of the client's trace: the sled's parent.
-                match meta
-                    .get(trace::TRACEPARENT)
-                    .and_then(Value::as_str)
-                    .map(trace::parse)
-                {
-                    Some(Some(parent)) => {
-                        use rand_chacha::rand_core::RngCore;
-                        let mut span_id = [0u8; 8];
-                        self.rng.fill_bytes(&mut span_id);
-                        // The span to export when the call ends, only with export on.
-                        if self.config.export_spans {
-                            let protocol_version = session
-                                .as_deref()
-                                .and_then(|s| self.sessions.get(s))
-                                .map(|s| s.protocol_version.as_str());
-                            let target = trace::SpanTarget {
-                                method,
-                                params: &params,
-                                listed_tool: tool != "_unlisted",
-                                request_id: id.as_str(),
-                                project: &project,
-                                sled: self.sled_of(&project),
-                                protocol_version,
-                            };
-                            let tracestate = meta.get(trace::TRACESTATE).and_then(Value::as_str);
-                            span = Some(Box::new(trace::CallSpan::new(
-                                &parent, span_id, tracestate, target,
-                            )));
-                        }
-                        meta.insert(
-                            trace::TRACEPARENT.into(),
-                            Value::String(trace::child(&parent, span_id)),
-                        );
-                        trace_id = Some(parent.trace_id);
-                    }
-                    Some(None) | None if meta.contains_key(trace::TRACEPARENT) => {
-                        tracing::debug!("an invalid traceparent was dropped");
-                        meta.remove(trace::TRACEPARENT);
-                        meta.remove(trace::TRACESTATE);
-                    }
-                    _ => {}
-                }
-                progress
-            }
-            Some(_) => {
-                return Err(RpcError::InvalidParams {
-                    method: method.to_owned(),
-                    detail: "`_meta` must be an object".into(),
-                })
-            }
-        };
-        // Who calls is the gateway's to say, and only to a project that asks for it.
-        if let Some(Value::Object(m)) = meta.as_mut() {
-            m.remove(PRINCIPAL_META);
-        }
-        if self
+        // The client's `_meta`, rewritten for the sled (`meta.rs`).
+        let principal = self
             .registry
             .get(&project)
             .is_some_and(|(_, spec)| spec.forward_principal)
-        {
-            if let Some(who) = self.principal_meta(req.principal) {
-                let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
-                if let Value::Object(m) = m {
-                    m.insert(PRINCIPAL_META.to_owned(), who);
-                }
-            }
-        }
-        // `_meta` goes in last, unless the rewrite left it empty.
-        if let Some(Value::Object(meta)) =
-            meta.filter(|m| m.as_object().is_some_and(|m| !m.is_empty()))
-        {
-            params.pop();
-            if params.len() > 1 {
-                params.push(',');
-            }
-            params.push_str("\"_meta\":");
-            params.push_str(&Value::Object(meta).to_string());
-            params.push('}');
-        }
+            .then(|| self.principal_meta(req.principal))
+            .flatten();
+        let ask = meta::Ask {
+            method,
+            modern: mode.modern,
+            progress_token: format!("gw-{}-{}", uplink_id.0, rpc_id),
+            principal,
+        };
+        let rng = &mut self.rng;
+        let rewritten = meta::outgoing(meta, ask, || {
+            use rand_chacha::rand_core::RngCore;
+            let mut span_id = [0u8; 8];
+            rng.fill_bytes(&mut span_id);
+            span_id
+        })?;
+        let meta::Rewritten {
+            meta,
+            progress,
+            log_level,
+            trace,
+        } = rewritten;
+        // The span to export when the call ends, only with export on.
+        let span = trace
+            .as_ref()
+            .filter(|_| self.config.export_spans)
+            .map(|(parent, span_id)| {
+                let protocol_version = session
+                    .as_deref()
+                    .and_then(|s| self.sessions.get(s))
+                    .map(|s| s.protocol_version.as_str());
+                let target = trace::SpanTarget {
+                    method,
+                    params: &params,
+                    listed_tool: tool != "_unlisted",
+                    request_id: id.as_str(),
+                    project: &project,
+                    sled: self.sled_of(&project),
+                    protocol_version,
+                };
+                let tracestate = meta
+                    .as_ref()
+                    .and_then(|m| m.get(trace::TRACESTATE))
+                    .and_then(Value::as_str);
+                Box::new(trace::CallSpan::new(parent, *span_id, tracestate, target))
+            });
+        let trace_id = trace.map(|(parent, _)| parent.trace_id);
+        let params = meta::with_meta(params, meta.as_ref());
         let text = jsonrpc::request(rpc_id, method, &params);
         let deadline = now + timeout;
         self.calls.start(
