@@ -1,0 +1,389 @@
+//! Sled identity (story 1206): challenges, pins (trust on first use), refusals, and the
+//! `fleet_identity` tool.
+
+use super::*;
+
+impl Gateway {
+    /// Loads the pins kept from an earlier run (the pin file). Call before the first event.
+    pub fn load_pins(&mut self, pins: Pins) {
+        self.pins = pins;
+    }
+
+    /// The pins in force.
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    // ---- identity ----
+
+    /// After a hello (its token already checked): a sled with a key is challenged; one without
+    /// is accepted unless its project has a pin or identity is required.
+    pub(in crate::gateway) fn hello_identity(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: String,
+        sled: String,
+        key: Option<String>,
+    ) {
+        let Some(key) = key else {
+            if self.pins.get(&project).is_some() {
+                let reason = format!(
+                    "project '{project}' has a pinned identity key and the hello presented none"
+                );
+                return self.refuse_identity(now, id, &project, sled, None, reason);
+            }
+            if self.config.require_identity {
+                let reason =
+                    "this gateway requires every sled to present an identity key".to_owned();
+                return self.refuse_identity(now, id, &project, sled, None, reason);
+            }
+            return self.accept_uplink(now, id, project, sled, None);
+        };
+        let verifying = match identity::parse_key(&key) {
+            Ok(k) => k,
+            Err(e) => {
+                let reason = format!("the hello's key is unusable: {e}");
+                return self.refuse_identity(now, id, &project, sled, None, reason);
+            }
+        };
+        let mut nonce = [0u8; 32];
+        self.rng.fill_bytes(&mut nonce);
+        let challenge = Control::Challenge {
+            nonce: identity::encode_bytes(&nonce),
+        };
+        if let Some(uplink) = self.uplinks.get_mut(&id) {
+            uplink.state = UplinkState::AwaitingProof(Box::new(Proving {
+                project,
+                sled,
+                key,
+                verifying,
+                nonce,
+            }));
+            self.outputs.push_back(Output::UplinkSend {
+                uplink: id,
+                text: challenge.to_text(),
+            });
+        }
+    }
+
+    /// The sled's signature of its challenge: verified, then its key is checked against the
+    /// project's pin (or pinned, the first time).
+    pub(in crate::gateway) fn on_proof(&mut self, now: Instant, id: UplinkId, signature: &str) {
+        let Some(uplink) = self.uplinks.get_mut(&id) else {
+            return;
+        };
+        let proving = match std::mem::replace(&mut uplink.state, UplinkState::AwaitingHello) {
+            UplinkState::AwaitingProof(p) => *p,
+            other => {
+                uplink.state = other;
+                return;
+            }
+        };
+        let Proving {
+            project,
+            sled,
+            key,
+            verifying,
+            nonce,
+        } = proving;
+        if let Err(e) = identity::verify_challenge(&verifying, &project, &nonce, signature) {
+            let reason = format!("the identity proof failed: {e}");
+            return self.refuse_identity(now, id, &project, sled, Some(key), reason);
+        }
+        if self.registry.get(&project).is_none() {
+            // Unregistered by a reload while it was proving itself.
+            return self.close_uplink(
+                now,
+                id,
+                CloseCode::UnknownProject,
+                format!("project '{project}' is no longer registered"),
+            );
+        }
+        match self.pins.get(&project) {
+            Some(pin) if pin.key == key => {}
+            Some(pin) => {
+                let reason = format!(
+                    "project '{project}' is pinned to key {}; this sled presented {key}",
+                    pin.key
+                );
+                return self.refuse_identity(now, id, &project, sled, Some(key), reason);
+            }
+            // In a cluster, the first use is one create in the engine: the uplink waits for it.
+            None if self.cluster.is_some() => {
+                return self.create_pin(now, id, project, sled, key);
+            }
+            None => {
+                tracing::info!(project, sled, key, "sled identity pinned on first use");
+                self.pins.pins.insert(
+                    project.clone(),
+                    Pin {
+                        key: key.clone(),
+                        sled: sled.clone(),
+                    },
+                );
+                self.save_pins_soon(now);
+            }
+        }
+        self.accept_uplink(now, id, project, sled, Some(key));
+    }
+
+    pub(in crate::gateway) fn refuse_identity(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        project: &str,
+        sled: String,
+        key: Option<String>,
+        reason: String,
+    ) {
+        tracing::warn!(
+            uplink = id.0,
+            project,
+            sled,
+            "sled identity refused: {reason}"
+        );
+        if let Some(state) = self.projects.get_mut(project) {
+            let attempts = match &state.health.refused {
+                Some(r) if r.key == key => r.attempts + 1,
+                _ => 1,
+            };
+            state.health.refused = Some(Refusal {
+                key,
+                sled,
+                reason: reason.clone(),
+                at: now,
+                attempts,
+            });
+        }
+        self.close_uplink(now, id, CloseCode::IdentityRefused, reason);
+    }
+
+    /// Saves the pins by [`Config::pin_save_delay`] from now, with whatever else changes
+    /// until then: one save (of the whole file) for a fleet pinned in a burst.
+    pub(in crate::gateway) fn save_pins_soon(&mut self, now: Instant) {
+        if self.config.pin_save_delay.is_zero() {
+            return self.save_pins_now();
+        }
+        if self.pins_save_at.is_none() {
+            let at = now + self.config.pin_save_delay;
+            self.timers.insert((at, Timer::SavePins));
+            self.pins_save_at = Some(at);
+        }
+    }
+
+    /// Saves the pins now; a save that was due later is then not needed.
+    pub(in crate::gateway) fn save_pins_now(&mut self) {
+        if let Some(at) = self.pins_save_at.take() {
+            self.timers.remove(&(at, Timer::SavePins));
+        }
+        self.outputs.push_back(Output::SavePins {
+            text: self.pins.to_toml(),
+        });
+    }
+
+    /// `fleet_identity`: every project's pinned key against its live sled's, and refused
+    /// attempts; or, with `action: "repin"`, a re-pin of one project to its refused key.
+    pub(in crate::gateway) fn fleet_identity(
+        &mut self,
+        req: &Req<'_>,
+        arguments: &Map<String, Value>,
+    ) -> Result<String, RpcError> {
+        let now = req.now;
+        client::only_arguments(FLEET_IDENTITY, arguments, &["action", "project", "key"])?;
+        let bad = |detail: String| RpcError::InvalidParams {
+            method: FLEET_IDENTITY.into(),
+            detail,
+        };
+        let action = match arguments.get("action") {
+            None => "show",
+            Some(Value::String(a)) if a == "show" || a == "repin" => a.as_str(),
+            Some(other) => {
+                return Err(bad(format!(
+                    "`action` must be \"show\" or \"repin\", not {other}"
+                )))
+            }
+        };
+        let project = match arguments.get("project") {
+            None => None,
+            Some(Value::String(p))
+                if self.registry.get(p).is_some() && self.sees(req.principal, p) =>
+            {
+                Some(p.clone())
+            }
+            Some(Value::String(p)) => {
+                return Err(RpcError::UnknownProject {
+                    project: p.clone(),
+                    registered: self.visible_projects(req.principal),
+                })
+            }
+            Some(_) => return Err(bad("`project` must be a string".into())),
+        };
+        let key = match arguments.get("key") {
+            None => None,
+            Some(Value::String(k)) => Some(k.clone()),
+            Some(_) => return Err(bad("`key` must be a string".into())),
+        };
+        if action == "repin" {
+            let Some(project) = project else {
+                return Err(bad(
+                    "a re-pin must name its project: {\"action\":\"repin\",\"project\":\"<name>\"}"
+                        .into(),
+                ));
+            };
+            self.require(
+                req.principal,
+                &project,
+                Right::Admin,
+                format_args!("fleet_identity repin"),
+            )?;
+            let r = self.repin(now, &project, key.as_deref());
+            tracing::info!(
+                target: "audit",
+                principal = self.principal_label(req.principal),
+                project,
+                tool = FLEET_IDENTITY,
+                action = "repin",
+                outcome = if r.is_ok() { "ok" } else { "error" },
+                "admin action"
+            );
+            return r;
+        }
+        if key.is_some() {
+            return Err(bad("`key` is only taken with action \"repin\"".into()));
+        }
+        let mut rows = Vec::new();
+        let mut summary: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for spec in self.registry.projects() {
+            if project.as_deref().is_some_and(|p| p != spec.name)
+                || !self.sees(req.principal, &spec.name)
+            {
+                continue;
+            }
+            let state = &self.projects[&spec.name];
+            let live = state.uplink.and_then(|u| self.uplinks.get(&u));
+            let pinned = self.pins.get(&spec.name);
+            let status = match (live, pinned) {
+                (None, _) => "offline",
+                (Some(u), Some(p)) if u.key.as_deref() == Some(p.key.as_str()) => "verified",
+                (Some(u), None) if u.key.is_none() => "unsigned",
+                // Cannot happen: a live uplink's key is its project's pin.
+                (Some(_), _) => "mismatch",
+            };
+            summary.entry(status).or_default().push(spec.name.clone());
+            let refused = state.health.refused.as_ref().map(|r| {
+                summary
+                    .entry("refused")
+                    .or_default()
+                    .push(spec.name.clone());
+                json!({
+                    "key": r.key,
+                    "sled": r.sled,
+                    "reason": r.reason,
+                    "attempts": r.attempts,
+                    "last_ms_ago": millis(now.saturating_duration_since(r.at)),
+                })
+            });
+            rows.push(json!({
+                "project": spec.name,
+                "sled": spec.sled,
+                "status": status,
+                "pinned": pinned.map(|p| &p.key),
+                "live": live.and_then(|u| u.key.as_ref()),
+                "refused": refused,
+            }));
+        }
+        Ok(client::tool_result(json!({
+            "projects": rows,
+            "summary": summary,
+            "require_identity": self.config.require_identity,
+        })))
+    }
+
+    fn repin(
+        &mut self,
+        now: Instant,
+        project: &str,
+        key: Option<&str>,
+    ) -> Result<String, RpcError> {
+        let bad = |detail: String| RpcError::InvalidParams {
+            method: FLEET_IDENTITY.into(),
+            detail,
+        };
+        let state = self
+            .projects
+            .get_mut(project)
+            .expect("registered projects have a state");
+        let Some(Refusal {
+            key: Some(refused),
+            sled,
+            ..
+        }) = state.health.refused.clone()
+        else {
+            return Err(bad(format!(
+                "project '{project}' has no refused key to re-pin to: a re-pin accepts the key of the last sled refused for it (fleet_identity shows it)"
+            )));
+        };
+        if let Some(k) = key {
+            if k != refused {
+                return Err(bad(format!(
+                    "the key given is not the one last refused for project '{project}' ({refused}); nothing changed"
+                )));
+            }
+        }
+        state.health.refused = None;
+        let live = state.uplink;
+        let previous = self
+            .pins
+            .pins
+            .insert(
+                project.to_owned(),
+                Pin {
+                    key: refused.clone(),
+                    sled: sled.clone(),
+                },
+            )
+            .map(|p| p.key);
+        tracing::warn!(
+            project,
+            previous,
+            key = refused,
+            "project re-pinned on request"
+        );
+        self.save_pins_now();
+        self.store_pin(project);
+        // A live uplink's key is always its project's pin: one with the old key goes.
+        let mut closed = false;
+        if let Some(u) = live {
+            if self.uplinks.get(&u).and_then(|u| u.key.as_deref()) != Some(refused.as_str()) {
+                closed = true;
+                self.close_uplink(
+                    now,
+                    u,
+                    CloseCode::IdentityRefused,
+                    format!("project '{project}' was re-pinned to another key"),
+                );
+            }
+        }
+        Ok(client::tool_result(json!({
+            "action": "repin",
+            "project": project,
+            "previous": previous,
+            "pinned": refused,
+            "sled": sled,
+            "closed_live_uplink": closed,
+            "note": "the sled presenting the pinned key is accepted at its next connection",
+        })))
+    }
+}
+
+/// A sled's identity while it proves it holds its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::gateway) struct Proving {
+    project: String,
+    sled: String,
+    /// The key as presented (base64).
+    key: String,
+    verifying: ed25519_dalek::VerifyingKey,
+    nonce: [u8; 32],
+}
