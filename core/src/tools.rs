@@ -21,7 +21,7 @@ pub const GATEWAY_TOOLS: &[&str] = &[
     GATEWAY_HEALTH,
     AGGREGATE_PIPELINE_STATUS,
     FLEET_IDENTITY,
-    // The coordination tools (`gateway/coordination.rs`), in its order.
+    // The coordination tools (`gateway/coordination/`), in its order.
     "checkin",
     "roster",
     "claim",

@@ -1,5 +1,5 @@
 //! The coordination tools' names and definitions (the rules are in [`crate::coord`]; the
-//! gateway's handling of their calls in `gateway/coordination.rs`).
+//! gateway's handling of their calls in `gateway/coordination/`).
 
 use serde_json::{json, Value};
 

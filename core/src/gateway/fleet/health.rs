@@ -127,13 +127,7 @@ impl Gateway {
         self.end_probe(now, probe, p, outcome);
     }
 
-    fn end_probe(
-        &mut self,
-        now: Instant,
-        probe: ProbeId,
-        p: Probe,
-        outcome: ProbeOutcome,
-    ) {
+    fn end_probe(&mut self, now: Instant, probe: ProbeId, p: Probe, outcome: ProbeOutcome) {
         let Some(state) = self.projects.get_mut(&p.project) else {
             return;
         };
