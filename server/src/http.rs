@@ -60,7 +60,7 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// `GET /metrics` on the MCP port: the core's counts in the Prometheus text format, unless
+/// `GET /metrics` on the MCP port: the core's counts in the OpenMetrics text format, unless
 /// they have a listen address of their own or client authentication is on (then 404; see
 /// `ops.rs`).
 async fn metrics(State(state): State<AppState>) -> Response {

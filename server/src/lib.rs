@@ -181,7 +181,7 @@ impl ServerOptions {
 /// crate docs) has run its course.
 ///
 /// Routes: `POST`/`GET`/`DELETE /mcp` (MCP Streamable HTTP, decided by the core),
-/// `GET /healthz` (`ok`), `GET /metrics` (the Prometheus text format, see [`metrics`]; only
+/// `GET /healthz` (`ok`), `GET /metrics` (the OpenMetrics text format, see [`metrics`]; only
 /// while client authentication is off, see [`serve_with_metrics`]), and
 /// `GET` [`gateway_core::uplink::UPLINK_PATH`] (the sleds' uplink WebSocket).
 pub async fn serve<L>(

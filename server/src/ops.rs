@@ -107,7 +107,7 @@ async fn ops_metrics(State(state): State<OpsState>) -> Response {
     }
 }
 
-/// `GET /metrics`: the core's counts and the server's in the Prometheus text format. The
+/// `GET /metrics`: the core's counts and the server's in the OpenMetrics text format. The
 /// driver hands over a snapshot and goes on; rendering happens here, in the caller's task.
 pub(crate) async fn metrics_response(
     cmd: &mpsc::Sender<Command>,

@@ -85,7 +85,7 @@ async fn a_slow_sled_at_its_limit_refuses_at_once_and_delays_no_other_sled() {
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase()
-            .contains("content-type: text/plain; version=0.0.4"),
+            .contains("content-type: application/openmetrics-text; version=1.0.0"),
         "{head}"
     );
     assert_eq!(
@@ -117,7 +117,7 @@ async fn a_slow_sled_at_its_limit_refuses_at_once_and_delays_no_other_sled() {
     assert_eq!(
         series(
             &body,
-            r#"gateway_call_duration_seconds_bucket{project="beta",le="+Inf"}"#
+            r#"gateway_call_duration_seconds_bucket{le="+Inf",project="beta"}"#
         ),
         Some(5.0)
     );
@@ -145,7 +145,7 @@ async fn a_slow_sled_at_its_limit_refuses_at_once_and_delays_no_other_sled() {
     assert_eq!(
         series(
             &body,
-            r#"gateway_call_duration_seconds_bucket{project="alpha",le="1"}"#
+            r#"gateway_call_duration_seconds_bucket{le="1.0",project="alpha"}"#
         ),
         Some(0.0),
         "{body}"
