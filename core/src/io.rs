@@ -38,7 +38,11 @@ pub enum HttpMethod {
 
 /// What the driver knows of an HTTP request to `/mcp`: its method, the headers that matter,
 /// and the body. Header names are matched without regard to case by the driver.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// Its `Debug` output shows no secret: the `Authorization` header and the session id (which
+/// lets whoever holds it act as the session) are shown only as present or absent, and the
+/// body only by its length.
+#[derive(Clone, PartialEq, Eq, Default)]
 pub struct HttpRequest {
     pub method: HttpMethod,
     /// `Mcp-Session-Id`.
@@ -68,6 +72,28 @@ pub struct HttpRequest {
     /// (only when projects.toml has `[oauth]`); the core decides on it (`auth.rs`).
     pub access_token: crate::auth::AccessToken,
     pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for HttpRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let present = |v: &Option<String>| if v.is_some() { "<present>" } else { "<absent>" };
+        f.debug_struct("HttpRequest")
+            .field("method", &self.method)
+            .field("session", &present(&self.session))
+            .field("content_type", &self.content_type)
+            .field("accept", &self.accept)
+            .field("protocol_version", &self.protocol_version)
+            .field("origin", &self.origin)
+            .field("last_event_id", &self.last_event_id)
+            .field("mcp_method", &self.mcp_method)
+            .field("mcp_name", &self.mcp_name)
+            .field("mcp_param_project", &self.mcp_param_project)
+            .field("relayed", &self.relayed)
+            .field("authorization", &present(&self.authorization))
+            .field("access_token", &self.access_token)
+            .field("body", &format_args!("<{} bytes>", self.body.len()))
+            .finish()
+    }
 }
 
 /// The answer to an HTTP request.
@@ -168,4 +194,31 @@ pub enum Output {
     Span(Box<crate::SpanRecord>),
     /// Something for the cluster's engine to do (only with [`crate::Config::cluster`]).
     Cluster(crate::cluster::ClusterAction),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requests_debug_output_shows_no_secret() {
+        let r = HttpRequest {
+            session: Some("sess-5ecret-id".into()),
+            authorization: Some("Bearer tok-5ecret".into()),
+            body: br#"{"password":"hunter2"}"#.to_vec(),
+            ..HttpRequest::default()
+        };
+        let shown = format!(
+            "{r:?} {:?}",
+            Input::Http {
+                token: HttpToken(1),
+                request: r.clone()
+            }
+        );
+        for secret in ["5ecret", "hunter2"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("authorization: \"<present>\""), "{shown}");
+        assert!(shown.contains("<22 bytes>"), "{shown}");
+    }
 }
