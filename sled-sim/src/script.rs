@@ -1429,533 +1429,647 @@ pub fn check_session_with(
                 );
             }
         }
-        match &x.op {
+        let answer = (v, result);
+        let settle = match &x.op {
             Op::ReadResource { .. } | Op::GetPrompt { .. } => {
-                let read = matches!(x.op, Op::ReadResource { .. });
-                let explicit: Option<String> = if read {
-                    x.params["_meta"][PROJECT_META].as_str()
-                } else {
-                    x.params["arguments"]["project"].as_str()
-                }
-                .map(str::to_owned);
-                let may: BTreeSet<String> = match &explicit {
-                    Some(p) => BTreeSet::from([p.clone()]),
-                    None => allowed.clone(),
-                };
-                let asked = if read {
-                    x.params["uri"]
-                        .as_str()
-                        .and_then(|u| u.rsplit_once('/'))
-                        .map_or("", |(_, id)| id)
-                } else {
-                    x.params["arguments"]["story_id"].as_str().unwrap_or("")
-                };
-                let story = created.iter().find(|c| c.id == asked);
-                let what = if read {
-                    "resources/read"
-                } else {
-                    "prompts/get"
-                };
-                let mut served: Option<String> = None;
-                if let Some(e) = error {
-                    let kind = e["data"]["kind"].as_str().unwrap_or("");
-                    let code = e["code"].as_i64().unwrap_or(0);
-                    let message = e["message"].as_str().unwrap_or("");
-                    // The sled's own "no such story" names the project that looked.
-                    let looked = if read && code == -32002 {
-                        between(message, "(project ", " lists")
-                    } else if !read && code == -32602 && kind.is_empty() {
-                        between(message, " in project ", " (")
-                    } else {
-                        None
-                    };
-                    if CALL_ERRORS.contains(&(kind, code)) {
-                        match e["data"]["project"].as_str() {
-                            Some(p) if may.contains(p) => served = Some(p.to_owned()),
-                            p => bad(
-                                Some(n),
-                                format!(
-                                    "{what} error names project {p:?}; this session's history allows {may:?}: {e}"
-                                ),
-                            ),
-                        }
-                    } else if let Some(p) = looked {
-                        if !may.contains(p) {
-                            bad(
-                                Some(n),
-                                format!(
-                                    "{what} of {asked} was answered by project {p}; this session's history allows {may:?}: {e}"
-                                ),
-                            );
-                        } else if story.is_some_and(|c| c.project == p) {
-                            bad(
-                                Some(n),
-                                format!(
-                                    "{what} of {asked}, created in {p}, says {p} lacks it: {e}"
-                                ),
-                            );
-                        }
-                        served = Some(p.to_owned());
-                    } else {
-                        bad(Some(n), format!("undocumented error for {what}: {e}"));
-                    }
-                } else if let Some(r) = result {
-                    let (project, id) = if read {
-                        let body: Value = r["contents"][0]["text"]
-                            .as_str()
-                            .and_then(|t| serde_json::from_str(t).ok())
-                            .unwrap_or(Value::Null);
-                        (
-                            body["project"].as_str().map(str::to_owned),
-                            body["story"]["id"].as_str().map(str::to_owned),
-                        )
-                    } else {
-                        let text = r["messages"][0]["content"]["text"].as_str().unwrap_or("");
-                        (
-                            between(text, "Project ", ": story ").map(str::to_owned),
-                            text.split_once(": story ")
-                                .and_then(|(_, rest)| rest.split(' ').next())
-                                .map(str::to_owned),
-                        )
-                    };
-                    match project.as_deref() {
-                        Some(p) if may.contains(p) => served = Some(p.to_owned()),
-                        p => bad(
-                            Some(n),
-                            format!(
-                                "{what} served by project {p:?}; this session's history allows {may:?} (explicit {explicit:?})"
-                            ),
-                        ),
-                    }
-                    if id.as_deref() != Some(asked)
-                        || story.is_none_or(|c| Some(c.project.as_str()) != project.as_deref())
-                    {
-                        bad(
-                            Some(n),
-                            format!(
-                                "{what} of {asked} (created in {:?}) answered story {id:?} of {project:?}",
-                                story.map(|c| &c.project)
-                            ),
-                        );
-                    }
-                    let meta = &r["_meta"];
-                    if meta[NONCE_KEY] != json!(x.nonce)
-                        || meta[PROJECT_META_KEY].as_str() != project.as_deref()
-                    {
-                        bad(
-                            Some(n),
-                            format!(
-                                "{what} answered with _meta {meta}, the request carried nonce {:?}",
-                                x.nonce
-                            ),
-                        );
-                    }
-                }
-                if explicit.is_none() {
-                    if let Some(p) = served {
-                        allowed = BTreeSet::from([p]);
-                        no_default = false;
-                    }
-                }
+                judge_read(x, n, (result, error), &allowed, &created, &mut bad)
             }
             Op::Coord { tool, .. } => {
-                let Some(r) = result else {
-                    bad(
-                        Some(n),
-                        format!("undocumented error for {}: {v}", tool.name()),
-                    );
-                    continue;
-                };
-                // Its project, when known: what it named, or a settled default.
-                let here = match (&explicit, allowed.len()) {
-                    (Some(p), _) => Some(p.clone()),
-                    (None, 1) if !no_default => allowed.first().cloned(),
-                    _ => None,
-                };
-                let sc = &r["structuredContent"];
-                // Resources and tasks name the project their request named (or `default`):
-                // another project's showing here crossed projects.
-                let elsewhere = |text: &str| {
-                    let named = text
-                        .strip_prefix("story:")
-                        .and_then(|r| r.split_once('.'))
-                        .map(|(p, _)| p)
-                        .or_else(|| between(text, "work in ", " for "));
-                    match (&here, named) {
-                        (Some(h), Some(p)) => p != h && p != "default",
-                        _ => false,
-                    }
-                };
-                match tool {
-                    CoordTool::Claim => {
-                        let want = x.params["arguments"]["resource"].clone();
-                        if sc["acquired"] != json!(true) || sc["resource"] != want {
-                            bad(
-                                Some(n),
-                                format!("claim of {want} (nobody else claims it) answered {sc}"),
-                            );
-                        }
-                    }
-                    CoordTool::Claims => {
-                        for l in sc["leases"].as_array().into_iter().flatten() {
-                            if elsewhere(l["resource"].as_str().unwrap_or("")) {
-                                bad(
-                                    Some(n),
-                                    format!(
-                                        "claims in {here:?} lists another project's lease: {l}"
-                                    ),
-                                );
-                            }
-                        }
-                    }
-                    CoordTool::Roster => {
-                        for a in sc["agents"].as_array().into_iter().flatten() {
-                            let holds = a["holds"].as_array().into_iter().flatten();
-                            let mut texts =
-                                holds.filter_map(Value::as_str).chain(a["task"].as_str());
-                            if texts.any(elsewhere) {
-                                bad(Some(n), format!("roster of {here:?} shows another project's presence or lease: {a}"));
-                            }
-                        }
-                    }
-                    CoordTool::Checkin => {
-                        if sc["agent"].as_str().is_none() {
-                            bad(Some(n), format!("checkin answered {sc}"));
-                        }
-                    }
-                }
+                let defaults = (&allowed, no_default);
+                judge_coord(x, n, tool, answer, &explicit, defaults, &mut bad);
+                Settle::Keep
             }
-            Op::Switch { project } => match result {
-                Some(r) => {
-                    let sc = &r["structuredContent"];
-                    if sc["project"] != json!(project) || sc["scope"] != json!("session") {
-                        bad(Some(n), format!("switch to {project} answered {sc}"));
-                    }
-                    let previous = sc["previous"].as_str().map(str::to_owned);
-                    if previous
-                        .as_ref()
-                        .map_or(!no_default, |p| !allowed.contains(p))
-                    {
-                        bad(
-                            Some(n),
-                            format!(
-                                "switch says the previous default was {previous:?}; this session's history allows {allowed:?} (or none: {no_default})"
-                            ),
-                        );
-                    }
-                    allowed = BTreeSet::from([project.clone()]);
-                    no_default = false;
-                }
-                None => bad(
-                    Some(n),
-                    format!("switch to a registered project failed: {v}"),
-                ),
-            },
-            Op::ListProjects => match result {
-                Some(r) => {
-                    let sc = &r["structuredContent"];
-                    let names: Vec<&str> = sc["projects"]
-                        .as_array()
-                        .map(|ps| ps.iter().filter_map(|p| p["name"].as_str()).collect())
-                        .unwrap_or_default();
-                    if names
-                        != rights
-                            .visible
-                            .iter()
-                            .map(String::as_str)
-                            .collect::<Vec<_>>()
-                    {
-                        bad(
-                            Some(n),
-                            format!(
-                                "list_projects names {names:?}; its caller sees {:?}",
-                                rights.visible
-                            ),
-                        );
-                    }
-                    match sc["active"].as_str() {
-                        Some(a) if allowed.contains(a) => {
-                            allowed = BTreeSet::from([a.to_owned()]);
-                            no_default = false;
-                        }
-                        None if no_default && sc["active"].is_null() => allowed.clear(),
-                        a => bad(
-                            Some(n),
-                            format!(
-                                "list_projects says the active project is {a:?}; this session's history allows {allowed:?}"
-                            ),
-                        ),
-                    }
-                }
-                None => bad(Some(n), format!("list_projects failed: {v}")),
-            },
-            Op::ToolsList => match result.and_then(|r| r["tools"].as_array()) {
-                Some(tools) => {
-                    let names: BTreeSet<&str> =
-                        tools.iter().filter_map(|t| t["name"].as_str()).collect();
-                    if !names.contains("list_projects") {
-                        bad(Some(n), "tools/list lacks list_projects".into());
-                    }
-                    // 2026-07-28 has no session default to switch.
-                    if names.contains("switch_project") != (h.era == Era::Session) {
-                        bad(
-                            Some(n),
-                            format!("tools/list of a {:?}-era session: {names:?}", h.era),
-                        );
-                    }
-                }
-                None => bad(Some(n), format!("tools/list failed: {v}")),
-            },
+            Op::Switch { project } => {
+                judge_switch(n, project, answer, (&allowed, no_default), &mut bad)
+            }
+            Op::ListProjects => {
+                judge_list_projects(n, answer, rights, (&allowed, no_default), &mut bad)
+            }
+            Op::ToolsList => {
+                judge_tools_list(h, n, answer, &mut bad);
+                Settle::Keep
+            }
             Op::Call { tool, target } => {
-                let explicit: Option<String> =
-                    x.params["arguments"]["project"].as_str().map(str::to_owned);
-                let may: BTreeSet<String> = match &explicit {
-                    Some(p) => BTreeSet::from([p.clone()]),
-                    None => allowed.clone(),
-                };
-                let unknown = explicit.as_deref() == Some(UNKNOWN_PROJECT);
-                let mut never_sent = false;
-                let mut served: Option<String> = None;
-                if let Some(e) = error {
-                    let kind = e["data"]["kind"].as_str().unwrap_or("");
-                    let code = e["code"].as_i64().unwrap_or(0);
-                    let project = e["data"]["project"].as_str();
-                    if (kind, code) == ("cancelled", -32800) {
-                        // Only the call this session cancelled is answered so.
-                        if !matches!(
-                            x.cancel,
-                            Some(Cancel {
-                                how: CancelHow::Notified(_),
-                                ..
-                            })
-                        ) {
-                            bad(
-                                Some(n),
-                                format!("answered as cancelled, but this session never cancelled it: {e}"),
-                            );
-                        }
-                        match project {
-                            Some(p) if may.contains(p) => served = Some(p.to_owned()),
-                            p => bad(
-                                Some(n),
-                                format!(
-                                    "error names project {p:?}; this session's history allows {may:?}: {e}"
-                                ),
-                            ),
-                        }
-                    } else if unknown {
-                        if (kind, code) != ("unknown_project", -32602)
-                            || project != Some(UNKNOWN_PROJECT)
-                            || e["data"]["registered"].as_array().map(Vec::len)
-                                != Some(registered.len())
-                        {
-                            bad(Some(n), format!("an unknown project gave {e}"));
-                        }
-                    } else if !CALL_ERRORS.contains(&(kind, code)) {
-                        bad(Some(n), format!("undocumented error for a call: {e}"));
-                    } else {
-                        match project {
-                            Some(p) if may.contains(p) => served = Some(p.to_owned()),
-                            p => bad(
-                                Some(n),
-                                format!(
-                                    "error names project {p:?}; this session's history allows {may:?}: {e}"
-                                ),
-                            ),
-                        }
-                        if e["data"]["sled"].as_str().is_none() {
-                            bad(Some(n), format!("error without data.sled: {e}"));
-                        }
-                        let reason = e["data"]["reason"].as_str().unwrap_or("");
-                        let unknown_outcome = e["data"]["outcome"] == json!("unknown");
-                        match kind {
-                            "sled_not_connected" | "tools_pending" => never_sent = true,
-                            "uplink_lost"
-                                if !unknown_outcome
-                                    || !["closed", "replaced", "heartbeat_timeout"]
-                                        .contains(&reason) =>
-                            {
-                                bad(Some(n), format!("uplink_lost with {e}"));
-                            }
-                            "timeout" if !unknown_outcome || !e["data"]["waited_ms"].is_u64() => {
-                                bad(Some(n), format!("timeout with {e}"));
-                            }
-                            _ => {}
-                        }
-                    }
-                } else if let Some(r) = result {
-                    let sc = &r["structuredContent"];
-                    let project = sc["project"].as_str();
-                    if unknown {
-                        bad(
-                            Some(n),
-                            format!("a call to an unknown project succeeded: {v}"),
-                        );
-                    }
-                    match project {
-                        Some(p) if may.contains(p) => served = Some(p.to_owned()),
-                        p => bad(
-                            Some(n),
-                            format!(
-                                "served by project {p:?}; this session's history allows {may:?} (explicit {explicit:?})"
-                            ),
-                        ),
-                    }
-                    let meta = &r["_meta"];
-                    if meta[NONCE_KEY] != json!(x.nonce) {
-                        bad(
-                            Some(n),
-                            format!(
-                                "the sled echoed nonce {}, the request carried {:?}",
-                                meta[NONCE_KEY], x.nonce
-                            ),
-                        );
-                    }
-                    if meta[PROJECT_META_KEY].as_str() != project {
-                        bad(Some(n), format!("_meta names another project: {meta}"));
-                    }
-                    let is_error = r["isError"] == json!(true);
-                    match tool {
-                        Tool::CreateStory if !is_error => {
-                            let story = &sc["story"];
-                            let name = story_name(&x.nonce);
-                            let id = story["id"].as_str().unwrap_or("");
-                            if story["name"] != json!(name)
-                                || !project.is_some_and(|p| id.starts_with(&format!("{p}-")))
-                            {
-                                bad(Some(n), format!("create_story answered {sc}"));
-                            }
-                            if let Some(p) = project {
-                                created.push(Created {
-                                    project: p.to_owned(),
-                                    id: id.to_owned(),
-                                    name: name.clone(),
-                                });
-                            }
-                        }
-                        Tool::CreateStory => bad(Some(n), format!("create_story refused: {sc}")),
-                        Tool::Show { .. } => {
-                            let asked = x.params["arguments"]["story_id"].as_str().unwrap_or("");
-                            if let Some(c) = created.iter().find(|c| c.id == asked) {
-                                if project == Some(c.project.as_str()) {
-                                    if is_error || sc["story"]["name"] != json!(c.name) {
-                                        bad(
-                                            Some(n),
-                                            format!(
-                                                "show of {asked} (created in {}) answered {sc}",
-                                                c.project
-                                            ),
-                                        );
-                                    }
-                                } else if !is_error {
-                                    bad(
-                                        Some(n),
-                                        format!("show of {asked} found it in {project:?}: {sc}"),
-                                    );
-                                }
-                            }
-                        }
-                        Tool::Whoami => {
-                            if is_error || sc["sled"].as_str().is_none() {
-                                bad(Some(n), format!("whoami answered {sc}"));
-                            }
-                        }
-                        Tool::Summarize if h.sampling => {
-                            let want = sampling_answer(h.index, &x.nonce);
-                            if is_error || sc["summary"] != json!(want) {
-                                bad(
-                                    Some(n),
-                                    format!(
-                                        "summarize_story should hold {want:?}; it answered {sc}"
-                                    ),
-                                );
-                            }
-                            let round_trips: Vec<&Result<u16, String>> =
-                                x.requests.iter().map(|r| &r.answered).collect();
-                            if round_trips != [&Ok(202)] {
-                                bad(
-                                    Some(n),
-                                    format!("summarize_story succeeded after sampling round trips {round_trips:?}"),
-                                );
-                            }
-                        }
-                        Tool::RunChecks {
-                            steps, progress, ..
-                        } => {
-                            if is_error
-                                || sc["steps"] != json!(steps)
-                                || sc["progress"] != json!(progress.is_some())
-                            {
-                                bad(Some(n), format!("run_checks answered {sc}"));
-                            }
-                            // Every step's progress reached the call that asked for it, on
-                            // its answer, before the result.
-                            let want: Vec<f64> = match progress {
-                                Some(_) => (1..=*steps).map(f64::from).collect(),
-                                None => Vec::new(),
-                            };
-                            let seen: Vec<f64> = x
-                                .notifications
-                                .iter()
-                                .filter(|m| is_own_progress(x, m))
-                                .filter_map(|m| m["params"]["progress"].as_f64())
-                                .collect();
-                            if !is_error && seen != want {
-                                bad(
-                                    Some(n),
-                                    format!(
-                                        "run_checks of {steps} steps (progress token {:?}) ended with progress {seen:?} on its answer",
-                                        x.progress_token
-                                    ),
-                                );
-                            }
-                        }
-                        Tool::Summarize => {
-                            if !is_error || sc["sampling_error"]["code"] != json!(-32601) {
-                                bad(
-                                    Some(n),
-                                    format!("summarize_story without the sampling capability answered {sc}"),
-                                );
-                            }
-                        }
-                    }
-                }
-                if explicit.is_none() {
-                    if let Some(p) = &served {
-                        // The gateway resolved the default to `p`: that settles any ambiguity.
-                        allowed = BTreeSet::from([p.clone()]);
-                        no_default = false;
-                    }
-                }
-                if matches!(tool, Tool::CreateStory) && !unknown {
-                    let confirmed = result
-                        .filter(|r| r["isError"] != json!(true))
-                        .and_then(|r| {
-                            let sc = &r["structuredContent"];
-                            Some((
-                                sc["project"].as_str()?.to_owned(),
-                                sc["story"]["id"].as_str()?.to_owned(),
-                            ))
-                        });
-                    stories.push(StoryClaim {
-                        session: h.index,
-                        exchange: n,
-                        name: story_name(&x.nonce),
-                        created: confirmed,
-                        candidates: match &served {
-                            Some(p) => BTreeSet::from([p.clone()]),
-                            None => candidates(target, &may),
-                        },
-                        never_sent,
-                    });
-                }
+                let (settle, story) = judge_call(
+                    h,
+                    x,
+                    n,
+                    (tool, target),
+                    (v, result, error),
+                    registered,
+                    &allowed,
+                    &mut created,
+                    &mut bad,
+                );
+                stories.extend(story);
+                settle
             }
+        };
+        match settle {
+            Settle::Keep => {}
+            Settle::To(p) => {
+                allowed = BTreeSet::from([p]);
+                no_default = false;
+            }
+            Settle::None => allowed.clear(),
         }
     }
     report.stories = stories;
     report.failed = failed;
     report.refused_reads = refused_reads;
     report
+}
+
+/// What an answer settles about the session's default project.
+enum Settle {
+    /// Nothing new.
+    Keep,
+    /// It is this project now.
+    To(String),
+    /// It has none.
+    None,
+}
+
+/// `resources/read` and `prompts/get`: answered by a project this session may have aimed at,
+/// with the story asked for, from the project it was created in.
+fn judge_read(
+    x: &Exchange,
+    n: usize,
+    (result, error): (Option<&Value>, Option<&Value>),
+    allowed: &BTreeSet<String>,
+    created: &[Created],
+    bad: &mut dyn FnMut(Option<usize>, String),
+) -> Settle {
+    let read = matches!(x.op, Op::ReadResource { .. });
+    let explicit: Option<String> = if read {
+        x.params["_meta"][PROJECT_META].as_str()
+    } else {
+        x.params["arguments"]["project"].as_str()
+    }
+    .map(str::to_owned);
+    let may: BTreeSet<String> = match &explicit {
+        Some(p) => BTreeSet::from([p.clone()]),
+        None => allowed.clone(),
+    };
+    let asked = if read {
+        x.params["uri"]
+            .as_str()
+            .and_then(|u| u.rsplit_once('/'))
+            .map_or("", |(_, id)| id)
+    } else {
+        x.params["arguments"]["story_id"].as_str().unwrap_or("")
+    };
+    let story = created.iter().find(|c| c.id == asked);
+    let what = if read {
+        "resources/read"
+    } else {
+        "prompts/get"
+    };
+    let mut served: Option<String> = None;
+    if let Some(e) = error {
+        let kind = e["data"]["kind"].as_str().unwrap_or("");
+        let code = e["code"].as_i64().unwrap_or(0);
+        let message = e["message"].as_str().unwrap_or("");
+        // The sled's own "no such story" names the project that looked.
+        let looked = if read && code == -32002 {
+            between(message, "(project ", " lists")
+        } else if !read && code == -32602 && kind.is_empty() {
+            between(message, " in project ", " (")
+        } else {
+            None
+        };
+        if CALL_ERRORS.contains(&(kind, code)) {
+            match e["data"]["project"].as_str() {
+                Some(p) if may.contains(p) => served = Some(p.to_owned()),
+                p => bad(
+                    Some(n),
+                    format!(
+                        "{what} error names project {p:?}; this session's history allows {may:?}: {e}"
+                    ),
+                ),
+            }
+        } else if let Some(p) = looked {
+            if !may.contains(p) {
+                bad(
+                    Some(n),
+                    format!(
+                        "{what} of {asked} was answered by project {p}; this session's history allows {may:?}: {e}"
+                    ),
+                );
+            } else if story.is_some_and(|c| c.project == p) {
+                bad(
+                    Some(n),
+                    format!("{what} of {asked}, created in {p}, says {p} lacks it: {e}"),
+                );
+            }
+            served = Some(p.to_owned());
+        } else {
+            bad(Some(n), format!("undocumented error for {what}: {e}"));
+        }
+    } else if let Some(r) = result {
+        let (project, id) = if read {
+            let body: Value = r["contents"][0]["text"]
+                .as_str()
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or(Value::Null);
+            (
+                body["project"].as_str().map(str::to_owned),
+                body["story"]["id"].as_str().map(str::to_owned),
+            )
+        } else {
+            let text = r["messages"][0]["content"]["text"].as_str().unwrap_or("");
+            (
+                between(text, "Project ", ": story ").map(str::to_owned),
+                text.split_once(": story ")
+                    .and_then(|(_, rest)| rest.split(' ').next())
+                    .map(str::to_owned),
+            )
+        };
+        match project.as_deref() {
+            Some(p) if may.contains(p) => served = Some(p.to_owned()),
+            p => bad(
+                Some(n),
+                format!(
+                    "{what} served by project {p:?}; this session's history allows {may:?} (explicit {explicit:?})"
+                ),
+            ),
+        }
+        if id.as_deref() != Some(asked)
+            || story.is_none_or(|c| Some(c.project.as_str()) != project.as_deref())
+        {
+            bad(
+                Some(n),
+                format!(
+                    "{what} of {asked} (created in {:?}) answered story {id:?} of {project:?}",
+                    story.map(|c| &c.project)
+                ),
+            );
+        }
+        let meta = &r["_meta"];
+        if meta[NONCE_KEY] != json!(x.nonce)
+            || meta[PROJECT_META_KEY].as_str() != project.as_deref()
+        {
+            bad(
+                Some(n),
+                format!(
+                    "{what} answered with _meta {meta}, the request carried nonce {:?}",
+                    x.nonce
+                ),
+            );
+        }
+    }
+    match (explicit, served) {
+        (None, Some(p)) => Settle::To(p),
+        _ => Settle::Keep,
+    }
+}
+
+/// The coordination tools: each answers what it was asked, in the project it was aimed at.
+#[allow(clippy::too_many_arguments)]
+fn judge_coord(
+    x: &Exchange,
+    n: usize,
+    tool: &CoordTool,
+    (v, result): (&Value, Option<&Value>),
+    explicit: &Option<String>,
+    (allowed, no_default): (&BTreeSet<String>, bool),
+    bad: &mut dyn FnMut(Option<usize>, String),
+) {
+    let Some(r) = result else {
+        bad(
+            Some(n),
+            format!("undocumented error for {}: {v}", tool.name()),
+        );
+        return;
+    };
+    // Its project, when known: what it named, or a settled default.
+    let here = match (&explicit, allowed.len()) {
+        (Some(p), _) => Some(p.clone()),
+        (None, 1) if !no_default => allowed.first().cloned(),
+        _ => None,
+    };
+    let sc = &r["structuredContent"];
+    // Resources and tasks name the project their request named (or `default`):
+    // another project's showing here crossed projects.
+    let elsewhere = |text: &str| {
+        let named = text
+            .strip_prefix("story:")
+            .and_then(|r| r.split_once('.'))
+            .map(|(p, _)| p)
+            .or_else(|| between(text, "work in ", " for "));
+        match (&here, named) {
+            (Some(h), Some(p)) => p != h && p != "default",
+            _ => false,
+        }
+    };
+    match tool {
+        CoordTool::Claim => {
+            let want = x.params["arguments"]["resource"].clone();
+            if sc["acquired"] != json!(true) || sc["resource"] != want {
+                bad(
+                    Some(n),
+                    format!("claim of {want} (nobody else claims it) answered {sc}"),
+                );
+            }
+        }
+        CoordTool::Claims => {
+            for l in sc["leases"].as_array().into_iter().flatten() {
+                if elsewhere(l["resource"].as_str().unwrap_or("")) {
+                    bad(
+                        Some(n),
+                        format!("claims in {here:?} lists another project's lease: {l}"),
+                    );
+                }
+            }
+        }
+        CoordTool::Roster => {
+            for a in sc["agents"].as_array().into_iter().flatten() {
+                let holds = a["holds"].as_array().into_iter().flatten();
+                let mut texts = holds.filter_map(Value::as_str).chain(a["task"].as_str());
+                if texts.any(elsewhere) {
+                    bad(
+                        Some(n),
+                        format!(
+                            "roster of {here:?} shows another project's presence or lease: {a}"
+                        ),
+                    );
+                }
+            }
+        }
+        CoordTool::Checkin => {
+            if sc["agent"].as_str().is_none() {
+                bad(Some(n), format!("checkin answered {sc}"));
+            }
+        }
+    }
+}
+
+/// `switch_project`: it says the default it replaced, one this session's history allows, and
+/// settles the default.
+fn judge_switch(
+    n: usize,
+    project: &str,
+    (v, result): (&Value, Option<&Value>),
+    (allowed, no_default): (&BTreeSet<String>, bool),
+    bad: &mut dyn FnMut(Option<usize>, String),
+) -> Settle {
+    match result {
+        Some(r) => {
+            let sc = &r["structuredContent"];
+            if sc["project"] != json!(project) || sc["scope"] != json!("session") {
+                bad(Some(n), format!("switch to {project} answered {sc}"));
+            }
+            let previous = sc["previous"].as_str().map(str::to_owned);
+            if previous
+                .as_ref()
+                .map_or(!no_default, |p| !allowed.contains(p))
+            {
+                bad(
+                    Some(n),
+                    format!(
+                        "switch says the previous default was {previous:?}; this session's history allows {allowed:?} (or none: {no_default})"
+                    ),
+                );
+            }
+            Settle::To(project.to_owned())
+        }
+        None => {
+            bad(
+                Some(n),
+                format!("switch to a registered project failed: {v}"),
+            );
+            Settle::Keep
+        }
+    }
+}
+
+/// `list_projects`: exactly the projects its caller sees, and an active project this
+/// session's history allows (which settles the default).
+fn judge_list_projects(
+    n: usize,
+    (v, result): (&Value, Option<&Value>),
+    rights: &Rights,
+    (allowed, no_default): (&BTreeSet<String>, bool),
+    bad: &mut dyn FnMut(Option<usize>, String),
+) -> Settle {
+    match result {
+        Some(r) => {
+            let sc = &r["structuredContent"];
+            let names: Vec<&str> = sc["projects"]
+                .as_array()
+                .map(|ps| ps.iter().filter_map(|p| p["name"].as_str()).collect())
+                .unwrap_or_default();
+            if names
+                != rights
+                    .visible
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+            {
+                bad(
+                    Some(n),
+                    format!(
+                        "list_projects names {names:?}; its caller sees {:?}",
+                        rights.visible
+                    ),
+                );
+            }
+            match sc["active"].as_str() {
+                Some(a) if allowed.contains(a) => Settle::To(a.to_owned()),
+                None if no_default && sc["active"].is_null() => Settle::None,
+                a => {
+                    bad(
+                        Some(n),
+                        format!(
+                            "list_projects says the active project is {a:?}; this session's history allows {allowed:?}"
+                        ),
+                    );
+                    Settle::Keep
+                }
+            }
+        }
+        None => {
+            bad(Some(n), format!("list_projects failed: {v}"));
+            Settle::Keep
+        }
+    }
+}
+
+/// `tools/list`: the gateway's tools, with `switch_project` only in the session era.
+fn judge_tools_list(
+    h: &SessionHistory,
+    n: usize,
+    (v, result): (&Value, Option<&Value>),
+    bad: &mut dyn FnMut(Option<usize>, String),
+) {
+    match result.and_then(|r| r["tools"].as_array()) {
+        Some(tools) => {
+            let names: BTreeSet<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+            if !names.contains("list_projects") {
+                bad(Some(n), "tools/list lacks list_projects".into());
+            }
+            // 2026-07-28 has no session default to switch.
+            if names.contains("switch_project") != (h.era == Era::Session) {
+                bad(
+                    Some(n),
+                    format!("tools/list of a {:?}-era session: {names:?}", h.era),
+                );
+            }
+        }
+        None => bad(Some(n), format!("tools/list failed: {v}")),
+    };
+}
+
+/// A project tool call: served by a project this session may have aimed at, with the sled's
+/// own answer (its nonce, its project), and what each tool promises; the `create_story` it
+/// made, for the cross-session checks.
+#[allow(clippy::too_many_arguments)]
+fn judge_call(
+    h: &SessionHistory,
+    x: &Exchange,
+    n: usize,
+    (tool, target): (&Tool, &Target),
+    (v, result, error): (&Value, Option<&Value>, Option<&Value>),
+    registered: &[String],
+    allowed: &BTreeSet<String>,
+    created: &mut Vec<Created>,
+    bad: &mut dyn FnMut(Option<usize>, String),
+) -> (Settle, Option<StoryClaim>) {
+    let explicit: Option<String> = x.params["arguments"]["project"].as_str().map(str::to_owned);
+    let may: BTreeSet<String> = match &explicit {
+        Some(p) => BTreeSet::from([p.clone()]),
+        None => allowed.clone(),
+    };
+    let unknown = explicit.as_deref() == Some(UNKNOWN_PROJECT);
+    let mut never_sent = false;
+    let mut served: Option<String> = None;
+    if let Some(e) = error {
+        let kind = e["data"]["kind"].as_str().unwrap_or("");
+        let code = e["code"].as_i64().unwrap_or(0);
+        let project = e["data"]["project"].as_str();
+        if (kind, code) == ("cancelled", -32800) {
+            // Only the call this session cancelled is answered so.
+            if !matches!(
+                x.cancel,
+                Some(Cancel {
+                    how: CancelHow::Notified(_),
+                    ..
+                })
+            ) {
+                bad(
+                    Some(n),
+                    format!("answered as cancelled, but this session never cancelled it: {e}"),
+                );
+            }
+            match project {
+                Some(p) if may.contains(p) => served = Some(p.to_owned()),
+                p => bad(
+                    Some(n),
+                    format!(
+                        "error names project {p:?}; this session's history allows {may:?}: {e}"
+                    ),
+                ),
+            }
+        } else if unknown {
+            if (kind, code) != ("unknown_project", -32602)
+                || project != Some(UNKNOWN_PROJECT)
+                || e["data"]["registered"].as_array().map(Vec::len) != Some(registered.len())
+            {
+                bad(Some(n), format!("an unknown project gave {e}"));
+            }
+        } else if !CALL_ERRORS.contains(&(kind, code)) {
+            bad(Some(n), format!("undocumented error for a call: {e}"));
+        } else {
+            match project {
+                Some(p) if may.contains(p) => served = Some(p.to_owned()),
+                p => bad(
+                    Some(n),
+                    format!(
+                        "error names project {p:?}; this session's history allows {may:?}: {e}"
+                    ),
+                ),
+            }
+            if e["data"]["sled"].as_str().is_none() {
+                bad(Some(n), format!("error without data.sled: {e}"));
+            }
+            let reason = e["data"]["reason"].as_str().unwrap_or("");
+            let unknown_outcome = e["data"]["outcome"] == json!("unknown");
+            match kind {
+                "sled_not_connected" | "tools_pending" => never_sent = true,
+                "uplink_lost"
+                    if !unknown_outcome
+                        || !["closed", "replaced", "heartbeat_timeout"].contains(&reason) =>
+                {
+                    bad(Some(n), format!("uplink_lost with {e}"));
+                }
+                "timeout" if !unknown_outcome || !e["data"]["waited_ms"].is_u64() => {
+                    bad(Some(n), format!("timeout with {e}"));
+                }
+                _ => {}
+            }
+        }
+    } else if let Some(r) = result {
+        let sc = &r["structuredContent"];
+        let project = sc["project"].as_str();
+        if unknown {
+            bad(
+                Some(n),
+                format!("a call to an unknown project succeeded: {v}"),
+            );
+        }
+        match project {
+            Some(p) if may.contains(p) => served = Some(p.to_owned()),
+            p => bad(
+                Some(n),
+                format!(
+                    "served by project {p:?}; this session's history allows {may:?} (explicit {explicit:?})"
+                ),
+            ),
+        }
+        let meta = &r["_meta"];
+        if meta[NONCE_KEY] != json!(x.nonce) {
+            bad(
+                Some(n),
+                format!(
+                    "the sled echoed nonce {}, the request carried {:?}",
+                    meta[NONCE_KEY], x.nonce
+                ),
+            );
+        }
+        if meta[PROJECT_META_KEY].as_str() != project {
+            bad(Some(n), format!("_meta names another project: {meta}"));
+        }
+        let is_error = r["isError"] == json!(true);
+        match tool {
+            Tool::CreateStory if !is_error => {
+                let story = &sc["story"];
+                let name = story_name(&x.nonce);
+                let id = story["id"].as_str().unwrap_or("");
+                if story["name"] != json!(name)
+                    || !project.is_some_and(|p| id.starts_with(&format!("{p}-")))
+                {
+                    bad(Some(n), format!("create_story answered {sc}"));
+                }
+                if let Some(p) = project {
+                    created.push(Created {
+                        project: p.to_owned(),
+                        id: id.to_owned(),
+                        name: name.clone(),
+                    });
+                }
+            }
+            Tool::CreateStory => bad(Some(n), format!("create_story refused: {sc}")),
+            Tool::Show { .. } => {
+                let asked = x.params["arguments"]["story_id"].as_str().unwrap_or("");
+                if let Some(c) = created.iter().find(|c| c.id == asked) {
+                    if project == Some(c.project.as_str()) {
+                        if is_error || sc["story"]["name"] != json!(c.name) {
+                            bad(
+                                Some(n),
+                                format!("show of {asked} (created in {}) answered {sc}", c.project),
+                            );
+                        }
+                    } else if !is_error {
+                        bad(
+                            Some(n),
+                            format!("show of {asked} found it in {project:?}: {sc}"),
+                        );
+                    }
+                }
+            }
+            Tool::Whoami => {
+                if is_error || sc["sled"].as_str().is_none() {
+                    bad(Some(n), format!("whoami answered {sc}"));
+                }
+            }
+            Tool::Summarize if h.sampling => {
+                let want = sampling_answer(h.index, &x.nonce);
+                if is_error || sc["summary"] != json!(want) {
+                    bad(
+                        Some(n),
+                        format!("summarize_story should hold {want:?}; it answered {sc}"),
+                    );
+                }
+                let round_trips: Vec<&Result<u16, String>> =
+                    x.requests.iter().map(|r| &r.answered).collect();
+                if round_trips != [&Ok(202)] {
+                    bad(
+                        Some(n),
+                        format!(
+                            "summarize_story succeeded after sampling round trips {round_trips:?}"
+                        ),
+                    );
+                }
+            }
+            Tool::RunChecks {
+                steps, progress, ..
+            } => {
+                if is_error
+                    || sc["steps"] != json!(steps)
+                    || sc["progress"] != json!(progress.is_some())
+                {
+                    bad(Some(n), format!("run_checks answered {sc}"));
+                }
+                // Every step's progress reached the call that asked for it, on
+                // its answer, before the result.
+                let want: Vec<f64> = match progress {
+                    Some(_) => (1..=*steps).map(f64::from).collect(),
+                    None => Vec::new(),
+                };
+                let seen: Vec<f64> = x
+                    .notifications
+                    .iter()
+                    .filter(|m| is_own_progress(x, m))
+                    .filter_map(|m| m["params"]["progress"].as_f64())
+                    .collect();
+                if !is_error && seen != want {
+                    bad(
+                        Some(n),
+                        format!(
+                            "run_checks of {steps} steps (progress token {:?}) ended with progress {seen:?} on its answer",
+                            x.progress_token
+                        ),
+                    );
+                }
+            }
+            Tool::Summarize => {
+                if !is_error || sc["sampling_error"]["code"] != json!(-32601) {
+                    bad(
+                        Some(n),
+                        format!("summarize_story without the sampling capability answered {sc}"),
+                    );
+                }
+            }
+        }
+    }
+    // The gateway resolved the default to `served`: that settles any ambiguity.
+    let settle = match (&explicit, &served) {
+        (None, Some(p)) => Settle::To(p.clone()),
+        _ => Settle::Keep,
+    };
+    let story = (matches!(tool, Tool::CreateStory) && !unknown).then(|| {
+        let confirmed = result
+            .filter(|r| r["isError"] != json!(true))
+            .and_then(|r| {
+                let sc = &r["structuredContent"];
+                Some((
+                    sc["project"].as_str()?.to_owned(),
+                    sc["story"]["id"].as_str()?.to_owned(),
+                ))
+            });
+        StoryClaim {
+            session: h.index,
+            exchange: n,
+            name: story_name(&x.nonce),
+            created: confirmed,
+            candidates: match &served {
+                Some(p) => BTreeSet::from([p.clone()]),
+                None => candidates(target, &may),
+            },
+            never_sent,
+        }
+    });
+    (settle, story)
 }
 
 /// The registered projects that what came back for `x` names (a word of any string or key of
