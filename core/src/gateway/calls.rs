@@ -1,7 +1,9 @@
 //! The call table (issue 23, step 4): every request the gateway sent up an uplink and has not
 //! seen answered, with the indexes kept beside it. Nothing else inserts into or removes from
 //! them, so they cannot drift apart:
-//! - by the uplink and the gateway's id for the request (the key);
+//! - by the gateway's id for the request (the key, unique over the gateway's life, and the id
+//!   the sled sees), with the uplink now serving it: a sled's frame names a request only on
+//!   that uplink;
 //! - by the HTTP request waiting for a client's call (`by_token`);
 //! - by the gateway's progress token of a call that asked for progress, valid only for
 //!   progress coming up the call's own uplink (security review, finding 5);
@@ -17,55 +19,73 @@ use std::time::Instant;
 
 use super::{Call, HttpToken, Pending, UplinkId};
 
-/// An uplink, and the gateway's id for a request sent up it.
-pub(super) type Key = (UplinkId, u64);
+/// The gateway's id for a request it sent up an uplink: unique over the gateway's life, and
+/// the JSON-RPC id the sled sees. A frame from a sled names a request only together with the
+/// uplink it came up: an entry answers to the uplink now serving it, and no other.
+pub(super) type CallId = u64;
 
 #[derive(Debug, Default)]
 pub(super) struct Calls {
-    pending: HashMap<Key, Pending>,
-    by_token: HashMap<HttpToken, Key>,
-    by_progress: HashMap<String, Key>,
+    next_id: CallId,
+    pending: HashMap<CallId, (UplinkId, Pending)>,
+    by_token: HashMap<HttpToken, CallId>,
+    by_progress: HashMap<String, CallId>,
     per_session: HashMap<String, usize>,
-    per_uplink: HashMap<UplinkId, BTreeSet<u64>>,
-    deadlines: BTreeSet<(Instant, Key)>,
+    per_uplink: HashMap<UplinkId, BTreeSet<CallId>>,
+    deadlines: BTreeSet<(Instant, CallId)>,
 }
 
 impl Calls {
-    /// Books a request sent up `key.0` under id `key.1`. An entry already under that key (only
-    /// a planted bug reuses ids) is displaced from the deadlines and returned.
-    pub(super) fn start(&mut self, key: Key, pending: Pending) -> Option<Pending> {
-        let displaced = self.pending.remove(&key);
-        if let Some(old) = &displaced {
-            self.deadlines.remove(&(old.deadline(), key));
-        }
-        self.deadlines.insert((pending.deadline(), key));
-        self.per_uplink.entry(key.0).or_default().insert(key.1);
+    /// The id for the next request.
+    pub(super) fn next_id(&mut self) -> CallId {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Whether `id` was ever given out (an answer to it is late, not made up).
+    pub(super) fn was_sent(&self, id: CallId) -> bool {
+        id < self.next_id
+    }
+
+    /// Books a request sent up `uplink` under `id`. An entry already under that id (only a
+    /// planted bug reuses ids) is displaced and returned.
+    pub(super) fn start(
+        &mut self,
+        uplink: UplinkId,
+        id: CallId,
+        pending: Pending,
+    ) -> Option<Pending> {
+        let displaced = self.take(id).map(|(_, p)| p);
+        self.next_id = self.next_id.max(id.saturating_add(1));
+        self.deadlines.insert((pending.deadline(), id));
+        self.per_uplink.entry(uplink).or_default().insert(id);
         if let Pending::Call(call) = &pending {
-            self.by_token.insert(call.token, key);
+            self.by_token.insert(call.token, id);
             if let Some((gateway_token, _)) = &call.progress {
-                self.by_progress.insert(gateway_token.clone(), key);
+                self.by_progress.insert(gateway_token.clone(), id);
             }
             if let Some(s) = &call.session {
                 *self.per_session.entry(s.clone()).or_insert(0) += 1;
             }
         }
-        self.pending.insert(key, pending);
+        self.pending.insert(id, (uplink, pending));
         displaced
     }
 
     /// Takes a request out of the table and every index: it was answered, expired, cancelled,
-    /// or its client went away.
-    pub(super) fn take(&mut self, key: Key) -> Option<Pending> {
-        let pending = self.pending.remove(&key)?;
-        self.deadlines.remove(&(pending.deadline(), key));
-        if let Some(ids) = self.per_uplink.get_mut(&key.0) {
-            ids.remove(&key.1);
+    /// or its client went away. Returns the uplink that served it, with it.
+    pub(super) fn take(&mut self, id: CallId) -> Option<(UplinkId, Pending)> {
+        let (uplink, pending) = self.pending.remove(&id)?;
+        self.deadlines.remove(&(pending.deadline(), id));
+        if let Some(ids) = self.per_uplink.get_mut(&uplink) {
+            ids.remove(&id);
             if ids.is_empty() {
-                self.per_uplink.remove(&key.0);
+                self.per_uplink.remove(&uplink);
             }
         }
         if let Pending::Call(call) = &pending {
-            if self.by_token.get(&call.token) == Some(&key) {
+            if self.by_token.get(&call.token) == Some(&id) {
                 self.by_token.remove(&call.token);
             }
             if let Some((gateway_token, _)) = &call.progress {
@@ -80,29 +100,40 @@ impl Calls {
                 }
             }
         }
-        Some(pending)
+        Some((uplink, pending))
+    }
+
+    /// Takes the request `id` answered by a frame up `uplink`: only if that uplink serves it.
+    pub(super) fn take_on(&mut self, uplink: UplinkId, id: CallId) -> Option<Pending> {
+        if self.uplink_of(id) != Some(uplink) {
+            return None;
+        }
+        self.take(id).map(|(_, p)| p)
     }
 
     /// Takes the call the HTTP request `token` waits for.
-    pub(super) fn take_by_token(&mut self, token: HttpToken) -> Option<(Key, Pending)> {
-        let key = *self.by_token.get(&token)?;
-        self.take(key).map(|p| (key, p))
+    pub(super) fn take_by_token(
+        &mut self,
+        token: HttpToken,
+    ) -> Option<(CallId, UplinkId, Pending)> {
+        let id = *self.by_token.get(&token)?;
+        self.take(id).map(|(uplink, p)| (id, uplink, p))
     }
 
     /// Takes the first request whose deadline is at or before `now`.
-    pub(super) fn take_expired(&mut self, now: Instant) -> Option<(Key, Pending)> {
-        let &(at, key) = self.deadlines.first()?;
+    pub(super) fn take_expired(&mut self, now: Instant) -> Option<(CallId, UplinkId, Pending)> {
+        let &(at, id) = self.deadlines.first()?;
         if at > now {
             return None;
         }
-        self.take(key).map(|p| (key, p))
+        self.take(id).map(|(uplink, p)| (id, uplink, p))
     }
 
     /// Takes every request of an uplink that went away, in the order they were sent.
-    pub(super) fn uplink_gone(&mut self, uplink: UplinkId) -> Vec<(u64, Pending)> {
+    pub(super) fn uplink_gone(&mut self, uplink: UplinkId) -> Vec<(CallId, Pending)> {
         let ids = self.per_uplink.get(&uplink).cloned().unwrap_or_default();
         ids.into_iter()
-            .filter_map(|id| self.take((uplink, id)).map(|p| (id, p)))
+            .filter_map(|id| self.take(id).map(|(_, p)| (id, p)))
             .collect()
     }
 
@@ -111,63 +142,73 @@ impl Calls {
         self.deadlines.first().map(|&(at, _)| at)
     }
 
-    /// The client's call under `key`, if that is what it is.
-    pub(super) fn call(&self, key: Key) -> Option<&Call> {
-        match self.pending.get(&key) {
-            Some(Pending::Call(call)) => Some(call),
+    /// The uplink serving request `id`.
+    pub(super) fn uplink_of(&self, id: CallId) -> Option<UplinkId> {
+        self.pending.get(&id).map(|(u, _)| *u)
+    }
+
+    /// The client's call `id`, if that is what it is.
+    pub(super) fn call(&self, id: CallId) -> Option<&Call> {
+        match self.pending.get(&id) {
+            Some((_, Pending::Call(call))) => Some(call),
             _ => None,
         }
     }
 
-    /// The client's call under `key`, to change in place (not its deadline or token).
-    pub(super) fn call_mut(&mut self, key: Key) -> Option<&mut Call> {
-        match self.pending.get_mut(&key) {
-            Some(Pending::Call(call)) => Some(call),
+    /// The client's call `id` as a frame up `uplink` names it: only if that uplink serves it.
+    pub(super) fn call_on(&self, uplink: UplinkId, id: CallId) -> Option<&Call> {
+        self.call(id).filter(|_| self.uplink_of(id) == Some(uplink))
+    }
+
+    /// The client's call `id`, to change in place (not its deadline or token).
+    pub(super) fn call_mut(&mut self, id: CallId) -> Option<&mut Call> {
+        match self.pending.get_mut(&id) {
+            Some((_, Pending::Call(call))) => Some(call),
             _ => None,
         }
     }
 
     /// The call the HTTP request `token` waits for.
-    pub(super) fn key_of(&self, token: HttpToken) -> Option<Key> {
+    pub(super) fn key_of(&self, token: HttpToken) -> Option<CallId> {
         self.by_token.get(&token).copied()
     }
 
     /// The call that gave `gateway_token` to the sled on `uplink`: progress from another
     /// uplink names nothing.
-    pub(super) fn by_progress(&self, uplink: UplinkId, gateway_token: &str) -> Option<Key> {
+    pub(super) fn by_progress(&self, uplink: UplinkId, gateway_token: &str) -> Option<CallId> {
         self.by_progress
             .get(gateway_token)
             .copied()
-            .filter(|key| key.0 == uplink)
+            .filter(|id| self.uplink_of(*id) == Some(uplink))
     }
 
     /// Moves a request's deadline.
-    pub(super) fn set_deadline(&mut self, key: Key, deadline: Instant) {
-        let Some(Pending::Call(call)) = self.pending.get_mut(&key) else {
+    pub(super) fn set_deadline(&mut self, id: CallId, deadline: Instant) {
+        let Some((_, Pending::Call(call))) = self.pending.get_mut(&id) else {
             return;
         };
-        self.deadlines.remove(&(call.deadline, key));
+        self.deadlines.remove(&(call.deadline, id));
         call.deadline = deadline;
-        self.deadlines.insert((deadline, key));
+        self.deadlines.insert((deadline, id));
     }
 
     /// A call's HTTP request was answered while the call goes on (a parked stateless call):
     /// no request waits for it until [`Calls::attach`].
-    pub(super) fn detach(&mut self, key: Key) {
-        if let Some(call) = self.call(key) {
+    pub(super) fn detach(&mut self, id: CallId) {
+        if let Some(call) = self.call(id) {
             let token = call.token;
-            if self.by_token.get(&token) == Some(&key) {
+            if self.by_token.get(&token) == Some(&id) {
                 self.by_token.remove(&token);
             }
         }
     }
 
-    /// The HTTP request `token` now waits for the call under `key` (a stateless retry).
-    pub(super) fn attach(&mut self, key: Key, token: HttpToken) {
-        self.detach(key);
-        if let Some(call) = self.call_mut(key) {
+    /// The HTTP request `token` now waits for the call `id` (a stateless retry).
+    pub(super) fn attach(&mut self, id: CallId, token: HttpToken) {
+        self.detach(id);
+        if let Some(call) = self.call_mut(id) {
             call.token = token;
-            self.by_token.insert(token, key);
+            self.by_token.insert(token, id);
         }
     }
 
@@ -176,20 +217,20 @@ impl Calls {
         &self,
         session: Option<&str>,
         client_id: &str,
-    ) -> Option<Key> {
+    ) -> Option<CallId> {
         self.pending
             .iter()
-            .filter_map(|(key, p)| match p {
+            .filter_map(|(id, (_, p))| match p {
                 Pending::Call(c)
                     if session.is_none_or(|s| c.session.as_deref() == Some(s))
                         && c.client_id.as_str() == client_id =>
                 {
-                    Some((c.sent_at, *key))
+                    Some((c.sent_at, *id))
                 }
                 _ => None,
             })
             .max()
-            .map(|(_, key)| key)
+            .map(|(_, id)| id)
     }
 
     /// Requests in flight on `uplink`.
@@ -207,10 +248,10 @@ impl Calls {
         self.by_token.len()
     }
 
-    /// Every entry, for the planted bugs that look across calls.
+    /// Every client's call, for the planted bugs that look across calls.
     #[cfg(feature = "planted-bugs")]
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&Key, &Pending)> {
-        self.pending.iter()
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&CallId, &Pending)> {
+        self.pending.iter().map(|(id, (_, p))| (id, p))
     }
 }
 
@@ -267,32 +308,45 @@ mod tests {
     fn a_call_leaves_every_index_at_once() {
         let t0 = t0();
         let mut c = Calls::default();
+        let id = c.next_id();
         c.start(
-            (U1, 0),
+            U1,
+            id,
             call(7, Some("s"), Some("gw-1-0"), t0 + Duration::from_secs(30)),
         );
         assert_eq!((c.on_uplink(U1), c.in_session("s"), c.waiting()), (1, 1, 1));
-        assert_eq!(c.key_of(HttpToken(7)), Some((U1, 0)));
-        assert_eq!(c.by_progress(U1, "gw-1-0"), Some((U1, 0)));
-        let (key, _) = c.take_by_token(HttpToken(7)).expect("booked");
-        assert_eq!(key, (U1, 0));
+        assert_eq!(c.key_of(HttpToken(7)), Some(id));
+        assert_eq!(c.by_progress(U1, "gw-1-0"), Some(id));
+        let (taken, uplink, _) = c.take_by_token(HttpToken(7)).expect("booked");
+        assert_eq!((taken, uplink), (id, U1));
         assert_eq!((c.on_uplink(U1), c.in_session("s"), c.waiting()), (0, 0, 0));
         assert_eq!(c.by_progress(U1, "gw-1-0"), None);
         assert_eq!(c.poll_timeout(), None);
-        assert!(c.take((U1, 0)).is_none(), "taken once");
+        assert!(c.take(id).is_none(), "taken once");
+        assert!(c.was_sent(id) && !c.was_sent(id + 1));
     }
 
-    /// Security review finding 5: a sled could name another sled's call in its progress.
+    /// Security review finding 5: a sled could name another sled's call in its progress; the
+    /// same holds for an answer, or a notification about a call.
     #[test]
-    fn progress_counts_only_from_the_calls_own_uplink() {
+    fn a_sled_names_only_the_calls_on_its_own_uplink() {
         let t0 = t0();
         let mut c = Calls::default();
+        let id = c.next_id();
         c.start(
-            (U1, 4),
+            U1,
+            id,
             call(1, None, Some("gw-1-4"), t0 + Duration::from_secs(5)),
         );
         assert_eq!(c.by_progress(U2, "gw-1-4"), None);
-        assert_eq!(c.by_progress(U1, "gw-1-4"), Some((U1, 4)));
+        assert_eq!(c.by_progress(U1, "gw-1-4"), Some(id));
+        assert!(c.call_on(U2, id).is_none());
+        assert!(
+            c.take_on(U2, id).is_none(),
+            "another sled's answer takes nothing"
+        );
+        assert!(c.call_on(U1, id).is_some());
+        assert!(c.take_on(U1, id).is_some());
     }
 
     #[test]
@@ -300,9 +354,11 @@ mod tests {
         let t0 = t0();
         let s = Duration::from_secs(1);
         let mut c = Calls::default();
-        c.start((U1, 0), call(1, None, None, t0 + 10 * s));
+        let (a, b) = (c.next_id(), c.next_id());
+        c.start(U1, a, call(1, None, None, t0 + 10 * s));
         c.start(
-            (U2, 0),
+            U2,
+            b,
             Pending::Subscription {
                 project: "beta".into(),
                 deadline: t0 + 5 * s,
@@ -310,10 +366,10 @@ mod tests {
         );
         assert_eq!(c.poll_timeout(), Some(t0 + 5 * s));
         assert!(c.take_expired(t0 + 4 * s).is_none());
-        let (key, p) = c.take_expired(t0 + 5 * s).expect("due");
-        assert_eq!(key, (U2, 0));
+        let (id, uplink, p) = c.take_expired(t0 + 5 * s).expect("due");
+        assert_eq!((id, uplink), (b, U2));
         assert!(matches!(p, Pending::Subscription { .. }));
-        c.set_deadline((U1, 0), t0 + 20 * s);
+        c.set_deadline(a, t0 + 20 * s);
         assert_eq!(c.poll_timeout(), Some(t0 + 20 * s));
         assert!(c.take_expired(t0 + 15 * s).is_none(), "moved past 10 s");
         assert!(c.take_expired(t0 + 20 * s).is_some());
@@ -324,13 +380,14 @@ mod tests {
     fn a_parked_call_waits_for_no_request_until_a_retry_attaches() {
         let t0 = t0();
         let mut c = Calls::default();
-        c.start((U1, 2), call(3, None, None, t0 + Duration::from_secs(9)));
-        c.detach((U1, 2));
+        let id = c.next_id();
+        c.start(U1, id, call(3, None, None, t0 + Duration::from_secs(9)));
+        c.detach(id);
         assert_eq!(c.waiting(), 0);
         assert!(c.take_by_token(HttpToken(3)).is_none());
-        c.attach((U1, 2), HttpToken(8));
-        assert_eq!(c.key_of(HttpToken(8)), Some((U1, 2)));
-        assert_eq!(c.call((U1, 2)).map(|c| c.token), Some(HttpToken(8)));
+        c.attach(id, HttpToken(8));
+        assert_eq!(c.key_of(HttpToken(8)), Some(id));
+        assert_eq!(c.call(id).map(|c| c.token), Some(HttpToken(8)));
         assert!(c.take_by_token(HttpToken(8)).is_some());
         assert_eq!(c.waiting(), 0);
     }
@@ -340,14 +397,15 @@ mod tests {
         let t0 = t0();
         let d = t0 + Duration::from_secs(30);
         let mut c = Calls::default();
-        for id in [2, 0, 1] {
-            c.start((U1, id), call(10 + id, Some("s"), None, d));
+        let ids: Vec<CallId> = (0..4).map(|_| c.next_id()).collect();
+        for (i, id) in ids.iter().take(3).enumerate() {
+            c.start(U1, *id, call(10 + i as u64, Some("s"), None, d));
         }
-        c.start((U2, 0), call(20, Some("s"), None, d));
-        let gone: Vec<u64> = c.uplink_gone(U1).into_iter().map(|(id, _)| id).collect();
-        assert_eq!(gone, [0, 1, 2]);
+        c.start(U2, ids[3], call(20, Some("s"), None, d));
+        let gone: Vec<CallId> = c.uplink_gone(U1).into_iter().map(|(id, _)| id).collect();
+        assert_eq!(gone, ids[..3]);
         assert_eq!((c.on_uplink(U1), c.on_uplink(U2)), (0, 1));
         assert_eq!(c.in_session("s"), 1);
-        assert_eq!(c.key_of(HttpToken(20)), Some((U2, 0)));
+        assert_eq!(c.key_of(HttpToken(20)), Some(ids[3]));
     }
 }

@@ -330,13 +330,13 @@ impl Gateway {
         if self.abort_fanout(token) || self.abort_health(token) {
             return;
         }
-        let Some((key, p)) = self.calls.take_by_token(token) else {
+        let Some((id, uplink, p)) = self.calls.take_by_token(token) else {
             return;
         };
         if let Pending::Call(call) = &p {
             self.call_ended(now, call, Outcome::Aborted, None);
         }
-        self.send_cancelled(key.0, key.1, "the client went away");
+        self.send_cancelled(uplink, id, "the client went away");
     }
 
     /// The caller's default project: its session's, or the file's for a sessionless request.
@@ -489,11 +489,11 @@ impl Gateway {
             }
             return;
         };
-        let Some(Pending::Call(call)) = self.calls.take(key) else {
+        let Some((uplink, Pending::Call(call))) = self.calls.take(key) else {
             return;
         };
         self.counters.calls_cancelled += 1;
-        self.send_cancelled(key.0, key.1, "cancelled by the client");
+        self.send_cancelled(uplink, key, "cancelled by the client");
         let body = RpcError::Cancelled {
             project: call.project.clone(),
         }

@@ -182,13 +182,13 @@ impl Gateway {
         let Some(uplink) = self.projects.get(project).and_then(|s| s.uplink) else {
             return;
         };
-        let Some(u) = self.uplinks.get_mut(&uplink) else {
+        if !self.uplinks.contains_key(&uplink) {
             return;
-        };
-        let rpc_id = u.next_id;
-        u.next_id += 1;
+        }
+        let rpc_id = self.calls.next_id();
         self.calls.start(
-            (uplink, rpc_id),
+            uplink,
+            rpc_id,
             Pending::Subscription {
                 project: project.to_owned(),
                 deadline: now + self.config.refresh_timeout,

@@ -342,8 +342,6 @@ impl ProjectState {
 struct Uplink {
     state: UplinkState,
     last_rx: Instant,
-    /// The next id the gateway gives a request on this uplink.
-    next_id: u64,
     ping_seq: u64,
     /// The armed hello or heartbeat timer.
     timer: Option<Instant>,
@@ -719,8 +717,8 @@ impl Gateway {
                 (None, None) => break,
                 (Some((at, timer)), call) if call.is_none_or(|c| c > at) => timer,
                 _ => {
-                    if let Some((key, pending)) = self.calls.take_expired(now) {
-                        self.on_request_deadline(now, key, pending);
+                    if let Some((id, uplink, pending)) = self.calls.take_expired(now) {
+                        self.on_request_deadline(now, (id, uplink), pending);
                     }
                     continue;
                 }

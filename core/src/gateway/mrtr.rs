@@ -177,7 +177,7 @@ impl Gateway {
         params: Map<String, Value>,
     ) {
         let (uplink, _) = key;
-        let Some(call) = self.calls.call_mut(key) else {
+        let Some(call) = self.calls.call_mut(key.1) else {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
@@ -220,7 +220,7 @@ impl Gateway {
 
     /// Ends a pending stateless call with a gateway error, cancelling it at the sled.
     fn end_call_refused(&mut self, now: Instant, key: (UplinkId, u64), e: RpcError) {
-        let Some(Pending::Call(call)) = self.calls.take(key) else {
+        let Some((_, Pending::Call(call))) = self.calls.take(key.1) else {
             return;
         };
         self.send_cancelled(
@@ -248,7 +248,7 @@ impl Gateway {
             handle.push('.');
             handle.push_str(c.directory.replica());
         }
-        let Some(call) = self.calls.call_mut(key) else {
+        let Some(call) = self.calls.call_mut(key.1) else {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
@@ -272,8 +272,8 @@ impl Gateway {
             r#"{{"resultType":"input_required","inputRequests":{requests},"requestState":"{handle}"}}"#
         );
         let body = jsonrpc::ok_response(call.client_id.as_str(), &result);
-        self.calls.set_deadline(key, deadline);
-        self.calls.detach(key);
+        self.calls.set_deadline(key.1, deadline);
+        self.calls.detach(key.1);
         self.retries.park(handle, key);
         self.counters.input_required += 1;
         if !streamed {
@@ -427,7 +427,7 @@ impl Gateway {
             return Ok(Served::Later);
         }
         let key = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
-        let Some(call) = self.calls.call_mut(key) else {
+        let Some(call) = self.calls.call_mut(key.1) else {
             self.retries.forget(&handle);
             return Err(unknown());
         };
@@ -467,8 +467,8 @@ impl Gateway {
         call.client_id = id.clone();
         call.stream_ok = stream_ok;
         call.streamed = false;
-        self.calls.set_deadline(key, deadline);
-        self.calls.attach(key, token);
+        self.calls.set_deadline(key.1, deadline);
+        self.calls.attach(key.1, token);
         for text in back {
             self.outputs.push_back(Output::UplinkSend {
                 uplink: key.0,

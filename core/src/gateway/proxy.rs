@@ -201,17 +201,12 @@ impl Gateway {
                 retry_after: self.config.retry_after,
             });
         }
-        let uplink = self
-            .uplinks
-            .get_mut(&uplink_id)
-            .expect("a project's live uplink exists");
-        let rpc_id = uplink.next_id;
+        let rpc_id = self.calls.next_id();
         #[cfg(feature = "planted-bugs")]
         let rpc_id = match self.config.planted {
             Some(PlantedBug::CorrelateByClientId) => id.as_str().parse::<u64>().unwrap_or(rpc_id),
             _ => rpc_id,
         };
-        uplink.next_id = uplink.next_id.max(rpc_id + 1);
         // The client's `_meta`, rewritten for the sled (`meta.rs`).
         let principal = self
             .registry
@@ -267,7 +262,8 @@ impl Gateway {
         let text = jsonrpc::request(rpc_id, method, &params);
         let deadline = now + timeout;
         self.calls.start(
-            (uplink_id, rpc_id),
+            uplink_id,
+            rpc_id,
             Pending::Call(Call {
                 token,
                 client_id: id.clone(),
@@ -297,7 +293,7 @@ impl Gateway {
             method,
             "request forwarded"
         );
-        if let Some(call) = self.calls.call_mut((uplink_id, rpc_id)) {
+        if let Some(call) = self.calls.call_mut(rpc_id) {
             call.trace_id = trace_id;
         }
         self.outputs.push_back(Output::UplinkSend {
@@ -454,7 +450,7 @@ impl Gateway {
         let Some(related) = related else {
             return refuse(self, format!("{method} must name the call it belongs to in _meta[\"{RELATED_REQUEST_META}\"]: the gateway has no other way to reach a client"));
         };
-        let Some(call) = self.calls.call((uplink, related)) else {
+        let Some(call) = self.calls.call_on(uplink, related) else {
             return refuse(
                 self,
                 format!(
@@ -494,7 +490,7 @@ impl Gateway {
             r#"{{"jsonrpc":"2.0","id":{gateway_id},"method":"{method}","params":{}}}"#,
             Value::Object(params)
         );
-        self.call_event((uplink, related), text);
+        self.call_event(related, text);
     }
 
     /// A client's answer to a request the gateway relayed: back to the sled, under its id.

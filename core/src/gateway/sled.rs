@@ -19,7 +19,6 @@ impl Gateway {
             Uplink {
                 state: UplinkState::AwaitingHello,
                 last_rx: now,
-                next_id: 0,
                 ping_seq: 0,
                 timer: Some(at),
                 key: None,
@@ -198,8 +197,10 @@ impl Gateway {
         error: Option<&RawValue>,
         unreadable: Option<&str>,
     ) {
-        let Some(pending) = self.calls.take((id, rid)) else {
-            let sent = self.uplinks.get(&id).is_some_and(|u| rid < u.next_id);
+        let Some(pending) = self.calls.take_on(id, rid) else {
+            // Sent, and answered or ended since: late. Never sent, or another uplink's
+            // request: unknown.
+            let sent = self.calls.was_sent(rid) && self.calls.uplink_of(rid).is_none();
             if sent {
                 self.counters.responses_dropped_late += 1;
                 tracing::debug!(uplink = id.0, id = rid, "late response dropped");
@@ -547,18 +548,18 @@ impl Gateway {
         tools: Vec<Value>,
         cursor: Option<String>,
     ) {
-        let Some(uplink) = self.uplinks.get_mut(&id) else {
+        if !self.uplinks.contains_key(&id) {
             return;
-        };
-        let rpc_id = uplink.next_id;
-        uplink.next_id += 1;
+        }
+        let rpc_id = self.calls.next_id();
         let deadline = now + self.config.refresh_timeout;
         let params = match &cursor {
             Some(c) => json!({ "cursor": c }).to_string(),
             None => "{}".to_owned(),
         };
         self.calls.start(
-            (id, rpc_id),
+            id,
+            rpc_id,
             Pending::ToolsList {
                 project,
                 refresh,
@@ -588,7 +589,7 @@ impl Gateway {
     pub(super) fn on_request_deadline(
         &mut self,
         now: Instant,
-        (uplink, rpc_id): calls::Key,
+        (rpc_id, uplink): (calls::CallId, UplinkId),
         pending: Pending,
     ) {
         match pending {

@@ -208,6 +208,10 @@ impl Gateway {
         let Some(related) = meta.remove(RELATED_REQUEST_META).and_then(|r| r.as_u64()) else {
             return;
         };
+        // Only a call on this sled's own uplink.
+        if self.calls.call_on(uplink, related).is_none() {
+            return;
+        }
         if meta.is_empty() {
             params.remove("_meta");
         }
@@ -217,7 +221,7 @@ impl Gateway {
                 .get("level")
                 .and_then(Value::as_str)
                 .and_then(client::log_rank);
-            let threshold = match self.calls.call((uplink, related)) {
+            let threshold = match self.calls.call(related) {
                 Some(c) => c.log_level.or_else(|| {
                     c.session
                         .as_deref()
@@ -233,12 +237,13 @@ impl Gateway {
             }
         }
         let data = jsonrpc::notification(method, &Value::Object(params).to_string());
-        self.call_event((uplink, related), data);
+        self.call_event(related, data);
     }
 
     /// Sends a message for the client of a pending call, turning its answer into an SSE stream
     /// if it is not one yet. A client that reads only JSON does not get it.
-    pub(super) fn call_event(&mut self, key: (UplinkId, u64), data: String) {
+    /// The caller has checked that the sled reporting it serves the call.
+    pub(super) fn call_event(&mut self, key: calls::CallId, data: String) {
         let Some(call) = self.calls.call_mut(key) else {
             // The call finished, or the id is not a call's.
             return;

@@ -162,10 +162,6 @@ impl Gateway {
                 detail: format!("the sled does not list a `{PIPELINE_TOOL}` tool"),
             };
         }
-        let uplink = self
-            .uplinks
-            .get_mut(&uplink_id)
-            .expect("a project's live uplink exists");
         if self.calls.on_uplink(uplink_id) >= self.config.max_calls_per_sled {
             self.counters.calls_refused += 1;
             self.call_metrics
@@ -178,11 +174,11 @@ impl Gateway {
                 ),
             };
         }
-        let rpc_id = uplink.next_id;
-        uplink.next_id += 1;
+        let rpc_id = self.calls.next_id();
         let now = req.now;
         self.calls.start(
-            (uplink_id, rpc_id),
+            uplink_id,
+            rpc_id,
             Pending::FanoutPart {
                 fanout,
                 project: project.to_owned(),
@@ -313,7 +309,7 @@ impl Gateway {
         for (project, part) in late {
             match part {
                 Part::Waiting { uplink, rpc_id } => {
-                    self.calls.take((uplink, rpc_id));
+                    self.calls.take(rpc_id);
                     self.send_cancelled(
                         uplink,
                         rpc_id,
@@ -374,7 +370,7 @@ impl Gateway {
                     .count(PIPELINE_TOOL, &project, Outcome::Aborted);
             }
             if let Part::Waiting { uplink, rpc_id } = part {
-                self.calls.take((uplink, rpc_id));
+                self.calls.take(rpc_id);
                 self.send_cancelled(uplink, rpc_id, "the client went away");
                 self.call_metrics
                     .count(PIPELINE_TOOL, &project, Outcome::Aborted);
