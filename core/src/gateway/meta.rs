@@ -126,7 +126,7 @@ pub(super) fn with_meta(mut params: String, meta: Option<&Map<String, Value>>) -
             params.push(',');
         }
         params.push_str("\"_meta\":");
-        params.push_str(&Value::Object(meta.clone()).to_string());
+        params.push_str(&serde_json::to_string(meta).expect("a JSON map serialises"));
         params.push('}');
     }
     params
