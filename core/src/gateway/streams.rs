@@ -208,10 +208,17 @@ impl Gateway {
         let Some(related) = meta.remove(RELATED_REQUEST_META).and_then(|r| r.as_u64()) else {
             return;
         };
-        // Only a call on this sled's own uplink.
-        if self.calls.call_on(uplink, related).is_none() {
+        // Only a call on this sled's own uplink; its log threshold: the request's own
+        // (stateless era), else its session's (logging/setLevel).
+        let Some(call) = self.calls.call_on(uplink, related) else {
             return;
-        }
+        };
+        let threshold = call.log_level.or_else(|| {
+            call.session
+                .as_deref()
+                .and_then(|s| self.sessions.get(s))
+                .and_then(|s| s.log_level)
+        });
         if meta.is_empty() {
             params.remove("_meta");
         }
@@ -221,15 +228,6 @@ impl Gateway {
                 .get("level")
                 .and_then(Value::as_str)
                 .and_then(client::log_rank);
-            let threshold = match self.calls.call(related) {
-                Some(c) => c.log_level.or_else(|| {
-                    c.session
-                        .as_deref()
-                        .and_then(|s| self.sessions.get(s))
-                        .and_then(|s| s.log_level)
-                }),
-                _ => None,
-            };
             if let (Some(level), Some(threshold)) = (level, threshold) {
                 if level < threshold {
                     return;
