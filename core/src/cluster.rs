@@ -1,9 +1,11 @@
 //! A replica's part in a cluster of gateways (issue 15): what it asks of the engine and what
 //! the engine tells it, and the state the gateway keeps for it.
 //!
-//! The gateway owns one [`Cluster`] when [`crate::Config::cluster`] is set, and nothing of it
-//! otherwise: a single-process gateway needs no engine. The decisions are the gateway's
-//! (`gateway/cluster.rs`) and the [`Directory`]'s; this module holds their vocabulary:
+//! The gateway owns a [`crate::replica::Replica`] and a [`crate::records::Records`] when
+//! [`crate::Config::cluster`] is set, and nothing of them otherwise: a single-process gateway
+//! needs no engine. The decisions are those machines' (and the
+//! [`crate::directory::Directory`]'s, which the
+//! replica machine owns); this module holds their vocabulary:
 //!
 //! - [`ClusterEvent`]s come in as [`crate::Input::Cluster`]: the directory bucket's watch, the
 //!   answers to claims, the engine's reachability, sessions read or changed in the engine, and
@@ -14,7 +16,7 @@
 //! # Where state lives
 //!
 //! - **The directory** (one key per project: which replica holds its sled, at which epoch):
-//!   in the engine, decided by compare-and-set ([`Directory`]).
+//!   in the engine, decided by compare-and-set ([`crate::directory::Directory`]).
 //! - **Sessions** (default project, protocol version, capabilities, log level, owner): in the
 //!   engine, as a [`SessionRecord`] written whenever one changes (and re-written when in use
 //!   for a third of the idle TTL, so that the bucket's `max_age` ends only idle sessions), and
@@ -24,14 +26,9 @@
 //!   gateway; another replica relays the client's whole HTTP request to it and relays the
 //!   answer back.
 
-use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
-
 use serde::{Deserialize, Serialize};
 
-use crate::directory::{
-    ClaimOutcome, ClaimValue, Directory, DirectoryConfig, EntryState, Revision,
-};
+use crate::directory::{ClaimOutcome, ClaimValue, DirectoryConfig, EntryState, Revision};
 use crate::io::{HttpReply, HttpRequest, HttpToken};
 
 /// How a gateway joins a cluster.
@@ -259,108 +256,6 @@ pub struct ClusterCounts {
     pub sessions_loaded: u64,
     /// Requests held while their project moved between replicas.
     pub held: u64,
-}
-
-/// The gateway's state for the cluster; see the module docs.
-#[derive(Debug)]
-pub(crate) struct Cluster {
-    pub(crate) directory: Directory,
-    /// Uplinks that passed every check and wait for their project's claim, by project.
-    pub(crate) waiting: BTreeMap<String, Waiting>,
-    /// Requests that name a session this replica is reading from the engine.
-    pub(crate) parked: BTreeMap<String, Vec<(HttpToken, HttpRequest)>>,
-    /// Requests relayed to another replica, until their answer ends.
-    pub(crate) relays: HashMap<HttpToken, Relay>,
-    /// When each session served here was last written to the engine.
-    pub(crate) written: BTreeMap<String, Instant>,
-    /// Writes of each session's record not done yet; the watch's news of a session is
-    /// older than this replica's own while there are any.
-    pub(crate) in_flight: BTreeMap<String, u32>,
-    /// Projects whose sled just left its replica, until when requests for them are held.
-    pub(crate) moving: BTreeMap<String, Instant>,
-    /// Requests held for a moving project, by project.
-    pub(crate) held: BTreeMap<String, Vec<(HttpToken, HttpRequest)>>,
-    /// A replica that took no relay for a project: not relayed to again for it until the
-    /// directory reports a new write of the project's key.
-    pub(crate) unanswering: BTreeMap<String, String>,
-    pub(crate) move_grace: std::time::Duration,
-    /// Uplinks whose first-use pin is being created in the engine, by project.
-    pub(crate) pinning: BTreeMap<String, Waiting>,
-    /// Answers that wait for their session's write to be done (a new session's id is given
-    /// out only once any replica can read it).
-    pub(crate) after_store: BTreeMap<String, Vec<(HttpToken, HttpReply)>>,
-    /// What this replica asks of the others to answer a fleet tool for the whole cluster.
-    pub(crate) gathers: crate::gather::Gathers,
-    /// The tools of projects whose sleds other replicas hold, as their holders listed them
-    /// (the tools bucket), for the stateless `tools/list`.
-    pub(crate) remote_tools: BTreeMap<String, Vec<crate::tools::CachedTool>>,
-    pub(crate) counts: ClusterCounts,
-}
-
-/// An uplink waiting for its project's claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Waiting {
-    pub(crate) uplink: crate::io::UplinkId,
-    pub(crate) sled: String,
-    pub(crate) key: Option<String>,
-}
-
-/// A request relayed to another replica.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Relay {
-    /// The JSON-RPC id the client gave it, as written.
-    pub(crate) id: String,
-    pub(crate) project: String,
-    pub(crate) replica: String,
-    pub(crate) modern: bool,
-    /// The answer is a stream that is open.
-    pub(crate) streaming: bool,
-    /// The request, to serve again should nobody take it (the project is moving).
-    pub(crate) request: Option<Box<HttpRequest>>,
-    /// A stateless retry sent to the replica that parked its call: never served again, and
-    /// without a whole answer the call's outcome is unknown (the call died with that replica).
-    pub(crate) retry: bool,
-}
-
-impl Cluster {
-    pub(crate) fn new(config: &ClusterConfig) -> Cluster {
-        Cluster {
-            directory: Directory::new(config.replica.clone(), config.directory.clone()),
-            waiting: BTreeMap::new(),
-            parked: BTreeMap::new(),
-            relays: HashMap::new(),
-            written: BTreeMap::new(),
-            in_flight: BTreeMap::new(),
-            moving: BTreeMap::new(),
-            held: BTreeMap::new(),
-            unanswering: BTreeMap::new(),
-            move_grace: config.move_grace,
-            pinning: BTreeMap::new(),
-            after_store: BTreeMap::new(),
-            gathers: crate::gather::Gathers::default(),
-            remote_tools: BTreeMap::new(),
-            counts: ClusterCounts::default(),
-        }
-    }
-
-    /// The next instant something is due: the directory's, the end of a move that holds
-    /// requests, or the deadline of a part asked of another replica.
-    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        let held_until = self
-            .held
-            .keys()
-            .filter_map(|p| self.moving.get(p))
-            .min()
-            .copied();
-        [
-            self.directory.poll_timeout(),
-            held_until,
-            self.gathers.poll_timeout(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
 }
 
 #[cfg(test)]

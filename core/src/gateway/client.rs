@@ -48,13 +48,11 @@ impl Gateway {
             relayed: request.relayed,
             scope: Scope::Sessionless,
         };
-        if let Some(c) = self.cluster.as_mut() {
-            c.gathers.serving(&request);
+        if self.clustered() {
+            self.gathers.serving(&request);
         }
         if request.relayed {
-            if let Some(c) = self.cluster.as_mut() {
-                c.counts.relayed_in += 1;
-            }
+            self.admit_relayed();
         }
         // A session another replica of the cluster made is read from the engine first.
         if self.park_for_session(token, &request) {
@@ -213,7 +211,7 @@ impl Gateway {
                     // Forwarded: the reply comes with the sled's response.
                     Ok(Served::Later) => {}
                     Ok(Served::Away(Away::Relay { project, replica })) => {
-                        self.relay(token, replica, project, id.as_str(), false, request)
+                        self.relay(now, token, replica, project, id.as_str(), false, request)
                     }
                     Ok(Served::Away(Away::Hold { project })) => self.hold(token, project, request),
                     Ok(Served::AwaitListing { project }) => {
@@ -310,8 +308,7 @@ impl Gateway {
     }
 
     pub(super) fn on_http_aborted(&mut self, now: Instant, token: HttpToken) {
-        if self.relay_aborted(token)
-            || self.unhold(token)
+        if self.relay_or_hold_aborted(now, token)
             || self.listing_holds.abort(token)
             || self.listener_gone(now, token)
             || self.coordination_aborted(token)
@@ -734,7 +731,7 @@ impl Gateway {
         }
         // In a cluster, written even when unchanged here: this replica's copy may be older
         // than the engine's (a switch through another replica a moment ago).
-        if changed || self.cluster.is_some() {
+        if changed || self.clustered() {
             self.store_session(now, sid);
         }
         if changed {

@@ -5,7 +5,7 @@
 //! for its own sleds only, since it is marked relayed.
 
 use super::*;
-use crate::cluster::{ClusterAction, RelayMessage, RelaySent};
+use crate::cluster::{RelayMessage, RelaySent};
 use crate::gather::{Answer, Gathers, HealthGather, Purpose};
 use fleet::millis;
 
@@ -13,7 +13,7 @@ impl Gateway {
     /// Whether a fleet tool serving `req` asks the other replicas for their projects: in a
     /// cluster, for a client's request (a relayed one is answered for this replica's sleds).
     fn gathers_elsewhere(&self, req: &Req<'_>) -> bool {
-        self.cluster.is_some() && !req.relayed
+        self.clustered() && !req.relayed
     }
 
     /// Relays a part of a fleet tool to `replica`: a `tools/call` of `tool` with `arguments`,
@@ -29,18 +29,12 @@ impl Gateway {
         arguments: Value,
         session: Option<&str>,
     ) -> Option<HttpToken> {
-        let cluster = self.cluster.as_mut()?;
-        let (token, mut request) = cluster
-            .gathers
-            .start(purpose, now + timeout, tool, arguments);
+        if !self.clustered() {
+            return None;
+        }
+        let (token, mut request) = self.gathers.start(purpose, now + timeout, tool, arguments);
         request.session = session.map(str::to_owned);
-        cluster.counts.relays += 1;
-        self.cluster_output(ClusterAction::Relay {
-            token,
-            replica,
-            request: Box::new(request),
-            timeout,
-        });
+        self.send_part(now, token, replica, request, timeout);
         Some(token)
     }
 
@@ -78,11 +72,8 @@ impl Gateway {
     /// Gives up a part still open (its call's deadline passed, or its client went away): the
     /// replica asked is told, and cancels it.
     pub(super) fn abort_part(&mut self, token: HttpToken) {
-        let Some(cluster) = self.cluster.as_mut() else {
-            return;
-        };
-        if cluster.gathers.take(token).is_some() {
-            self.cluster_output(ClusterAction::RelayAbort { token });
+        if self.gathers.take(token).is_some() {
+            self.cancel_part(token);
         }
     }
 
@@ -96,10 +87,7 @@ impl Gateway {
         if !Gathers::is_internal(token) {
             return false;
         }
-        let done = self
-            .cluster
-            .as_mut()
-            .and_then(|c| c.gathers.on_message(token, message));
+        let done = self.gathers.on_message(token, message);
         if let Some((purpose, answer)) = done {
             self.part_answered(now, purpose, answer, false);
         }
@@ -111,7 +99,7 @@ impl Gateway {
         if !Gathers::is_internal(token) {
             return false;
         }
-        let purpose = self.cluster.as_mut().and_then(|c| c.gathers.take(token));
+        let purpose = self.gathers.take(token);
         if let Some(purpose) = purpose {
             let why = match sent {
                 RelaySent::NotSent => "no replica took it",
@@ -124,11 +112,8 @@ impl Gateway {
 
     /// Parts whose deadline passed: given up, and told to the replica asked.
     pub(super) fn parts_expired(&mut self, now: Instant) {
-        let Some(cluster) = self.cluster.as_mut() else {
-            return;
-        };
-        for (token, purpose) in cluster.gathers.expired(now) {
-            self.cluster_output(ClusterAction::RelayAbort { token });
+        for (token, purpose) in self.gathers.expired(now) {
+            self.cancel_part(token);
             self.part_answered(
                 now,
                 purpose,
@@ -193,7 +178,7 @@ impl Gateway {
     ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         let mut result = self.gateway_health(req, arguments)?;
-        if self.cluster.is_none() {
+        if !self.clustered() {
             return Ok(Served::Now(client::tool_result(result)));
         }
         let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -213,10 +198,7 @@ impl Gateway {
         if elsewhere.is_empty() {
             return Ok(Served::Now(client::tool_result(result)));
         }
-        let gather = match self.cluster.as_mut() {
-            Some(c) => c.gathers.new_gather(),
-            None => return Ok(Served::Now(client::tool_result(result))),
-        };
+        let gather = self.gathers.new_gather();
         let timeout = self.config.fanout_sled_timeout;
         for replica in elsewhere.keys() {
             let purpose = Purpose::Health {
@@ -233,28 +215,22 @@ impl Gateway {
                 None,
             );
         }
-        if let Some(c) = self.cluster.as_mut() {
-            c.gathers.health.insert(
-                gather,
-                HealthGather {
-                    token,
-                    client_id: id.as_str().to_owned(),
-                    modern,
-                    result,
-                    waiting: elsewhere,
-                },
-            );
-        }
+        self.gathers.health.insert(
+            gather,
+            HealthGather {
+                token,
+                client_id: id.as_str().to_owned(),
+                modern,
+                result,
+                waiting: elsewhere,
+            },
+        );
         Ok(Served::Later)
     }
 
     /// A replica's `gateway_health`: its rows for the projects it holds replace this one's.
     fn health_part(&mut self, gather: u64, replica: &str, answer: Answer) {
-        let Some(g) = self
-            .cluster
-            .as_mut()
-            .and_then(|c| c.gathers.health.get_mut(&gather))
-        else {
+        let Some(g) = self.gathers.health.get_mut(&gather) else {
             return;
         };
         let Some(projects) = g.waiting.remove(replica) else {
@@ -306,11 +282,7 @@ impl Gateway {
     }
 
     fn finish_health(&mut self, gather: u64) {
-        let Some(mut g) = self
-            .cluster
-            .as_mut()
-            .and_then(|c| c.gathers.health.remove(&gather))
-        else {
+        let Some(mut g) = self.gathers.health.remove(&gather) else {
             return;
         };
         // The summary, again from the rows as they are now.
@@ -339,10 +311,7 @@ impl Gateway {
     /// The client of a `gateway_health` waiting for other replicas went away; `true` when
     /// `token` was one.
     pub(super) fn abort_health(&mut self, token: HttpToken) -> bool {
-        let Some(cluster) = self.cluster.as_mut() else {
-            return false;
-        };
-        let Some(gather) = cluster
+        let Some(gather) = self
             .gathers
             .health
             .iter()
@@ -351,8 +320,8 @@ impl Gateway {
         else {
             return false;
         };
-        cluster.gathers.health.remove(&gather);
-        let open = cluster
+        self.gathers.health.remove(&gather);
+        let open = self
             .gathers
             .open_parts(|p| matches!(p, Purpose::Health { gather: g, .. } if *g == gather));
         for part in open {

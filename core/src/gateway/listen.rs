@@ -303,7 +303,7 @@ impl Gateway {
     /// project's notifications are ended, so that their clients listen again
     /// where its sled is next (a listen naming a project held elsewhere is relayed there).
     pub(super) fn end_project_listens(&mut self, project: &str) {
-        if self.cluster.is_none() {
+        if !self.clustered() {
             return;
         }
         let ended: Vec<HttpToken> = self

@@ -26,6 +26,7 @@ mod modern;
 mod mrtr;
 mod news;
 mod proxy;
+mod records;
 mod sled;
 mod spread;
 mod streams;
@@ -289,8 +290,17 @@ pub struct Gateway {
     next_fanout: u64,
     /// Presence, leases, messages, board and waits between sessions.
     coordination: coordination::Coordination,
-    /// The replica's part in a cluster (`None`: a single-process gateway).
-    cluster: Option<crate::cluster::Cluster>,
+    /// The replica machine, in a cluster (`None`: a single-process gateway); only
+    /// `cluster.rs` and this file touch it.
+    cluster: Option<crate::replica::Replica>,
+    /// Sessions and pins kept in the engine, in a cluster; only `records.rs` and this file
+    /// touch it.
+    records: Option<crate::records::Records>,
+    /// Fleet tools' parts asked of other replicas (`gather.rs`, `spread.rs`).
+    gathers: crate::gather::Gathers,
+    /// The tools of projects whose sleds other replicas hold, as their holders listed them
+    /// (the tools bucket), for the stateless `tools/list` (`news.rs`).
+    remote_tools: BTreeMap<String, Vec<crate::tools::CachedTool>>,
     /// Only with [`PlantedBug::SharedActiveProject`]: the one active project of the old design.
     #[cfg(feature = "planted-bugs")]
     shared_active: Option<String>,
@@ -570,7 +580,13 @@ impl Gateway {
             .collect();
         Gateway {
             coordination: coordination::Coordination::new(config.coordination.clone()),
-            cluster: config.cluster.as_ref().map(crate::cluster::Cluster::new),
+            cluster: config.cluster.as_ref().map(crate::replica::Replica::new),
+            records: config
+                .cluster
+                .as_ref()
+                .map(|_| crate::records::Records::default()),
+            gathers: crate::gather::Gathers::default(),
+            remote_tools: BTreeMap::new(),
             registry,
             config,
             sessions: Sessions::new(seed),
@@ -664,7 +680,13 @@ impl Gateway {
         let mut m = self
             .call_metrics
             .snapshot(self.stats(), self.coordination.stats());
-        m.cluster = self.cluster.as_ref().map(|c| c.counts);
+        m.cluster = self
+            .cluster
+            .as_ref()
+            .map(|c| crate::cluster::ClusterCounts {
+                sessions_loaded: self.records.as_ref().map_or(0, |r| r.sessions_loaded()),
+                ..c.counts()
+            });
         m
     }
 
@@ -756,6 +778,7 @@ impl Gateway {
         let cluster = self.cluster.as_ref().and_then(|c| c.poll_timeout());
         [
             own,
+            self.gathers.poll_timeout(),
             self.calls.poll_timeout(),
             self.coordination.poll_timeout(),
             cluster,

@@ -244,9 +244,9 @@ impl Gateway {
             .collect();
         // In a cluster, the handle names the replica that parks the call, so that a retry
         // landing on another replica is relayed here.
-        if let Some(c) = self.cluster.as_ref() {
+        if let Some(replica) = self.replica_name() {
             handle.push('.');
-            handle.push_str(c.directory.replica());
+            handle.push_str(replica);
         }
         let Some(call) = self.calls.call_mut(key.1) else {
             return;
@@ -340,14 +340,13 @@ impl Gateway {
     /// The replica of the cluster that parked the call a `requestState` names, when it is
     /// another one: the retry is relayed there (unless `req` was relayed here already).
     pub(super) fn parked_elsewhere(&self, req: &Req<'_>, handle: &str) -> Option<String> {
-        let cluster = self.cluster.as_ref()?;
+        let here = self.replica_name()?;
         let (_, replica) = handle.strip_prefix("rs-")?.split_once('.')?;
         let name_ok = !replica.is_empty()
             && replica
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        (name_ok && replica != cluster.directory.replica() && !req.relayed)
-            .then(|| replica.to_owned())
+        (name_ok && replica != here && !req.relayed).then(|| replica.to_owned())
     }
 
     /// The project a retry is for, as the original request named it (else the default), for

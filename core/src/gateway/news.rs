@@ -23,7 +23,6 @@
 //! [`ClusterEvent::ToolsChanged`]: crate::cluster::ClusterEvent::ToolsChanged
 
 use crate::cluster::{Announcement, ClusterAction};
-use crate::directory::Owner;
 
 use super::*;
 
@@ -31,31 +30,18 @@ impl Gateway {
     /// Whether this replica hears of `project` through the cluster: it is registered, and its
     /// sled is on another replica (or nowhere) rather than here.
     fn hears_of(&self, project: &str) -> bool {
-        self.cluster.is_some() && self.registry.get(project).is_some() && !self.is_live(project)
-    }
-
-    /// The replica holding `project`'s sled when it is another one, for listings (unlike
-    /// `relay_target`, a replica that took no relay a moment ago still counts).
-    pub(super) fn held_elsewhere(&self, project: &str) -> Option<String> {
-        match self.cluster.as_ref()?.directory.owner(project) {
-            Owner::Replica(r) => Some(r),
-            Owner::Local { .. } | Owner::Nobody => None,
-        }
+        self.clustered() && self.registry.get(project).is_some() && !self.is_live(project)
     }
 
     /// The tools another replica lists for `project`, when its sled is held there.
     pub(super) fn remote_tools(&self, project: &str) -> Option<&[CachedTool]> {
         self.held_elsewhere(project)?;
-        self.cluster
-            .as_ref()?
-            .remote_tools
-            .get(project)
-            .map(Vec::as_slice)
+        self.remote_tools.get(project).map(Vec::as_slice)
     }
 
     /// A refresh of a local sled's tools completed: its listing goes to the tools bucket.
     pub(super) fn store_tools(&mut self, project: &str, raw: &[Value]) {
-        if self.cluster.is_none() {
+        if !self.clustered() {
             return;
         }
         let listing = serde_json::to_string(raw).expect("a JSON value serialises");
@@ -83,14 +69,11 @@ impl Gateway {
             }
             None => None,
         };
-        let Some(cluster) = self.cluster.as_mut() else {
-            return;
-        };
         let old = match tools {
-            Some(ts) => cluster.remote_tools.insert(project.to_owned(), ts),
-            None => cluster.remote_tools.remove(project),
+            Some(ts) => self.remote_tools.insert(project.to_owned(), ts),
+            None => self.remote_tools.remove(project),
         };
-        let changed = old.as_ref() != cluster.remote_tools.get(project);
+        let changed = old.as_ref() != self.remote_tools.get(project);
         if changed && self.held_elsewhere(project).is_some() {
             self.tools_changed_here(project);
         }
@@ -98,15 +81,11 @@ impl Gateway {
 
     /// `project`'s sled came to another replica or left the cluster (a directory write
     /// changed whether another replica holds it): what listings show of it changed.
-    pub(super) fn holder_news(&mut self, project: &str, was_elsewhere: bool) {
-        if !self.hears_of(project) || was_elsewhere == self.held_elsewhere(project).is_some() {
+    pub(super) fn holder_news(&mut self, project: &str) {
+        if !self.hears_of(project) {
             return;
         }
-        let listed = self
-            .cluster
-            .as_ref()
-            .is_some_and(|c| c.remote_tools.contains_key(project));
-        if listed {
+        if self.remote_tools.contains_key(project) {
             self.tools_changed_here(project);
         }
     }
@@ -121,7 +100,7 @@ impl Gateway {
     /// A prompts or resources list of `project`'s sled (here) changed: the other replicas are
     /// told, for the sessions and listeners whose streams they hold.
     pub(super) fn announce_list_changed(&mut self, project: &str, method: &str) {
-        if self.cluster.is_some() {
+        if self.clustered() {
             self.cluster_output(ClusterAction::Announce(Announcement::ListChanged {
                 project: project.to_owned(),
                 method: method.to_owned(),
@@ -136,7 +115,7 @@ impl Gateway {
             .sessions
             .get(session)
             .is_some_and(|s| s.stream.is_some());
-        if !open_here && self.cluster.is_some() {
+        if !open_here && self.clustered() {
             self.cluster_output(ClusterAction::Announce(Announcement::ToSessions {
                 sessions: vec![session.to_owned()],
                 data: data.clone(),

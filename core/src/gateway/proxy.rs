@@ -4,6 +4,7 @@
 //! roots), and resource subscriptions.
 
 use super::*;
+use crate::replica::Place;
 use crate::trace;
 
 /// The `_meta` key by which a client names the project of a request that has no `project`
@@ -131,17 +132,15 @@ impl Gateway {
     /// or, for a sled that just left its replica, wherever it lands next.
     pub(super) fn away(&self, req: &Req<'_>, project: &str) -> Result<Option<Away>, RpcError> {
         let project = project.to_owned();
-        match self.relay_target(&project) {
-            Some(replica) if !req.relayed => Ok(Some(Away::Relay { project, replica })),
-            Some(replica) => Err(RpcError::OwnedElsewhere {
+        match self.place(req.now, &project) {
+            Place::Relay(replica) if !req.relayed => Ok(Some(Away::Relay { project, replica })),
+            Place::Relay(replica) => Err(RpcError::OwnedElsewhere {
                 sled: self.sled_of(&project),
                 project,
                 replica,
             }),
-            None if !req.relayed && self.is_moving(req.now, &project) => {
-                Ok(Some(Away::Hold { project }))
-            }
-            None => Ok(None),
+            Place::Moving if !req.relayed => Ok(Some(Away::Hold { project })),
+            Place::Moving | Place::Here | Place::Nowhere => Ok(None),
         }
     }
 

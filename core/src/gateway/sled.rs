@@ -431,7 +431,7 @@ impl Gateway {
         sled: String,
         key: Option<String>,
     ) {
-        if self.cluster.is_some() && self.registry.get(&project).is_some() {
+        if self.clustered() && self.registry.get(&project).is_some() {
             return self.await_claim(now, id, project, sled, key);
         }
         self.go_live(now, id, project, sled, key, None);
@@ -847,7 +847,7 @@ impl Gateway {
 
     pub(super) fn on_shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
-        self.cluster_shutdown();
+        self.cluster_shutdown(now);
         if self.pins_save_at.is_some() {
             self.save_pins_now();
         }

@@ -35,7 +35,7 @@ impl Gateway {
         named: bool,
     ) -> (Vec<String>, BTreeMap<String, Option<Vec<String>>>) {
         let mut elsewhere: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
-        if self.cluster.is_none() || req.relayed {
+        if !self.clustered() || req.relayed {
             return (projects, elsewhere);
         }
         #[cfg(feature = "planted-bugs")]
@@ -108,25 +108,19 @@ impl Gateway {
             );
             parts += usize::from(started.is_some());
         }
-        if let Some(c) = self.cluster.as_mut() {
-            c.gathers.waits.insert(
-                wait.0,
-                WaitGather {
-                    parts,
-                    local,
-                    error: None,
-                },
-            );
-        }
+        self.gathers.waits.insert(
+            wait.0,
+            WaitGather {
+                parts,
+                local,
+                error: None,
+            },
+        );
     }
 
     /// A part of a spread wait answered (or failed).
     pub(super) fn wait_part_answered(&mut self, now: Instant, wait: u64, answer: Answer) {
-        let Some(g) = self
-            .cluster
-            .as_mut()
-            .and_then(|c| c.gathers.waits.get_mut(&wait))
-        else {
+        let Some(g) = self.gathers.waits.get_mut(&wait) else {
             return;
         };
         g.parts = g.parts.saturating_sub(1);
@@ -182,13 +176,10 @@ impl Gateway {
     /// The client's wait `wait` is over here (answered, withdrawn, or its session ended):
     /// its parts still open, if it was spread, are aborted at their replicas.
     pub(super) fn wait_ended(&mut self, wait: WaitToken) {
-        let Some(cluster) = self.cluster.as_mut() else {
-            return;
-        };
-        if cluster.gathers.waits.remove(&wait.0).is_none() {
+        if self.gathers.waits.remove(&wait.0).is_none() {
             return;
         }
-        let open = cluster
+        let open = self
             .gathers
             .open_parts(|p| matches!(p, Purpose::Wait { wait: w } if *w == wait.0));
         for token in open {

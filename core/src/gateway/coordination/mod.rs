@@ -282,7 +282,7 @@ impl Gateway {
         // A project no replica holds has no coordination state anywhere (it would live on
         // whichever replica was asked, and a sled connecting to another would not see it):
         // the call waits a moment for a sled on the move, else it is refused.
-        if tool != WAIT && self.cluster.is_some() {
+        if tool != WAIT && self.clustered() {
             let project = self.coordination_project(req, arguments, tool)?;
             if !self.is_live(&project) {
                 return match self.away(req, &project)? {

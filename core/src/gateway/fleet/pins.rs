@@ -110,7 +110,7 @@ impl Gateway {
                 return self.refuse_identity(now, id, &project, sled, Some(key), reason);
             }
             // In a cluster, the first use is one create in the engine: the uplink waits for it.
-            None if self.cluster.is_some() => {
+            None if self.pins_shared() => {
                 return self.create_pin(now, id, project, sled, key);
             }
             None => {
