@@ -16,15 +16,13 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{ClusterAction, ClusterEvent};
-use crate::directory::Loss;
-use crate::error::{HttpError, RpcError, UplinkLoss};
-use crate::gather::Gathers;
-use crate::replica::{Place, RelayError, Replica, ReplicaEvent, Waiting};
-use crate::uplink::CloseCode;
+use crate::cluster::ClusterAction;
+use crate::replica::{Place, Replica, Waiting};
 use crate::{HttpRequest, HttpToken, UplinkId};
 
-use super::{Gateway, Output, UplinkState};
+use crate::error::RpcError;
+
+use super::{Away, Gateway, Output, Req};
 
 impl Gateway {
     // ---- questions ----
@@ -63,30 +61,37 @@ impl Gateway {
 
     // ---- doors ----
 
-    /// Carries out `f` on the machine, then what it decided.
-    fn with_replica(&mut self, now: Instant, f: impl FnOnce(&mut Replica)) {
+    /// Carries out `f` on the machine; what it asks of the engine goes out now, and what it
+    /// asks of the gateway waits for the run loop ([`Gateway::settle`]).
+    fn with_replica(&mut self, f: impl FnOnce(&mut Replica)) {
         let Some(replica) = self.cluster.as_mut() else {
             return;
         };
         f(replica);
-        self.run_replica(now);
-    }
-
-    /// The machine's actions go out; its events are carried out, those queued now first (an
-    /// event carried out may queue more, which a nested call carries out at once).
-    fn run_replica(&mut self, now: Instant) {
-        let Some(replica) = self.cluster.as_mut() else {
-            return;
-        };
-        let mut events = Vec::new();
-        while let Some(event) = replica.poll_event() {
-            events.push(event);
-        }
         while let Some(action) = replica.poll_action() {
             self.outputs.push_back(Output::Cluster(action));
         }
-        for event in events {
-            self.on_replica_event(now, event);
+    }
+
+    /// The replica machine's next event for the gateway (`engine.rs` carries it out).
+    pub(super) fn replica_event(&mut self) -> Option<crate::replica::ReplicaEvent> {
+        self.cluster.as_mut()?.poll_event()
+    }
+
+    /// The replica machine takes the engine's news of the directory, its claims and itself.
+    pub(super) fn replica_news(&mut self, f: impl FnOnce(&mut Replica)) {
+        self.with_replica(f);
+    }
+
+    /// The replica machine's deadlines, if one is due.
+    pub(super) fn replica_timeout(&mut self, now: Instant) {
+        let due = self
+            .cluster
+            .as_ref()
+            .and_then(Replica::poll_timeout)
+            .is_some_and(|at| at <= now);
+        if due {
+            self.with_replica(|r| r.handle_timeout(now));
         }
     }
 
@@ -94,7 +99,6 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn relay(
         &mut self,
-        now: Instant,
         token: HttpToken,
         replica: String,
         project: String,
@@ -106,9 +110,7 @@ impl Gateway {
             .registry
             .get(&project)
             .map_or(self.config.refresh_timeout, |(_, spec)| spec.call_timeout);
-        self.with_replica(now, |r| {
-            r.relay(token, replica, project, id, modern, request, timeout)
-        });
+        self.with_replica(|r| r.relay(token, replica, project, id, modern, request, timeout));
     }
 
     /// The relay just made is a stateless retry for the replica that parked its call.
@@ -126,36 +128,31 @@ impl Gateway {
     }
 
     /// The client of a relayed or held request went away; `true` when `token` was one.
-    pub(super) fn relay_or_hold_aborted(&mut self, now: Instant, token: HttpToken) -> bool {
+    pub(super) fn relay_or_hold_aborted(&mut self, token: HttpToken) -> bool {
         let Some(replica) = self.cluster.as_mut() else {
             return false;
         };
         let was = replica.abort_relay(token) || replica.unhold(token);
-        self.run_replica(now);
+        while let Some(action) = replica.poll_action() {
+            self.outputs.push_back(Output::Cluster(action));
+        }
         was
     }
 
     /// Relays a part of a fleet tool asked of another replica (`crate::gather`).
     pub(super) fn send_part(
         &mut self,
-        now: Instant,
         token: HttpToken,
         replica: String,
         request: HttpRequest,
         timeout: Duration,
     ) {
-        self.with_replica(now, |r| r.relay_part(token, replica, request, timeout));
+        self.with_replica(|r| r.relay_part(token, replica, request, timeout));
     }
 
     /// A part still open is given up: its replica is told.
     pub(super) fn cancel_part(&mut self, token: HttpToken) {
-        let Some(replica) = self.cluster.as_mut() else {
-            return;
-        };
-        replica.abort_part(token);
-        while let Some(action) = replica.poll_action() {
-            self.outputs.push_back(Output::Cluster(action));
-        }
+        self.with_replica(|r| r.abort_part(token));
     }
 
     /// A request another replica relayed here is served (counted).
@@ -165,252 +162,50 @@ impl Gateway {
         }
     }
 
-    /// Parks an uplink that passed every check until its project's claim is won. A newer
-    /// uplink of the project replaces the one waiting, and the one serving, as on one gateway.
-    pub(super) fn await_claim(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        project: String,
-        sled: String,
-        key: Option<String>,
-    ) {
-        let Some(replica) = self.cluster.as_mut() else {
-            return;
-        };
-        let older = replica.wait_for_claim(
-            &project,
-            Waiting {
-                uplink: id,
-                sled,
-                key,
-            },
-        );
-        let live = self.projects.get(&project).and_then(|s| s.uplink);
-        for old in older.into_iter().chain(live) {
-            self.drop_uplink(
-                now,
-                old,
-                UplinkLoss::Replaced,
-                Some((
-                    CloseCode::Replaced,
-                    format!("replaced by a newer uplink for project '{project}'"),
-                )),
-            );
-        }
-        let Some(uplink) = self.uplinks.get_mut(&id) else {
-            return;
-        };
-        uplink.state = UplinkState::AwaitingClaim {
-            project: project.clone(),
-        };
-        let epoch_seen = uplink.epoch_seen;
-        tracing::info!(uplink = id.0, project, ?epoch_seen, "claiming the project");
-        self.with_replica(now, |r| r.claim(now, &project, epoch_seen));
+    /// An uplink that passed every check waits for `project`'s claim; the older one waiting,
+    /// which it replaces, is answered (its caller closes it).
+    pub(super) fn wait_for_claim(&mut self, project: &str, waiting: Waiting) -> Option<UplinkId> {
+        self.cluster.as_mut()?.wait_for_claim(project, waiting)
+    }
+
+    /// Claims `project` for the uplink waiting for it; `epoch_seen` is the sled's.
+    pub(super) fn claim(&mut self, now: Instant, project: &str, epoch_seen: Option<u64>) {
+        self.with_replica(|r| r.claim(now, project, epoch_seen));
     }
 
     /// An uplink that waited for a claim or a pin, or held a claim, is gone (called by
     /// `drop_uplink`).
     pub(super) fn cluster_uplink_gone(&mut self, now: Instant, id: UplinkId, project: &str) {
-        if self.pin_uplink_gone(id, project) {
-            return;
-        }
-        self.with_replica(now, |r| r.handle_uplink_gone(now, id, project));
-    }
-
-    // ---- events in ----
-
-    pub(super) fn on_cluster(&mut self, now: Instant, event: ClusterEvent) {
-        if self.cluster.is_none() {
-            tracing::debug!(?event, "a cluster event for a gateway outside any cluster");
-            return;
-        }
-        match event {
-            ClusterEvent::Entry {
-                project,
-                revision,
-                state,
-            } => self.with_replica(now, |r| r.handle_entry(now, &project, revision, state)),
-            ClusterEvent::Claimed { project, outcome } => {
-                self.with_replica(now, |r| r.handle_claim_outcome(now, &project, outcome))
-            }
-            ClusterEvent::Engine { up } => self.with_replica(now, |r| r.handle_engine(now, up)),
-            ClusterEvent::Relayed { token, message } => {
-                if Gathers::is_internal(token) {
-                    self.part_message(now, token, message);
-                } else {
-                    self.with_replica(now, |r| r.handle_relayed(token, message));
-                }
-            }
-            ClusterEvent::RelayFailed { token, sent } => {
-                if Gathers::is_internal(token) {
-                    self.part_failed(now, token, sent);
-                } else {
-                    self.with_replica(now, |r| r.handle_relay_failed(now, token, sent));
-                }
-            }
-            ClusterEvent::SessionLoaded { session, record } => {
-                self.session_loaded(now, session, record)
-            }
-            ClusterEvent::SessionChanged { session, record } => {
-                self.session_changed_elsewhere(session, record)
-            }
-            ClusterEvent::SessionStored { session, written } => {
-                self.session_stored(&session, written)
-            }
-            ClusterEvent::PinCreated { project, outcome } => {
-                self.pin_created(now, project, outcome)
-            }
-            ClusterEvent::PinChanged { project, pin } => self.pin_changed(now, project, pin),
-            ClusterEvent::Announced(news) => self.announced(news),
-            ClusterEvent::ToolsChanged { project, listing } => {
-                self.tools_changed_elsewhere(&project, listing)
-            }
-        }
-    }
-
-    pub(super) fn cluster_timeout(&mut self, now: Instant) {
-        let due = self
-            .cluster
-            .as_ref()
-            .and_then(Replica::poll_timeout)
-            .is_some_and(|at| at <= now);
-        if due {
-            self.with_replica(now, |r| r.handle_timeout(now));
-        }
-        self.parts_expired(now);
+        self.with_replica(|r| r.handle_uplink_gone(now, id, project));
     }
 
     /// Shutdown: no new claims; relays and requests still waiting are failed.
-    pub(super) fn cluster_shutdown(&mut self, now: Instant) {
-        self.records_shutdown();
-        self.with_replica(now, Replica::handle_shutdown);
-    }
-
-    // ---- events out ----
-
-    fn on_replica_event(&mut self, now: Instant, event: ReplicaEvent) {
-        match event {
-            ReplicaEvent::Serve {
-                project,
-                epoch,
-                waiting,
-            } => self.go_live(
-                now,
-                waiting.uplink,
-                project,
-                waiting.sled,
-                waiting.key,
-                Some(epoch),
-            ),
-            ReplicaEvent::StopServing {
-                project,
-                waiting,
-                reason,
-            } => self.stop_serving(now, &project, waiting, reason),
-            ReplicaEvent::ServeAgain { token, request } => self.on_http(now, token, request),
-            ReplicaEvent::Answer { token, message } => {
-                use crate::cluster::RelayMessage;
-                let output = match message {
-                    RelayMessage::Reply(reply) => Output::Http { token, reply },
-                    RelayMessage::Open => Output::StreamOpen { token },
-                    RelayMessage::Event { id, data } => Output::StreamEvent { token, id, data },
-                    RelayMessage::Close => Output::StreamClose { token },
-                };
-                self.outputs.push_back(output);
-            }
-            ReplicaEvent::RelayFailed {
-                token,
-                relay,
-                error,
-            } => {
-                let e = match error {
-                    RelayError::Lost(loss) => RpcError::UplinkLost {
-                        sled: self.sled_of(&relay.project),
-                        project: relay.project,
-                        loss,
-                    },
-                    RelayError::ShuttingDown => RpcError::ShuttingDown,
-                };
-                self.answer_relay_error(token, &relay.id, relay.modern, relay.streaming, &e);
-            }
-            ReplicaEvent::Refused { token } => self.http_error(token, HttpError::ShuttingDown),
-            ReplicaEvent::HolderChanged { project } => self.holder_news(&project),
-        }
-    }
-
-    /// The claim was lost: this replica's uplinks of the project must not serve any more.
-    fn stop_serving(
-        &mut self,
-        now: Instant,
-        project: &str,
-        waiting: Option<UplinkId>,
-        reason: Loss,
-    ) {
-        let why = match &reason {
-            Loss::TakenOver { by: Some(r), .. } => format!("gateway replica '{r}' claimed it"),
-            Loss::TakenOver { by: None, .. } => "another claim was written".into(),
-            Loss::Deleted { .. } => "its claim was deleted".into(),
-            Loss::Expired { .. } => "its claim expired".into(),
-            Loss::Conflict { .. } => "a refresh of its claim found another write".into(),
-            Loss::EpochOutOfReach { epoch_seen, .. } => {
-                format!("the sled reports epoch {epoch_seen}, beyond what the cluster can reach")
-            }
-            // Shutting down closes every uplink itself, as going away.
-            Loss::ShuttingDown => return,
-        };
-        tracing::warn!(project, ?reason, "no longer serving the project: {why}");
-        #[cfg(feature = "planted-bugs")]
-        if self.config.planted == Some(super::PlantedBug::ServeAfterLosingClaim) {
-            return;
-        }
-        let live = self.projects.get(project).and_then(|s| s.uplink);
-        for id in waiting.into_iter().chain(live) {
-            self.drop_uplink(
-                now,
-                id,
-                UplinkLoss::Superseded,
-                Some((
-                    CloseCode::Superseded,
-                    format!(
-                        "this gateway replica no longer holds project '{project}': {why}; \
-                         connect again"
-                    ),
-                )),
-            );
-        }
-    }
-
-    fn answer_relay_error(
-        &mut self,
-        token: HttpToken,
-        id: &str,
-        modern: bool,
-        streaming: bool,
-        e: &RpcError,
-    ) {
-        let body = e.response(Some(id));
-        if streaming {
-            self.outputs.push_back(Output::StreamEvent {
-                token,
-                id: None,
-                data: body,
-            });
-            self.outputs.push_back(Output::StreamClose { token });
-        } else {
-            let status = if modern {
-                crate::http::modern_status(e.code())
-            } else {
-                200
-            };
-            self.reply(token, status, Vec::new(), Some(body));
-        }
+    pub(super) fn cluster_shutdown(&mut self) {
+        self.with_replica(Replica::handle_shutdown);
     }
 
     /// What the engine must do that no machine decides (announcements, tool listings).
     pub(super) fn cluster_output(&mut self, action: ClusterAction) {
         if self.clustered() {
             self.outputs.push_back(Output::Cluster(action));
+        }
+    }
+
+    /// Where a request for `project`, whose sled is not connected here, is served instead:
+    /// `None` when nowhere. In a cluster, on the replica holding the sled (the request is
+    /// relayed there whole, unless it was relayed here: the holder lost the sled meanwhile);
+    /// or, for a sled that just left its replica, wherever it lands next.
+    pub(super) fn away(&self, req: &Req<'_>, project: &str) -> Result<Option<Away>, RpcError> {
+        let project = project.to_owned();
+        match self.place(req.now, &project) {
+            Place::Relay(replica) if !req.relayed => Ok(Some(Away::Relay { project, replica })),
+            Place::Relay(replica) => Err(RpcError::OwnedElsewhere {
+                sled: self.sled_of(&project),
+                project,
+                replica,
+            }),
+            Place::Moving if !req.relayed => Ok(Some(Away::Hold { project })),
+            Place::Moving | Place::Here | Place::Nowhere => Ok(None),
         }
     }
 }

@@ -5,9 +5,7 @@
 //! for its own sleds only, since it is marked relayed.
 
 use super::*;
-use crate::cluster::{RelayMessage, RelaySent};
-use crate::gather::{Answer, Gathers, HealthGather, Purpose};
-use fleet::millis;
+use crate::gather::{Answer, HealthGather, Purpose};
 
 impl Gateway {
     /// Whether a fleet tool serving `req` asks the other replicas for their projects: in a
@@ -34,7 +32,7 @@ impl Gateway {
         }
         let (token, mut request) = self.gathers.start(purpose, now + timeout, tool, arguments);
         request.session = session.map(str::to_owned);
-        self.send_part(now, token, replica, request, timeout);
+        self.send_part(token, replica, request, timeout);
         Some(token)
     }
 
@@ -77,94 +75,6 @@ impl Gateway {
         }
     }
 
-    /// A message of an internal relay's answer; `false` when `token` is a client's.
-    pub(super) fn part_message(
-        &mut self,
-        now: Instant,
-        token: HttpToken,
-        message: RelayMessage,
-    ) -> bool {
-        if !Gathers::is_internal(token) {
-            return false;
-        }
-        let done = self.gathers.on_message(token, message);
-        if let Some((purpose, answer)) = done {
-            self.part_answered(now, purpose, answer, false);
-        }
-        true
-    }
-
-    /// An internal relay that got no whole answer; `false` when `token` is a client's.
-    pub(super) fn part_failed(&mut self, now: Instant, token: HttpToken, sent: RelaySent) -> bool {
-        if !Gathers::is_internal(token) {
-            return false;
-        }
-        let purpose = self.gathers.take(token);
-        if let Some(purpose) = purpose {
-            let why = match sent {
-                RelaySent::NotSent => "no replica took it",
-                RelaySent::Unknown => "the replica fell silent",
-            };
-            self.part_answered(now, purpose, Answer::Failed(why.into()), false);
-        }
-        true
-    }
-
-    /// Parts whose deadline passed: given up, and told to the replica asked.
-    pub(super) fn parts_expired(&mut self, now: Instant) {
-        for (token, purpose) in self.gathers.expired(now) {
-            self.cancel_part(token);
-            self.part_answered(
-                now,
-                purpose,
-                Answer::Failed("no answer in time".into()),
-                true,
-            );
-        }
-    }
-
-    fn part_answered(&mut self, now: Instant, purpose: Purpose, answer: Answer, late: bool) {
-        match purpose {
-            Purpose::Pipeline {
-                fanout,
-                project,
-                replica,
-                sent_at,
-            } => match answer {
-                Answer::Response { result, error } => self.on_fanout_answer(
-                    now,
-                    fanout,
-                    project,
-                    sent_at,
-                    result.as_deref(),
-                    error.as_deref(),
-                ),
-                Answer::Failed(why) => {
-                    let (reason, outcome, detail) = if late {
-                        let waited = self.fanout_sled_timeout(fanout);
-                        (
-                            "timed_out",
-                            Outcome::Timeout,
-                            format!(
-                                "no answer within {} ms from replica '{replica}', which holds its sled",
-                                millis(waited)
-                            ),
-                        )
-                    } else {
-                        (
-                            "error",
-                            Outcome::Error,
-                            format!("relayed to replica '{replica}', which holds its sled: {why}"),
-                        )
-                    };
-                    self.fail_fanout_part(now, fanout, &project, reason, detail, outcome);
-                }
-            },
-            Purpose::Health { gather, replica } => self.health_part(gather, &replica, answer),
-            Purpose::Wait { wait } => self.wait_part_answered(now, wait, answer),
-        }
-    }
-
     // ---- gateway_health ----
 
     /// `gateway_health`: this replica's rows, and in a cluster, those of the projects other
@@ -179,7 +89,7 @@ impl Gateway {
         let Req { now, token, .. } = *req;
         let mut result = self.gateway_health(req, arguments)?;
         if !self.clustered() {
-            return Ok(Served::Now(client::tool_result(result)));
+            return Ok(Served::Now(basics::tool_result(result)));
         }
         let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
         if let Some(rows) = result["projects"].as_array_mut() {
@@ -196,7 +106,7 @@ impl Gateway {
             }
         }
         if elsewhere.is_empty() {
-            return Ok(Served::Now(client::tool_result(result)));
+            return Ok(Served::Now(basics::tool_result(result)));
         }
         let gather = self.gathers.new_gather();
         let timeout = self.config.fanout_sled_timeout;
@@ -229,7 +139,7 @@ impl Gateway {
     }
 
     /// A replica's `gateway_health`: its rows for the projects it holds replace this one's.
-    fn health_part(&mut self, gather: u64, replica: &str, answer: Answer) {
+    pub(super) fn health_part(&mut self, gather: u64, replica: &str, answer: Answer) {
         let Some(g) = self.gathers.health.get_mut(&gather) else {
             return;
         };
@@ -299,9 +209,9 @@ impl Gateway {
             }
         }
         g.result["summary"] = json!(summary);
-        let result = client::tool_result(g.result);
+        let result = basics::tool_result(g.result);
         let body = if g.modern {
-            jsonrpc::ok_response(&g.client_id, &modern::with_result_type(&result))
+            jsonrpc::ok_response(&g.client_id, &basics::with_result_type(&result))
         } else {
             jsonrpc::ok_response(&g.client_id, &result)
         };

@@ -19,11 +19,81 @@
 //! doors above; [`ListingHolds::poll_timeout`] is the earliest deadline of those still held.
 
 use std::collections::BTreeMap;
+// The gateway's side: holding a request, and serving held requests again.
+impl Gateway {
+    /// Holds a write until `project`'s tools are listed, for at most [`Config::listing_hold`]
+    /// or the call's own timeout; at that deadline it is refused `tools_pending`, with the
+    /// HTTP status of the request's era (`modern`) (`listing_holds.rs`).
+    pub(super) fn hold_for_listing(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        request: HttpRequest,
+        id: &RawId,
+        project: String,
+        modern: bool,
+    ) {
+        let refusal = RpcError::ToolsPending {
+            sled: self.sled_of(&project),
+            project: project.clone(),
+            retry_after: self.config.retry_after,
+        };
+        let status = if modern {
+            headers::modern_status(refusal.code())
+        } else {
+            200
+        };
+        let bound = self
+            .registry
+            .get(&project)
+            .map_or(self.config.listing_hold, |(_, spec)| {
+                spec.call_timeout.min(self.config.listing_hold)
+            });
+        tracing::debug!(
+            token = token.0,
+            project,
+            "held until the project's tools are listed"
+        );
+        let held = Held {
+            token,
+            session: request.session.clone(),
+            id: id.as_str().to_owned(),
+            until: now + bound,
+            expired: HttpReply {
+                status,
+                headers: Vec::new(),
+                body: Some(refusal.response(Some(id.as_str()))),
+            },
+            request,
+        };
+        self.listing_holds.hold(&project, held);
+    }
+
+    /// Serves again the requests held for `project`'s tools: they are listed, or its sled went
+    /// away (then they are answered as for any call without a sled). They are handled again
+    /// from the top once the event that released them is over ([`Gateway::settle`]).
+    pub(super) fn release_listing_holds(&mut self, project: &str) {
+        self.again.extend(self.listing_holds.release(project));
+    }
+
+    /// Held requests whose project's tools did not come in time are refused `tools_pending`.
+    pub(super) fn listing_holds_timeout(&mut self, now: Instant) {
+        for (token, reply) in self.listing_holds.expired(now) {
+            tracing::debug!(
+                token = token.0,
+                "held past the listing's deadline: tools_pending"
+            );
+            self.outputs.push_back(Output::Http { token, reply });
+        }
+    }
+}
+
 #[cfg(test)]
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use super::{HttpReply, HttpRequest, HttpToken};
+use super::{Gateway, HttpReply, HttpRequest, HttpToken, Output, RawId, RpcError};
+use crate::http as headers;
 
 /// One held request.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::client;
+use super::basics;
 use super::proxy::{MODERN_LOG_LEVEL, PRINCIPAL_META};
 use crate::error::RpcError;
 use crate::trace::{self, TraceParent};
@@ -63,12 +63,12 @@ pub(super) fn outgoing(
         // The era's per-request log level: the threshold of this call's log messages, as
         // `logging/setLevel` is a session's.
         if let Some(level) = meta.get(MODERN_LOG_LEVEL) {
-            match level.as_str().and_then(client::log_rank) {
+            match level.as_str().and_then(basics::log_rank) {
                 Some(rank) => out.log_level = Some(rank),
                 None => {
                     return Err(invalid(format!(
                         "`_meta[\"{MODERN_LOG_LEVEL}\"]` must be one of {}",
-                        client::LOG_LEVELS.join(", ")
+                        basics::LOG_LEVELS.join(", ")
                     )))
                 }
             }
@@ -208,7 +208,7 @@ mod tests {
         });
         let r = outgoing(Some(modern), ask(true, None), || [0; 8]).unwrap();
         assert!(r.meta.is_none());
-        assert_eq!(r.log_level, client::log_rank("warning"));
+        assert_eq!(r.log_level, basics::log_rank("warning"));
         let bad = json!({"io.modelcontextprotocol/logLevel": "loud"});
         assert!(outgoing(Some(bad), ask(true, None), || [0; 8]).is_err());
     }

@@ -5,20 +5,23 @@
 //! [`Gateway::poll_timeout`] take decisions out. After every `handle*` call, drain
 //! `poll_output` and re-read `poll_timeout`.
 //!
-//! The handlers live beside this file (ARCHITECTURE.md's code map says what each holds):
-//! `client.rs` for what MCP clients send over HTTP, `modern.rs` for the stateless era, `sled.rs`
-//! for uplinks and what sleds send, `proxy.rs` for routing and forwarding, `streams.rs` for
-//! Server-Sent Events and the session sweep, `coordination.rs`, `fleet.rs`, `mrtr.rs`,
-//! `listen.rs` and `listing_holds.rs` for their features, and `cluster.rs`, `gather.rs`,
-//! `news.rs` and `spread.rs` for a replica of a cluster. What goes in and out is in `io.rs`.
+//! The handlers live beside this file, in floors: each file calls only files on lower
+//! floors (ARCHITECTURE.md, "Which file may call which", lists them; `tests/tests/layers.rs`
+//! checks it). This file is the top: it takes events in, fires timers, and `settle`s what
+//! comes back up without a call (requests to handle again, the replica machine's events).
+//! The doors are `client.rs` (HTTP), `modern.rs` (the stateless era), `sled.rs` (uplinks) and
+//! `engine.rs` (the cluster's engine); what goes in and out is in `io.rs`.
 
 mod access;
+mod basics;
 mod calls;
 mod client;
 mod cluster;
 pub(crate) mod coordination;
+mod engine;
 mod fleet;
 mod gather;
+mod handshake;
 mod listen;
 mod listing_holds;
 mod meta;
@@ -30,6 +33,8 @@ mod records;
 mod sled;
 mod spread;
 mod streams;
+mod tool_call;
+mod uplinks;
 
 /// The notification of a changed tool list (a sled's, and the gateway's to its clients).
 const TOOLS_CHANGED: &str = "notifications/tools/list_changed";
@@ -290,6 +295,10 @@ pub struct Gateway {
     next_fanout: u64,
     /// Presence, leases, messages, board and waits between sessions.
     coordination: coordination::Coordination,
+    /// Requests to handle again from the top once the event that released them is over (held
+    /// for a listing, for a moving project, or for their session's read): drained by
+    /// [`Gateway::settle`] after every input.
+    again: VecDeque<(HttpToken, HttpRequest)>,
     /// The replica machine, in a cluster (`None`: a single-process gateway); only
     /// `cluster.rs` and this file touch it.
     cluster: Option<crate::replica::Replica>,
@@ -367,7 +376,7 @@ struct Uplink {
 enum UplinkState {
     AwaitingHello,
     /// The hello named a key; the sled must sign the challenge.
-    AwaitingProof(Box<fleet::Proving>),
+    AwaitingProof(Box<handshake::Proving>),
     /// Passed every check; waits for this replica to win the project's claim in the
     /// cluster's directory (the hello timer still runs).
     AwaitingClaim {
@@ -581,6 +590,7 @@ impl Gateway {
         Gateway {
             coordination: coordination::Coordination::new(config.coordination.clone()),
             cluster: config.cluster.as_ref().map(crate::replica::Replica::new),
+            again: VecDeque::new(),
             records: config
                 .cluster
                 .as_ref()
@@ -690,13 +700,6 @@ impl Gateway {
         m
     }
 
-    /// Whether `project`'s sled has a live uplink now.
-    pub fn is_live(&self, project: &str) -> bool {
-        self.projects
-            .get(project)
-            .is_some_and(|p| p.uplink.is_some())
-    }
-
     /// The default project of a session, or `None` when the session is unknown or has none.
     pub fn session_default(&self, session: &str) -> Option<&str> {
         self.sessions.get(session)?.default_project.as_deref()
@@ -725,6 +728,7 @@ impl Gateway {
             Input::ProbeDone { probe, outcome } => self.on_probe_done(now, probe, outcome),
             Input::Cluster(event) => self.on_cluster(now, event),
         }
+        self.settle(now);
     }
 
     /// Fires every timer due at `now` (pass the current time, not the deadline).
@@ -763,12 +767,27 @@ impl Gateway {
         }
         self.cluster_timeout(now);
         self.listing_holds_timeout(now);
+        self.settle(now);
     }
 
     /// The next decision to carry out, if any.
     #[must_use]
     pub fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
+    }
+
+    /// After every input: what the replica machine asked of the gateway is carried out, and
+    /// the requests released meanwhile are handled again, until nothing is left.
+    fn settle(&mut self, now: Instant) {
+        loop {
+            if let Some(event) = self.replica_event() {
+                self.on_replica_event(now, event);
+            } else if let Some((token, request)) = self.again.pop_front() {
+                self.on_http(now, token, request);
+            } else {
+                return;
+            }
+        }
     }
 
     /// When [`Gateway::handle_timeout`] should next be called.

@@ -5,6 +5,7 @@
 //! (mirrored by clients into `Mcp-Param-Project`, which must agree with the argument).
 
 use super::*;
+use basics::{server_info, with_result_type, META_SERVER_INFO};
 
 /// How long a client may cache the stateless `tools/list` and `server/discover` answers.
 const LIST_TTL_MS: u64 = 5_000;
@@ -68,7 +69,7 @@ impl Gateway {
                 },
             );
         }
-        if !client::is_json(request.content_type.as_deref()) {
+        if !basics::is_json(request.content_type.as_deref()) {
             let got = request.content_type;
             return self.http_error(token, HttpError::UnsupportedContentType { got });
         }
@@ -143,7 +144,7 @@ impl Gateway {
             }
             Ok(Served::Later) => {}
             Ok(Served::Away(Away::Relay { project, replica })) => {
-                self.relay(now, token, replica, project, id.as_str(), true, request);
+                self.relay(token, replica, project, id.as_str(), true, request);
                 if retry {
                     self.relay_is_retry(token);
                 }
@@ -339,49 +340,4 @@ impl Gateway {
         }
         s
     }
-}
-
-/// The era's key for the server's identity in each result's `_meta`.
-const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
-
-/// The gateway's `serverInfo`, as JSON text.
-fn server_info() -> String {
-    json!({ "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") }).to_string()
-}
-
-/// A result object as the stateless era requires it: `"resultType":"complete"` unless it has a
-/// `resultType`, and the gateway's `serverInfo` in `_meta` (a sled's own `_meta` keys kept,
-/// but the era's reserved keys are the gateway's to set). A result the gateway made whole
-/// already (it starts with `{"resultType":`) is returned as it is.
-pub(super) fn with_result_type(result: &str) -> String {
-    if result.starts_with(r#"{"resultType":"#) {
-        return result.to_owned();
-    }
-    let Ok(mut top) = serde_json::from_str::<BTreeMap<String, &RawValue>>(result) else {
-        return result.to_owned();
-    };
-    let mut meta: Map<String, Value> = top
-        .get("_meta")
-        .and_then(|m| serde_json::from_str(m.get()).ok())
-        .unwrap_or_default();
-    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
-    meta.insert(
-        META_SERVER_INFO.into(),
-        serde_json::from_str(&server_info()).expect("JSON"),
-    );
-    let meta = serde_json::value::to_raw_value(&meta).expect("a map serialises");
-    let complete = RawValue::from_string(r#""complete""#.to_owned()).expect("JSON");
-    top.insert("_meta".into(), &meta);
-    let result_type = top.remove("resultType");
-    let mut out = String::with_capacity(result.len() + 128);
-    out.push_str(r#"{"resultType":"#);
-    out.push_str(result_type.unwrap_or(&complete).get());
-    for (k, v) in top {
-        out.push(',');
-        out.push_str(&Value::String(k).to_string());
-        out.push(':');
-        out.push_str(v.get());
-    }
-    out.push('}');
-    out
 }

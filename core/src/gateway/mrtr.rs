@@ -83,6 +83,11 @@ pub(super) struct Rounds {
 }
 
 impl Rounds {
+    /// The handle the call is parked under, if it is: taken, as the call ends.
+    pub(super) fn take_parked(&mut self) -> Option<String> {
+        self.parked.take()
+    }
+
     pub(super) fn is_parked(&self) -> bool {
         self.parked.is_some()
     }
@@ -126,7 +131,8 @@ impl Retries {
         self.waiting.insert(handle, key);
     }
 
-    fn forget(&mut self, handle: &str) {
+    /// A parked call ended without its client: its handle is forgotten.
+    pub(super) fn forget(&mut self, handle: &str) {
         self.waiting.remove(handle);
     }
 
@@ -322,18 +328,6 @@ impl Gateway {
     fn expire_held(&mut self, now: Instant) {
         for held in self.retries.expire(now) {
             self.call_ended(now, &held.call, held.outcome, Some(held.took));
-        }
-    }
-
-    /// A parked call ends without its client (deadline, uplink lost, shutdown): its handle is
-    /// forgotten. Returns whether the call was parked.
-    pub(super) fn forget_parked(&mut self, call: &mut Call) -> bool {
-        match call.mrtr.as_mut().and_then(|m| m.parked.take()) {
-            Some(handle) => {
-                self.retries.forget(&handle);
-                true
-            }
-            None => false,
         }
     }
 

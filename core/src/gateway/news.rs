@@ -108,22 +108,6 @@ impl Gateway {
         }
     }
 
-    /// Sends a notification to a session's GET stream wherever it is: here when it is open
-    /// here, else (in a cluster) through the replica that holds it.
-    pub(super) fn notify_session_anywhere(&mut self, session: &str, data: String) {
-        let open_here = self
-            .sessions
-            .get(session)
-            .is_some_and(|s| s.stream.is_some());
-        if !open_here && self.clustered() {
-            self.cluster_output(ClusterAction::Announce(Announcement::ToSessions {
-                sessions: vec![session.to_owned()],
-                data: data.clone(),
-            }));
-        }
-        self.notify_session(session, data);
-    }
-
     /// Another replica's announcement.
     pub(super) fn announced(&mut self, news: Announcement) {
         match news {

@@ -4,7 +4,6 @@
 //! roots), and resource subscriptions.
 
 use super::*;
-use crate::replica::Place;
 use crate::trace;
 
 /// The `_meta` key by which a client names the project of a request that has no `project`
@@ -123,24 +122,6 @@ impl Gateway {
                     project,
                 }),
             },
-        }
-    }
-
-    /// Where a request for `project`, whose sled is not connected here, is served instead:
-    /// `None` when nowhere. In a cluster, on the replica holding the sled (the request is
-    /// relayed there whole, unless it was relayed here: the holder lost the sled meanwhile);
-    /// or, for a sled that just left its replica, wherever it lands next.
-    pub(super) fn away(&self, req: &Req<'_>, project: &str) -> Result<Option<Away>, RpcError> {
-        let project = project.to_owned();
-        match self.place(req.now, &project) {
-            Place::Relay(replica) if !req.relayed => Ok(Some(Away::Relay { project, replica })),
-            Place::Relay(replica) => Err(RpcError::OwnedElsewhere {
-                sled: self.sled_of(&project),
-                project,
-                replica,
-            }),
-            Place::Moving if !req.relayed => Ok(Some(Away::Hold { project })),
-            Place::Moving | Place::Here | Place::Nowhere => Ok(None),
         }
     }
 
@@ -300,45 +281,6 @@ impl Gateway {
             text,
         });
         Ok(Served::Later)
-    }
-
-    /// Books a call that left the pending table: its session's count, and the metrics.
-    pub(super) fn call_ended(
-        &mut self,
-        now: Instant,
-        call: &Call,
-        outcome: Outcome,
-        took: Option<Duration>,
-    ) {
-        if let Some(principal) = &call.principal {
-            tracing::info!(
-                target: "audit",
-                principal = &**principal,
-                project = call.project,
-                tool = call.tool,
-                outcome = outcome.name(),
-                trace_id = call.trace_id.as_deref().unwrap_or("-"),
-                "call"
-            );
-        }
-        tracing::debug!(
-            trace_id = call.trace_id.as_deref().unwrap_or("-"),
-            project = call.project,
-            tool = call.tool,
-            outcome = outcome.name(),
-            took_us = took.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX)),
-            "call ended"
-        );
-        if let Some(span) = &call.span {
-            // Ended by its answer or deadline at `sent_at + took`; otherwise now.
-            let end = took.map_or(now, |t| call.sent_at + t);
-            let record = span.finish(outcome, call.sent_at, end);
-            self.outputs.push_back(Output::Span(Box::new(record)));
-        }
-        self.call_metrics.count(&call.tool, &call.project, outcome);
-        if let Some(took) = took {
-            self.call_metrics.observe(&call.project, took);
-        }
     }
 
     /// Resources, prompts and completion, forwarded to the project named by

@@ -6,10 +6,9 @@
 
 use std::time::Instant;
 
-use crate::cluster::{EngineDown, PinOutcome, SessionRecord};
+use crate::cluster::{EngineDown, SessionRecord};
 use crate::error::HttpError;
 use crate::replica::Waiting;
-use crate::uplink::CloseCode;
 use crate::{HttpReply, HttpRequest, HttpToken, UplinkId};
 
 use super::{Gateway, Output, UplinkState};
@@ -42,15 +41,18 @@ impl Gateway {
         true
     }
 
+    /// A session was read from the engine: the requests that waited for it, to handle again
+    /// (those it cannot serve are refused here).
+    #[must_use]
     pub(super) fn session_loaded(
         &mut self,
         now: Instant,
         session: String,
         record: Result<Option<SessionRecord>, EngineDown>,
-    ) {
+    ) -> Vec<(HttpToken, HttpRequest)> {
         let found = matches!(record, Ok(Some(_)));
         let Some(records) = self.records.as_mut() else {
-            return;
+            return Vec::new();
         };
         let parked = records.handle_loaded(now, &session, found);
         match record {
@@ -59,20 +61,19 @@ impl Gateway {
                     self.sessions.restore(session.clone(), record, now);
                     self.arm_sweep(now);
                 }
-                // Handled again, now with the session known.
-                for (token, request) in parked {
-                    self.on_http(now, token, request);
-                }
+                parked
             }
             Ok(None) => {
                 for (token, _) in parked {
                     self.http_error(token, HttpError::UnknownSession);
                 }
+                Vec::new()
             }
             Err(EngineDown) => {
                 for (token, _) in parked {
                     self.http_error(token, HttpError::SessionStoreUnavailable);
                 }
+                Vec::new()
             }
         }
     }
@@ -168,18 +169,16 @@ impl Gateway {
     }
 
     /// A sled proved a key for a project with no pin: the pin is created in the engine (the
-    /// first replica to do so wins), and the uplink waits for the answer.
+    /// first replica to do so wins), and the uplink waits for the answer. The uplink that
+    /// waited before it, which it replaces, is answered (its caller closes it).
     pub(super) fn create_pin(
         &mut self,
-        now: Instant,
         id: UplinkId,
         project: String,
         sled: String,
         key: String,
-    ) {
-        let Some(records) = self.records.as_mut() else {
-            return;
-        };
+    ) -> Option<UplinkId> {
+        let records = self.records.as_mut()?;
         tracing::info!(
             project,
             sled,
@@ -194,18 +193,16 @@ impl Gateway {
                 key: Some(key),
             },
         );
-        if let Some(old) = older {
-            self.close_uplink(
-                now,
-                old,
-                CloseCode::Replaced,
-                format!("replaced by a newer uplink for project '{project}'"),
-            );
-        }
         if let Some(u) = self.uplinks.get_mut(&id) {
             u.state = UplinkState::AwaitingClaim { project };
         }
         self.flush_records();
+        older
+    }
+
+    /// The engine answered a pin's creation: the uplink that waited for it.
+    pub(super) fn pin_waiter(&mut self, project: &str) -> Option<Waiting> {
+        self.records.as_mut()?.handle_pin_created(project)
     }
 
     /// An uplink is gone; `true` when it was waiting for its pin.
@@ -213,92 +210,6 @@ impl Gateway {
         self.records
             .as_mut()
             .is_some_and(|r| r.handle_uplink_gone(id, project))
-    }
-
-    pub(super) fn pin_created(&mut self, now: Instant, project: String, outcome: PinOutcome) {
-        let Some(w) = self
-            .records
-            .as_mut()
-            .and_then(|r| r.handle_pin_created(&project))
-        else {
-            return;
-        };
-        if let Some(u) = self.uplinks.get_mut(&w.uplink) {
-            u.state = UplinkState::AwaitingHello;
-        }
-        let key = w.key.clone().unwrap_or_default();
-        let pin = match outcome {
-            PinOutcome::Created => {
-                tracing::info!(
-                    project,
-                    sled = w.sled,
-                    key,
-                    "sled identity pinned on first use"
-                );
-                crate::Pin {
-                    key: key.clone(),
-                    sled: w.sled.clone(),
-                }
-            }
-            PinOutcome::Exists(pin) => pin,
-            PinOutcome::Unavailable => {
-                return self.close_uplink(
-                    now,
-                    w.uplink,
-                    CloseCode::HelloTimeout,
-                    format!(
-                        "project '{project}' has no pinned key yet and this gateway replica \
-                         cannot reach the cluster's engine to pin one; connect again"
-                    ),
-                );
-            }
-        };
-        let matches = pin.key == key;
-        self.pins.pins.insert(project.clone(), pin.clone());
-        self.save_pins_soon(now);
-        if !matches {
-            let reason = format!(
-                "project '{project}' is pinned to key {}; this sled presented {key}",
-                pin.key
-            );
-            return self.refuse_identity(now, w.uplink, &project, w.sled, Some(key), reason);
-        }
-        self.accept_uplink(now, w.uplink, project, w.sled, Some(key));
-    }
-
-    /// Another replica pinned (or re-pinned) a project: this one follows.
-    pub(super) fn pin_changed(&mut self, now: Instant, project: String, pin: Option<crate::Pin>) {
-        let changed = match &pin {
-            Some(p) => self.pins.pins.get(&project) != Some(p),
-            None => self.pins.pins.contains_key(&project),
-        };
-        if !changed {
-            return;
-        }
-        match pin {
-            Some(p) => {
-                tracing::info!(project, key = p.key, "pin from the cluster");
-                self.pins.pins.insert(project.clone(), p);
-            }
-            None => {
-                self.pins.pins.remove(&project);
-            }
-        }
-        self.save_pins_soon(now);
-        // A live uplink's key is always its project's pin.
-        let live = self.projects.get(&project).and_then(|s| s.uplink);
-        if let Some(u) = live {
-            let key = self.uplinks.get(&u).and_then(|u| u.key.clone());
-            let pinned = self.pins.pins.get(&project).map(|p| p.key.clone());
-            if pinned.is_some() && key != pinned {
-                self.close_uplink(
-                    now,
-                    u,
-                    CloseCode::IdentityRefused,
-                    format!("project '{project}' was re-pinned to another key"),
-                );
-            }
-        }
     }
 
     /// A re-pin here goes to the engine too.

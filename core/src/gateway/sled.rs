@@ -1,4 +1,5 @@
-//! Uplinks and what sleds send: hello, responses, notifications, heartbeats, deadlines.
+//! What sleds send: frames, answers, notifications, heartbeats, deadlines; reload and shutdown.
+//! A hello and an identity proof go on to `handshake.rs`; an uplink's end is `uplinks.rs`'s.
 
 use super::*;
 
@@ -239,14 +240,14 @@ impl Gateway {
                     (Some(result), None) if call.rewrite == proxy::Rewrite::PromptsList => {
                         let listed = proxy::rewrite_prompts(result.get());
                         let listed = if call.modern {
-                            modern::with_result_type(&listed)
+                            basics::with_result_type(&listed)
                         } else {
                             listed
                         };
                         (jsonrpc::ok_response(id, &listed), Outcome::Ok)
                     }
                     (Some(result), None) if call.modern => (
-                        jsonrpc::ok_response(id, &modern::with_result_type(result.get())),
+                        jsonrpc::ok_response(id, &basics::with_result_type(result.get())),
                         Outcome::Ok,
                     ),
                     (Some(result), None) => (jsonrpc::ok_response(id, result.get()), Outcome::Ok),
@@ -332,7 +333,7 @@ impl Gateway {
                                 #[cfg(not(feature = "planted-bugs"))]
                                 let release = true;
                                 if release {
-                                    self.release_listing_holds(now, &project);
+                                    self.release_listing_holds(&project);
                                 }
                             }
                         }
@@ -363,226 +364,6 @@ impl Gateway {
                 format!("expected hello: {detail}"),
             );
         }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn on_hello(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        protocol: u32,
-        project: String,
-        sled: String,
-        token: Option<String>,
-        key: Option<String>,
-    ) {
-        if protocol != PROTOCOL_VERSION {
-            return self.close_uplink(now,
-                id,
-                CloseCode::ProtocolError,
-                format!("uplink protocol {protocol} is not supported; this gateway speaks {PROTOCOL_VERSION}"),
-            );
-        }
-        if self.registry.get(&project).is_none() {
-            tracing::warn!(
-                uplink = id.0,
-                project,
-                sled,
-                "uplink for an unregistered project refused"
-            );
-            // The reason names no other project: an uplink has proved nothing yet, and the
-            // registered names are not its to learn (security review, finding 11).
-            return self.close_uplink(
-                now,
-                id,
-                CloseCode::UnknownProject,
-                format!("project '{project}' is not registered at this gateway"),
-            );
-        }
-        let (_, spec) = self.registry.get(&project).expect("checked just above");
-        if let Some(required) = &spec.token {
-            if !token.as_deref().is_some_and(|t| required.matches(t)) {
-                let why = if token.is_none() {
-                    "no token"
-                } else {
-                    "a wrong token"
-                };
-                tracing::warn!(uplink = id.0, project, sled, "uplink refused: {why}");
-                return self.close_uplink(
-                    now,
-                    id,
-                    CloseCode::Unauthorized,
-                    format!("project '{project}' requires its uplink token; the hello had {why}"),
-                );
-            }
-        }
-        self.hello_identity(now, id, project, sled, key);
-    }
-
-    /// Makes a sled that passed every check its project's uplink: an older one is replaced,
-    /// the sled is welcomed and its tools are fetched. In a cluster, the uplink first waits
-    /// for this replica to win the project's claim (`cluster.rs`), and is welcomed with the
-    /// claim's epoch.
-    pub(super) fn accept_uplink(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        project: String,
-        sled: String,
-        key: Option<String>,
-    ) {
-        if self.clustered() && self.registry.get(&project).is_some() {
-            return self.await_claim(now, id, project, sled, key);
-        }
-        self.go_live(now, id, project, sled, key, None);
-    }
-
-    /// The second half of [`Gateway::accept_uplink`]: `epoch` is the claim's, in a cluster.
-    pub(super) fn go_live(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        project: String,
-        sled: String,
-        key: Option<String>,
-        epoch: Option<u64>,
-    ) {
-        if self.registry.get(&project).is_none() {
-            return self.close_uplink(
-                now,
-                id,
-                CloseCode::UnknownProject,
-                format!("project '{project}' is no longer registered"),
-            );
-        }
-        let state = self
-            .projects
-            .get_mut(&project)
-            .expect("registered projects have a state");
-        if let Some(old) = state.uplink.take() {
-            tracing::info!(
-                project,
-                old = old.0,
-                new = id.0,
-                "uplink replaced by a newer connection"
-            );
-            self.drop_uplink(
-                now,
-                old,
-                UplinkLoss::Replaced,
-                Some((
-                    CloseCode::Replaced,
-                    format!("replaced by a newer uplink for project '{project}'"),
-                )),
-            );
-        }
-        tracing::info!(uplink = id.0, project, sled, "uplink live");
-        let state = self
-            .projects
-            .get_mut(&project)
-            .expect("registered projects have a state");
-        state.uplink = Some(id);
-        state.set_tools(None);
-        state.health.connected_at = Some(now);
-        state.health.probe = None;
-        self.modern_listing = None;
-        let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
-        uplink.key = key;
-        // Fences never go back: the next grant is above the highest this sled accepted.
-        if let Some(floor) = uplink.fence_floor {
-            match self.coordination.coord.raise_fence_floor(&project, floor) {
-                Ok(fence) => tracing::info!(project, floor, fence, "fence floor from the sled"),
-                Err(e) => tracing::warn!(project, floor, "fence floor refused: {e}"),
-            }
-        }
-        let uplink = self.uplinks.get_mut(&id).expect("the uplink said hello");
-        uplink.state = UplinkState::Live {
-            project: project.clone(),
-        };
-        if let Some(at) = uplink.timer.take() {
-            self.timers.remove(&(at, Timer::Uplink(id)));
-        }
-        let at = now + self.config.heartbeat_interval;
-        uplink.timer = Some(at);
-        self.timers.insert((at, Timer::Uplink(id)));
-        let welcome = Control::Welcome {
-            protocol: PROTOCOL_VERSION,
-            heartbeat_ms: u64::try_from(self.config.heartbeat_interval.as_millis())
-                .unwrap_or(u64::MAX),
-            epoch,
-        };
-        self.outputs.push_back(Output::UplinkSend {
-            uplink: id,
-            text: welcome.to_text(),
-        });
-        self.resubscribe_listeners(now, &project);
-        self.start_refresh(now, id, project);
-    }
-
-    pub(super) fn live_project(&self, id: UplinkId) -> Option<String> {
-        match &self.uplinks.get(&id)?.state {
-            UplinkState::Live { project } => Some(project.clone()),
-            UplinkState::AwaitingHello
-            | UplinkState::AwaitingProof(_)
-            | UplinkState::AwaitingClaim { .. } => None,
-        }
-    }
-
-    pub(super) fn start_refresh(&mut self, now: Instant, id: UplinkId, project: String) {
-        let Some(state) = self.projects.get_mut(&project) else {
-            return;
-        };
-        state.refresh += 1;
-        let refresh = state.refresh;
-        self.send_tools_list(now, id, project, refresh, 0, Vec::new(), None);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn send_tools_list(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        project: String,
-        refresh: u64,
-        page: u32,
-        tools: Vec<Value>,
-        cursor: Option<String>,
-    ) {
-        if !self.uplinks.contains_key(&id) {
-            return;
-        }
-        let rpc_id = self.calls.next_id();
-        let deadline = now + self.config.refresh_timeout;
-        let params = match &cursor {
-            Some(c) => json!({ "cursor": c }).to_string(),
-            None => "{}".to_owned(),
-        };
-        self.calls.start(
-            id,
-            rpc_id,
-            Pending::ToolsList {
-                project,
-                refresh,
-                page,
-                tools,
-                deadline,
-            },
-        );
-        self.outputs.push_back(Output::UplinkSend {
-            uplink: id,
-            text: jsonrpc::request(rpc_id, "tools/list", &params),
-        });
-    }
-
-    pub(super) fn send_cancelled(&mut self, uplink: UplinkId, rpc_id: u64, reason: &str) {
-        if !self.uplinks.contains_key(&uplink) {
-            return;
-        }
-        let params = json!({ "requestId": rpc_id, "reason": reason }).to_string();
-        self.outputs.push_back(Output::UplinkSend {
-            uplink,
-            text: jsonrpc::notification("notifications/cancelled", &params),
-        });
     }
 
     /// A request's deadline passed (the call table took it out).
@@ -699,113 +480,6 @@ impl Gateway {
         }
     }
 
-    pub(super) fn close_uplink(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        code: CloseCode,
-        reason: String,
-    ) {
-        self.drop_uplink(now, id, UplinkLoss::Closed, Some((code, reason)));
-    }
-
-    /// Forgets an uplink: its project loses its sled and tools, its pending calls fail now.
-    /// With `close`, the driver is told to close the socket with that code and reason.
-    pub(super) fn drop_uplink(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        loss: UplinkLoss,
-        close: Option<(CloseCode, String)>,
-    ) {
-        let Some(uplink) = self.uplinks.remove(&id) else {
-            return;
-        };
-        if let Some(at) = uplink.timer {
-            self.timers.remove(&(at, Timer::Uplink(id)));
-        }
-        if let Some((code, reason)) = close {
-            let closing = Control::Closing {
-                code: code.code(),
-                reason: reason.clone(),
-            };
-            self.outputs.push_back(Output::UplinkSend {
-                uplink: id,
-                text: closing.to_text(),
-            });
-            self.outputs.push_back(Output::UplinkClose {
-                uplink: id,
-                code: code.code(),
-                reason,
-            });
-        }
-        let mut probe_now = None;
-        let mut gone_from = None;
-        if let UplinkState::AwaitingClaim { project } | UplinkState::Live { project } =
-            &uplink.state
-        {
-            self.cluster_uplink_gone(now, id, project);
-        }
-        if let UplinkState::Live { project } = &uplink.state {
-            if let Some(state) = self.projects.get_mut(project) {
-                if state.uplink == Some(id) {
-                    tracing::info!(uplink = id.0, project, "uplink gone");
-                    state.uplink = None;
-                    gone_from = Some(project.clone());
-                    state.health.last_seen = Some(uplink.last_rx);
-                    state.health.connected_at = None;
-                    probe_now = (loss != UplinkLoss::Shutdown && loss != UplinkLoss::Unregistered)
-                        .then(|| project.clone());
-                    let had_tools = state.set_tools(None).is_some();
-                    state.refresh += 1;
-                    self.modern_listing = None;
-                    let project = project.clone();
-                    if had_tools {
-                        self.notify_tools_changed(&project);
-                        self.notify_listeners_tools_changed();
-                    }
-                    self.end_project_listens(&project);
-                }
-            }
-        }
-        // The sled's requests to clients can no longer be answered.
-        self.server_requests.retain(|_, r| r.uplink != id);
-        for (_, pending) in self.calls.uplink_gone(id) {
-            match pending {
-                Pending::Call(call) => {
-                    let e = RpcError::UplinkLost {
-                        project: call.project.clone(),
-                        sled: self.sled_of(&call.project),
-                        loss,
-                    };
-                    let body = e.response(Some(call.client_id.as_str()));
-                    self.finish_call(now, call, body, Outcome::UplinkLost, None);
-                }
-                Pending::FanoutPart {
-                    fanout, project, ..
-                } => {
-                    self.fail_fanout_part(
-                        now,
-                        fanout,
-                        &project,
-                        "error",
-                        format!("the sled did not answer: {}", loss.describe()),
-                        Outcome::UplinkLost,
-                    );
-                }
-                Pending::ToolsList { .. } | Pending::Subscription { .. } => {}
-            }
-        }
-        // Find out at once whether the project's server is still there.
-        if let Some(project) = probe_now {
-            self.start_probe(now, project);
-        }
-        // Writes held for its tools are answered as any call without a sled is.
-        if let Some(project) = gone_from {
-            self.release_listing_holds(now, &project);
-        }
-    }
-
     pub(super) fn on_reload(&mut self, now: Instant, registry: Registry) {
         let removed: Vec<String> = self
             .registry
@@ -847,7 +521,8 @@ impl Gateway {
 
     pub(super) fn on_shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
-        self.cluster_shutdown(now);
+        self.records_shutdown();
+        self.cluster_shutdown();
         if self.pins_save_at.is_some() {
             self.save_pins_now();
         }
@@ -866,12 +541,6 @@ impl Gateway {
                 Some((CloseCode::GoingAway, "the gateway is shutting down".into())),
             );
         }
-    }
-
-    pub(super) fn sled_of(&self, project: &str) -> String {
-        self.registry
-            .get(project)
-            .map_or_else(|| project.to_owned(), |(_, p)| p.sled.clone())
     }
 }
 

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use super::coordination::WAIT;
 use super::*;
-use crate::coord::{WaitReady, WaitToken};
-use crate::gather::{Answer, Purpose, WaitGather};
+use crate::coord::WaitToken;
+use crate::gather::{Purpose, WaitGather};
 
 /// How long past its own timeout a part may take to answer before it is given up.
 const PART_MARGIN: Duration = Duration::from_secs(5);
@@ -118,61 +118,6 @@ impl Gateway {
         );
     }
 
-    /// A part of a spread wait answered (or failed).
-    pub(super) fn wait_part_answered(&mut self, now: Instant, wait: u64, answer: Answer) {
-        let Some(g) = self.gathers.waits.get_mut(&wait) else {
-            return;
-        };
-        g.parts = g.parts.saturating_sub(1);
-        match answer {
-            Answer::Response {
-                result: Some(result),
-                ..
-            } if woke(&result) => {
-                return self.finish_spread(now, WaitToken(wait), Ok(Some(result.get())));
-            }
-            Answer::Response {
-                error: Some(error), ..
-            } => {
-                g.error.get_or_insert(error);
-            }
-            Answer::Response { .. } => {}
-            Answer::Failed(why) => {
-                tracing::debug!(wait, why, "a part of a wait across replicas failed");
-            }
-        }
-        if g.parts == 0 && !g.local {
-            let error = g.error.take();
-            match error {
-                Some(e) => self.finish_spread(now, WaitToken(wait), Err(e.get())),
-                None => self.finish_spread(now, WaitToken(wait), Ok(None)),
-            }
-        }
-    }
-
-    /// Answers a spread wait: with a part's result (`Ok(Some)`), a timeout (`Ok(None)`), or a
-    /// part's error; what else waits for it is withdrawn.
-    fn finish_spread(&mut self, now: Instant, wait: WaitToken, answer: Result<Option<&str>, &str>) {
-        self.wait_ended(wait);
-        self.coordination.coord.cancel_wait(wait);
-        let Some(parked) = self.coordination.unpark(wait) else {
-            return;
-        };
-        match answer {
-            Ok(Some(result)) => self.answer_parked(parked, result),
-            Ok(None) => {
-                let ready = WaitReady {
-                    project: None,
-                    reasons: Vec::new(),
-                };
-                let agent = parked.agent.clone();
-                let result = self.wait_result(now, &agent, None, &ready);
-                self.answer_parked(parked, &result);
-            }
-            Err(error) => self.fail_parked(parked, error),
-        }
-    }
-
     /// The client's wait `wait` is over here (answered, withdrawn, or its session ended):
     /// its parts still open, if it was spread, are aborted at their replicas.
     pub(super) fn wait_ended(&mut self, wait: WaitToken) {
@@ -186,22 +131,4 @@ impl Gateway {
             self.abort_part(token);
         }
     }
-}
-
-/// Whether a part's `wait` result woke (something concerns the agent there).
-fn woke(result: &RawValue) -> bool {
-    #[derive(Deserialize)]
-    struct Woke {
-        #[serde(rename = "structuredContent")]
-        structured: Option<Flag>,
-    }
-    #[derive(Deserialize)]
-    struct Flag {
-        #[serde(default)]
-        woke: bool,
-    }
-    serde_json::from_str::<Woke>(result.get())
-        .ok()
-        .and_then(|w| w.structured)
-        .is_some_and(|f| f.woke)
 }

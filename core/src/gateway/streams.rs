@@ -4,6 +4,7 @@
 //! sessions.
 
 use super::*;
+use crate::cluster::{Announcement, ClusterAction};
 
 impl Gateway {
     /// Opens a session's GET stream, replaying the events after `last_event_id` first.
@@ -49,11 +50,6 @@ impl Gateway {
                 data,
             });
         }
-    }
-
-    pub(super) fn next_event_id(&mut self) -> u64 {
-        self.next_event += 1;
-        self.next_event
     }
 
     /// Sends a server-to-client message on a session's GET stream, keeping it for replay.
@@ -227,7 +223,7 @@ impl Gateway {
             let level = params
                 .get("level")
                 .and_then(Value::as_str)
-                .and_then(client::log_rank);
+                .and_then(basics::log_rank);
             if let (Some(level), Some(threshold)) = (level, threshold) {
                 if level < threshold {
                     return;
@@ -261,22 +257,6 @@ impl Gateway {
             .push_back(Output::StreamEvent { token, id, data });
     }
 
-    /// Ends the sessions idle past the TTL, and re-arms itself while sessions remain.
-    pub(super) fn on_session_sweep(&mut self, now: Instant) {
-        self.sweep_armed = false;
-        if let Some(cutoff) = now.checked_sub(self.config.session_idle_ttl) {
-            let gone = self.sessions.expire(cutoff);
-            if !gone.is_empty() {
-                tracing::info!(sessions = gone.len(), "idle sessions expired");
-            }
-            self.counters.sessions_expired += gone.len() as u64;
-            for session in &gone {
-                self.coordination_session_ended(now, session);
-            }
-        }
-        self.arm_sweep(now);
-    }
-
     /// Arms the idle sweep, if sessions exist and it is not armed.
     pub(super) fn arm_sweep(&mut self, now: Instant) {
         if self.sweep_armed || self.sessions.len() == 0 {
@@ -286,6 +266,22 @@ impl Gateway {
         let every = (self.config.session_idle_ttl / 4).max(Duration::from_secs(1));
         self.timers.insert((now + every, Timer::SessionSweep));
         self.sweep_armed = true;
+    }
+
+    /// Sends a notification to a session's GET stream wherever it is: here when it is open
+    /// here, else (in a cluster) through the replica that holds it.
+    pub(super) fn notify_session_anywhere(&mut self, session: &str, data: String) {
+        let open_here = self
+            .sessions
+            .get(session)
+            .is_some_and(|s| s.stream.is_some());
+        if !open_here && self.clustered() {
+            self.cluster_output(ClusterAction::Announce(Announcement::ToSessions {
+                sessions: vec![session.to_owned()],
+                data: data.clone(),
+            }));
+        }
+        self.notify_session(session, data);
     }
 }
 

@@ -106,7 +106,7 @@ impl Gateway {
         for wait in ended.cancelled_waits {
             self.wait_ended(wait);
             if let Some(parked) = self.coordination.unpark(wait) {
-                let result = client::tool_result(json!({
+                let result = basics::tool_result(json!({
                     "woke": false, "reasons": [], "ended": "the session ended",
                 }));
                 self.answer_parked(parked, &result);

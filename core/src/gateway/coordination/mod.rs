@@ -276,7 +276,7 @@ impl Gateway {
         mode: CallMode,
     ) -> Result<Served, RpcError> {
         let now = req.now;
-        client::only_arguments(tool, arguments, allowed(tool))?;
+        basics::only_arguments(tool, arguments, allowed(tool))?;
         // In a cluster, a project's coordination state lives where its sled is: the call is
         // relayed there whole (before anything is made here for it).
         // A project no replica holds has no coordination state anywhere (it would live on
@@ -545,7 +545,7 @@ impl Gateway {
         }
         out["unread"] = json!(c.unread(now, &agent, &project));
         self.drain_woken(now);
-        Ok(Served::Now(client::tool_result(out)))
+        Ok(Served::Now(basics::tool_result(out)))
     }
 
     /// The project a coordination call acts in: its `project`, else the caller's default.

@@ -2,6 +2,7 @@
 //! coordination state's notices; with progress on a stream when asked.
 
 use super::*;
+use crate::gather::Answer;
 
 impl Gateway {
     #[allow(clippy::too_many_arguments)]
@@ -115,7 +116,7 @@ impl Gateway {
         if let Some(p) = project {
             out["unread"] = json!(c.unread(now, agent, p));
         }
-        client::tool_result(out)
+        basics::tool_result(out)
     }
 
     /// Answers every `wait` the coordination state has woken, and tells sessions on their
@@ -228,4 +229,87 @@ impl Gateway {
         self.wait_ended(wait);
         true
     }
+
+    /// A part of a spread wait answered (or failed).
+    pub(in crate::gateway) fn wait_part_answered(
+        &mut self,
+        now: Instant,
+        wait: u64,
+        answer: Answer,
+    ) {
+        let Some(g) = self.gathers.waits.get_mut(&wait) else {
+            return;
+        };
+        g.parts = g.parts.saturating_sub(1);
+        match answer {
+            Answer::Response {
+                result: Some(result),
+                ..
+            } if woke(&result) => {
+                return self.finish_spread(now, WaitToken(wait), Ok(Some(result.get())));
+            }
+            Answer::Response {
+                error: Some(error), ..
+            } => {
+                g.error.get_or_insert(error);
+            }
+            Answer::Response { .. } => {}
+            Answer::Failed(why) => {
+                tracing::debug!(wait, why, "a part of a wait across replicas failed");
+            }
+        }
+        if g.parts == 0 && !g.local {
+            let error = g.error.take();
+            match error {
+                Some(e) => self.finish_spread(now, WaitToken(wait), Err(e.get())),
+                None => self.finish_spread(now, WaitToken(wait), Ok(None)),
+            }
+        }
+    }
+
+    /// Answers a spread wait: with a part's result (`Ok(Some)`), a timeout (`Ok(None)`), or a
+    /// part's error; what else waits for it is withdrawn.
+    pub(super) fn finish_spread(
+        &mut self,
+        now: Instant,
+        wait: WaitToken,
+        answer: Result<Option<&str>, &str>,
+    ) {
+        self.wait_ended(wait);
+        self.coordination.coord.cancel_wait(wait);
+        let Some(parked) = self.coordination.unpark(wait) else {
+            return;
+        };
+        match answer {
+            Ok(Some(result)) => self.answer_parked(parked, result),
+            Ok(None) => {
+                let ready = WaitReady {
+                    project: None,
+                    reasons: Vec::new(),
+                };
+                let agent = parked.agent.clone();
+                let result = self.wait_result(now, &agent, None, &ready);
+                self.answer_parked(parked, &result);
+            }
+            Err(error) => self.fail_parked(parked, error),
+        }
+    }
+}
+
+/// Whether a part's `wait` result woke (something concerns the agent there).
+fn woke(result: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Woke {
+        #[serde(rename = "structuredContent")]
+        structured: Option<Flag>,
+    }
+    #[derive(Deserialize)]
+    struct Flag {
+        #[serde(default)]
+        woke: bool,
+    }
+    serde_json::from_str::<Woke>(result.get())
+        .ok()
+        .and_then(|w| w.structured)
+        .is_some_and(|f| f.woke)
 }

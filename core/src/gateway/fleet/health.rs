@@ -161,7 +161,7 @@ impl Gateway {
         arguments: &Map<String, Value>,
     ) -> Result<Value, RpcError> {
         let now = req.now;
-        client::only_arguments(GATEWAY_HEALTH, arguments, &[])?;
+        basics::only_arguments(GATEWAY_HEALTH, arguments, &[])?;
         let stale_heartbeat = self.config.heartbeat_interval * 2;
         let threshold = self.config.relay_stale_after;
         let mut rows = Vec::new();

@@ -9,16 +9,13 @@
 //! HTTP probes, `gateway_health`), `pipeline.rs` (the `aggregate_pipeline_status` fan-out).
 use std::collections::BTreeMap;
 
-use rand_chacha::rand_core::RngCore;
-
 use super::*;
-use crate::identity::{self, Pin, Pins};
+use crate::identity::{Pin, Pins};
 
 mod health;
 mod pins;
 mod pipeline;
 
-pub(super) use pins::Proving;
 pub(super) use pipeline::{Fanout, PIPELINE_TOOL};
 
 /// A refused identity: the latest attempt for a project, kept for `fleet_identity`.

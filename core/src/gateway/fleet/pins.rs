@@ -1,4 +1,4 @@
-//! Sled identity (story 1206): challenges, pins (trust on first use), refusals, and the
+//! Sled identity pins (story 1206): loaded and saved, re-pinned by an operator, and the
 //! `fleet_identity` tool.
 
 use super::*;
@@ -15,149 +15,6 @@ impl Gateway {
     }
 
     // ---- identity ----
-
-    /// After a hello (its token already checked): a sled with a key is challenged; one without
-    /// is accepted unless its project has a pin or identity is required.
-    pub(in crate::gateway) fn hello_identity(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        project: String,
-        sled: String,
-        key: Option<String>,
-    ) {
-        let Some(key) = key else {
-            if self.pins.get(&project).is_some() {
-                let reason = format!(
-                    "project '{project}' has a pinned identity key and the hello presented none"
-                );
-                return self.refuse_identity(now, id, &project, sled, None, reason);
-            }
-            if self.config.require_identity {
-                let reason =
-                    "this gateway requires every sled to present an identity key".to_owned();
-                return self.refuse_identity(now, id, &project, sled, None, reason);
-            }
-            return self.accept_uplink(now, id, project, sled, None);
-        };
-        let verifying = match identity::parse_key(&key) {
-            Ok(k) => k,
-            Err(e) => {
-                let reason = format!("the hello's key is unusable: {e}");
-                return self.refuse_identity(now, id, &project, sled, None, reason);
-            }
-        };
-        let mut nonce = [0u8; 32];
-        self.rng.fill_bytes(&mut nonce);
-        let challenge = Control::Challenge {
-            nonce: identity::encode_bytes(&nonce),
-        };
-        if let Some(uplink) = self.uplinks.get_mut(&id) {
-            uplink.state = UplinkState::AwaitingProof(Box::new(Proving {
-                project,
-                sled,
-                key,
-                verifying,
-                nonce,
-            }));
-            self.outputs.push_back(Output::UplinkSend {
-                uplink: id,
-                text: challenge.to_text(),
-            });
-        }
-    }
-
-    /// The sled's signature of its challenge: verified, then its key is checked against the
-    /// project's pin (or pinned, the first time).
-    pub(in crate::gateway) fn on_proof(&mut self, now: Instant, id: UplinkId, signature: &str) {
-        let Some(uplink) = self.uplinks.get_mut(&id) else {
-            return;
-        };
-        let proving = match std::mem::replace(&mut uplink.state, UplinkState::AwaitingHello) {
-            UplinkState::AwaitingProof(p) => *p,
-            other => {
-                uplink.state = other;
-                return;
-            }
-        };
-        let Proving {
-            project,
-            sled,
-            key,
-            verifying,
-            nonce,
-        } = proving;
-        if let Err(e) = identity::verify_challenge(&verifying, &project, &nonce, signature) {
-            let reason = format!("the identity proof failed: {e}");
-            return self.refuse_identity(now, id, &project, sled, Some(key), reason);
-        }
-        if self.registry.get(&project).is_none() {
-            // Unregistered by a reload while it was proving itself.
-            return self.close_uplink(
-                now,
-                id,
-                CloseCode::UnknownProject,
-                format!("project '{project}' is no longer registered"),
-            );
-        }
-        match self.pins.get(&project) {
-            Some(pin) if pin.key == key => {}
-            Some(pin) => {
-                let reason = format!(
-                    "project '{project}' is pinned to key {}; this sled presented {key}",
-                    pin.key
-                );
-                return self.refuse_identity(now, id, &project, sled, Some(key), reason);
-            }
-            // In a cluster, the first use is one create in the engine: the uplink waits for it.
-            None if self.pins_shared() => {
-                return self.create_pin(now, id, project, sled, key);
-            }
-            None => {
-                tracing::info!(project, sled, key, "sled identity pinned on first use");
-                self.pins.pins.insert(
-                    project.clone(),
-                    Pin {
-                        key: key.clone(),
-                        sled: sled.clone(),
-                    },
-                );
-                self.save_pins_soon(now);
-            }
-        }
-        self.accept_uplink(now, id, project, sled, Some(key));
-    }
-
-    pub(in crate::gateway) fn refuse_identity(
-        &mut self,
-        now: Instant,
-        id: UplinkId,
-        project: &str,
-        sled: String,
-        key: Option<String>,
-        reason: String,
-    ) {
-        tracing::warn!(
-            uplink = id.0,
-            project,
-            sled,
-            "sled identity refused: {reason}"
-        );
-        if let Some(state) = self.projects.get_mut(project) {
-            let attempts = match &state.health.refused {
-                Some(r) if r.key == key => r.attempts + 1,
-                _ => 1,
-            };
-            state.health.refused = Some(Refusal {
-                key,
-                sled,
-                reason: reason.clone(),
-                at: now,
-                attempts,
-            });
-        }
-        self.close_uplink(now, id, CloseCode::IdentityRefused, reason);
-    }
 
     /// Saves the pins by [`Config::pin_save_delay`] from now, with whatever else changes
     /// until then: one save (of the whole file) for a fleet pinned in a burst.
@@ -190,7 +47,7 @@ impl Gateway {
         arguments: &Map<String, Value>,
     ) -> Result<String, RpcError> {
         let now = req.now;
-        client::only_arguments(FLEET_IDENTITY, arguments, &["action", "project", "key"])?;
+        basics::only_arguments(FLEET_IDENTITY, arguments, &["action", "project", "key"])?;
         let bad = |detail: String| RpcError::InvalidParams {
             method: FLEET_IDENTITY.into(),
             detail,
@@ -293,7 +150,7 @@ impl Gateway {
                 "refused": refused,
             }));
         }
-        Ok(client::tool_result(json!({
+        Ok(basics::tool_result(json!({
             "projects": rows,
             "summary": summary,
             "require_identity": self.config.require_identity,
@@ -365,7 +222,7 @@ impl Gateway {
                 );
             }
         }
-        Ok(client::tool_result(json!({
+        Ok(basics::tool_result(json!({
             "action": "repin",
             "project": project,
             "previous": previous,
@@ -375,15 +232,4 @@ impl Gateway {
             "note": "the sled presenting the pinned key is accepted at its next connection",
         })))
     }
-}
-
-/// A sled's identity while it proves it holds its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::gateway) struct Proving {
-    project: String,
-    sled: String,
-    /// The key as presented (base64).
-    key: String,
-    verifying: ed25519_dalek::VerifyingKey,
-    nonce: [u8; 32],
 }

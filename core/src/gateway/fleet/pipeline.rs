@@ -71,7 +71,7 @@ impl Gateway {
         arguments: &Map<String, Value>,
     ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
-        client::only_arguments(
+        basics::only_arguments(
             AGGREGATE_PIPELINE_STATUS,
             arguments,
             &["timeout_ms", "per_project_timeout_ms"],
@@ -347,7 +347,7 @@ impl Gateway {
         let (token, client_id, modern) = (f.token, f.client_id.clone(), f.modern);
         let result = fanout_result(now, f, overall);
         let body = if modern {
-            jsonrpc::ok_response(client_id.as_str(), &modern::with_result_type(&result))
+            jsonrpc::ok_response(client_id.as_str(), &basics::with_result_type(&result))
         } else {
             jsonrpc::ok_response(client_id.as_str(), &result)
         };
@@ -546,7 +546,7 @@ fn fanout_result(now: Instant, f: Fanout, overall: Duration) -> String {
     out.push_str(r#","totals":"#);
     out.push_str(&totals.to_string());
     out.push('}');
-    client::tool_result_raw(&out)
+    basics::tool_result_raw(&out)
 }
 
 #[cfg(test)]

@@ -1,0 +1,287 @@
+//! `tools/call` in both eras: a gateway tool is answered by its feature, a project's tool is
+//! routed and forwarded (`proxy.rs`). `client.rs` and `modern.rs` both come here; it calls only
+//! down, into the features and the call path.
+
+use super::*;
+use basics::{only_arguments, tool_result};
+
+/// `tools/call` params. The arguments stay raw: the gateway's own tools read them as a
+/// `Map`, a project's tool only has `project` taken out and the rest passed on as written.
+#[derive(Deserialize)]
+struct CallParams<'a> {
+    name: String,
+    #[serde(borrow, default)]
+    arguments: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<&'a RawValue>,
+}
+
+/// Reads raw `tools/call` arguments as `T` (absent: `{}`), failing as invalid params.
+fn call_arguments<'a, T: Deserialize<'a>>(arguments: Option<&'a RawValue>) -> Result<T, RpcError> {
+    jsonrpc::params_of("tools/call", arguments)
+}
+
+impl Gateway {
+    /// Answers a `tools/call` now, forwards it, or says where it goes instead.
+    pub(super) fn tools_call(
+        &mut self,
+        req: &Req<'_>,
+        id: &RawId,
+        params: Option<&RawValue>,
+        mode: CallMode,
+    ) -> Result<Served, RpcError> {
+        let CallMode { stream_ok, modern } = mode;
+        let now = req.now;
+        let params: CallParams = jsonrpc::params_of("tools/call", params)?;
+        let gateway_tool = [
+            SWITCH_PROJECT,
+            LIST_PROJECTS,
+            GATEWAY_HEALTH,
+            FLEET_IDENTITY,
+            AGGREGATE_PIPELINE_STATUS,
+        ]
+        .contains(&params.name.as_str());
+        if let Some(&tool) = coordination::COORDINATION_TOOLS
+            .iter()
+            .find(|t| **t == params.name)
+        {
+            let arguments: Map<String, Value> = call_arguments(params.arguments)?;
+            let meta = match params.meta {
+                Some(m) => Some(call_arguments::<Value>(Some(m))?),
+                None => None,
+            };
+            return self.coordination_call(req, id, tool, &arguments, meta.as_ref(), mode);
+        }
+        if gateway_tool {
+            let arguments: Map<String, Value> = call_arguments(params.arguments)?;
+            return match params.name.as_str() {
+                SWITCH_PROJECT if modern => Err(RpcError::UnknownTool {
+                    tool: SWITCH_PROJECT.into(),
+                    why: "requests of protocol 2026-07-28 have no session to keep a default in: pass \"project\" in each call's arguments",
+                }),
+                SWITCH_PROJECT => self.switch_project(req, &arguments).map(Served::Now),
+                LIST_PROJECTS => self.list_projects(req, &arguments).map(Served::Now),
+                GATEWAY_HEALTH => self.gateway_health_call(req, id, modern, &arguments),
+                FLEET_IDENTITY => self.fleet_identity(req, &arguments).map(Served::Now),
+                _ => self.aggregate_pipeline_status(req, id, modern, &arguments),
+            };
+        }
+        // A project's tool: its arguments are looked at only for `project`.
+        let mut arguments: BTreeMap<String, &RawValue> = call_arguments(params.arguments)?;
+        let explicit = match arguments.get("project") {
+            Some(p) => Some(call_arguments::<Value>(Some(p))?),
+            None => None,
+        };
+        let tool = params.name;
+        let route = match self.route(req, explicit.as_ref(), &tool)? {
+            Placement::Here(route) => route,
+            Placement::Away(away) => return Ok(Served::Away(away)),
+        };
+        let listed = self
+            .projects
+            .get(&route.project)
+            .and_then(|s| s.tools.as_deref())
+            .and_then(|ts| ts.iter().find(|t| t.name == tool));
+        // A tool the sled annotates read-only needs `read`; any other (unlisted ones too), `write`.
+        let need = if listed.is_some_and(|t| t.read_only) {
+            Right::Read
+        } else {
+            Right::Write
+        };
+        self.require(
+            req.principal,
+            &route.project,
+            need,
+            format_args!("tools/call {tool}"),
+        )?;
+        if !listed.is_some_and(|t| t.declares_project) {
+            arguments.remove("project");
+        }
+        // The metrics label: the tool if the sled lists it (clients must not grow the set).
+        let label = match listed {
+            Some(_) => tool.clone(),
+            None => "_unlisted".to_owned(),
+        };
+        let lease = match listed {
+            Some(t) => t.lease.clone(),
+            // Not listed now: the sled's uplink came back and its tools are not listed again
+            // yet. Writes stay checked by what it listed last, or wait for the listing.
+            None => match self.remembered_lease(now, &route.project, &tool) {
+                Some(lease) => lease,
+                None => {
+                    return Ok(Served::AwaitListing {
+                        project: route.project,
+                    })
+                }
+            },
+        };
+        #[derive(serde::Serialize)]
+        struct Forwarded<'a> {
+            name: &'a str,
+            arguments: &'a BTreeMap<String, &'a RawValue>,
+        }
+        let object = serde_json::to_string(&Forwarded {
+            name: &tool,
+            arguments: &arguments,
+        })
+        .map_err(|e| RpcError::InvalidParams {
+            method: "tools/call".into(),
+            detail: jsonrpc::clean_serde_message(&e),
+        })?;
+        let mut meta = match params.meta {
+            Some(m) => Some(call_arguments::<Value>(Some(m))?),
+            None => None,
+        };
+        // The fence is the gateway's to give: a client's is never passed on. An agent handle
+        // (callers without a session) says who writes, and is never passed on either.
+        let mut handle = None;
+        if let Some(Value::Object(m)) = meta.as_mut() {
+            m.remove(FENCE_META);
+            handle = m.remove(coordination::AGENT_META);
+            if m.is_empty() {
+                meta = None;
+            }
+        }
+        // A write to a resource the sled declared leasable: refused if another agent holds
+        // it, fenced if the caller does.
+        let leased = lease.as_ref().and_then(|(property, kind)| {
+            let value = arguments.get(property)?;
+            let value: String = serde_json::from_str(value.get()).ok()?;
+            Some(format!("{kind}:{value}"))
+        });
+        if let Some(resource) = leased {
+            let agent = self.writer_of(req.scope, handle.as_ref())?;
+            if let Some(fence) =
+                self.check_lease(now, agent.as_deref(), &route.project, &resource)?
+            {
+                let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
+                if let Value::Object(m) = m {
+                    m.insert(
+                        FENCE_META.to_owned(),
+                        json!({ "resource": resource, "fence": fence }),
+                    );
+                }
+            }
+        }
+        self.forward(
+            req,
+            id,
+            CallMode { stream_ok, modern },
+            route,
+            "tools/call",
+            proxy::Outgoing { object, meta },
+            label,
+            proxy::Rewrite::None,
+        )
+    }
+
+    pub(super) fn switch_project(
+        &mut self,
+        req: &Req<'_>,
+        arguments: &Map<String, Value>,
+    ) -> Result<String, RpcError> {
+        only_arguments(SWITCH_PROJECT, arguments, &["project"])?;
+        let project = match arguments.get("project") {
+            None => {
+                return Err(RpcError::InvalidParams {
+                    method: SWITCH_PROJECT.into(),
+                    detail: "the `project` argument is required: name a registered project".into(),
+                })
+            }
+            Some(Value::String(p)) if p.is_empty() => {
+                return Err(RpcError::ProjectEmpty {
+                    tool: SWITCH_PROJECT.into(),
+                })
+            }
+            Some(Value::String(p)) => p.clone(),
+            Some(_) => {
+                return Err(RpcError::ProjectNotString {
+                    tool: SWITCH_PROJECT.into(),
+                })
+            }
+        };
+        let now = req.now;
+        let Scope::Session(session) = req.scope else {
+            return Err(RpcError::SwitchWithoutSession);
+        };
+        let sid = session;
+        if self.registry.get(&project).is_none() || !self.sees(req.principal, &project) {
+            return Err(RpcError::UnknownProject {
+                project,
+                registered: self.visible_projects(req.principal),
+            });
+        }
+        let live = self.is_live(&project);
+        let session = self
+            .sessions
+            .get_mut(session)
+            .expect("the caller's session was looked up for this request");
+        let previous = session.default_project.replace(project.clone());
+        let changed = previous.as_deref() != Some(project.as_str());
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(PlantedBug::SharedActiveProject) {
+            self.shared_active = Some(project.clone());
+        }
+        // In a cluster, written even when unchanged here: this replica's copy may be older
+        // than the engine's (a switch through another replica a moment ago).
+        if changed || self.clustered() {
+            self.store_session(now, sid);
+        }
+        if changed {
+            // This session's tools/list now shows another project's tools.
+            self.notify_session(sid, streams::TOOLS_LIST_CHANGED.to_owned());
+        }
+        Ok(tool_result(json!({
+            "project": project,
+            "previous": previous,
+            "live": live,
+            "scope": "session",
+        })))
+    }
+
+    pub(super) fn list_projects(
+        &self,
+        req: &Req<'_>,
+        arguments: &Map<String, Value>,
+    ) -> Result<String, RpcError> {
+        only_arguments(LIST_PROJECTS, arguments, &[])?;
+        let active = self.default_of(req).filter(|p| self.sees(req.principal, p));
+        let projects: Vec<Value> = self
+            .registry
+            .projects()
+            .iter()
+            .filter(|p| self.sees(req.principal, &p.name))
+            .map(|p| {
+                let mut entry = json!({
+                    "name": p.name,
+                    "url": p.url,
+                    "ssh_port": p.ssh_port,
+                    "host_path": p.host_path,
+                    "kind": p.kind.as_str(),
+                    "sled": p.sled,
+                    "live": self.is_live(&p.name) || self.relay_target(&p.name).is_some(),
+                    "active": active == Some(p.name.as_str()),
+                });
+                // In a cluster: the replica that holds the project's uplink.
+                if let Some(replica) = self.holder_of(&p.name) {
+                    entry["replica"] = json!(replica);
+                }
+                // The live sled's high-water mark of accepted fences, when its hello reported
+                // one; every fence granted since is above it, which `gateway doctor` checks.
+                let floor = self
+                    .projects
+                    .get(&p.name)
+                    .and_then(|s| s.uplink)
+                    .and_then(|id| self.uplinks.get(&id))
+                    .and_then(|u| u.fence_floor);
+                if let Some(floor) = floor {
+                    entry["fence_floor"] = json!(floor);
+                }
+                entry
+            })
+            .collect();
+        Ok(tool_result(
+            json!({ "projects": projects, "active": active }),
+        ))
+    }
+}
