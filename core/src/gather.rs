@@ -62,12 +62,24 @@ pub(crate) struct WaitGather {
 }
 
 /// The credentials of the request being served, which the parts it needs are made with: the
-/// other replica answers what the caller may see, no more.
+/// other replica answers what the caller may see, no more. They travel in the request
+/// context, never in the gateway's state.
 #[derive(Debug, Clone, Default)]
-struct Credentials {
+pub(crate) struct Credentials {
     authorization: Option<String>,
     access_token: AccessToken,
     origin: Option<String>,
+}
+
+impl Credentials {
+    /// The credentials `request` came with.
+    pub(crate) fn of(request: &HttpRequest) -> Credentials {
+        Credentials {
+            authorization: request.authorization.clone(),
+            access_token: request.access_token.clone(),
+            origin: request.origin.clone(),
+        }
+    }
 }
 
 /// A relayed part's answer, as far as the caller of the part cares.
@@ -102,7 +114,6 @@ pub(crate) struct Gathers {
     next_gather: u64,
     parts: HashMap<HttpToken, (Purpose, Instant)>,
     deadlines: BTreeSet<(Instant, HttpToken)>,
-    credentials: Credentials,
     /// `gateway_health` calls waiting for other replicas, by gather number.
     pub(crate) health: BTreeMap<u64, HealthGather>,
     /// `wait`s spread over replicas, by their wait token's number.
@@ -115,15 +126,6 @@ impl Gathers {
         token.0 & INTERNAL != 0
     }
 
-    /// The request being served now, whose credentials the parts it asks for carry.
-    pub(crate) fn serving(&mut self, request: &HttpRequest) {
-        self.credentials = Credentials {
-            authorization: request.authorization.clone(),
-            access_token: request.access_token.clone(),
-            origin: request.origin.clone(),
-        };
-    }
-
     /// A number for a new gather (a call waiting for several parts).
     pub(crate) fn new_gather(&mut self) -> u64 {
         self.next_gather += 1;
@@ -131,14 +133,15 @@ impl Gathers {
     }
 
     /// A new part: the token to relay it under and the request to relay, a sessionless
-    /// `tools/call` of `tool` with `arguments` (a JSON object) and the caller's credentials.
-    /// The part must be answered by `deadline`; [`Gathers::expired`] gives it up after.
+    /// `tools/call` of `tool` with `arguments` (a JSON object) and the caller's credentials
+    /// `c`. The part must be answered by `deadline`; [`Gathers::expired`] gives it up after.
     pub(crate) fn start(
         &mut self,
         purpose: Purpose,
         deadline: Instant,
         tool: &str,
         arguments: serde_json::Value,
+        c: &Credentials,
     ) -> (HttpToken, HttpRequest) {
         self.next_token += 1;
         let token = HttpToken(INTERNAL | self.next_token);
@@ -150,7 +153,6 @@ impl Gathers {
             "method": "tools/call",
             "params": { "name": tool, "arguments": arguments },
         });
-        let c = &self.credentials;
         let request = HttpRequest {
             method: HttpMethod::Post,
             session: None,
@@ -298,9 +300,9 @@ mod tests {
             access_token: AccessToken::Unchecked,
             body: Vec::new(),
         };
-        g.serving(&req);
-        let (t1, r1) = g.start(health(1), now, "gateway_health", serde_json::json!({}));
-        let (t2, _) = g.start(health(1), now, "gateway_health", serde_json::json!({}));
+        let c = Credentials::of(&req);
+        let (t1, r1) = g.start(health(1), now, "gateway_health", serde_json::json!({}), &c);
+        let (t2, _) = g.start(health(1), now, "gateway_health", serde_json::json!({}), &c);
         assert!(Gathers::is_internal(t1) && Gathers::is_internal(t2) && t1 != t2);
         assert!(!Gathers::is_internal(HttpToken(7)));
         assert!(r1.relayed);
@@ -309,8 +311,8 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&r1.body).unwrap();
         assert_eq!(body["params"]["name"], "gateway_health");
         req.authorization = None;
-        g.serving(&req);
-        let (_, r3) = g.start(health(2), now, "gateway_health", serde_json::json!({}));
+        let c = Credentials::of(&req);
+        let (_, r3) = g.start(health(2), now, "gateway_health", serde_json::json!({}), &c);
         assert_eq!(r3.authorization, None);
     }
 
@@ -323,12 +325,14 @@ mod tests {
             start + Duration::from_secs(2),
             "t",
             serde_json::json!({}),
+            &Credentials::default(),
         );
         let (b, _) = g.start(
             health(1),
             start + Duration::from_secs(1),
             "t",
             serde_json::json!({}),
+            &Credentials::default(),
         );
         assert_eq!(g.poll_timeout(), Some(start + Duration::from_secs(1)));
         let reply = HttpReply {
@@ -357,7 +361,13 @@ mod tests {
     #[test]
     fn a_streamed_answer_is_the_event_that_is_a_response() {
         let mut g = Gathers::default();
-        let (t, _) = g.start(health(1), t0(), "t", serde_json::json!({}));
+        let (t, _) = g.start(
+            health(1),
+            t0(),
+            "t",
+            serde_json::json!({}),
+            &Credentials::default(),
+        );
         assert!(g.on_message(t, RelayMessage::Open).is_none());
         let progress = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#;
         let event = |data: &str| RelayMessage::Event {
@@ -369,11 +379,23 @@ mod tests {
             .on_message(t, event(r#"{"jsonrpc":"2.0","id":1,"error":{"code":-1}}"#))
             .unwrap();
         assert!(matches!(answer, Answer::Response { error: Some(_), .. }));
-        let (t, _) = g.start(health(2), t0(), "t", serde_json::json!({}));
+        let (t, _) = g.start(
+            health(2),
+            t0(),
+            "t",
+            serde_json::json!({}),
+            &Credentials::default(),
+        );
         assert!(g.on_message(t, RelayMessage::Open).is_none());
         let (_, answer) = g.on_message(t, RelayMessage::Close).unwrap();
         assert!(matches!(answer, Answer::Failed(why) if why.contains("without a response")));
-        let (t, _) = g.start(health(3), t0(), "t", serde_json::json!({}));
+        let (t, _) = g.start(
+            health(3),
+            t0(),
+            "t",
+            serde_json::json!({}),
+            &Credentials::default(),
+        );
         let bad = HttpReply {
             status: 503,
             headers: Vec::new(),

@@ -26,16 +26,19 @@ impl Gateway {
             Ok(identity) => identity,
             Err(refusal) => return self.http_error(token, refusal),
         };
+        let credentials = if self.clustered() {
+            crate::gather::Credentials::of(&request)
+        } else {
+            crate::gather::Credentials::default()
+        };
         let req = Req {
             now,
             token,
             principal: &identity,
             relayed: request.relayed,
             scope: Scope::Sessionless,
+            credentials: &credentials,
         };
-        if self.clustered() {
-            self.gathers.serving(&request);
-        }
         if request.relayed {
             self.admit_relayed();
         }

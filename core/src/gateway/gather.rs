@@ -19,7 +19,7 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn relay_part(
         &mut self,
-        now: Instant,
+        req: &Req<'_>,
         replica: String,
         purpose: Purpose,
         timeout: Duration,
@@ -30,7 +30,10 @@ impl Gateway {
         if !self.clustered() {
             return None;
         }
-        let (token, mut request) = self.gathers.start(purpose, now + timeout, tool, arguments);
+        let deadline = req.now + timeout;
+        let (token, mut request) =
+            self.gathers
+                .start(purpose, deadline, tool, arguments, req.credentials);
         request.session = session.map(str::to_owned);
         self.send_part(token, replica, request, timeout);
         Some(token)
@@ -57,7 +60,7 @@ impl Gateway {
         };
         let arguments = json!({ "project": project });
         self.relay_part(
-            now,
+            req,
             replica,
             purpose,
             per_sled,
@@ -86,7 +89,7 @@ impl Gateway {
         modern: bool,
         arguments: &Map<String, Value>,
     ) -> Result<Served, RpcError> {
-        let Req { now, token, .. } = *req;
+        let Req { token, .. } = *req;
         let mut result = self.gateway_health(req, arguments)?;
         if !self.clustered() {
             return Ok(Served::Now(basics::tool_result(result)));
@@ -116,7 +119,7 @@ impl Gateway {
                 replica: replica.clone(),
             };
             self.relay_part(
-                now,
+                req,
                 replica.clone(),
                 purpose,
                 timeout,

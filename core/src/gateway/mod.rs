@@ -562,6 +562,9 @@ struct Req<'r> {
     /// Relayed here by another replica of the cluster: served here, never relayed again.
     relayed: bool,
     scope: Scope<'r>,
+    /// What it was authenticated with, for the parts a fleet tool asks of other replicas in
+    /// its name (empty outside a cluster).
+    credentials: &'r crate::gather::Credentials,
 }
 
 impl<'r> Req<'r> {

@@ -76,18 +76,14 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn spread_wait(
         &mut self,
-        now: Instant,
+        req: &Req<'_>,
         wait: WaitToken,
         local: bool,
         elsewhere: BTreeMap<String, Option<Vec<String>>>,
-        scope: Scope<'_>,
         handle: Option<&str>,
         timeout: Duration,
     ) {
-        let session = match scope {
-            Scope::Session(s) => Some(s.to_owned()),
-            Scope::Sessionless => None,
-        };
+        let session = req.session().map(str::to_owned);
         let mut parts = 0;
         for (replica, projects) in elsewhere {
             let mut arguments = json!({ "timeout_s": timeout.as_secs().max(1) });
@@ -98,7 +94,7 @@ impl Gateway {
                 arguments["agent"] = json!(h);
             }
             let started = self.relay_part(
-                now,
+                req,
                 replica,
                 Purpose::Wait { wait: wait.0 },
                 timeout + PART_MARGIN,

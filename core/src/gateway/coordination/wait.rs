@@ -94,7 +94,7 @@ impl Gateway {
                 );
                 if !elsewhere.is_empty() {
                     let local = !projects.is_empty();
-                    self.spread_wait(now, wait, local, elsewhere, req.scope, handle, timeout);
+                    self.spread_wait(req, wait, local, elsewhere, handle, timeout);
                 }
                 Ok(Served::Later)
             }
