@@ -6,6 +6,7 @@
 
 use super::*;
 use crate::identity::{self, Pin};
+use crate::registry::ProjectSpec;
 use fleet::Refusal;
 use rand_chacha::rand_core::RngCore;
 
@@ -21,47 +22,33 @@ impl Gateway {
         token: Option<String>,
         key: Option<String>,
     ) {
-        if protocol != PROTOCOL_VERSION {
-            return self.close_uplink(now,
-                id,
-                CloseCode::ProtocolError,
-                format!("uplink protocol {protocol} is not supported; this gateway speaks {PROTOCOL_VERSION}"),
-            );
-        }
-        if self.registry.get(&project).is_none() {
-            tracing::warn!(
-                uplink = id.0,
-                project,
-                sled,
-                "uplink for an unregistered project refused"
-            );
-            // The reason names no other project: an uplink has proved nothing yet, and the
-            // registered names are not its to learn (security review, finding 11).
-            return self.close_uplink(
-                now,
-                id,
-                CloseCode::UnknownProject,
-                format!("project '{project}' is not registered at this gateway"),
-            );
-        }
-        let (_, spec) = self.registry.get(&project).expect("checked just above");
-        if let Some(required) = &spec.token {
-            if !token.as_deref().is_some_and(|t| required.matches(t)) {
-                let why = if token.is_none() {
-                    "no token"
-                } else {
-                    "a wrong token"
-                };
-                tracing::warn!(uplink = id.0, project, sled, "uplink refused: {why}");
-                return self.close_uplink(
-                    now,
-                    id,
-                    CloseCode::Unauthorized,
-                    format!("project '{project}' requires its uplink token; the hello had {why}"),
-                );
+        match self
+            .handshake(&project)
+            .hello(protocol, &project, token.as_deref(), key.as_deref())
+        {
+            HelloVerdict::Refuse(code, reason) => {
+                tracing::warn!(uplink = id.0, project, sled, "uplink refused: {reason}");
+                self.close_uplink(now, id, code, reason)
+            }
+            HelloVerdict::RefuseIdentity(reason) => {
+                self.refuse_identity(now, id, &project, sled, None, reason)
+            }
+            HelloVerdict::Accept => self.accept_uplink(now, id, project, sled, None),
+            HelloVerdict::Challenge(verifying) => {
+                let key = key.expect("a challenge is for a hello with a key");
+                self.challenge(id, project, sled, key, verifying);
             }
         }
-        self.hello_identity(now, id, project, sled, key);
+    }
+
+    /// What the handshake knows of `project` now.
+    fn handshake(&self, project: &str) -> Handshake<'_> {
+        Handshake {
+            spec: self.registry.get(project).map(|(_, spec)| spec),
+            pin: self.pins.get(project),
+            require_identity: self.config.require_identity,
+            pins_shared: self.pins_shared(),
+        }
     }
 
     /// Makes a sled that passed every check its project's uplink: an older one is replaced,
@@ -203,37 +190,15 @@ impl Gateway {
         self.start_refresh(now, id, project);
     }
 
-    /// After a hello (its token already checked): a sled with a key is challenged; one without
-    /// is accepted unless its project has a pin or identity is required.
-    pub(in crate::gateway) fn hello_identity(
+    /// Sends a sled that presented a key its challenge: a fresh nonce to sign.
+    fn challenge(
         &mut self,
-        now: Instant,
         id: UplinkId,
         project: String,
         sled: String,
-        key: Option<String>,
+        key: String,
+        verifying: ed25519_dalek::VerifyingKey,
     ) {
-        let Some(key) = key else {
-            if self.pins.get(&project).is_some() {
-                let reason = format!(
-                    "project '{project}' has a pinned identity key and the hello presented none"
-                );
-                return self.refuse_identity(now, id, &project, sled, None, reason);
-            }
-            if self.config.require_identity {
-                let reason =
-                    "this gateway requires every sled to present an identity key".to_owned();
-                return self.refuse_identity(now, id, &project, sled, None, reason);
-            }
-            return self.accept_uplink(now, id, project, sled, None);
-        };
-        let verifying = match identity::parse_key(&key) {
-            Ok(k) => k,
-            Err(e) => {
-                let reason = format!("the hello's key is unusable: {e}");
-                return self.refuse_identity(now, id, &project, sled, None, reason);
-            }
-        };
         let mut nonce = [0u8; 32];
         self.rng.fill_bytes(&mut nonce);
         let challenge = Control::Challenge {
@@ -267,49 +232,17 @@ impl Gateway {
                 return;
             }
         };
+        let verdict = self.handshake(&proving.project).proof(&proving, signature);
         let Proving {
-            project,
-            sled,
-            key,
-            verifying,
-            nonce,
+            project, sled, key, ..
         } = proving;
-        if let Err(e) = identity::verify_challenge(&verifying, &project, &nonce, signature) {
-            let reason = format!("the identity proof failed: {e}");
-            return self.refuse_identity(now, id, &project, sled, Some(key), reason);
-        }
-        if self.registry.get(&project).is_none() {
-            // Unregistered by a reload while it was proving itself.
-            return self.close_uplink(
-                now,
-                id,
-                CloseCode::UnknownProject,
-                format!("project '{project}' is no longer registered"),
-            );
-        }
-        match self.pins.get(&project) {
-            Some(pin) if pin.key == key => {}
-            Some(pin) => {
-                let reason = format!(
-                    "project '{project}' is pinned to key {}; this sled presented {key}",
-                    pin.key
-                );
-                return self.refuse_identity(now, id, &project, sled, Some(key), reason);
+        match verdict {
+            ProofVerdict::Refuse(code, reason) => self.close_uplink(now, id, code, reason),
+            ProofVerdict::RefuseIdentity(reason) => {
+                self.refuse_identity(now, id, &project, sled, Some(key), reason)
             }
-            // In a cluster, the first use is one create in the engine: the uplink waits for it.
-            None if self.pins_shared() => {
-                let older = self.create_pin(id, project.clone(), sled, key);
-                if let Some(old) = older {
-                    self.close_uplink(
-                        now,
-                        old,
-                        CloseCode::Replaced,
-                        format!("replaced by a newer uplink for project '{project}'"),
-                    );
-                }
-                return;
-            }
-            None => {
+            ProofVerdict::Accept => self.accept_uplink(now, id, project, sled, Some(key)),
+            ProofVerdict::PinHere => {
                 tracing::info!(project, sled, key, "sled identity pinned on first use");
                 self.pins.pins.insert(
                     project.clone(),
@@ -319,9 +252,21 @@ impl Gateway {
                     },
                 );
                 self.save_pins_soon(now);
+                self.accept_uplink(now, id, project, sled, Some(key));
+            }
+            // In a cluster, the first use is one create in the engine: the uplink waits for it.
+            ProofVerdict::PinInEngine => {
+                let older = self.create_pin(id, project.clone(), sled, key);
+                if let Some(old) = older {
+                    self.close_uplink(
+                        now,
+                        old,
+                        CloseCode::Replaced,
+                        format!("replaced by a newer uplink for project '{project}'"),
+                    );
+                }
             }
         }
-        self.accept_uplink(now, id, project, sled, Some(key));
     }
 
     pub(in crate::gateway) fn refuse_identity(
@@ -356,6 +301,136 @@ impl Gateway {
     }
 }
 
+/// The sled handshake's decisions, pure (like `meta.rs`'s rewrite of a request): what a
+/// hello, and then its proof, come to, given what the gateway knows of the project. The
+/// gateway carries the verdicts out (`Gateway::on_hello`, `Gateway::on_proof`).
+pub(super) struct Handshake<'a> {
+    /// The project's registration, if it is registered.
+    spec: Option<&'a ProjectSpec>,
+    /// The project's pin, if it has one.
+    pin: Option<&'a Pin>,
+    /// Every sled must present an identity key (`require_identity`).
+    require_identity: bool,
+    /// A first-use pin is created in the engine (a cluster), not here.
+    pins_shared: bool,
+}
+
+/// What a hello comes to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum HelloVerdict {
+    /// Closed at once: a protocol this gateway does not speak, an unregistered project (the
+    /// reason names no other project: the sled has proved nothing yet), or a missing or wrong
+    /// uplink token.
+    Refuse(CloseCode, String),
+    /// Refused for its identity (recorded in the project's health).
+    RefuseIdentity(String),
+    /// Challenged to prove it holds the key it presented.
+    Challenge(ed25519_dalek::VerifyingKey),
+    /// Accepted without an identity: it presented no key and none is needed.
+    Accept,
+}
+
+/// What a proof of identity comes to.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ProofVerdict {
+    /// Closed: its project was unregistered while it proved itself.
+    Refuse(CloseCode, String),
+    /// The signature is wrong, or the key is not the pinned one.
+    RefuseIdentity(String),
+    /// The key is the project's pin.
+    Accept,
+    /// The project has no pin: this key becomes it, here.
+    PinHere,
+    /// The project has no pin: this key is pinned in the engine, whose answer it waits for.
+    PinInEngine,
+}
+
+impl Handshake<'_> {
+    /// A hello for `project`, with the uplink `token` and identity `key` it presented.
+    pub(super) fn hello(
+        &self,
+        protocol: u32,
+        project: &str,
+        token: Option<&str>,
+        key: Option<&str>,
+    ) -> HelloVerdict {
+        if protocol != PROTOCOL_VERSION {
+            return HelloVerdict::Refuse(
+                CloseCode::ProtocolError,
+                format!(
+                    "uplink protocol {protocol} is not supported; this gateway speaks \
+                     {PROTOCOL_VERSION}"
+                ),
+            );
+        }
+        let Some(spec) = self.spec else {
+            return HelloVerdict::Refuse(
+                CloseCode::UnknownProject,
+                format!("project '{project}' is not registered at this gateway"),
+            );
+        };
+        if let Some(required) = &spec.token {
+            if !token.is_some_and(|t| required.matches(t)) {
+                let why = if token.is_none() {
+                    "no token"
+                } else {
+                    "a wrong token"
+                };
+                return HelloVerdict::Refuse(
+                    CloseCode::Unauthorized,
+                    format!("project '{project}' requires its uplink token; the hello had {why}"),
+                );
+            }
+        }
+        let Some(key) = key else {
+            if self.pin.is_some() {
+                return HelloVerdict::RefuseIdentity(format!(
+                    "project '{project}' has a pinned identity key and the hello presented none"
+                ));
+            }
+            if self.require_identity {
+                return HelloVerdict::RefuseIdentity(
+                    "this gateway requires every sled to present an identity key".to_owned(),
+                );
+            }
+            return HelloVerdict::Accept;
+        };
+        match identity::parse_key(key) {
+            Ok(verifying) => HelloVerdict::Challenge(verifying),
+            Err(e) => HelloVerdict::RefuseIdentity(format!("the hello's key is unusable: {e}")),
+        }
+    }
+
+    /// The `signature` of the challenge `proving` was sent.
+    pub(super) fn proof(&self, proving: &Proving, signature: &str) -> ProofVerdict {
+        let Proving {
+            project,
+            key,
+            verifying,
+            nonce,
+            ..
+        } = proving;
+        if let Err(e) = identity::verify_challenge(verifying, project, nonce, signature) {
+            return ProofVerdict::RefuseIdentity(format!("the identity proof failed: {e}"));
+        }
+        if self.spec.is_none() {
+            return ProofVerdict::Refuse(
+                CloseCode::UnknownProject,
+                format!("project '{project}' is no longer registered"),
+            );
+        }
+        match self.pin {
+            Some(pin) if pin.key == *key => ProofVerdict::Accept,
+            Some(pin) => ProofVerdict::RefuseIdentity(format!(
+                "project '{project}' is pinned to key {}; this sled presented {key}",
+                pin.key
+            )),
+            None if self.pins_shared => ProofVerdict::PinInEngine,
+            None => ProofVerdict::PinHere,
+        }
+    }
+}
+
 /// A sled's identity while it proves it holds its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(in crate::gateway) struct Proving {
@@ -365,4 +440,168 @@ pub(in crate::gateway) struct Proving {
     key: String,
     verifying: ed25519_dalek::VerifyingKey,
     nonce: [u8; 32],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Secret;
+    use ed25519_dalek::SigningKey;
+
+    fn spec(token: Option<&str>) -> ProjectSpec {
+        let mut spec = ProjectSpec::new("alpha", "http://alpha.invalid");
+        spec.token = token.map(Secret::new);
+        spec
+    }
+
+    fn key(seed: u8) -> (SigningKey, String) {
+        let signing = SigningKey::from_bytes(&[seed; 32]);
+        let public = identity::encode_key(&signing.verifying_key());
+        (signing, public)
+    }
+
+    fn proving(public: &str) -> Proving {
+        Proving {
+            project: "alpha".into(),
+            sled: "alpha-sled".into(),
+            key: public.to_owned(),
+            verifying: identity::parse_key(public).expect("a key"),
+            nonce: [7; 32],
+        }
+    }
+
+    fn signed(signing: &SigningKey) -> String {
+        identity::sign_challenge(signing, "alpha", &identity::encode_bytes(&[7; 32]))
+            .expect("a signature")
+    }
+
+    #[test]
+    fn a_hello_is_refused_for_its_protocol_its_project_or_its_token_and_names_no_other_project() {
+        let s = spec(Some("sixteen-chars-token"));
+        let h = Handshake {
+            spec: Some(&s),
+            pin: None,
+            require_identity: false,
+            pins_shared: false,
+        };
+        let code = |v: HelloVerdict| match v {
+            HelloVerdict::Refuse(code, _) => Some(code),
+            _ => None,
+        };
+        assert_eq!(
+            code(h.hello(PROTOCOL_VERSION + 1, "alpha", None, None)),
+            Some(CloseCode::ProtocolError)
+        );
+        assert_eq!(
+            code(h.hello(PROTOCOL_VERSION, "alpha", None, None)),
+            Some(CloseCode::Unauthorized)
+        );
+        assert_eq!(
+            code(h.hello(PROTOCOL_VERSION, "alpha", Some("sixteen-chars-tokeN"), None)),
+            Some(CloseCode::Unauthorized)
+        );
+        assert_eq!(
+            h.hello(PROTOCOL_VERSION, "alpha", Some("sixteen-chars-token"), None),
+            HelloVerdict::Accept
+        );
+        let unregistered = Handshake { spec: None, ..h };
+        assert_eq!(
+            unregistered.hello(PROTOCOL_VERSION, "zeta", None, None),
+            HelloVerdict::Refuse(
+                CloseCode::UnknownProject,
+                "project 'zeta' is not registered at this gateway".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_hello_without_a_key_is_refused_when_its_project_is_pinned_or_identity_is_required() {
+        let s = spec(None);
+        let (_, public) = key(1);
+        let pin = Pin {
+            key: public.clone(),
+            sled: "alpha-sled".into(),
+        };
+        let pinned = Handshake {
+            spec: Some(&s),
+            pin: Some(&pin),
+            require_identity: false,
+            pins_shared: false,
+        };
+        assert!(matches!(
+            pinned.hello(PROTOCOL_VERSION, "alpha", None, None),
+            HelloVerdict::RefuseIdentity(_)
+        ));
+        let required = Handshake {
+            pin: None,
+            require_identity: true,
+            ..pinned
+        };
+        assert!(matches!(
+            required.hello(PROTOCOL_VERSION, "alpha", None, None),
+            HelloVerdict::RefuseIdentity(_)
+        ));
+        assert!(matches!(
+            required.hello(PROTOCOL_VERSION, "alpha", None, Some(&public)),
+            HelloVerdict::Challenge(_)
+        ));
+        assert!(matches!(
+            required.hello(PROTOCOL_VERSION, "alpha", None, Some("not base64!")),
+            HelloVerdict::RefuseIdentity(_)
+        ));
+    }
+
+    #[test]
+    fn a_proof_is_checked_then_matched_against_the_pin_or_pins_it_first() {
+        let s = spec(None);
+        let (signing, public) = key(1);
+        let (other, other_public) = key(2);
+        let first_use = Handshake {
+            spec: Some(&s),
+            pin: None,
+            require_identity: false,
+            pins_shared: false,
+        };
+        assert_eq!(
+            first_use.proof(&proving(&public), &signed(&signing)),
+            ProofVerdict::PinHere
+        );
+        let shared = Handshake {
+            pins_shared: true,
+            ..first_use
+        };
+        assert_eq!(
+            shared.proof(&proving(&public), &signed(&signing)),
+            ProofVerdict::PinInEngine
+        );
+        // A signature by another key proves nothing.
+        assert!(matches!(
+            first_use.proof(&proving(&public), &signed(&other)),
+            ProofVerdict::RefuseIdentity(_)
+        ));
+        let pin = Pin {
+            key: public.clone(),
+            sled: "alpha-sled".into(),
+        };
+        let pinned = Handshake {
+            pin: Some(&pin),
+            ..first_use
+        };
+        assert_eq!(
+            pinned.proof(&proving(&public), &signed(&signing)),
+            ProofVerdict::Accept
+        );
+        assert!(matches!(
+            pinned.proof(&proving(&other_public), &signed(&other)),
+            ProofVerdict::RefuseIdentity(_)
+        ));
+        let gone = Handshake {
+            spec: None,
+            ..pinned
+        };
+        assert!(matches!(
+            gone.proof(&proving(&public), &signed(&signing)),
+            ProofVerdict::Refuse(CloseCode::UnknownProject, _)
+        ));
+    }
 }
