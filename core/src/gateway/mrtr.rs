@@ -120,15 +120,17 @@ struct Held {
 /// The `requestState` handles of parked calls, and the answers held for them.
 #[derive(Debug, Default)]
 pub(super) struct Retries {
-    waiting: HashMap<String, (UplinkId, u64)>,
+    /// The call each handle parks, by the gateway's call id (its uplink is the call table's
+    /// to say: it may change while the call is parked).
+    waiting: HashMap<String, calls::CallId>,
     held: HashMap<String, Held>,
     /// Handles in `held`, oldest first, with the instant they expire.
     held_order: VecDeque<(Instant, String)>,
 }
 
 impl Retries {
-    fn park(&mut self, handle: String, key: (UplinkId, u64)) {
-        self.waiting.insert(handle, key);
+    fn park(&mut self, handle: String, id: calls::CallId) {
+        self.waiting.insert(handle, id);
     }
 
     /// A parked call ended without its client: its handle is forgotten.
@@ -176,14 +178,13 @@ impl Gateway {
     pub(super) fn ask_stateless_client(
         &mut self,
         now: Instant,
-        key: (UplinkId, u64),
+        (uplink, call_id): (UplinkId, calls::CallId),
         sled_id: &RawValue,
         method: &str,
         capability: &'static str,
         params: Map<String, Value>,
     ) {
-        let (uplink, _) = key;
-        let Some(call) = self.calls.call_mut(key.1) else {
+        let Some(call) = self.calls.call_mut(call_id) else {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
@@ -206,7 +207,7 @@ impl Gateway {
                 sled,
                 capability,
             };
-            return self.end_call_refused(now, key, e);
+            return self.end_call_refused(now, call_id, e);
         }
         self.next_server_request += 1;
         rounds.asks.push(Ask {
@@ -220,18 +221,18 @@ impl Gateway {
             asked: false,
         });
         if rounds.parked.is_none() {
-            self.answer_input_required(now, key);
+            self.answer_input_required(now, call_id);
         }
     }
 
     /// Ends a pending stateless call with a gateway error, cancelling it at the sled.
-    fn end_call_refused(&mut self, now: Instant, key: (UplinkId, u64), e: RpcError) {
-        let Some((_, Pending::Call(call))) = self.calls.take(key.1) else {
+    fn end_call_refused(&mut self, now: Instant, id: calls::CallId, e: RpcError) {
+        let Some((uplink, Pending::Call(call))) = self.calls.take(id) else {
             return;
         };
         self.send_cancelled(
-            key.0,
-            key.1,
+            uplink,
+            id,
             "the client of this call cannot answer the sled's request",
         );
         let body = e.response(Some(call.client_id.as_str()));
@@ -241,7 +242,7 @@ impl Gateway {
 
     /// Answers the attached request of a stateless call with `input_required`, carrying the
     /// sled's requests not yet given to the client, and parks the call.
-    fn answer_input_required(&mut self, now: Instant, key: (UplinkId, u64)) {
+    fn answer_input_required(&mut self, now: Instant, call_id: calls::CallId) {
         use rand_chacha::rand_core::RngCore;
         let mut bytes = [0u8; 16];
         self.rng.fill_bytes(&mut bytes);
@@ -254,7 +255,7 @@ impl Gateway {
             handle.push('.');
             handle.push_str(replica);
         }
-        let Some(call) = self.calls.call_mut(key.1) else {
+        let Some(call) = self.calls.call_mut(call_id) else {
             return;
         };
         let Some(rounds) = call.mrtr.as_mut() else {
@@ -278,9 +279,9 @@ impl Gateway {
             r#"{{"resultType":"input_required","inputRequests":{requests},"requestState":"{handle}"}}"#
         );
         let body = jsonrpc::ok_response(call.client_id.as_str(), &result);
-        self.calls.set_deadline(key.1, deadline);
-        self.calls.detach(key.1);
-        self.retries.park(handle, key);
+        self.calls.set_deadline(call_id, deadline);
+        self.calls.detach(call_id);
+        self.retries.park(handle, call_id);
         self.counters.input_required += 1;
         if !streamed {
             return self.reply(token, 200, Vec::new(), Some(body));
@@ -419,8 +420,8 @@ impl Gateway {
             );
             return Ok(Served::Later);
         }
-        let key = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
-        let Some(call) = self.calls.call_mut(key.1) else {
+        let call_id = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
+        let Some(call) = self.calls.call_mut(call_id) else {
             self.retries.forget(&handle);
             return Err(unknown());
         };
@@ -460,16 +461,16 @@ impl Gateway {
         call.client_id = id.clone();
         call.stream_ok = stream_ok;
         call.streamed = false;
-        self.calls.set_deadline(key.1, deadline);
-        self.calls.attach(key.1, token);
-        for text in back {
-            self.outputs.push_back(Output::UplinkSend {
-                uplink: key.0,
-                text,
-            });
+        self.calls.set_deadline(call_id, deadline);
+        self.calls.attach(call_id, token);
+        // The answers go to the uplink serving the call now.
+        if let Some(uplink) = self.calls.uplink_of(call_id) {
+            for text in back {
+                self.outputs.push_back(Output::UplinkSend { uplink, text });
+            }
         }
         if ask_again {
-            self.answer_input_required(now, key);
+            self.answer_input_required(now, call_id);
         }
         Ok(Served::Later)
     }
