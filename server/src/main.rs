@@ -137,11 +137,21 @@ enum Command {
     /// Example client configuration:
     ///
     ///     {"command": "gateway", "args": ["stdio", "--url", "http://127.0.0.1:7878/mcp"]}
+    ///
+    /// Against a gateway with client_tokens or [oauth], give the bearer token in a file
+    /// (--token-file) or in the MCP_GATEWAY_TOKEN environment variable (the client
+    /// configuration's "env"), never on the command line:
+    ///
+    ///     {"command": "gateway",
+    ///      "args": ["stdio", "--url", "http://127.0.0.1:7878/mcp", "--token-file", "/path/to/token"]}
     #[command(verbatim_doc_comment)]
     Stdio {
         /// The gateway's MCP endpoint, e.g. http://127.0.0.1:7878/mcp (plain http only).
         #[arg(long, value_name = "URL", value_parser = parse_mcp_url)]
         url: String,
+        /// A file holding the bearer token to send [else env MCP_GATEWAY_TOKEN, the token itself].
+        #[arg(long = "token-file", value_name = "FILE")]
+        token_file: Option<String>,
     },
 }
 
@@ -340,7 +350,7 @@ fn main() -> ExitCode {
         logs.with_ansi(!stdio).init();
     }
     match cli.command {
-        Command::Stdio { url } => run_stdio(&url),
+        Command::Stdio { url, token_file } => run_stdio(&url, token_file.as_ref()),
         Command::Serve {
             config,
             listen,
@@ -400,9 +410,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// `gateway stdio`: bridges stdin and stdout to the gateway at `url`. A bad URL exits 2, a
-/// broken stdin or stdout 1.
-fn run_stdio(url: &str) -> ExitCode {
+/// `gateway stdio`: bridges stdin and stdout to the gateway at `url`, with the token from
+/// `token_file` or the environment. A bad URL or token exits 2, a broken stdin or stdout 1.
+fn run_stdio(url: &str, token_file: Option<&String>) -> ExitCode {
+    let env = |k: &str| std::env::var(k).ok();
+    let token = match shell::read_token(token_file, &env) {
+        Ok(token) => token.map(|(token, from)| gateway_server::stdio::BridgeToken { token, from }),
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -411,17 +429,26 @@ fn run_stdio(url: &str) -> ExitCode {
         }
     };
     let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-    let result = rt.block_on(gateway_server::stdio::bridge(
+    let opts = gateway_server::stdio::BridgeOptions {
+        token,
+        ..Default::default()
+    };
+    let result = rt.block_on(gateway_server::stdio::bridge_with(
+        gateway_client::TokioConnect,
         url,
         stdin,
         tokio::io::stdout(),
+        opts,
     ));
     // A read of stdin may still be blocked in its thread (when stdout failed first): do not
     // wait for it.
     rt.shutdown_timeout(Duration::from_millis(100));
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ gateway_server::stdio::BridgeError::Url { .. }) => {
+        Err(
+            e @ (gateway_server::stdio::BridgeError::Url { .. }
+            | gateway_server::stdio::BridgeError::Token { .. }),
+        ) => {
             eprintln!("gateway: {e}");
             ExitCode::from(2)
         }

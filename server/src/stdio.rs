@@ -21,6 +21,9 @@
 //!   JSON-RPC response, an unreachable gateway, and a session the gateway no longer knows
 //!   (404) become JSON-RPC errors (-32603) that say what happened; the unreachable case names
 //!   the URL and where it came from (`--url`). Failed notifications are only logged.
+//! - With a token ([`BridgeOptions::token`]: `--token-file FILE`, else `MCP_GATEWAY_TOKEN`),
+//!   every request carries it as `Authorization: Bearer`; a 401 says which token was sent, or
+//!   that none was and how to give one.
 //! - Output lines are written by one task fed by a channel, so lines never interleave.
 //! - At the end of the input: requests in flight get [`BridgeOptions::drain_timeout`] to
 //!   finish, the session is ended with `DELETE`, and [`bridge`] returns.
@@ -38,7 +41,7 @@ use gateway_client::{Connect, HttpUrl, TokioConnect};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
@@ -96,6 +99,26 @@ pub struct BridgeOptions {
     pub stream_backoff_max: Duration,
     /// The longest line of input (and the longest SSE line) accepted, in bytes.
     pub max_line_bytes: usize,
+    /// The bearer token sent with every request, if any.
+    pub token: Option<BridgeToken>,
+}
+
+/// A bearer token for the gateway and where it came from (`--token-file FILE`,
+/// `MCP_GATEWAY_TOKEN`), which a 401 names. Its `Debug` never shows the token.
+#[derive(Clone)]
+pub struct BridgeToken {
+    /// The token itself.
+    pub token: String,
+    /// Where it came from, as a phrase for messages.
+    pub from: String,
+}
+
+impl std::fmt::Debug for BridgeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeToken")
+            .field("from", &self.from)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for BridgeOptions {
@@ -110,6 +133,7 @@ impl Default for BridgeOptions {
             stream_backoff: Duration::from_millis(100),
             stream_backoff_max: Duration::from_secs(5),
             max_line_bytes: 16 << 20,
+            token: None,
         }
     }
 }
@@ -126,6 +150,12 @@ pub enum BridgeError {
         url: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// The token cannot be sent in an HTTP header; nothing was sent.
+    #[error("the token from {from} cannot be sent in an Authorization header (it holds a control character or a line break)")]
+    Token {
+        /// Where it came from.
+        from: String,
     },
     /// Reading the client's messages failed.
     #[error("cannot read the client's messages: {0}")]
@@ -174,6 +204,19 @@ where
         );
     }
 
+    let authorization = match &opts.token {
+        Some(t) => {
+            let mut value =
+                HeaderValue::from_str(&format!("Bearer {}", t.token)).map_err(|_| {
+                    BridgeError::Token {
+                        from: t.from.clone(),
+                    }
+                })?;
+            value.set_sensitive(true);
+            Some(value)
+        }
+        None => None,
+    };
     let (out_tx, out_rx) = mpsc::channel(OUTPUT_QUEUE);
     let (close_tx, close_rx) = oneshot::channel();
     let mut writer = tokio::spawn(write_lines(output, out_rx, close_rx));
@@ -184,6 +227,7 @@ where
         connector,
         url: url.to_owned(),
         host,
+        authorization,
         target,
         opts,
         idle: Mutex::new(Vec::new()),
@@ -307,6 +351,8 @@ struct Shared<C: Connect> {
     /// The URL as given, for messages.
     url: String,
     host: HeaderValue,
+    /// `Bearer <token>`, marked sensitive, when there is a token.
+    authorization: Option<HeaderValue>,
     target: HttpUrl,
     opts: BridgeOptions,
     /// Idle keep-alive connections.
@@ -454,6 +500,9 @@ impl<C: Connect> Shared<C> {
         let headers = request.headers_mut();
         headers.insert(HOST, self.host.clone());
         headers.insert(ACCEPT, HeaderValue::from_static(accept));
+        if let Some(authorization) = &self.authorization {
+            headers.insert(AUTHORIZATION, authorization.clone());
+        }
         if !body.is_empty() {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
@@ -804,7 +853,15 @@ async fn forward<C: Connect>(
         return session_gone_error(shared, &expect, sent_session.as_deref()).await;
     }
     let detail = gateway_message(parsed.as_ref(), &bytes);
-    let message = format!("the MCP gateway answered HTTP {status}: {detail}");
+    let mut message = format!("the MCP gateway answered HTTP {status}: {detail}");
+    if status == StatusCode::UNAUTHORIZED {
+        message.push_str(&match &shared.opts.token {
+            Some(t) => format!(" (the bridge sent the token from {})", t.from),
+            None => " (the bridge sent no token: give one with --token-file FILE or the \
+                     MCP_GATEWAY_TOKEN environment variable)"
+                .to_owned(),
+        });
+    }
     tracing::warn!(method = expect.method(), "{message}");
     let mut data = json!({ "status": status.as_u16() });
     if let Some(error) = parsed.as_ref().and_then(|m| m.get("error")) {

@@ -8,6 +8,11 @@ use gateway_server::ServerOptions;
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 
+#[path = "support/processes.rs"]
+mod processes;
+#[path = "support/stdio.rs"]
+mod stdio;
+
 const SLED_TOKEN: &str = "uplink-token-for-beta-0001";
 const CLIENT_TOKEN: &str = "client-token-for-ops-0001";
 
@@ -271,4 +276,99 @@ async fn metrics_on_the_mcp_port_follow_authentication_across_reloads() {
     }
     gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A desktop client that speaks only stdio reaches a gateway with `client_tokens` through the
+/// shipped `gateway stdio`, with the token in a file or the environment; without it, or with a
+/// wrong one, every request is answered with an error that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_stdio_sends_its_token_from_a_file_or_the_environment() {
+    gateway_tests::init_tracing();
+    let registry = Registry::from_projects(
+        vec![ProjectSpec::new("beta", "http://127.0.0.1:9102")],
+        Some("beta"),
+    )
+    .unwrap()
+    .with_client_tokens(vec![Secret::new(CLIENT_TOKEN)]);
+    let gateway = gateway_tests::Gateway::start(ServerOptions::new(registry, [5; 32])).await;
+    let addr = gateway.addr;
+    let _sled = Fleet::spawn(
+        &format!("http://{addr}"),
+        &["beta".to_owned()],
+        SledOptions::default(),
+    );
+    let url = format!("http://{addr}/mcp");
+    let bin = processes::workspace_bin("gateway");
+    let whoami = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}});
+    let dir = processes::scratch("stdio-token");
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{CLIENT_TOKEN}\n")).unwrap();
+
+    // With the token: a session, and a call that reaches beta's sled (once it is live).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let lines = stdio::run(
+            &bin,
+            &url,
+            stdio::Token::File(&file),
+            &stdio::session(std::slice::from_ref(&whoami)),
+        )
+        .await;
+        assert_eq!(
+            stdio::answer(&lines, 1)["result"]["protocolVersion"],
+            "2025-11-25",
+            "{lines:?}"
+        );
+        if stdio::answer(&lines, 2)["result"]["structuredContent"]["project"] == "beta" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "beta never served: {lines:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lines = stdio::run(
+        &bin,
+        &url,
+        stdio::Token::Env(CLIENT_TOKEN),
+        &stdio::session(std::slice::from_ref(&whoami)),
+    )
+    .await;
+    assert_eq!(
+        stdio::answer(&lines, 2)["result"]["structuredContent"]["project"],
+        "beta",
+        "{lines:?}"
+    );
+
+    // Without a token, or with a wrong one: the 401 is the answer, and it says what was sent.
+    let lines = stdio::run(&bin, &url, stdio::Token::None, &stdio::session(&[])).await;
+    let error = &stdio::answer(&lines, 1)["error"];
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("401")
+            && message.contains("sent no token")
+            && message.contains("--token-file"),
+        "{error}"
+    );
+    let lines = stdio::run(
+        &bin,
+        &url,
+        stdio::Token::Env("not-the-token-at-all"),
+        &stdio::session(&[]),
+    )
+    .await;
+    let message = stdio::answer(&lines, 1)["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("401") && message.contains("the token from MCP_GATEWAY_TOKEN"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("not-the-token-at-all"),
+        "the answer must not repeat the token: {message}"
+    );
+    gateway.stop().await;
 }

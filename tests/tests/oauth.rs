@@ -23,8 +23,12 @@ use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 mod node;
 #[path = "support/oauth.rs"]
 mod oauth;
+#[path = "support/processes.rs"]
+mod processes;
 #[path = "support/python.rs"]
 mod python;
+#[path = "support/stdio.rs"]
+mod stdio;
 
 use oauth::{b64, get, jwt_part, now, post_form, Provider, TestIssuer, TestKey, OPS_AGENT};
 
@@ -482,6 +486,23 @@ async fn tokens_from_a_real_openid_provider() {
     let (status, _, body) = gw.post(Some(&first), whoami(Some("beta"))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["result"]["structuredContent"]["project"], "beta");
+
+    // A stdio-only desktop client gets in with the same token through `gateway stdio`, given
+    // in the environment as its configuration's "env" would.
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+        "params":{"name":"whoami","arguments":{"project":"beta"}}});
+    let lines = stdio::run(
+        &processes::workspace_bin("gateway"),
+        &resource,
+        stdio::Token::Env(&first),
+        &stdio::session(&[call]),
+    )
+    .await;
+    assert_eq!(
+        stdio::answer(&lines, 2)["result"]["structuredContent"]["project"],
+        "beta",
+        "{lines:?}"
+    );
 
     // The provider's token for another resource is refused like any invalid token; one
     // without the scope gets 403.

@@ -244,6 +244,30 @@ pub(crate) struct Settings {
     pub(crate) json: bool,
 }
 
+/// The bearer token and where it came from: the file `--token-file` names (trimmed; empty is an
+/// error), else `MCP_GATEWAY_TOKEN`, else none. The token is never taken from a flag's value,
+/// so it stays off the command line. An error is a line to print (exit 2).
+pub(crate) fn read_token(
+    file: Option<&String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(String, String)>, String> {
+    match (file, env(TOKEN_ENV)) {
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read the token file {file} (--token-file): {e}"))?;
+            let token = text.trim().to_owned();
+            if token.is_empty() {
+                return Err(format!("the token file {file} (--token-file) is empty"));
+            }
+            Ok(Some((token, format!("--token-file {file}"))))
+        }
+        (None, Some(t)) if !t.trim().is_empty() => {
+            Ok(Some((t.trim().to_owned(), TOKEN_ENV.to_owned())))
+        }
+        (None, _) => Ok(None),
+    }
+}
+
 /// The URL and the phrase that says where it came from.
 fn pick_url(flag: Option<&String>, env: &dyn Fn(&str) -> Option<String>) -> (String, String) {
     match (flag, env(URL_ENV)) {
@@ -264,20 +288,7 @@ impl Settings {
     ) -> Result<Settings, String> {
         let (url, url_from) = pick_url(m.get_one::<String>("url"), env);
         HttpUrl::parse(&url).map_err(|e| format!("{e} ({url_from})"))?;
-        let token = match (m.get_one::<String>("token-file"), env(TOKEN_ENV)) {
-            (Some(file), _) => {
-                let text = std::fs::read_to_string(file).map_err(|e| {
-                    format!("cannot read the token file {file} (--token-file): {e}")
-                })?;
-                let token = text.trim().to_owned();
-                if token.is_empty() {
-                    return Err(format!("the token file {file} (--token-file) is empty"));
-                }
-                Some((token, format!("--token-file {file}")))
-            }
-            (None, Some(t)) => Some((t.trim().to_owned(), TOKEN_ENV.to_owned())),
-            (None, None) => None,
-        };
+        let token = read_token(m.get_one::<String>("token-file"), env)?;
         let (agent_file, agent_file_from) = match m.get_one::<String>("agent-file") {
             Some(f) => (PathBuf::from(f), "from --agent-file".to_owned()),
             None => agent::default_path(&url, env),
