@@ -142,6 +142,9 @@ pub enum RelaySent {
     /// The owner took it and then fell silent (died, or was cut off): it may or may not have
     /// been executed.
     Unknown,
+    /// This replica could not reach the engine: nothing was sent. The request waits for the
+    /// engine, at most its call's timeout, and is then answered `not_sent`.
+    EngineDown,
 }
 
 /// One message of a relayed answer, as the owner's driver produced it.

@@ -60,6 +60,9 @@ pub enum UplinkLoss {
     /// The call was to be relayed to the replica holding the project's uplink, and nobody
     /// took it: it was not sent to the sled.
     NotRelayed,
+    /// The call was to be relayed to the replica holding the project's uplink, and the
+    /// cluster's engine stayed out of reach for the call's timeout: it was not sent.
+    EngineUnreachable,
 }
 
 impl UplinkLoss {
@@ -77,6 +80,10 @@ impl UplinkLoss {
             UplinkLoss::NotRelayed => {
                 "no gateway replica took the call for the replica holding its uplink"
             }
+            UplinkLoss::EngineUnreachable => {
+                "its uplink is on another gateway replica, and this one could not reach the \
+                 cluster's engine to relay the call within its timeout"
+            }
         }
     }
 
@@ -90,13 +97,14 @@ impl UplinkLoss {
             UplinkLoss::Superseded => "superseded",
             UplinkLoss::OwnerLost => "owner_lost",
             UplinkLoss::NotRelayed => "not_relayed",
+            UplinkLoss::EngineUnreachable => "engine_unreachable",
         }
     }
 
     /// Whether the call may have reached the sled: `data.outcome`.
     fn outcome(self) -> &'static str {
         match self {
-            UplinkLoss::NotRelayed => "not_sent",
+            UplinkLoss::NotRelayed | UplinkLoss::EngineUnreachable => "not_sent",
             UplinkLoss::Closed
             | UplinkLoss::Replaced
             | UplinkLoss::HeartbeatTimeout

@@ -22,6 +22,10 @@
 //!   (`outcome: "unknown"`), not when its silence is noticed.
 //! - A held request is served again when its project has a holder, when its move took longer
 //!   than `move_grace`, or refused at shutdown; never kept for ever.
+//! - A relay that could not be sent because the engine was out of reach waits for the engine,
+//!   at most its call's timeout: served again when the engine is back, else answered
+//!   `not_sent` (`engine_unreachable`). `outcome: "unknown"` is only ever said of a relay the
+//!   owner may have taken.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -30,6 +34,12 @@ use crate::cluster::{ClusterAction, ClusterConfig, ClusterCounts, RelayMessage, 
 use crate::directory::{Action, ClaimOutcome, Directory, EntryState, Epoch, Loss, Owner, Revision};
 use crate::error::UplinkLoss;
 use crate::io::{HttpRequest, HttpToken, UplinkId};
+#[cfg(feature = "planted-bugs")]
+use crate::PlantedBug;
+
+/// How often a relay waiting for the engine is tried again, besides when the engine is said
+/// to be back.
+const ENGINE_RETRY: Duration = Duration::from_millis(500);
 
 /// Where a project is served, as this replica knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +123,11 @@ pub(crate) struct Relay {
     /// A stateless retry sent to the replica that parked its call: never served again, and
     /// without a whole answer the call's outcome is unknown (the call died with that replica).
     pub(crate) retry: bool,
+    /// When the call's timeout ends, counted from the relay.
+    pub(crate) deadline: Instant,
+    /// It could not be sent (the engine was out of reach): it waits for the engine, and is
+    /// sent again then, or at this instant, whichever comes first.
+    pub(crate) awaiting_engine: Option<Instant>,
 }
 
 /// The replica machine; see the module docs.
@@ -136,6 +151,8 @@ pub(crate) struct Replica {
     counts: ClusterCounts,
     events: VecDeque<ReplicaEvent>,
     actions: VecDeque<ClusterAction>,
+    #[cfg(feature = "planted-bugs")]
+    planted: Option<PlantedBug>,
 }
 
 impl Replica {
@@ -152,7 +169,15 @@ impl Replica {
             counts: ClusterCounts::default(),
             events: VecDeque::new(),
             actions: VecDeque::new(),
+            #[cfg(feature = "planted-bugs")]
+            planted: None,
         }
+    }
+
+    /// A bug to plant, for the simulation's oracle to find.
+    #[cfg(feature = "planted-bugs")]
+    pub(crate) fn plant(&mut self, planted: Option<PlantedBug>) {
+        self.planted = planted;
     }
 
     /// This replica's name.
@@ -236,10 +261,23 @@ impl Replica {
             Some(holder) => self
                 .relays
                 .iter()
-                .filter(|(_, r)| r.project == project && Some(&r.replica) != holder.as_ref())
+                .filter(|(_, r)| {
+                    r.project == project
+                        && Some(&r.replica) != holder.as_ref()
+                        && r.awaiting_engine.is_none()
+                })
                 .map(|(t, _)| *t)
                 .collect(),
         };
+        // Relays that wait for the engine were not sent: the engine speaks again, so they go
+        // wherever the project is now.
+        let mut waited: Vec<HttpToken> = self
+            .relays
+            .iter()
+            .filter(|(_, r)| r.project == project && r.awaiting_engine.is_some())
+            .map(|(t, _)| *t)
+            .collect();
+        waited.sort_unstable();
         // In token order: the relays are a HashMap, and the simulation replays seeds.
         orphaned.sort_unstable();
         let was_elsewhere = self.held_elsewhere(project).is_some();
@@ -252,6 +290,9 @@ impl Replica {
         for token in orphaned {
             self.actions.push_back(ClusterAction::RelayAbort { token });
             self.relay_failed(now, token, RelaySent::Unknown);
+        }
+        for token in waited {
+            self.serve_again(token);
         }
         self.drain_directory();
         if !gone {
@@ -283,6 +324,64 @@ impl Replica {
         }
         self.directory.handle_engine(now, up);
         self.drain_directory();
+        if up {
+            self.engine_back(now);
+        }
+    }
+
+    /// The engine is back: the relays that waited for it are sent again (in token order).
+    fn engine_back(&mut self, now: Instant) {
+        let back = self.awaiting(|r| r.deadline > now);
+        for token in back {
+            self.send_again(now, token);
+        }
+    }
+
+    /// The relays waiting for the engine that `pick` picks, in token order.
+    fn awaiting(&self, pick: impl Fn(&Relay) -> bool) -> Vec<HttpToken> {
+        let mut tokens: Vec<HttpToken> = self
+            .relays
+            .iter()
+            .filter(|(_, r)| r.awaiting_engine.is_some() && pick(r))
+            .map(|(t, _)| *t)
+            .collect();
+        tokens.sort_unstable();
+        tokens
+    }
+
+    /// Sends again a relay that waited for the engine, to the same replica, within what is
+    /// left of its call's timeout (a newer holder comes with the engine's news, and
+    /// `handle_entry` serves the request again for it).
+    fn send_again(&mut self, now: Instant, token: HttpToken) {
+        let Some(relay) = self.relays.get_mut(&token) else {
+            return;
+        };
+        let Some(request) = relay.request.as_deref() else {
+            return;
+        };
+        relay.awaiting_engine = None;
+        let mut request = request.clone();
+        request.relayed = true;
+        self.actions.push_back(ClusterAction::Relay {
+            token,
+            replica: relay.replica.clone(),
+            request: Box::new(request),
+            timeout: relay.deadline.saturating_duration_since(now),
+        });
+    }
+
+    /// A relay that waited for the engine is handled again from the top.
+    fn serve_again(&mut self, token: HttpToken) {
+        if let Some(Relay {
+            request: Some(request),
+            ..
+        }) = self.relays.remove(&token)
+        {
+            self.events.push_back(ReplicaEvent::ServeAgain {
+                token,
+                request: *request,
+            });
+        }
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
@@ -292,7 +391,12 @@ impl Replica {
             .filter_map(|p| self.moving.get(p))
             .min()
             .copied();
-        [self.directory.poll_timeout(), held_until]
+        let engine_wait = self
+            .relays
+            .values()
+            .filter_map(|r| r.awaiting_engine.map(|retry| retry.min(r.deadline)))
+            .min();
+        [self.directory.poll_timeout(), held_until, engine_wait]
             .into_iter()
             .flatten()
             .min()
@@ -314,6 +418,24 @@ impl Replica {
         });
         for project in over {
             self.release_held(&project);
+        }
+        // Relays that waited for the engine past their call's timeout: not sent. The others
+        // are tried again now and then: the engine may be back before anyone says so.
+        let expired = self.awaiting(|r| r.deadline <= now);
+        let due =
+            self.awaiting(|r| r.deadline > now && r.awaiting_engine.is_some_and(|at| at <= now));
+        for token in due {
+            self.send_again(now, token);
+        }
+        for token in expired {
+            if let Some(relay) = self.relays.remove(&token) {
+                self.counts.relays_failed += 1;
+                self.events.push_back(ReplicaEvent::RelayFailed {
+                    token,
+                    relay,
+                    error: RelayError::Lost(UplinkLoss::EngineUnreachable),
+                });
+            }
         }
     }
 
@@ -414,6 +536,7 @@ impl Replica {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn relay(
         &mut self,
+        now: Instant,
         token: HttpToken,
         replica: String,
         project: String,
@@ -437,8 +560,11 @@ impl Replica {
                 replica: replica.clone(),
                 modern,
                 streaming: false,
-                request: (!self.move_grace.is_zero()).then(|| Box::new(request.clone())),
+                // Kept to serve again: when nobody takes it, or the engine is out of reach.
+                request: Some(Box::new(request.clone())),
                 retry: false,
+                deadline: now + timeout,
+                awaiting_engine: None,
             },
         );
         request.relayed = true;
@@ -509,14 +635,39 @@ impl Replica {
     }
 
     fn relay_failed(&mut self, now: Instant, token: HttpToken, sent: RelaySent) {
-        let Some(relay) = self.relays.remove(&token) else {
+        let Some(mut relay) = self.relays.remove(&token) else {
             return;
         };
+        // Not sent, for want of the engine: it waits for the engine, within its deadline.
+        #[cfg(feature = "planted-bugs")]
+        let sent = match (sent, self.planted) {
+            (RelaySent::EngineDown, Some(PlantedBug::UnknownWhenNotSent)) => RelaySent::Unknown,
+            (sent, _) => sent,
+        };
+        if sent == RelaySent::EngineDown
+            && !relay.retry
+            && !relay.streaming
+            && relay.request.is_some()
+            && now < relay.deadline
+        {
+            tracing::info!(
+                token = token.0,
+                project = relay.project,
+                "the engine is out of reach: the relay waits for it"
+            );
+            relay.awaiting_engine = Some(now + ENGINE_RETRY);
+            self.relays.insert(token, relay);
+            return;
+        }
         self.counts.relays_failed += 1;
         // Nobody took it: that replica is gone. The request was not sent, so it is served
         // again, and waits for the project's next holder (the sled dials again).
-        if let (RelaySent::NotSent, Some(request), false) = (sent, &relay.request, relay.streaming)
-        {
+        if let (RelaySent::NotSent, Some(request), false, false) = (
+            sent,
+            &relay.request,
+            relay.streaming,
+            self.move_grace.is_zero(),
+        ) {
             tracing::info!(
                 project = relay.project,
                 replica = relay.replica,
@@ -532,9 +683,14 @@ impl Replica {
             });
             return;
         }
+        // A stateless retry's call was parked at the replica asked: what became of it there
+        // is unknown.
         let loss = match sent {
             RelaySent::NotSent if !relay.retry => UplinkLoss::NotRelayed,
-            RelaySent::NotSent | RelaySent::Unknown => UplinkLoss::OwnerLost,
+            RelaySent::EngineDown if !relay.retry => UplinkLoss::EngineUnreachable,
+            RelaySent::NotSent | RelaySent::EngineDown | RelaySent::Unknown => {
+                UplinkLoss::OwnerLost
+            }
         };
         tracing::warn!(
             token = token.0,
@@ -553,11 +709,15 @@ impl Replica {
     /// The client of a relayed request went away; `true` when `token` was one (the replica
     /// asked is told, and cancels it).
     pub(crate) fn abort_relay(&mut self, token: HttpToken) -> bool {
-        if self.relays.remove(&token).is_none() {
-            return false;
+        match self.relays.remove(&token) {
+            None => false,
+            // Never sent: nobody to tell.
+            Some(r) if r.awaiting_engine.is_some() => true,
+            Some(_) => {
+                self.actions.push_back(ClusterAction::RelayAbort { token });
+                true
+            }
         }
-        self.actions.push_back(ClusterAction::RelayAbort { token });
-        true
     }
 
     /// Holds a request until `project` has a holder again, or its move takes too long.
@@ -726,6 +886,7 @@ mod tests {
         );
         assert_eq!(r.place(t0, "alpha"), Place::Relay("r2".into()));
         r.relay(
+            t0,
             HttpToken(7),
             "r2".into(),
             "alpha".into(),
@@ -772,6 +933,7 @@ mod tests {
         r.handle_entry(t0, "alpha", 5, claimed_by("r2"));
         events(&mut r);
         r.relay(
+            t0,
             HttpToken(7),
             "r2".into(),
             "alpha".into(),
@@ -803,6 +965,7 @@ mod tests {
         let mut r = replica("r1");
         r.handle_entry(t0, "alpha", 5, claimed_by("r2"));
         r.relay(
+            t0,
             HttpToken(7),
             "r2".into(),
             "alpha".into(),
@@ -842,6 +1005,7 @@ mod tests {
         let mut r = replica("r1");
         r.handle_entry(t0, "alpha", 5, claimed_by("r2"));
         r.relay(
+            t0,
             HttpToken(1),
             "r2".into(),
             "alpha".into(),
@@ -851,6 +1015,7 @@ mod tests {
             GRACE,
         );
         r.relay(
+            t0,
             HttpToken(2),
             "r2".into(),
             "alpha".into(),
@@ -952,6 +1117,7 @@ mod tests {
         let mut r = serving(t0);
         r.handle_entry(t0, "beta", 5, claimed_by("r2"));
         r.relay(
+            t0,
             HttpToken(1),
             "r2".into(),
             "beta".into(),
@@ -1003,5 +1169,122 @@ mod tests {
         );
         assert_eq!(events(&mut r), []);
         assert_eq!(r.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_relay_the_engine_could_not_carry_waits_for_it_then_is_not_sent() {
+        let t0 = t0();
+        let mut r = replica("r1");
+        r.handle_engine(t0, true);
+        r.handle_entry(t0, "alpha", 5, claimed_by("r2"));
+        let timeout = Duration::from_secs(10);
+        let relay = |r: &mut Replica, t: u64, at: Instant| {
+            let id = t.to_string();
+            r.relay(
+                at,
+                HttpToken(t),
+                "r2".into(),
+                "alpha".into(),
+                &id,
+                false,
+                request(t as u8),
+                timeout,
+            );
+        };
+        let resent = |r: &mut Replica| -> Vec<(HttpToken, Duration)> {
+            actions(r)
+                .into_iter()
+                .filter_map(|a| match a {
+                    ClusterAction::Relay {
+                        token,
+                        timeout,
+                        request,
+                        ..
+                    } => {
+                        assert!(request.relayed);
+                        Some((token, timeout))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        relay(&mut r, 1, t0);
+        relay(&mut r, 2, t0);
+        relay(&mut r, 3, t0);
+        r.relay_is_retry(HttpToken(3));
+        events(&mut r);
+        actions(&mut r);
+        // The engine is out of reach: nothing was sent, and nothing is answered yet...
+        r.handle_engine(t0, false);
+        for t in [1, 2, 3] {
+            r.handle_relay_failed(t0, HttpToken(t), RelaySent::EngineDown);
+        }
+        let ev = events(&mut r);
+        // ...but a stateless retry's call was parked at r2: what became of it is unknown.
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert!(matches!(
+            &ev[0],
+            ReplicaEvent::RelayFailed {
+                token: HttpToken(3),
+                error: RelayError::Lost(UplinkLoss::OwnerLost),
+                ..
+            }
+        ));
+        // Tried again now and then, within what is left of the call's timeout: the engine may
+        // be back before anyone says so.
+        assert_eq!(r.poll_timeout(), Some(t0 + ENGINE_RETRY));
+        r.handle_timeout(t0 + ENGINE_RETRY);
+        let left = timeout - ENGINE_RETRY;
+        assert_eq!(resent(&mut r), [(HttpToken(1), left), (HttpToken(2), left)]);
+        for t in [1, 2] {
+            r.handle_relay_failed(t0 + ENGINE_RETRY, HttpToken(t), RelaySent::EngineDown);
+        }
+        assert_eq!(events(&mut r), []);
+        // Its client goes away: nothing to tell r2, which never had it.
+        assert!(r.abort_relay(HttpToken(2)));
+        assert_eq!(actions(&mut r), []);
+        // The engine is said to be back: sent again at once, to the same replica.
+        let back = t0 + Duration::from_secs(3);
+        r.handle_engine(back, true);
+        assert_eq!(
+            resent(&mut r),
+            [(HttpToken(1), timeout - Duration::from_secs(3))]
+        );
+        r.handle_relayed(HttpToken(1), RelayMessage::Close);
+        assert_eq!(
+            events(&mut r),
+            [ReplicaEvent::Answer {
+                token: HttpToken(1),
+                message: RelayMessage::Close
+            }]
+        );
+        // Another relay waits past its call's timeout: answered not sent.
+        relay(&mut r, 4, t0);
+        actions(&mut r);
+        r.handle_engine(t0 + Duration::from_secs(4), false);
+        let mut at = t0 + Duration::from_secs(4);
+        r.handle_relay_failed(at, HttpToken(4), RelaySent::EngineDown);
+        while let Some(next) = r.poll_timeout().filter(|n| *n < t0 + timeout) {
+            at = next;
+            r.handle_timeout(at);
+            for (token, _) in resent(&mut r) {
+                r.handle_relay_failed(at, token, RelaySent::EngineDown);
+            }
+            assert_eq!(events(&mut r), [], "answered before its deadline");
+        }
+        r.handle_timeout(t0 + timeout);
+        let ev = events(&mut r);
+        assert!(
+            matches!(
+                &ev[..],
+                [ReplicaEvent::RelayFailed {
+                    token: HttpToken(4),
+                    error: RelayError::Lost(UplinkLoss::EngineUnreachable),
+                    ..
+                }]
+            ),
+            "{ev:?}"
+        );
+        assert_eq!(r.poll_timeout().filter(|at| *at <= t0 + timeout), None);
     }
 }

@@ -673,8 +673,11 @@ impl Client {
         };
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(payload)) => Ok(payload),
-            // The inbox went with the connection.
-            Ok(Err(_)) => Err(EngineError::Unavailable("the connection is closed".into())),
+            // The inbox went with the connection, after the request went out: not
+            // `Unavailable`, which says nothing was sent.
+            Ok(Err(_)) => Err(EngineError::Other(
+                "the connection closed before the answer".into(),
+            )),
             Err(_) => Err(EngineError::Timeout),
         }
     }

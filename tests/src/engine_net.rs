@@ -575,7 +575,18 @@ impl Inner {
     }
 
     /// Sends `msg` with a fresh id and waits up to `wait` for its answer.
-    async fn call(&self, mut msg: Value, wait: Duration) -> Result<Value, EngineError> {
+    async fn call(&self, msg: Value, wait: Duration) -> Result<Value, EngineError> {
+        self.call_with(msg, wait, EngineError::Unavailable).await
+    }
+
+    /// [`Inner::call`], with `lost` making the error of an operation lost once sent (a
+    /// `request` must not say `Unavailable` then: that means nothing was sent).
+    async fn call_with(
+        &self,
+        mut msg: Value,
+        wait: Duration,
+        lost: fn(String) -> EngineError,
+    ) -> Result<Value, EngineError> {
         let (id, answer) = {
             let mut state = self.lock();
             let Some(conn) = state.conn.clone() else {
@@ -593,15 +604,14 @@ impl Inner {
         };
         match timeout(wait, answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(EngineError::Unavailable(format!(
+            // The connection was lost in flight (`Inner::lost` drops the waiters).
+            Ok(Err(_)) => Err(lost(format!(
                 "{} lost its connection to the engine",
                 self.name
             ))),
             Err(_) => {
                 self.lock().pending.remove(&id);
-                Err(EngineError::Unavailable(format!(
-                    "no answer from the engine within {wait:?}"
-                )))
+                Err(lost(format!("no answer from the engine within {wait:?}")))
             }
         }
     }
@@ -658,12 +668,8 @@ impl Inner {
     fn lost(&self) {
         let mut state = self.lock();
         state.conn = None;
-        for (_, waiter) in std::mem::take(&mut state.pending) {
-            let _ = waiter.send(Err(EngineError::Unavailable(format!(
-                "{} lost its connection to the engine",
-                self.name
-            ))));
-        }
+        // Dropped: each waiter fails as its operation says (`Inner::call_with`).
+        state.pending.clear();
     }
 }
 
@@ -983,7 +989,9 @@ impl Engine for NetEngine {
             "timeout_ms": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         });
         Box::pin(async move {
-            let v = inner.call(msg, timeout + OP_TIMEOUT).await?;
+            let v = inner
+                .call_with(msg, timeout + OP_TIMEOUT, EngineError::Other)
+                .await?;
             unb64(&v)
         })
     }

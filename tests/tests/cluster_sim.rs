@@ -34,8 +34,8 @@ use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError};
 use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{
-    run_cluster, run_failed_session_write, run_spread_waits, run_switch_race, ClusterReport,
-    ClusterScenario,
+    run_cluster, run_failed_session_write, run_relays_while_cut, run_spread_waits, run_switch_race,
+    ClusterReport, ClusterScenario,
 };
 use gateway_tests::sim::runner::{
     self, assert_same_run, env_u64, replay_command, run_parallel, seeds, summary, sweep_seeds,
@@ -432,6 +432,59 @@ fn cluster_twins_same_seed_same_trace() {
             y.run_trace(),
         );
     }
+}
+
+#[test]
+fn cluster_relays_wait_out_an_engine_cut() {
+    let test = "cluster_relays_wait_out_an_engine_cut";
+    let seeds = sweep_seeds(4);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_relays_while_cut(*seed, None));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    for r in &reports {
+        assert!(
+            r.coverage.get("(g) checked").copied().unwrap_or(0) > 0,
+            "seed {}: no call was judged by (g): {:?}",
+            r.seed,
+            r.coverage
+        );
+    }
+    assert_all_passed(test, &reports);
+}
+
+#[test]
+fn cluster_planted_unknown_when_not_sent_is_caught() {
+    let test = "cluster_planted_unknown_when_not_sent_is_caught";
+    let bug = Some(gateway_core::PlantedBug::UnknownWhenNotSent);
+    let seeds = seeds(4, false);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_relays_while_cut(*seed, bug));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let caught = reports
+        .iter()
+        .filter(|r| r.violations.iter().any(|v| v.starts_with("(g)")))
+        .count();
+    println!(
+        "UnknownWhenNotSent: caught by (g) in {caught}/{} seeds",
+        reports.len()
+    );
+    let Some(first) = reports
+        .iter()
+        .find(|r| r.violations.iter().any(|v| v.starts_with("(g)")))
+    else {
+        panic!(
+            "UnknownWhenNotSent was not caught by any of {} seeds",
+            reports.len()
+        );
+    };
+    println!("{}", describe(test, first));
+    let again = run_relays_while_cut(first.seed, bug);
+    assert!(
+        !again.passed(),
+        "seed {} does not replay to a failure",
+        first.seed
+    );
+    assert_eq!(again.trace_hash, first.trace_hash, "the same run again");
 }
 
 /// How long each run of the waits' scenario lasts (simulated).

@@ -210,6 +210,7 @@ contract!(
     a_request_nobody_answers_times_out,
     publish_reaches_every_matching_subscriber,
     a_crashed_engine_is_unavailable_and_comes_back_with_everything,
+    a_request_lost_after_it_went_out_is_not_unavailable,
     a_client_cut_off_misses_messages_but_its_watch_catches_up,
     names_are_checked_before_anything_is_sent,
 );
@@ -844,6 +845,33 @@ async fn a_crashed_engine_is_unavailable_and_comes_back_with_everything(b: &mut 
         [put("project.alpha", "caller", r2)],
         "the watch goes on, nothing lost or repeated"
     );
+}
+
+/// `Unavailable` from `request` means nothing was sent (a relayed call is then answered
+/// `not_sent`): a request the engine lost once it had gone out fails otherwise (`Timeout`, or
+/// `Other`), since its subscriber may have acted on it.
+async fn a_request_lost_after_it_went_out_is_not_unavailable(b: &mut impl Backend) {
+    let caller = b.connect("caller").await;
+    let owner = b.connect("owner").await;
+    let mut requests = owner.subscribe("gw.replica.owner.call").await.unwrap();
+    let request = tokio::spawn({
+        let caller = caller.clone();
+        async move {
+            caller
+                .request("gw.replica.owner.call", v("x"), Duration::from_secs(3))
+                .await
+        }
+    });
+    within("the request arrives", requests.next())
+        .await
+        .expect("subscribed");
+    b.crash().await;
+    let answer = within("the request ends", request).await.unwrap();
+    assert!(
+        matches!(answer, Err(EngineError::Timeout | EngineError::Other(_))),
+        "a request that went out and was lost: {answer:?}"
+    );
+    b.restart().await;
 }
 
 async fn a_client_cut_off_misses_messages_but_its_watch_catches_up(b: &mut impl Backend) {

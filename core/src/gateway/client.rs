@@ -199,7 +199,7 @@ impl Gateway {
                     // Forwarded: the reply comes with the sled's response.
                     Ok(Served::Later) => {}
                     Ok(Served::Away(Away::Relay { project, replica })) => {
-                        self.relay(token, replica, project, id.as_str(), false, request)
+                        self.relay(now, token, replica, project, id.as_str(), false, request)
                     }
                     Ok(Served::Away(Away::Hold { project })) => self.hold(token, project, request),
                     Ok(Served::AwaitListing { project }) => {

@@ -99,6 +99,7 @@ impl Gateway {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn relay(
         &mut self,
+        now: Instant,
         token: HttpToken,
         replica: String,
         project: String,
@@ -110,7 +111,7 @@ impl Gateway {
             .registry
             .get(&project)
             .map_or(self.config.refresh_timeout, |(_, spec)| spec.call_timeout);
-        self.with_replica(|r| r.relay(token, replica, project, id, modern, request, timeout));
+        self.with_replica(|r| r.relay(now, token, replica, project, id, modern, request, timeout));
     }
 
     /// The relay just made is a stateless retry for the replica that parked its call.

@@ -308,6 +308,7 @@ impl Gateway {
         if let Some(purpose) = purpose {
             let why = match sent {
                 RelaySent::NotSent => "no replica took it",
+                RelaySent::EngineDown => "this replica could not reach the cluster's engine",
                 RelaySent::Unknown => "the replica fell silent",
             };
             self.part_answered(now, purpose, Answer::Failed(why.into()), false);

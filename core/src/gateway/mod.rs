@@ -163,6 +163,10 @@ pub enum PlantedBug {
     /// A write held until its project's tools are listed is not served when they are: it
     /// waits out the hold and is refused `tools_pending` though the tools are known.
     ToolsPendingAfterListing,
+    /// In a cluster: a relay that could not be sent because the engine was out of reach is
+    /// answered at once as taken and lost (`outcome: "unknown"`, `owner_lost`), the old
+    /// behaviour, instead of waiting for the engine and then saying `not_sent`.
+    UnknownWhenNotSent,
 }
 
 impl Default for Config {
@@ -592,7 +596,13 @@ impl Gateway {
             .collect();
         Gateway {
             coordination: coordination::Coordination::new(config.coordination.clone()),
-            cluster: config.cluster.as_ref().map(crate::replica::Replica::new),
+            cluster: config.cluster.as_ref().map(|c| {
+                #[allow(unused_mut)]
+                let mut replica = crate::replica::Replica::new(c);
+                #[cfg(feature = "planted-bugs")]
+                replica.plant(config.planted);
+                replica
+            }),
             again: VecDeque::new(),
             records: config
                 .cluster

@@ -144,7 +144,7 @@ impl Gateway {
             }
             Ok(Served::Later) => {}
             Ok(Served::Away(Away::Relay { project, replica })) => {
-                self.relay(token, replica, project, id.as_str(), true, request);
+                self.relay(now, token, replica, project, id.as_str(), true, request);
                 if retry {
                     self.relay_is_retry(token);
                 }

@@ -244,7 +244,10 @@ pub trait Engine: Send + Sync + 'static {
         -> BoxFuture<'static, Result<(), EngineError>>;
 
     /// Sends `payload` to the subscribers of `subject` and waits up to `timeout` for the first
-    /// answer.
+    /// answer. [`EngineError::Unavailable`] means nothing was sent (the engine could not be
+    /// reached); once the request may have gone out, a missing answer is
+    /// [`EngineError::Timeout`] or [`EngineError::Other`], never `Unavailable`: a relayed
+    /// call's answer to its client (`not_sent` or `unknown`) depends on it.
     fn request(
         &self,
         subject: &str,

@@ -414,7 +414,7 @@ impl Engine for NatsEngine {
                     async_nats::RequestErrorKind::InvalidSubject => {
                         EngineError::Invalid(format!("subject {subject:?}"))
                     }
-                    _ if !this.is_connected() => EngineError::Unavailable(e.to_string()),
+                    // It may have gone out before the connection dropped.
                     _ => EngineError::Other(e.to_string()),
                 }),
             }

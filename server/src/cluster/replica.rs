@@ -801,6 +801,11 @@ async fn relay_out(
             failed(RelaySent::Unknown)
         }
         Err(EngineError::NoResponders(_)) => failed(RelaySent::NotSent),
+        // The engine was out of reach: nothing was sent (the contract of `Engine::request`).
+        Err(EngineError::Unavailable(e)) => {
+            tracing::info!(to, error = %e, "the engine is out of reach: the relay was not sent");
+            failed(RelaySent::EngineDown)
+        }
         Err(e) => {
             tracing::warn!(to, error = %e, "relaying a request");
             failed(RelaySent::Unknown)

@@ -69,6 +69,13 @@
 //!   `list_projects` shows every project live and a `create_story` naming each project
 //!   succeeds, within [`CLAIM_TTL`] + the sleds' reconnect backoff + [`ROUTABLE_SLACK`] of the
 //!   last fault's end (or of the end of the workload, whichever is later).
+//! - **(g) "unknown" only of a call that may have reached a sled.** A call answered
+//!   `uplink_lost` with `reason: "owner_lost"` (`outcome: "unknown"`: its relay was taken by
+//!   the replica holding the sled, then lost) was never relayed if the replica it was sent to
+//!   could not reach the engine at any moment of its life (from [`NOTICE`] before its sending
+//!   to its answer, the time a replica takes to notice a cut): it must say `not_sent`.
+//!   `PlantedBug::UnknownWhenNotSent` (the old answer) is caught by (g)
+//!   ([`run_relays_while_cut`]).
 //! - **(f) every replica lists every project's tools.** By the same deadline, each replica's
 //!   stateless `tools/list` lists the tool only alpha's sled lists and the one only beta's
 //!   lists, wherever their sleds are (the tools bucket). `PlantedBug::IgnoreRemoteTools`
@@ -394,6 +401,20 @@ impl ClusterScenario {
     /// Whether any replica may not have heard the engine at some moment of `[a, b]`.
     fn any_impaired(&self, a: Duration, b: Duration) -> bool {
         self.any_fault(a, b, RECOVERY, |_| true)
+    }
+
+    /// Whether `replica` could not reach the engine at any moment of `[a, b]`, and had known so
+    /// for [`NOTICE`] before `a`: cut off from it, or the engine down, throughout.
+    fn cut_throughout(&self, replica: usize, a: Duration, b: Duration) -> bool {
+        self.faults.iter().any(|f| {
+            let cuts = match f {
+                Fault::CutFromEngine { replica: r, .. } => *r == replica,
+                Fault::RestartEngine { .. } => true,
+                Fault::CrashReplica { .. } | Fault::PauseReplica { .. } => false,
+            };
+            let (at, until) = f.window();
+            cuts && at + NOTICE <= a && b <= until
+        })
     }
 
     /// Whether `replica` was crashed or paused at some moment of `[a, b]`, or just before.
@@ -1236,6 +1257,30 @@ pub fn run_switch_race(seed: u64, rounds: usize) -> ClusterReport {
     })
 }
 
+/// A session on `r1`, which holds alpha's sled, calls beta (whose sled `r2` holds) through `r1`
+/// while `r1` is cut off from the engine: the relays cannot be sent, so each call waits for
+/// the engine and then succeeds, or is answered `not_sent`; never `unknown` ((g)). With
+/// `bug`, the replicas run with that planted bug.
+pub fn run_relays_while_cut(seed: u64, bug: Option<PlantedBug>) -> ClusterReport {
+    let secs = Duration::from_secs;
+    let cut = Fault::CutFromEngine {
+        replica: 0,
+        at: secs(4),
+        until: secs(12),
+    };
+    let mut s = scripted(seed, secs(20), vec![cut]);
+    s.bug = bug;
+    run_script(&s, move |mut session| async move {
+        until(WARMUP).await;
+        session.start(0).await;
+        until(secs(4) + NOTICE).await;
+        for _ in 0..6 {
+            session.create(0, Some(PROJECTS[1].to_owned())).await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
 /// One session switches through `r1` while `r1` is cut off from the engine (the write of its
 /// record fails; the switch is answered), then, long after the cut has healed, switches
 /// through `r1` to the same project again, and calls `create_story` without `project`
@@ -1525,6 +1570,10 @@ const CALL_ERRORS: [&str; 6] = [
     "cancelled",
 ];
 
+/// How long a replica may take to notice it cannot reach the engine (the engine client's
+/// silence limit, a heartbeat, and the network's latency).
+const NOTICE: Duration = Duration::from_secs(3);
+
 /// Whether an error says the call never reached a sled.
 fn not_sent(kind: &str, data: &Value) -> bool {
     matches!(kind, "sled_not_connected" | "sled_elsewhere") || data["outcome"] == "not_sent"
@@ -1657,6 +1706,7 @@ fn judge(
 
     // Per call: (b), (c), (d).
     let mut defaults_checked = 0;
+    let mut unreachable_checked = 0;
     for c in calls {
         let global = s.any_impaired(c.sent, c.done);
         // (c) answered in time, properly.
@@ -1762,6 +1812,21 @@ fn judge(
             ),
             _ => {}
         }
+        // (g) "unknown" only of a call that may have reached a sled.
+        if s.cut_throughout(c.replica, c.sent, c.done) {
+            unreachable_checked += 1;
+            if let Outcome::Rpc(kind, data) = &c.outcome {
+                if kind == "uplink_lost" && data["reason"] == "owner_lost" {
+                    f.push(
+                        "(g) unknown though not sent",
+                        format!(
+                            "(g) answered as taken by the sled's replica and lost (unknown), though its replica could not reach the engine all along: {}",
+                            c.line()
+                        ),
+                    );
+                }
+            }
+        }
         // (d) the default, once propagated.
         let Some((want, switch_sent, switch_done)) = default else {
             continue;
@@ -1821,5 +1886,6 @@ fn judge(
         }
     }
     cover("(d) checked", defaults_checked);
+    cover("(g) checked", unreachable_checked);
     f.finish()
 }
