@@ -293,14 +293,17 @@ fn millis(d: Duration) -> u64 {
 }
 
 impl FleetFlags {
+    /// The pin file: `--pin-file`, else beside `config`.
+    fn pin_path(&self, config: &std::path::Path) -> PathBuf {
+        self.pin_file
+            .clone()
+            .unwrap_or_else(|| default_pin_file(config))
+    }
+
     /// Applies the flags; `config` is the projects.toml, beside which the pin file lives by
     /// default.
     fn apply(&self, opts: &mut ServerOptions, config: &std::path::Path) {
-        opts.pin_file = Some(
-            self.pin_file
-                .clone()
-                .unwrap_or_else(|| default_pin_file(config)),
-        );
+        opts.pin_file = Some(self.pin_path(config));
         opts.core.require_identity = self.require_identity;
         opts.core.probe_interval = Duration::from_millis(self.probe_interval_ms);
         opts.core.probe_timeout = Duration::from_millis(self.probe_timeout_ms);
@@ -540,6 +543,9 @@ async fn serve(
     otlp: Option<OtlpConfig>,
     cluster: ClusterFlags,
 ) -> Result<(), String> {
+    // A pin file that cannot be used is refused before anything listens (the server loads it
+    // again when it starts).
+    gateway_server::fleet::load_pins(&fleet.pin_path(&reload_from.0)).map_err(|e| e.to_string())?;
     let cluster = cluster.connect().await?;
     let (listener, addr) = bind(listen.0).await?;
     let metrics_listener = match listen.1 {

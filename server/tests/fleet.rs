@@ -208,6 +208,37 @@ async fn a_missing_or_valid_pin_file_lets_serve_run_and_is_not_rewritten_for_not
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `gateway serve` with a pin file it cannot read refuses to start before it listens: the
+/// operator reads one error, not a "listening" line followed by an exit.
+#[test]
+fn serve_refuses_an_unreadable_pin_file_before_it_listens() {
+    let dir = scratch_dir("serve-bad-pins");
+    let config = dir.join("projects.toml");
+    std::fs::write(
+        &config,
+        "[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n",
+    )
+    .unwrap();
+    let pins = dir.join("pins.toml");
+    std::fs::write(&pins, "this is not toml [").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--pin-file")
+        .arg(&pins)
+        .output()
+        .expect("gateway runs");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("is not valid"), "{all}");
+    assert!(!all.contains("listening"), "{all}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A gateway on a loopback port, stopped by dropping or sending on `stop`.
 struct Running {
     addr: std::net::SocketAddr,

@@ -633,9 +633,9 @@ pub async fn run_uplink_fenced<C: Connect>(
                 failures = failures.saturating_add(1);
                 // Refused for who it is: retrying soon would be refused the same way.
                 let identity_refused = close_code == Some(CloseCode::IdentityRefused.code());
-                let unknown_project = close_code == Some(CloseCode::UnknownProject.code())
-                    || close_code == Some(CloseCode::Unauthorized.code());
-                if unknown_project || identity_refused {
+                let unknown_project = close_code == Some(CloseCode::UnknownProject.code());
+                let token_refused = close_code == Some(CloseCode::Unauthorized.code());
+                if unknown_project || identity_refused || token_refused {
                     delay = opts
                         .backoff_max
                         .max(opts.backoff_min)
@@ -645,6 +645,10 @@ pub async fn run_uplink_fenced<C: Connect>(
                     Some(reason) if identity_refused => error!(
                         project = %project, gateway = %gateway, retry_in = ?delay,
                         "identity refused: {reason}; retrying with a long backoff"
+                    ),
+                    Some(reason) if token_refused => error!(
+                        project = %project, gateway = %gateway, %reason, retry_in = ?delay,
+                        "the gateway refused this sled's uplink token (its project's `token`; sled-sim reads it from --token-env, SLED_UPLINK_TOKEN by default); retrying with a long backoff"
                     ),
                     Some(reason) if unknown_project => error!(
                         project = %project, gateway = %gateway, %reason, retry_in = ?delay,
