@@ -94,9 +94,12 @@ pub(crate) enum Answer {
     Failed(String),
 }
 
-/// A `gateway_health` call waiting for the rows of the projects other replicas hold.
+/// A `gateway_health` or `fleet_identity` call waiting for the rows of the projects other
+/// replicas hold.
 #[derive(Debug)]
 pub(crate) struct HealthGather {
+    /// Which of the two tools.
+    pub(crate) tool: &'static str,
     /// The client's request, and its JSON-RPC id as written.
     pub(crate) token: HttpToken,
     pub(crate) client_id: String,

@@ -459,6 +459,34 @@ async fn an_engine_outage_under_a_call_loop_says_unknown_only_of_relays_already_
     );
 }
 
+/// `gateway doctor` through the balancer on a healthy cluster passes (issue 31): every fleet
+/// tool answers for the whole cluster, `fleet_identity` too, whichever replica takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_through_the_balancer_passes_on_a_healthy_cluster() {
+    let Some(cluster) = Cluster::start(10).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta", "delta"], 0);
+    let held = wait_live(&lb, &["alpha", "beta", "delta"]).await;
+    // Several runs, so that the round robin brings each fleet tool to more than one replica.
+    for run in 0..4 {
+        let out = tokio::process::Command::new(processes::workspace_bin("gateway"))
+            .args(["doctor", "--url", &format!("{lb}/mcp")])
+            .env_remove("MCP_GATEWAY_TOKEN")
+            .env_remove("MCP_GATEWAY_URL")
+            .output()
+            .await
+            .expect("gateway doctor runs");
+        assert!(
+            out.status.success(),
+            "doctor run {run} failed on a healthy cluster ({held:?}):\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_through_the_load_balancer() {
     let Some(cluster) = Cluster::start(3).await else {

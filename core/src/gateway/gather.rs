@@ -1,6 +1,6 @@
 //! Fleet tools answered for the whole cluster (issue 15): `aggregate_pipeline_status` asks
 //! each project's `pipeline_status` of the replica holding its sled, and `gateway_health`
-//! takes the rows of the projects another replica holds from that replica. The parts are
+//! and `fleet_identity` take the rows of the projects another replica holds from it. The parts are
 //! relayed requests of this replica's own (`crate::gather`); a replica answering one serves it
 //! for its own sleds only, since it is marked relayed.
 
@@ -78,10 +78,10 @@ impl Gateway {
         }
     }
 
-    // ---- gateway_health ----
+    // ---- gateway_health and fleet_identity ----
 
     /// `gateway_health`: this replica's rows, and in a cluster, those of the projects other
-    /// replicas hold taken from them (`None`: the answer comes when they have answered).
+    /// replicas hold taken from them (`Later`: the answer comes when they have answered).
     pub(super) fn gateway_health_call(
         &mut self,
         req: &Req<'_>,
@@ -89,10 +89,24 @@ impl Gateway {
         modern: bool,
         arguments: &Map<String, Value>,
     ) -> Result<Served, RpcError> {
-        let Req { token, .. } = *req;
-        let mut result = self.gateway_health(req, arguments)?;
+        let result = self.gateway_health(req, arguments)?;
+        Ok(self.rows_from_holders(req, id, modern, GATEWAY_HEALTH, json!({}), result))
+    }
+
+    /// A fleet tool's `result` with a row per project: in a cluster, each row names its
+    /// project's replica, and (for a client's request) the rows of projects other replicas
+    /// hold are asked of them with `tool` and `arguments`; the answer waits for theirs.
+    pub(super) fn rows_from_holders(
+        &mut self,
+        req: &Req<'_>,
+        id: &RawId,
+        modern: bool,
+        tool: &'static str,
+        arguments: Value,
+        mut result: Value,
+    ) -> Served {
         if !self.clustered() {
-            return Ok(Served::Now(basics::tool_result(result)));
+            return Served::Now(basics::tool_result(result));
         }
         let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
         if let Some(rows) = result["projects"].as_array_mut() {
@@ -109,7 +123,7 @@ impl Gateway {
             }
         }
         if elsewhere.is_empty() {
-            return Ok(Served::Now(basics::tool_result(result)));
+            return Served::Now(basics::tool_result(result));
         }
         let gather = self.gathers.new_gather();
         let timeout = self.config.fanout_sled_timeout;
@@ -123,25 +137,27 @@ impl Gateway {
                 replica.clone(),
                 purpose,
                 timeout,
-                GATEWAY_HEALTH,
-                json!({}),
+                tool,
+                arguments.clone(),
                 None,
             );
         }
         self.gathers.health.insert(
             gather,
             HealthGather {
-                token,
+                tool,
+                token: req.token,
                 client_id: id.as_str().to_owned(),
                 modern,
                 result,
                 waiting: elsewhere,
             },
         );
-        Ok(Served::Later)
+        Served::Later
     }
 
-    /// A replica's `gateway_health`: its rows for the projects it holds replace this one's.
+    /// A replica's `gateway_health` or `fleet_identity`: its rows for the projects it holds
+    /// replace this one's.
     pub(super) fn health_part(&mut self, gather: u64, replica: &str, answer: Answer) {
         let Some(g) = self.gathers.health.get_mut(&gather) else {
             return;
@@ -179,12 +195,22 @@ impl Gateway {
                 Err(why) => Err(why.clone()),
             };
             match replaced {
-                Ok(r) => *row = r,
+                Ok(mut r) => {
+                    if r["replica"].is_null() {
+                        r["replica"] = replica.into();
+                    }
+                    *row = r;
+                }
                 Err(why) => {
+                    let what = if g.tool == GATEWAY_HEALTH {
+                        "health"
+                    } else {
+                        "identity"
+                    };
                     row["status"] = "unknown".into();
                     row["via"] = "replica".into();
                     row["reasons"] = json!([format!(
-                        "its sled is held by replica '{replica}', which did not give its health: {why}"
+                        "its sled is held by replica '{replica}', which did not give its {what}: {why}"
                     )]);
                 }
             }
@@ -198,15 +224,27 @@ impl Gateway {
         let Some(mut g) = self.gathers.health.remove(&gather) else {
             return;
         };
-        // The summary, again from the rows as they are now.
-        let mut summary: BTreeMap<String, Vec<Value>> = ["up", "down", "stale", "unknown"]
-            .into_iter()
-            .map(|s| (s.to_owned(), Vec::new()))
+        // The summary, again from the rows as they are now: every health status, or the
+        // identity statuses present and the projects with a refused key.
+        let every: &[&str] = if g.tool == GATEWAY_HEALTH {
+            &["up", "down", "stale", "unknown"]
+        } else {
+            &[]
+        };
+        let mut summary: BTreeMap<String, Vec<Value>> = every
+            .iter()
+            .map(|s| ((*s).to_owned(), Vec::new()))
             .collect();
         for row in g.result["projects"].as_array().into_iter().flatten() {
             if let Some(status) = row["status"].as_str() {
                 summary
                     .entry(status.to_owned())
+                    .or_default()
+                    .push(row["project"].clone());
+            }
+            if g.tool == FLEET_IDENTITY && !row["refused"].is_null() {
+                summary
+                    .entry("refused".to_owned())
                     .or_default()
                     .push(row["project"].clone());
             }

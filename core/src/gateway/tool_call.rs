@@ -62,7 +62,7 @@ impl Gateway {
                 SWITCH_PROJECT => self.switch_project(req, &arguments).map(Served::Now),
                 LIST_PROJECTS => self.list_projects(req, &arguments).map(Served::Now),
                 GATEWAY_HEALTH => self.gateway_health_call(req, id, modern, &arguments),
-                FLEET_IDENTITY => self.fleet_identity(req, &arguments).map(Served::Now),
+                FLEET_IDENTITY => self.fleet_identity_call(req, id, modern, &arguments),
                 _ => self.aggregate_pipeline_status(req, id, modern, &arguments),
             };
         }
@@ -283,5 +283,23 @@ impl Gateway {
         Ok(tool_result(
             json!({ "projects": projects, "active": active }),
         ))
+    }
+
+    /// `fleet_identity`: a re-pin here; its rows as for `gateway_health`, each project's from
+    /// the replica holding its sled, which is the one that saw its key.
+    pub(super) fn fleet_identity_call(
+        &mut self,
+        req: &Req<'_>,
+        id: &RawId,
+        modern: bool,
+        arguments: &Map<String, Value>,
+    ) -> Result<Served, RpcError> {
+        match self.fleet_identity(req, arguments)? {
+            fleet::Identity::Done(text) => Ok(Served::Now(text)),
+            fleet::Identity::Rows(result) => {
+                let asked = Value::Object(arguments.clone());
+                Ok(self.rows_from_holders(req, id, modern, FLEET_IDENTITY, asked, result))
+            }
+        }
     }
 }

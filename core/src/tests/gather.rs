@@ -302,3 +302,44 @@ fn a_relayed_fleet_tool_answers_for_this_replicas_sleds_only() {
         }
     }
 }
+
+#[test]
+fn fleet_identity_takes_the_rows_of_projects_held_elsewhere_from_their_holder() {
+    let mut h = replica("r1");
+    pipeline_sled(&mut h, "alpha", 2);
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(8), "fleet_identity", json!({}));
+    let sent = parts(&mut h);
+    let [(part, to, body, true)] = sent.as_slice() else {
+        panic!("{sent:?}");
+    };
+    assert_eq!(
+        (to.as_str(), &body["params"]["name"]),
+        ("r2", &json!("fleet_identity"))
+    );
+    assert!(!h.replies.contains_key(&t), "it waits for r2's rows");
+    // r2 holds beta's sled, which it verified; it sees alpha offline (not its sled).
+    let theirs = json!({"projects": [
+        {"project": "alpha", "status": "offline", "refused": null},
+        {"project": "beta", "status": "verified", "pinned": "k", "live": "k", "refused": null},
+    ]});
+    relay_answers(
+        &mut h,
+        *part,
+        json!({"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":theirs}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["id"], 8);
+    assert_eq!(
+        health_rows(&r),
+        [
+            ("alpha".to_owned(), "unsigned".to_owned(), json!("r1")),
+            ("beta".to_owned(), "verified".to_owned(), json!("r2")),
+        ],
+        "each project as the replica holding its sled sees it"
+    );
+    let summary = &r["result"]["structuredContent"]["summary"];
+    assert_eq!(summary["verified"], json!(["beta"]));
+    assert_eq!(summary["unsigned"], json!(["alpha"]));
+    assert!(summary.get("offline").is_none(), "{summary}");
+}

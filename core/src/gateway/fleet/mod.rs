@@ -16,6 +16,7 @@ mod health;
 mod pins;
 mod pipeline;
 
+pub(super) use pins::Identity;
 pub(super) use pipeline::{Fanout, PIPELINE_TOOL};
 
 /// A refused identity: the latest attempt for a project, kept for `fleet_identity`.

@@ -45,7 +45,7 @@ impl Gateway {
         &mut self,
         req: &Req<'_>,
         arguments: &Map<String, Value>,
-    ) -> Result<String, RpcError> {
+    ) -> Result<Identity, RpcError> {
         let now = req.now;
         basics::only_arguments(FLEET_IDENTITY, arguments, &["action", "project", "key"])?;
         let bad = |detail: String| RpcError::InvalidParams {
@@ -104,7 +104,7 @@ impl Gateway {
                 outcome = if r.is_ok() { "ok" } else { "error" },
                 "admin action"
             );
-            return r;
+            return r.map(Identity::Done);
         }
         if key.is_some() {
             return Err(bad("`key` is only taken with action \"repin\"".into()));
@@ -150,7 +150,7 @@ impl Gateway {
                 "refused": refused,
             }));
         }
-        Ok(basics::tool_result(json!({
+        Ok(Identity::Rows(json!({
             "projects": rows,
             "summary": summary,
             "require_identity": self.config.require_identity,
@@ -232,4 +232,11 @@ impl Gateway {
             "note": "the sled presenting the pinned key is accepted at its next connection",
         })))
     }
+}
+
+/// What `fleet_identity` comes to: a re-pin's answer, or the rows to show (in a cluster, the
+/// rows of projects other replicas hold are taken from them: `gather.rs`).
+pub(in crate::gateway) enum Identity {
+    Done(String),
+    Rows(Value),
 }
