@@ -1,7 +1,7 @@
 //! A replica's part in a cluster of gateways (issue 15): what it asks of the engine and what
 //! the engine tells it, and the state the gateway keeps for it.
 //!
-//! The gateway owns a [`crate::replica::Replica`] and a [`crate::records::Records`] when
+//! The gateway owns a `Replica` (`replica.rs`) and a `Records` (`records.rs`) when
 //! [`crate::Config::cluster`] is set, and nothing of them otherwise: a single-process gateway
 //! needs no engine. The decisions are those machines' (and the
 //! [`crate::directory::Directory`]'s, which the

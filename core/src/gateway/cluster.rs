@@ -1,18 +1,19 @@
-//! The gateway's side of the replica machine ([`crate::replica::Replica`]): the engine's
-//! events go in, the machine's events are carried out, and its actions go out. The rest of
-//! the gateway asks where a project is served through [`Gateway::place`] and the few doors
-//! below; only this file and `mod.rs` touch the machine.
+//! The replica machine's doors ([`crate::replica::Replica`]): where a project is served
+//! ([`Gateway::place`], [`Gateway::away`]), and the requests and uplinks the gateway hands it
+//! (relays, holds, fleet-tool parts, uplinks waiting for a claim or gone). A door carries out
+//! what the engine must do at once; what the gateway must do (welcome or close an uplink,
+//! serve a request again, answer a relayed call) waits in the machine for the run loop's
+//! `settle`, which hands it to `engine.rs`. Only this file and `mod.rs` touch the machine.
 //!
-//! - **Uplinks.** A sled that passed every check waits in [`UplinkState::AwaitingClaim`] while
-//!   the machine claims its project; it is welcomed with the won epoch
-//!   ([`ReplicaEvent::Serve`]), and closed with `Superseded` when the claim is lost
-//!   ([`ReplicaEvent::StopServing`]). The hello timer keeps running meanwhile, so a replica
-//!   cut off from the engine sends the sled away.
+//! - **Uplinks.** A sled that passed every check waits in `UplinkState::AwaitingClaim` while
+//!   the machine claims its project; it is welcomed with the won epoch, and closed with
+//!   `Superseded` when the claim is lost. The hello timer keeps running meanwhile, so a
+//!   replica cut off from the engine sends the sled away.
 //! - **Calls.** A request whose project's sled is held by another replica is relayed whole to
 //!   that replica; its answer comes back message by message and goes to the client as if it
 //!   were this replica's. A relay that gets no whole answer is failed with `uplink_lost`:
-//!   `outcome: "not_sent"` when nobody took it, `"unknown"` when the owner took it and fell
-//!   silent. A relayed request is never relayed again.
+//!   `outcome: "not_sent"` when nobody took it or the engine stayed out of reach,
+//!   `"unknown"` when the owner may have taken it. A relayed request is never relayed again.
 
 use std::time::{Duration, Instant};
 

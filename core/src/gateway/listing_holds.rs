@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 // The gateway's side: holding a request, and serving held requests again.
 impl Gateway {
-    /// Holds a write until `project`'s tools are listed, for at most [`Config::listing_hold`]
+    /// Holds a write until `project`'s tools are listed, for at most [`crate::Config::listing_hold`]
     /// or the call's own timeout; at that deadline it is refused `tools_pending`, with the
     /// HTTP status of the request's era (`modern`) (`listing_holds.rs`).
     pub(super) fn hold_for_listing(
