@@ -295,16 +295,17 @@ async fn any_replica_serves_any_session_and_any_call() {
     assert!(holds(&beta, "beta", &r));
     assert!(!holds(&alpha, "alpha", &r));
 
-    // Each replica counts its part.
+    // Each replica counts its part: r3 relayed the call, and asked r1 and r2 for their rows
+    // of `fleet_identity`; r1 served the call and its part.
     let metrics = get_metrics(r3.addr).await;
     assert!(
-        metrics.contains("gateway_cluster_events_total{event=\"relay_out\"} 1"),
+        metrics.contains("gateway_cluster_events_total{event=\"relay_out\"} 3"),
         "{metrics}"
     );
     assert!(metrics.contains("gateway_cluster_events_total{event=\"session_loaded\"} 1"));
     let metrics = get_metrics(r1.addr).await;
     assert!(
-        metrics.contains("gateway_cluster_events_total{event=\"relay_in\"} 1"),
+        metrics.contains("gateway_cluster_events_total{event=\"relay_in\"} 2"),
         "{metrics}"
     );
     assert!(metrics.contains("gateway_cluster_events_total{event=\"claim_won\"} 1"));

@@ -199,6 +199,11 @@ impl Gateway {
                     if r["replica"].is_null() {
                         r["replica"] = replica.into();
                     }
+                    // A sled refused here (an impostor that dialed this replica) is news the
+                    // holder may not have: it stays in the row.
+                    if g.tool == FLEET_IDENTITY && r["refused"].is_null() {
+                        r["refused"] = row["refused"].take();
+                    }
                     *row = r;
                 }
                 Err(why) => {
