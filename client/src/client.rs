@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use tracing::debug;
 
 use crate::net::{Connect, HttpUrl};
+use crate::tls::{dial, TlsTrust};
 
 /// The session header.
 pub const SESSION_HEADER: &str = "mcp-session-id";
@@ -59,6 +60,7 @@ fn hyper_err(e: hyper::Error) -> ClientError {
 /// An MCP client session against one endpoint.
 pub struct McpClient<C: Connect> {
     connector: C,
+    trust: TlsTrust,
     url: HttpUrl,
     host_port: String,
     sender: Option<SendRequest<Full<Bytes>>>,
@@ -81,12 +83,19 @@ impl<C: Connect> std::fmt::Debug for McpClient<C> {
 }
 
 impl<C: Connect> McpClient<C> {
-    /// Parses `url` (`http://host:port/mcp`) and opens the HTTP/1 connection.
+    /// Parses `url` (`http://host:port/mcp`, or `https://…`, verified against the system's
+    /// CA certificates) and opens the HTTP/1 connection.
     pub async fn connect(connector: C, url: &str) -> io::Result<Self> {
+        McpClient::connect_with(connector, url, TlsTrust::system()).await
+    }
+
+    /// [`McpClient::connect`], verifying an `https://` server against `trust`.
+    pub async fn connect_with(connector: C, url: &str, trust: TlsTrust) -> io::Result<Self> {
         let url =
             HttpUrl::parse(url).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut client = McpClient {
             connector,
+            trust,
             host_port: url.host_port(),
             url,
             sender: None,
@@ -102,7 +111,7 @@ impl<C: Connect> McpClient<C> {
 
     async fn open(&mut self) -> io::Result<()> {
         self.sender = None;
-        let stream = self.connector.connect(&self.host_port).await?;
+        let stream = dial(&self.connector, &self.url, &self.trust).await?;
         let (sender, conn) = http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
             .await
             .map_err(io::Error::other)?;
@@ -431,7 +440,7 @@ impl<C: Connect> McpClient<C> {
 
     /// POSTs `body` on a connection of its own; returns the HTTP status.
     async fn post_aside(&self, body: Vec<u8>) -> Result<u16, ClientError> {
-        let stream = self.connector.connect(&self.host_port).await?;
+        let stream = dial(&self.connector, &self.url, &self.trust).await?;
         let (mut sender, conn) = http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
             .await
             .map_err(hyper_err)?;

@@ -4,10 +4,13 @@
 //!
 //! [`McpClient`] speaks MCP over one HTTP/1 connection at a time; [`net::Connect`] says how a
 //! connection is opened, so the same code runs over real TCP ([`TokioConnect`]) and inside a
-//! deterministic simulation. It depends on no other crate of the workspace.
+//! deterministic simulation; [`tls::dial`] layers TLS on it for `https://` URLs, verifying the
+//! server against [`TlsTrust`]'s authorities. It depends on no other crate of the workspace.
 
 pub mod client;
 pub mod net;
+pub mod tls;
 
 pub use client::{response_from_sse, AnsweredRequest, ClientError, McpClient};
 pub use net::{Connect, HttpUrl, TokioConnect, UrlError};
+pub use tls::{dial, MaybeTls, TlsError, TlsTrust};

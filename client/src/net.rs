@@ -1,5 +1,6 @@
 //! How a client (or a sled) opens a connection: generic, so the same code runs over real TCP and
-//! inside a simulation; and the plain-HTTP URLs it connects to.
+//! inside a simulation; and the `http://` and `https://` URLs it connects to (TLS is layered on
+//! the connection by [`crate::tls::dial`]).
 
 use std::future::Future;
 
@@ -40,33 +41,31 @@ pub struct UrlError {
     pub reason: String,
 }
 
-/// A plain-HTTP URL split into its parts. Only `http://` is supported (no TLS).
+/// An `http://` or `https://` URL split into its parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
+    /// `https://`: the connection speaks TLS (see [`crate::tls::dial`]).
+    pub tls: bool,
     /// The host as written (an IPv6 address keeps its brackets).
     pub host: String,
-    /// The port (80 when the URL has none).
+    /// The port (80 when the URL has none, 443 for `https://`).
     pub port: u16,
     /// The path, starting with `/` (`/` when the URL has none). Query strings are kept.
     pub path: String,
 }
 
 impl HttpUrl {
-    /// Parses `http://host[:port][/path]`.
+    /// Parses `http://host[:port][/path]` or `https://host[:port][/path]`.
     pub fn parse(url: &str) -> Result<Self, UrlError> {
         let fail = |reason: &str| UrlError {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
-        let rest = match url.split_once("://") {
-            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-            Some((scheme, _))
-                if scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("wss") =>
-            {
-                return Err(fail("TLS is not supported; use http://host:port"));
-            }
-            Some(_) => return Err(fail("the scheme must be http://")),
-            None => return Err(fail("expected http://host:port")),
+        let (tls, rest) = match url.split_once("://") {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => (false, rest),
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => (true, rest),
+            Some(_) => return Err(fail("the scheme must be http:// or https://")),
+            None => return Err(fail("expected http://host:port or https://host:port")),
         };
         let (authority, path) = match rest.find(['/', '?']) {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -109,6 +108,7 @@ impl HttpUrl {
             return Err(fail("the host has characters a host name cannot have"));
         }
         let port = match port {
+            None if tls => 443,
             None => 80,
             Some(p) => match p.parse::<u16>() {
                 Ok(0) | Err(_) => return Err(fail("the port must be a number from 1 to 65535")),
@@ -122,6 +122,7 @@ impl HttpUrl {
             return Err(fail("the path has whitespace or control characters"));
         }
         Ok(HttpUrl {
+            tls,
             host: host.to_owned(),
             port,
             path,
@@ -131,6 +132,15 @@ impl HttpUrl {
     /// `host:port`, for connecting and for the `Host` header.
     pub fn host_port(&self) -> String {
         format!("{}:{}", self.host, self.port)
+    }
+
+    /// `"https"` or `"http"`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
     }
 }
 
@@ -155,9 +165,14 @@ mod tests {
         assert_eq!(u.path, "/x?y=1");
         let u = HttpUrl::parse("http://h:1?q").unwrap();
         assert_eq!(u.path, "/?q");
+        assert!(!u.tls);
+        let u = HttpUrl::parse("https://gw.example/mcp").unwrap();
+        assert_eq!((u.tls, u.port, u.scheme()), (true, 443, "https"));
+        let u = HttpUrl::parse("HTTPS://127.0.0.1:8443").unwrap();
+        assert_eq!((u.tls, u.host_port().as_str()), (true, "127.0.0.1:8443"));
         for bad in [
             "127.0.0.1:8080",
-            "https://x:1",
+            "wss://x:1",
             "ftp://x",
             "http://",
             "http://:80",

@@ -10,6 +10,11 @@
 //! an upgraded uplink WebSocket has left hyper altogether. `tokio::time` drives the timer, so
 //! turmoil's clock drives it in the simulation.
 //!
+//! With TLS ([`crate::tls::ServerTls`]), each accepted connection's handshake runs in its own
+//! task with the configuration in force when it was accepted, bounded by
+//! [`crate::tls::HANDSHAKE_TIMEOUT`]; HTTP (and an uplink's WebSocket) runs over it. A failed
+//! handshake ends that connection only, logged at debug level and counted.
+//!
 //! Shutdown, when `signal` resolves (see [`Drain`]): the connections the kernel has already
 //! completed (the accept backlog) are accepted and served, so that none is reset when the
 //! listener closes; the listener is dropped, so new connections are refused (a load balancer
@@ -29,7 +34,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 
+use gateway_client::MaybeTls;
+
 use crate::fleet::ServerCounters;
+use crate::tls::ServerTls;
 
 /// A listener whose accept backlog can be taken at once, when the server stops accepting.
 pub trait Backlog: Listener + Sized {
@@ -74,11 +82,13 @@ pub(crate) struct Drain<S, T> {
 
 /// Accepts on `listener` and serves `app` until `drain.signal` resolves, then drains (see the
 /// module docs) and waits for the open connections to finish (the caller bounds that wait).
+/// With `tls`, every connection speaks TLS.
 pub(crate) async fn serve_http<L, S, T>(
     mut listener: L,
     app: Router,
     idle_timeout: Option<Duration>,
     counters: Arc<ServerCounters>,
+    tls: Option<ServerTls>,
     drain: Drain<S, T>,
 ) where
     L: Backlog,
@@ -102,9 +112,12 @@ pub(crate) async fn serve_http<L, S, T>(
 
     let serve_one = |io: L::Io, peer: L::Addr| {
         tracing::trace!(?peer, "HTTP connection accepted");
-        let conn = builder
-            .serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()))
-            .with_upgrades();
+        let builder = builder.clone();
+        let app = app.clone();
+        // The configuration in force now: a reload after this affects later connections.
+        let acceptor = tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(t.config()));
         let mut stop_rx = stop_rx.clone();
         let done_rx = done_rx.clone();
         let counters = counters.clone();
@@ -112,21 +125,45 @@ pub(crate) async fn serve_http<L, S, T>(
             .http_connections_open
             .fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = stop_rx.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
+            let io = match acceptor {
+                None => Some(MaybeTls::Plain(io)),
+                Some(acceptor) => tokio::select! {
+                    r = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(io)) => match r {
+                        Ok(Ok(tls)) => Some(MaybeTls::server(tls)),
+                        Ok(Err(e)) => {
+                            counters.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(?peer, error = %e, "TLS handshake failed");
+                            None
+                        }
+                        Err(_) => {
+                            counters.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(?peer, "TLS handshake not done within {:?}", crate::tls::HANDSHAKE_TIMEOUT);
+                            None
+                        }
+                    },
+                    _ = stop_rx.changed() => None,
+                },
             };
-            match result {
-                Ok(()) => {}
-                Err(e) if e.is_timeout() => {
-                    counters.http_idle_closed.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(?peer, "HTTP connection closed: idle past the timeout");
+            if let Some(io) = io {
+                let conn = builder
+                    .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
+                    .with_upgrades();
+                let mut conn = std::pin::pin!(conn);
+                let result = tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = stop_rx.changed() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                };
+                match result {
+                    Ok(()) => {}
+                    Err(e) if e.is_timeout() => {
+                        counters.http_idle_closed.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(?peer, "HTTP connection closed: idle past the timeout");
+                    }
+                    Err(e) => tracing::debug!(?peer, error = %e, "HTTP connection ended"),
                 }
-                Err(e) => tracing::debug!(?peer, error = %e, "HTTP connection ended"),
             }
             counters
                 .http_connections_open
@@ -201,6 +238,7 @@ mod tests {
                 app,
                 None,
                 Arc::new(ServerCounters::default()),
+                None,
                 drain,
             ));
             for mut s in waiting {

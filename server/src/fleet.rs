@@ -32,7 +32,8 @@ pub trait Prober: Send + Sync + 'static {
 }
 
 /// The real prober: HTTP/1.1 `GET` over a [`Connect`] (tokio TCP in production, turmoil's
-/// network in the simulation). Only `http://` URLs; anything else fails at once.
+/// network in the simulation), with TLS for `https://` URLs (the system's CA certificates).
+/// Any other scheme fails at once.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HttpProber<C: Connect>(pub C);
 
@@ -71,8 +72,7 @@ impl Drop for AbortOnDrop {
 /// One `GET`: connect, send, wait for the response head. The body is not read.
 async fn get_status<C: Connect>(connector: C, url: gateway_client::HttpUrl) -> Result<u16, String> {
     let host_port = url.host_port();
-    let stream = connector
-        .connect(&host_port)
+    let stream = gateway_client::dial(&connector, &url, &gateway_client::TlsTrust::system())
         .await
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::ConnectionRefused => format!("connection refused ({host_port})"),
@@ -186,6 +186,8 @@ pub struct ServerCounters {
     pub http_connections_open: AtomicU64,
     /// HTTP connections closed for waiting longer than the idle timeout for a request head.
     pub http_idle_closed: AtomicU64,
+    /// TLS handshakes that failed or did not finish in time (with `--tls-cert` only).
+    pub tls_handshakes_failed: AtomicU64,
 }
 
 /// The driver's end of the pin file: hands the latest text to the writer task.
@@ -319,7 +321,7 @@ mod tests {
     #[tokio::test]
     async fn a_bad_url_fails_at_once() {
         let p = HttpProber(gateway_client::TokioConnect);
-        for url in ["https://x:1/", "not a url", "ftp://x"] {
+        for url in ["wss://x:1/", "not a url", "ftp://x"] {
             match p.probe(url, Duration::from_secs(60)).await {
                 ProbeOutcome::Failed(reason) => assert!(reason.contains(url), "{reason}"),
                 other => panic!("{url}: {other:?}"),

@@ -73,6 +73,7 @@ mod ops;
 pub mod otlp;
 mod reload;
 pub mod stdio;
+pub mod tls;
 mod uplink;
 
 /// The default of [`ServerOptions::shutdown_grace`].
@@ -135,6 +136,10 @@ pub struct ServerOptions {
     /// Join a cluster of replicas through its engine (see [`cluster::replica`]); `None` (the
     /// default): a single-process gateway, no engine.
     pub cluster: Option<cluster::replica::ClusterOptions>,
+    /// Serve HTTPS and WSS with this certificate and key, on every listener, reloaded on SIGHUP
+    /// and when the files change (see [`tls`]); `None` (the default): plain HTTP, for loopback
+    /// or behind a proxy that ends TLS.
+    pub tls: Option<tls::ServerTls>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -152,6 +157,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
             .field("cluster", &self.cluster)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -173,6 +179,7 @@ impl ServerOptions {
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
             cluster: None,
+            tls: None,
         }
     }
 }
@@ -228,6 +235,7 @@ where
         oauth,
         otlp,
         cluster,
+        tls,
     } = opts;
     if let Some(c) = &cluster {
         let key = cluster::replica::agent_key(c, gateway_core::agents::AgentKey::derive(&seed))
@@ -345,6 +353,7 @@ where
             app,
             http_idle_timeout,
             Arc::new(fleet::ServerCounters::default()),
+            tls.clone(),
             accept::Drain {
                 signal: async move {
                     let _ = ops_stopped.changed().await;
@@ -380,7 +389,9 @@ where
         then,
     };
 
-    let server = accept::serve_http(listener, app, http_idle_timeout, counters, drain);
+    // The certificate and key are re-read on SIGHUP and whenever they change.
+    let tls_watcher = tls.clone().map(|t| tokio::spawn(tls::watch(t)));
+    let server = accept::serve_http(listener, app, http_idle_timeout, counters, tls, drain);
     let mut server = std::pin::pin!(server);
     let mut served = false;
     // Phase 1: serve until shutdown starts.
@@ -389,6 +400,9 @@ where
         s = started_rx => s.ok(),
     };
     if let Some(w) = &watcher {
+        w.abort();
+    }
+    if let Some(w) = &tls_watcher {
         w.abort();
     }
     let give_up = started.unwrap_or_else(Instant::now) + shutdown_grace + SHUTDOWN_LINGER;

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 mod demo;
 mod demo_replicas;
 mod shell;
+mod tls_flags;
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
 
@@ -96,6 +97,8 @@ enum Command {
         otlp_endpoint: Option<String>,
         #[command(flatten)]
         cluster: ClusterFlags,
+        #[command(flatten)]
+        tls: tls_flags::TlsFlags,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -146,12 +149,17 @@ enum Command {
     ///      "args": ["stdio", "--url", "http://127.0.0.1:7878/mcp", "--token-file", "/path/to/token"]}
     #[command(verbatim_doc_comment)]
     Stdio {
-        /// The gateway's MCP endpoint, e.g. http://127.0.0.1:7878/mcp (plain http only).
+        /// The gateway's MCP endpoint, e.g. http://127.0.0.1:7878/mcp or
+        /// https://gateway.example/mcp.
         #[arg(long, value_name = "URL", value_parser = parse_mcp_url)]
         url: String,
         /// A file holding the bearer token to send [else env MCP_GATEWAY_TOKEN, the token itself].
         #[arg(long = "token-file", value_name = "FILE")]
         token_file: Option<String>,
+        /// The CA certificates (PEM) an https:// gateway's certificate must chain to [else the
+        /// file env MCP_GATEWAY_CA_FILE names, else the system's].
+        #[arg(long = "ca-file", value_name = "FILE")]
+        ca_file: Option<PathBuf>,
     },
 }
 
@@ -353,7 +361,11 @@ fn main() -> ExitCode {
         logs.with_ansi(!stdio).init();
     }
     match cli.command {
-        Command::Stdio { url, token_file } => run_stdio(&url, token_file.as_ref()),
+        Command::Stdio {
+            url,
+            token_file,
+            ca_file,
+        } => run_stdio(&url, token_file.as_ref(), ca_file.as_deref()),
         Command::Serve {
             config,
             listen,
@@ -362,9 +374,17 @@ fn main() -> ExitCode {
             fleet,
             otlp_endpoint,
             cluster,
+            tls,
         } => {
             let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
+                Err(message) => {
+                    eprintln!("gateway: {message}");
+                    return ExitCode::from(2);
+                }
+            };
+            let tls = match tls.load() {
+                Ok(tls) => tls,
                 Err(message) => {
                     eprintln!("gateway: {message}");
                     return ExitCode::from(2);
@@ -388,7 +408,7 @@ fn main() -> ExitCode {
                     mcp,
                     fleet,
                     otlp,
-                    cluster,
+                    (cluster, tls),
                 ),
             )
         }
@@ -414,11 +434,24 @@ fn main() -> ExitCode {
 }
 
 /// `gateway stdio`: bridges stdin and stdout to the gateway at `url`, with the token from
-/// `token_file` or the environment. A bad URL or token exits 2, a broken stdin or stdout 1.
-fn run_stdio(url: &str, token_file: Option<&String>) -> ExitCode {
+/// `token_file` or the environment, verifying an `https://` gateway against `ca_file` (or the
+/// environment's, or the system's). A bad URL, token or CA file exits 2, a broken stdin or
+/// stdout 1.
+fn run_stdio(
+    url: &str,
+    token_file: Option<&String>,
+    ca_file: Option<&std::path::Path>,
+) -> ExitCode {
     let env = |k: &str| std::env::var(k).ok();
     let token = match shell::read_token(token_file, &env) {
         Ok(token) => token.map(|(token, from)| gateway_server::stdio::BridgeToken { token, from }),
+        Err(e) => {
+            eprintln!("gateway: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let trust = match gateway_client::TlsTrust::from_flag_or_env(ca_file, &env) {
+        Ok(trust) => trust,
         Err(e) => {
             eprintln!("gateway: {e}");
             return ExitCode::from(2);
@@ -434,6 +467,7 @@ fn run_stdio(url: &str, token_file: Option<&String>) -> ExitCode {
     let stdin = tokio::io::BufReader::new(tokio::io::stdin());
     let opts = gateway_server::stdio::BridgeOptions {
         token,
+        trust,
         ..Default::default()
     };
     let result = rt.block_on(gateway_server::stdio::bridge_with(
@@ -541,7 +575,7 @@ async fn serve(
     mcp: McpFlags,
     fleet: FleetFlags,
     otlp: Option<OtlpConfig>,
-    cluster: ClusterFlags,
+    (cluster, tls): (ClusterFlags, Option<gateway_server::tls::ServerTls>),
 ) -> Result<(), String> {
     // A pin file that cannot be used is refused before anything listens (the server loads it
     // again when it starts).
@@ -551,7 +585,8 @@ async fn serve(
     let metrics_listener = match listen.1 {
         Some(at) => {
             let (l, metrics_addr) = bind(at).await?;
-            tracing::info!(%metrics_addr, "metrics at http://{metrics_addr}/metrics");
+            let http = if tls.is_some() { "https" } else { "http" };
+            tracing::info!(%metrics_addr, "metrics at {http}://{metrics_addr}/metrics");
             Some(l)
         }
         None => None,
@@ -560,8 +595,21 @@ async fn serve(
     if registry.is_empty() {
         tracing::warn!("no projects are registered: every proxied call will fail");
     }
-    tracing::info!(%addr, "gateway listening: MCP at http://{addr}/mcp, uplinks at ws://{addr}{}",
+    let (http, ws) = if tls.is_some() {
+        ("https", "wss")
+    } else {
+        ("http", "ws")
+    };
+    tracing::info!(%addr, "gateway listening: MCP at {http}://{addr}/mcp, uplinks at {ws}://{addr}{}",
         gateway_core::uplink::UPLINK_PATH);
+    match &tls {
+        Some(t) => tracing::info!(cert = %t.files().cert.display(), sha256 = %t.fingerprint(),
+            "serving TLS; the certificate and key are re-read on SIGHUP and when they change"),
+        None if !addr.ip().is_loopback() => tracing::warn!(%addr,
+            "serving plain HTTP on a non-loopback address: bearer and uplink tokens cross the \
+             network in clear unless a proxy in front ends TLS (--tls-cert/--tls-key)"),
+        None => {}
+    }
     let mut opts = ServerOptions::new(registry, rand::random());
     mcp.apply(&mut opts);
     fleet.apply(&mut opts, &reload_from.0);
@@ -570,6 +618,7 @@ async fn serve(
         tracing::info!(replica = c.replica, namespace = c.namespace, claim_ttl = ?c.claim_ttl, "joining a cluster");
     }
     opts.cluster = cluster;
+    opts.tls = tls;
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
     gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())

@@ -24,7 +24,7 @@
 //!   relays in, claims won, claim conflicts, claims lost, engine reconnects, sessions loaded);
 //! - counted by the server itself ([`crate::fleet::ServerCounters`]):
 //!   `gateway_pin_file_write_errors_total`, `gateway_http_connections_open` (gauge),
-//!   `gateway_http_idle_closed_total`.
+//!   `gateway_http_idle_closed_total`, `gateway_tls_handshakes_failed_total`.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -52,6 +52,7 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
         pin_file_write_errors: load(&server.pin_file_write_errors),
         http_connections_open: load(&server.http_connections_open),
         http_idle_closed: load(&server.http_idle_closed),
+        tls_handshakes_failed: load(&server.tls_handshakes_failed),
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(snapshot));
@@ -68,6 +69,7 @@ struct Snapshot {
     pin_file_write_errors: u64,
     http_connections_open: u64,
     http_idle_closed: u64,
+    tls_handshakes_failed: u64,
 }
 
 /// A label value with backslash, double quote and newline escaped.
@@ -325,6 +327,13 @@ impl Collector for Snapshot {
             "gateway_http_idle_closed",
             "HTTP connections closed after waiting longer than the idle timeout for a request.",
             self.http_idle_closed,
+        )?;
+        counter(
+            e,
+            "gateway_tls_handshakes_failed",
+            "TLS handshakes that failed or did not finish in time (a client that does not trust \
+             the certificate, or that does not speak TLS).",
+            self.tls_handshakes_failed,
         )
     }
 }

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use gateway_client::{Connect, HttpUrl, TokioConnect};
+use gateway_client::{Connect, HttpUrl, TlsTrust, TokioConnect};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -82,7 +82,7 @@ const STREAM_HEALTHY_AFTER: Duration = Duration::from_secs(5);
 pub struct BridgeOptions {
     /// Where the URL came from, named in errors: `--url` for the command line.
     pub url_source: String,
-    /// How long opening a TCP connection to the gateway may take.
+    /// How long opening a connection to the gateway (TCP, and TLS for `https://`) may take.
     pub connect_timeout: Duration,
     /// At the end of the input, how long requests in flight get to finish.
     pub drain_timeout: Duration,
@@ -101,6 +101,9 @@ pub struct BridgeOptions {
     pub max_line_bytes: usize,
     /// The bearer token sent with every request, if any.
     pub token: Option<BridgeToken>,
+    /// The certificate authorities an `https://` gateway is verified against (default: the
+    /// system's).
+    pub trust: TlsTrust,
 }
 
 /// A bearer token for the gateway and where it came from (`--token-file FILE`,
@@ -134,6 +137,7 @@ impl Default for BridgeOptions {
             stream_backoff_max: Duration::from_secs(5),
             max_line_bytes: 16 << 20,
             token: None,
+            trust: TlsTrust::system(),
         }
     }
 }
@@ -431,9 +435,9 @@ impl<C: Connect> Shared<C> {
 
     /// Opens a new HTTP/1 connection.
     async fn open(&self) -> io::Result<SendRequest<Full<Bytes>>> {
-        let host_port = self.target.host_port();
         let limit = self.opts.connect_timeout;
-        let stream = match tokio::time::timeout(limit, self.connector.connect(&host_port)).await {
+        let dial = gateway_client::dial(&self.connector, &self.target, &self.opts.trust);
+        let stream = match tokio::time::timeout(limit, dial).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(io::Error::new(

@@ -72,6 +72,9 @@ pub struct SledOptions {
     pub stalled_relay: BTreeSet<String>,
     /// How often each sled sends a `sync` event.
     pub relay_interval: Duration,
+    /// The certificate authorities a `wss://` gateway is verified against (default: the
+    /// system's).
+    pub tls: gateway_client::TlsTrust,
 }
 
 impl SledOptions {
@@ -97,6 +100,7 @@ impl SledOptions {
             identity,
             relay_interval: self.relay_interval,
             stall_relay: self.stalled_relay.contains(project),
+            tls: self.tls.clone(),
             ..UplinkOptions::default()
         }
     }
@@ -115,6 +119,7 @@ impl Default for SledOptions {
             latency_overrides: BTreeMap::new(),
             stalled_relay: BTreeSet::new(),
             relay_interval: Duration::from_secs(5),
+            tls: gateway_client::TlsTrust::system(),
         }
     }
 }

@@ -21,9 +21,15 @@ struct Args {
     #[command(subcommand)]
     command: Option<Command>,
 
-    /// The gateway's base URL, e.g. http://127.0.0.1:3000 (the uplink is at /uplink).
+    /// The gateway's base URL, e.g. http://127.0.0.1:3000 (the uplink is at /uplink), or
+    /// https://gateway.example (the uplink is then wss://…/uplink).
     #[arg(long, value_name = "URL", value_parser = parse_gateway, required = true)]
     gateway: Option<GatewayAddr>,
+
+    /// The CA certificates (PEM) a wss:// gateway's certificate must chain to [else the file
+    /// env MCP_GATEWAY_CA_FILE names, else the system's].
+    #[arg(long = "ca-file", value_name = "FILE")]
+    ca_file: Option<std::path::PathBuf>,
 
     /// A project to emulate a sled for (repeatable). The sled's name is the project's.
     #[arg(long, value_name = "NAME", value_parser = parse_project)]
@@ -152,6 +158,14 @@ async fn main() -> ExitCode {
         error!("--gateway is required");
         return ExitCode::FAILURE;
     };
+    let env = |k: &str| std::env::var(k).ok();
+    let tls = match gateway_client::TlsTrust::from_flag_or_env(args.ca_file.as_deref(), &env) {
+        Ok(t) => t,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let projects = match args.projects {
         Some(n) => demo_project_names(usize::from(n)),
         None => args.project.clone(),
@@ -184,6 +198,7 @@ async fn main() -> ExitCode {
             BTreeSet::new()
         },
         relay_interval: Duration::from_millis(args.relay_interval_ms),
+        tls,
         ..SledOptions::default()
     };
 

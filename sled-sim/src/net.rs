@@ -4,31 +4,50 @@
 
 pub use gateway_client::net::{Connect, HttpUrl, TokioConnect, UrlError};
 
-/// Where the gateway is: parsed from `http://host:port`. The sled finds the uplink endpoint
-/// (`ws://host:port/uplink`) and clients the MCP endpoint (`http://host:port/mcp`) from it.
+/// Where the gateway is: parsed from `http://host:port` or `https://host:port`. The sled finds
+/// the uplink endpoint (`ws://host:port/uplink`, `wss://` with TLS) and clients the MCP endpoint
+/// (`http://host:port/mcp`, `https://` with TLS) from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GatewayAddr {
+    tls: bool,
     host: String,
     port: u16,
 }
 
 impl GatewayAddr {
-    /// Parses `http://host:port` (a trailing `/` is fine; any other path is an error).
+    /// Parses `http://host:port` or `https://host:port` (a trailing `/` is fine; any other path
+    /// is an error).
     pub fn parse(url: &str) -> Result<Self, UrlError> {
         let parsed = HttpUrl::parse(url)?;
         if parsed.path != "/" {
             return Err(UrlError {
                 url: url.to_owned(),
                 reason: format!(
-                    "expected the gateway's base URL http://host:port, without a path (got {:?})",
+                    "expected the gateway's base URL http(s)://host:port, without a path (got {:?})",
                     parsed.path
                 ),
             });
         }
         Ok(GatewayAddr {
+            tls: parsed.tls,
             host: parsed.host,
             port: parsed.port,
         })
+    }
+
+    /// Whether the gateway speaks TLS (`https://`, `wss://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The base URL as an [`HttpUrl`] (path `/`), for dialing.
+    pub fn base_url(&self) -> HttpUrl {
+        HttpUrl {
+            tls: self.tls,
+            host: self.host.clone(),
+            port: self.port,
+            path: "/".to_owned(),
+        }
     }
 
     /// The host as written.
@@ -46,18 +65,19 @@ impl GatewayAddr {
         format!("{}:{}", self.host, self.port)
     }
 
-    /// `ws://host:port/uplink`.
+    /// `ws://host:port/uplink` (`wss://` with TLS).
     pub fn uplink_url(&self) -> String {
+        let ws = if self.tls { "wss" } else { "ws" };
         format!(
-            "ws://{}{}",
+            "{ws}://{}{}",
             self.host_port(),
             gateway_core::uplink::UPLINK_PATH
         )
     }
 
-    /// `http://host:port/mcp`.
+    /// `http://host:port/mcp` (`https://` with TLS).
     pub fn mcp_url(&self) -> String {
-        format!("http://{}/mcp", self.host_port())
+        format!("{}/mcp", self)
     }
 }
 
@@ -71,7 +91,8 @@ impl std::str::FromStr for GatewayAddr {
 
 impl std::fmt::Display for GatewayAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}", self.host_port())
+        let http = if self.tls { "https" } else { "http" };
+        write!(f, "{http}://{}", self.host_port())
     }
 }
 
@@ -88,5 +109,10 @@ mod tests {
         assert!(GatewayAddr::parse("http://127.0.0.1:3000/").is_ok());
         let e = GatewayAddr::parse("http://127.0.0.1:3000/mcp").unwrap_err();
         assert!(e.to_string().contains("without a path"), "{e}");
+        let g: GatewayAddr = "https://gw.example".parse().unwrap();
+        assert!(g.tls());
+        assert_eq!(g.uplink_url(), "wss://gw.example:443/uplink");
+        assert_eq!(g.mcp_url(), "https://gw.example:443/mcp");
+        assert_eq!(g.to_string(), "https://gw.example:443");
     }
 }

@@ -90,6 +90,9 @@ pub struct UplinkOptions {
     pub relay_interval: Duration,
     /// A stalled relay: the uplink serves calls and pongs as usual but sends no `event` frame.
     pub stall_relay: bool,
+    /// The certificate authorities a `wss://` gateway is verified against (default: the
+    /// system's).
+    pub tls: gateway_client::TlsTrust,
 }
 
 impl Default for UplinkOptions {
@@ -105,6 +108,7 @@ impl Default for UplinkOptions {
             identity: None,
             relay_interval: Duration::from_secs(5),
             stall_relay: false,
+            tls: gateway_client::TlsTrust::system(),
         }
     }
 }
@@ -702,8 +706,8 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         epoch_seen: fence.seen(),
     };
     let attempt = async {
-        let stream = connector
-            .connect(&gateway.host_port())
+        // TLS over the connection for a `wss://` gateway.
+        let stream = gateway_client::dial(connector, &gateway.base_url(), &opts.tls)
             .await
             .map_err(|e| (format!("connecting to {}: {e}", gateway.host_port()), None))?;
         // The request built from the URL carries `Host: host:port`.

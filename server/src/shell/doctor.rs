@@ -178,7 +178,9 @@ async fn auth_check(conn: &Conn) -> Check {
     let s = &conn.settings;
     // A sessionless ping without a token says whether the gateway requires one.
     let required = async {
-        let mut c = McpClient::connect(TokioConnect, &s.url).await.ok()?;
+        let mut c = McpClient::connect_with(TokioConnect, &s.url, s.trust.clone())
+            .await
+            .ok()?;
         c.set_timeout(Some(REQUEST_TIMEOUT));
         match c.request(json!(1), "ping", json!({})).await {
             Err(ClientError::Http { status: 401, .. }) => Some(true),

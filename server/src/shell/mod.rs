@@ -17,7 +17,9 @@
 //!   gateway that no longer knows it (it restarted) gets a fresh one, transparently.
 //! - **Where.** `--url`, else `MCP_GATEWAY_URL`, else the demo's URL; every connection failure
 //!   is one line naming the URL and which of the three chose it. `--token-file`, else
-//!   `MCP_GATEWAY_TOKEN`, is sent as a bearer token; a 401 names the token's source.
+//!   `MCP_GATEWAY_TOKEN`, is sent as a bearer token; a 401 names the token's source. An
+//!   `https://` gateway is verified against the CA certificates in `--ca-file`, else in the file
+//!   `MCP_GATEWAY_CA_FILE` names, else the system's.
 //! - **Output.** The tool's `structuredContent` as JSON (`--json`, the default when stdout is
 //!   not a terminal), else readable lines and tables ([`render`]). A tool error (a JSON-RPC
 //!   error or an `isError` result) prints its message and `data.kind` on stderr and exits 1.
@@ -34,7 +36,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Arg, ArgAction, ArgMatches, Command};
-use gateway_client::{ClientError, HttpUrl, McpClient, TokioConnect};
+use gateway_client::{ClientError, HttpUrl, McpClient, TlsTrust, TokioConnect};
 use serde_json::{json, Map, Value};
 
 /// The gateway's MCP endpoint when neither `--url` nor [`URL_ENV`] says: the demo's.
@@ -189,7 +191,7 @@ fn init_logs() {
 
 /// The flags every shell command takes: where the gateway is, how to authenticate, the agent
 /// identity file, and the output format.
-fn common_args() -> [Arg; 4] {
+fn common_args() -> [Arg; 5] {
     [
         Arg::new("url").long("url").value_name("URL").help(format!(
             "The gateway's MCP endpoint [env: {URL_ENV}] [default: {DEFAULT_URL}]"
@@ -200,6 +202,14 @@ fn common_args() -> [Arg; 4] {
             .help(format!(
                 "A file holding the bearer token for the gateway's client_tokens [else env \
                  {TOKEN_ENV}, the token itself]"
+            )),
+        Arg::new("ca-file")
+            .long("ca-file")
+            .value_name("FILE")
+            .help(format!(
+                "The CA certificates (PEM) an https:// gateway's certificate must chain to [env: \
+                 {}] [default: the system's]",
+                gateway_client::tls::CA_FILE_ENV
             )),
         Arg::new("agent-file")
             .long("agent-file")
@@ -237,6 +247,8 @@ pub(crate) struct Settings {
     pub(crate) url_from: String,
     /// The bearer token and where it came from.
     pub(crate) token: Option<(String, String)>,
+    /// The certificate authorities an `https://` gateway is verified against.
+    pub(crate) trust: TlsTrust,
     /// The agent identity file and what chose it.
     pub(crate) agent_file: PathBuf,
     pub(crate) agent_file_from: String,
@@ -289,6 +301,8 @@ impl Settings {
         let (url, url_from) = pick_url(m.get_one::<String>("url"), env);
         HttpUrl::parse(&url).map_err(|e| format!("{e} ({url_from})"))?;
         let token = read_token(m.get_one::<String>("token-file"), env)?;
+        let ca_file = m.get_one::<String>("ca-file").map(std::path::Path::new);
+        let trust = TlsTrust::from_flag_or_env(ca_file, env).map_err(|e| e.to_string())?;
         let (agent_file, agent_file_from) = match m.get_one::<String>("agent-file") {
             Some(f) => (PathBuf::from(f), "from --agent-file".to_owned()),
             None => agent::default_path(&url, env),
@@ -297,6 +311,7 @@ impl Settings {
             url,
             url_from,
             token,
+            trust,
             agent_file,
             agent_file_from,
             json: m.get_flag("json") || !std::io::stdout().is_terminal(),
@@ -360,7 +375,8 @@ impl Conn {
 
     /// A client for the gateway, connected (with the token, if any).
     pub(crate) async fn connect(&self) -> Result<McpClient<TokioConnect>, Failure> {
-        let mut c = McpClient::connect(TokioConnect, &self.settings.url)
+        let s = &self.settings;
+        let mut c = McpClient::connect_with(TokioConnect, &s.url, s.trust.clone())
             .await
             .map_err(|e| self.transport(ClientError::Io(e)))?;
         c.set_bearer_token(self.settings.token.as_ref().map(|(t, _)| t.clone()));
@@ -543,8 +559,20 @@ mod tests {
         );
 
         let m = parse(&["gateway", "list-projects", "--url", "https://h/mcp"]).unwrap();
+        let s = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap();
+        assert_eq!(s.url, "https://h/mcp");
+        let m = parse(&["gateway", "list-projects", "--url", "wss://h/mcp"]).unwrap();
         let e = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap_err();
-        assert!(e.contains("https://h/mcp") && e.contains("--url"), "{e}");
+        assert!(e.contains("wss://h/mcp") && e.contains("--url"), "{e}");
+        let m = parse(&[
+            "gateway",
+            "list-projects",
+            "--ca-file",
+            "/nonexistent/ca.pem",
+        ])
+        .unwrap();
+        let e = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap_err();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
     }
 
     #[test]
