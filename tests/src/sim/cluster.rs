@@ -694,6 +694,7 @@ fn sled_software(
             identity: None,
             relay_interval: Duration::ZERO,
             stall_relay: false,
+            tls: Default::default(),
         };
         let gateway = GatewayAddr::parse(&format!("http://{}:{GATEWAY_PORT}", REPLICAS[replica]))
             .expect("a valid replica address");

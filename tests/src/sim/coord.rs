@@ -1188,6 +1188,7 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
             identity: None,
             relay_interval: Duration::ZERO,
             stall_relay: false,
+            tls: Default::default(),
         };
         sim.host(format!("sled-{}", PROJECTS[i]), move || {
             let backend = Backend::Handler(handler.clone());

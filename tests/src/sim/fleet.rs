@@ -123,6 +123,7 @@ fn uplink_options(seed: u64, sled_name: &str, latency: Duration) -> UplinkOption
         identity: None,
         relay_interval: Duration::ZERO,
         stall_relay: false,
+        tls: Default::default(),
     }
 }
 

@@ -157,6 +157,7 @@ fn sled_software(
             identity: None,
             relay_interval: Duration::ZERO,
             stall_relay: false,
+            tls: Default::default(),
         };
         Box::pin(sled_host(backend, opts))
     }

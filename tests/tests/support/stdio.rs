@@ -22,9 +22,25 @@ pub enum Token<'a> {
 /// Runs `gateway stdio --url url` with `token`, writes `messages` one per line, closes stdin,
 /// and returns the lines it wrote (each a JSON-RPC message) once it exits.
 pub async fn run(gateway: &Path, url: &str, token: Token<'_>, messages: &[Value]) -> Vec<Value> {
+    run_with(gateway, url, token, &[], &[], messages).await
+}
+
+/// [`run`] with more arguments after `--url url`, and these environment variables set.
+pub async fn run_with(
+    gateway: &Path,
+    url: &str,
+    token: Token<'_>,
+    args: &[&str],
+    env: &[(&str, &str)],
+    messages: &[Value],
+) -> Vec<Value> {
     let mut cmd = tokio::process::Command::new(gateway);
-    cmd.arg("stdio").arg("--url").arg(url);
+    cmd.arg("stdio").arg("--url").arg(url).args(args);
     cmd.env_remove("MCP_GATEWAY_TOKEN");
+    cmd.env_remove("MCP_GATEWAY_CA_FILE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
     match token {
         Token::None => {}
         Token::File(path) => {
