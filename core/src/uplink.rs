@@ -86,11 +86,18 @@ pub enum Control {
         epoch_seen: Option<u64>,
     },
     /// gateway → sled, after a hello with a `key`: prove you hold its private half by signing
-    /// [`crate::identity::challenge_message`] of your project and this nonce (32 random bytes,
-    /// standard base64).
+    /// [`crate::identity::challenge_message`] of the gateway's name (the host you dialed), your
+    /// project and this nonce (32 random bytes, standard base64).
     Challenge { nonce: String },
-    /// sled → gateway: the Ed25519 signature (64 bytes, standard base64) of the challenge.
-    Proof { signature: String },
+    /// sled → gateway: the Ed25519 signature (64 bytes, standard base64) of the challenge, and
+    /// the gateway name it was made for ([`crate::identity::gateway_name`] of the host the
+    /// sled dialed). A gateway with a public name refuses a proof made for another.
+    Proof {
+        signature: String,
+        /// Absent from a sled that signs no gateway name: refused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gateway: Option<String>,
+    },
     /// sled → gateway, at any time on a live uplink: one event of the sled's CRDT event relay
     /// (`kind`: `story_created`, `story_moved`, `story_blocked`, `test_failed`, `sync` …).
     /// The gateway keeps the newest event time per project to report relay staleness.

@@ -66,7 +66,8 @@ enum Command {
     ///     name = "alpha"
     ///     url = "http://127.0.0.1:9101"
     ///
-    /// Point MCP clients at http://LISTEN/mcp and each project's sled at ws://LISTEN/uplink.
+    /// Point MCP clients at http://LISTEN/mcp and each project's sled at ws://LISTEN/uplink
+    /// (https:// and wss:// with --tls-cert and --tls-key).
     /// Sleds' identity keys are pinned on first use in pins.toml beside the config file
     /// (--pin-file). Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s to
     /// finish.
@@ -383,6 +384,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let public_name = tls.public_name(listen);
             let tls = match tls.load() {
                 Ok(tls) => tls,
                 Err(message) => {
@@ -408,7 +410,7 @@ fn main() -> ExitCode {
                     mcp,
                     fleet,
                     otlp,
-                    (cluster, tls),
+                    (cluster, tls, public_name),
                 ),
             )
         }
@@ -575,7 +577,11 @@ async fn serve(
     mcp: McpFlags,
     fleet: FleetFlags,
     otlp: Option<OtlpConfig>,
-    (cluster, tls): (ClusterFlags, Option<gateway_server::tls::ServerTls>),
+    (cluster, tls, public_name): (
+        ClusterFlags,
+        Option<gateway_server::tls::ServerTls>,
+        Option<String>,
+    ),
 ) -> Result<(), String> {
     // A pin file that cannot be used is refused before anything listens (the server loads it
     // again when it starts).
@@ -619,6 +625,15 @@ async fn serve(
     }
     opts.cluster = cluster;
     opts.tls = tls;
+    match &public_name {
+        Some(name) => tracing::info!(public_name = %name,
+            "sled identity proofs must be made for this name (the host in the sleds' uplink URL; --public-name)"),
+        None => tracing::warn!(
+            "listening on an unspecified address without --public-name: sled identity proofs are \
+             not bound to a gateway name"
+        ),
+    }
+    opts.core.public_name = public_name;
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
     gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())

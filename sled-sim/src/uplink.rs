@@ -720,8 +720,16 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
             tokio_tungstenite::client_async_with_config(url.as_str(), stream, Some(config))
                 .await
                 .map_err(|e| (format!("WebSocket upgrade at {url}: {e}"), None))?;
-        let (heartbeat_ms, epoch) =
-            handshake(&mut ws, &hello, &project, opts.identity.as_ref()).await?;
+        // A proof is made for the gateway this sled dialed (and, over TLS, verified).
+        let gateway_name = gateway_core::identity::gateway_name(gateway.host());
+        let (heartbeat_ms, epoch) = handshake(
+            &mut ws,
+            &hello,
+            &project,
+            &gateway_name,
+            opts.identity.as_ref(),
+        )
+        .await?;
         if let Some(epoch) = epoch {
             if !fence.welcome(epoch) {
                 let seen = fence.seen().unwrap_or_default();
@@ -784,14 +792,15 @@ async fn hang_up_with<S: AsyncRead + AsyncWrite + Unpin>(
     let _ = timeout(Duration::from_millis(500), ws.close(Some(frame))).await;
 }
 
-/// Sends `hello`, answers a `challenge` with a `proof` signed by `identity`, and waits for
-/// `welcome`. Returns the heartbeat period and the welcome's epoch, or why it failed and the
+/// Sends `hello`, answers a `challenge` with a `proof` signed by `identity` for the gateway
+/// named `gateway_name`, and waits for `welcome`. Returns the heartbeat period and the welcome's epoch, or why it failed and the
 /// close code if the gateway closed the connection (for `IdentityRefused`, the reason is just
 /// the gateway's).
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     ws: &mut WebSocketStream<S>,
     hello: &Control,
     project: &str,
+    gateway_name: &str,
     identity: Option<&SigningKey>,
 ) -> Result<(u64, Option<u64>), (String, Option<u16>)> {
     ws.send(Message::text(hello.to_text()))
@@ -847,7 +856,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                             None,
                         ));
                     };
-                    let signature = match sign_challenge(key, project, &nonce) {
+                    let signature = match sign_challenge(key, gateway_name, project, &nonce) {
                         Ok(signature) => signature,
                         Err(e) => {
                             hang_up(ws, "a malformed challenge").await;
@@ -855,7 +864,11 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                         }
                     };
                     debug!(project, "answering the identity challenge");
-                    ws.send(Message::text(Control::Proof { signature }.to_text()))
+                    let proof = Control::Proof {
+                        signature,
+                        gateway: Some(gateway_name.to_owned()),
+                    };
+                    ws.send(Message::text(proof.to_text()))
                         .await
                         .map_err(|e| (format!("sending proof: {e}"), None))?;
                 }

@@ -234,11 +234,15 @@ fn relay_run(seed: u64) -> Vec<String> {
             nonce: base64::engine::general_purpose::STANDARD.encode(nonce),
         };
         ws.send(Message::text(challenge.to_text())).await?;
-        let Control::Proof { signature } = serde_json::from_value(next_raw(&mut ws).await)? else {
+        let Control::Proof { signature, gateway } =
+            serde_json::from_value(next_raw(&mut ws).await)?
+        else {
             panic!("expected a proof");
         };
+        assert_eq!(gateway.as_deref(), Some("gateway"));
         let vk = gateway_core::identity::parse_key(&key).unwrap();
-        gateway_core::identity::verify_challenge(&vk, "alpha", &nonce, &signature).unwrap();
+        gateway_core::identity::verify_challenge(&vk, "gateway", "alpha", &nonce, &signature)
+            .unwrap();
         note(format!("proof from {key}"));
         let welcome = Control::Welcome {
             protocol: PROTOCOL_VERSION,

@@ -470,14 +470,18 @@ async fn challenge(ws: &mut Ws, project: &str, key: &str, nonce: [u8; 32]) {
     )
     .await;
     let proof: Control = serde_json::from_value(next_frame(ws).await.unwrap()).unwrap();
-    let Control::Proof { signature } = proof else {
+    let Control::Proof { signature, gateway } = proof else {
         panic!("expected a proof, got {proof:?}");
     };
+    // Made for the gateway the sled dialed.
+    assert_eq!(gateway.as_deref(), Some("127.0.0.1"));
+    let gw = "127.0.0.1";
     let key = parse_key(key).unwrap();
-    verify_challenge(&key, project, &nonce, &signature).expect("the proof verifies");
-    // Worth nothing for another nonce or project.
-    assert!(verify_challenge(&key, project, &[0; 32], &signature).is_err());
-    assert!(verify_challenge(&key, "other", &nonce, &signature).is_err());
+    verify_challenge(&key, gw, project, &nonce, &signature).expect("the proof verifies");
+    // Worth nothing for another nonce, project or gateway.
+    assert!(verify_challenge(&key, gw, project, &[0; 32], &signature).is_err());
+    assert!(verify_challenge(&key, gw, "other", &nonce, &signature).is_err());
+    assert!(verify_challenge(&key, "localhost", project, &nonce, &signature).is_err());
 }
 
 #[tokio::test]

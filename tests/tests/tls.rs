@@ -41,8 +41,9 @@ struct TlsGateway {
 }
 
 impl TlsGateway {
-    /// Starts it on a free loopback port with `config`, `cert` and `key`, and waits until it
-    /// answers over TLS (trusting `ca`, by the name `localhost`).
+    /// Starts it on a free loopback port with `config`, `cert` and `key`, known to its sleds as
+    /// `localhost` (`--public-name`), and waits until it answers over TLS (trusting `ca`, by the
+    /// name `localhost`).
     async fn start(dir: &Path, config: &Path, cert: &Path, key: &Path, ca: &TlsTrust) -> Self {
         let port = free_port();
         let log = dir.join("gateway.log");
@@ -54,7 +55,7 @@ impl TlsGateway {
             .arg(cert)
             .arg("--tls-key")
             .arg(key)
-            .args(["--probe-interval-ms", "0"])
+            .args(["--probe-interval-ms", "0", "--public-name", "localhost"])
             .arg("--pin-file")
             .arg(dir.join("pins.toml"))
             .env("RUST_LOG", "info")
@@ -91,6 +92,15 @@ impl TlsGateway {
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
+    }
+
+    /// Whether a log line's message starts with `message_start`.
+    fn logged(&self, message_start: &str) -> bool {
+        self.log_lines().iter().any(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(message_start))
+        })
     }
 
     /// How many log lines have this message and `fields.trigger`.
@@ -410,5 +420,41 @@ async fn the_certificate_is_reloaded_on_sighup_and_on_change_and_a_bad_one_is_re
     // The key never reaches the log.
     let key_line = third.key_pem.lines().nth(1).unwrap();
     assert!(!gateway.log_text().contains(key_line));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A sled's identity proof is bound to the name it dialed the gateway by: with the gateway's
+/// public name `localhost`, a sled that reached it (over TLS, with a certificate that also
+/// names 127.0.0.1) as `127.0.0.1` made its proof for `127.0.0.1`, and is refused; one that
+/// dialed `localhost` is welcomed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sled_identity_proof_made_for_another_gateway_name_is_refused() {
+    let dir = scratch("tls-proof-name");
+    let ca = TestCa::new("gateway tests CA");
+    let ca_file = ca.write(&dir, "ca.pem");
+    let trust = TlsTrust::from_ca_file(&ca_file).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    ca.issue("gateway", &["localhost", "127.0.0.1"])
+        .write(&cert, &key);
+    let config = write_config(&dir);
+    let gateway = TlsGateway::start(&dir, &config, &cert, &key, &trust).await;
+    let ca_path = ca_file.to_str().unwrap();
+    let mcp = gateway.url("localhost", "/mcp");
+    let by_name = format!("https://localhost:{}", gateway.port);
+    let by_ip = format!("https://127.0.0.1:{}", gateway.port);
+    let _beta = sled_sim(&by_ip, "beta", BETA_TOKEN, &["--ca-file", ca_path]);
+    let _alpha = sled_sim(&by_name, "alpha", ALPHA_TOKEN, &["--ca-file", ca_path]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let refusal = "sled identity refused: the identity proof was made for gateway '127.0.0.1', \
+                   and this gateway is 'localhost'";
+    while !(live(&dir, &mcp, &ca_file, "alpha").await && gateway.logged(refusal)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "alpha never came up, or beta's proof for 127.0.0.1 was not refused:\n{}",
+            gateway.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!live(&dir, &mcp, &ca_file, "beta").await);
     let _ = std::fs::remove_dir_all(&dir);
 }

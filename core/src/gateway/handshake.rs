@@ -48,6 +48,7 @@ impl Gateway {
             pin: self.pins.get(project),
             require_identity: self.config.require_identity,
             pins_shared: self.pins_shared(),
+            public_name: self.config.public_name.as_deref(),
         }
     }
 
@@ -219,9 +220,16 @@ impl Gateway {
         }
     }
 
-    /// The sled's signature of its challenge: verified, then its key is checked against the
-    /// project's pin (or pinned, the first time).
-    pub(in crate::gateway) fn on_proof(&mut self, now: Instant, id: UplinkId, signature: &str) {
+    /// The sled's signature of its challenge, made for the gateway named `gateway`: the name
+    /// and the signature verified, then its key is checked against the project's pin (or
+    /// pinned, the first time).
+    pub(in crate::gateway) fn on_proof(
+        &mut self,
+        now: Instant,
+        id: UplinkId,
+        signature: &str,
+        gateway: Option<&str>,
+    ) {
         let Some(uplink) = self.uplinks.get_mut(&id) else {
             return;
         };
@@ -232,7 +240,9 @@ impl Gateway {
                 return;
             }
         };
-        let verdict = self.handshake(&proving.project).proof(&proving, signature);
+        let verdict = self
+            .handshake(&proving.project)
+            .proof(&proving, signature, gateway);
         let Proving {
             project, sled, key, ..
         } = proving;
@@ -313,6 +323,8 @@ pub(super) struct Handshake<'a> {
     require_identity: bool,
     /// A first-use pin is created in the engine (a cluster), not here.
     pins_shared: bool,
+    /// The name a proof must be made for (`Config::public_name`); `None`: any.
+    public_name: Option<&'a str>,
 }
 
 /// What a hello comes to.
@@ -401,8 +413,14 @@ impl Handshake<'_> {
         }
     }
 
-    /// The `signature` of the challenge `proving` was sent.
-    pub(super) fn proof(&self, proving: &Proving, signature: &str) -> ProofVerdict {
+    /// The `signature` of the challenge `proving` was sent, made for the gateway named
+    /// `gateway`.
+    pub(super) fn proof(
+        &self,
+        proving: &Proving,
+        signature: &str,
+        gateway: Option<&str>,
+    ) -> ProofVerdict {
         let Proving {
             project,
             key,
@@ -410,7 +428,26 @@ impl Handshake<'_> {
             nonce,
             ..
         } = proving;
-        if let Err(e) = identity::verify_challenge(verifying, project, nonce, signature) {
+        let Some(gateway) = gateway else {
+            return ProofVerdict::RefuseIdentity(
+                "the identity proof names no gateway: a sled signs the name of the gateway it \
+                 dialed with the nonce and the project (uplink identity v2)"
+                    .to_owned(),
+            );
+        };
+        let signed_for = identity::gateway_name(gateway);
+        if let Some(public) = self.public_name {
+            if signed_for != identity::gateway_name(public) {
+                return ProofVerdict::RefuseIdentity(format!(
+                    "the identity proof was made for gateway '{signed_for}', and this gateway is \
+                     '{public}': a proof is good only for the gateway the sled dialed (the \
+                     gateway's public name must be the host in its sleds' uplink URL)"
+                ));
+            }
+        }
+        if let Err(e) =
+            identity::verify_challenge(verifying, &signed_for, project, nonce, signature)
+        {
             return ProofVerdict::RefuseIdentity(format!("the identity proof failed: {e}"));
         }
         if self.spec.is_none() {
@@ -470,10 +507,17 @@ mod tests {
         }
     }
 
+    /// A proof made for the gateway `gw.example`.
     fn signed(signing: &SigningKey) -> String {
-        identity::sign_challenge(signing, "alpha", &identity::encode_bytes(&[7; 32]))
+        signed_for(signing, "gw.example")
+    }
+
+    fn signed_for(signing: &SigningKey, gateway: &str) -> String {
+        identity::sign_challenge(signing, gateway, "alpha", &identity::encode_bytes(&[7; 32]))
             .expect("a signature")
     }
+
+    const GW: Option<&str> = Some("gw.example");
 
     #[test]
     fn a_hello_is_refused_for_its_protocol_its_project_or_its_token_and_names_no_other_project() {
@@ -483,6 +527,7 @@ mod tests {
             pin: None,
             require_identity: false,
             pins_shared: false,
+            public_name: None,
         };
         let code = |v: HelloVerdict| match v {
             HelloVerdict::Refuse(code, _) => Some(code),
@@ -527,6 +572,7 @@ mod tests {
             pin: Some(&pin),
             require_identity: false,
             pins_shared: false,
+            public_name: None,
         };
         assert!(matches!(
             pinned.hello(PROTOCOL_VERSION, "alpha", None, None),
@@ -561,9 +607,10 @@ mod tests {
             pin: None,
             require_identity: false,
             pins_shared: false,
+            public_name: None,
         };
         assert_eq!(
-            first_use.proof(&proving(&public), &signed(&signing)),
+            first_use.proof(&proving(&public), &signed(&signing), GW),
             ProofVerdict::PinHere
         );
         let shared = Handshake {
@@ -571,12 +618,12 @@ mod tests {
             ..first_use
         };
         assert_eq!(
-            shared.proof(&proving(&public), &signed(&signing)),
+            shared.proof(&proving(&public), &signed(&signing), GW),
             ProofVerdict::PinInEngine
         );
         // A signature by another key proves nothing.
         assert!(matches!(
-            first_use.proof(&proving(&public), &signed(&other)),
+            first_use.proof(&proving(&public), &signed(&other), GW),
             ProofVerdict::RefuseIdentity(_)
         ));
         let pin = Pin {
@@ -588,11 +635,11 @@ mod tests {
             ..first_use
         };
         assert_eq!(
-            pinned.proof(&proving(&public), &signed(&signing)),
+            pinned.proof(&proving(&public), &signed(&signing), GW),
             ProofVerdict::Accept
         );
         assert!(matches!(
-            pinned.proof(&proving(&other_public), &signed(&other)),
+            pinned.proof(&proving(&other_public), &signed(&other), GW),
             ProofVerdict::RefuseIdentity(_)
         ));
         let gone = Handshake {
@@ -600,8 +647,55 @@ mod tests {
             ..pinned
         };
         assert!(matches!(
-            gone.proof(&proving(&public), &signed(&signing)),
+            gone.proof(&proving(&public), &signed(&signing), GW),
             ProofVerdict::Refuse(CloseCode::UnknownProject, _)
         ));
+    }
+
+    #[test]
+    fn a_proof_made_for_another_gateway_name_is_refused() {
+        let s = spec(None);
+        let (signing, public) = key(1);
+        let named = Handshake {
+            spec: Some(&s),
+            pin: None,
+            require_identity: false,
+            pins_shared: false,
+            public_name: Some("GW.example"),
+        };
+        // Made for this gateway (names compare as hosts do): good.
+        assert_eq!(
+            named.proof(&proving(&public), &signed(&signing), Some("gw.EXAMPLE.")),
+            ProofVerdict::PinHere
+        );
+        // Made for another name, say by a gateway that relayed this one's challenge: refused,
+        // naming both, even though the signature is good for the name it names.
+        let elsewhere = signed_for(&signing, "evil.example");
+        match named.proof(&proving(&public), &elsewhere, Some("evil.example")) {
+            ProofVerdict::RefuseIdentity(reason) => assert!(
+                reason.contains("'evil.example'") && reason.contains("'GW.example'"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // A proof that claims this gateway but was signed for another does not verify.
+        assert!(matches!(
+            named.proof(&proving(&public), &elsewhere, GW),
+            ProofVerdict::RefuseIdentity(_)
+        ));
+        // No name at all: refused, whatever the configuration.
+        let unnamed = Handshake {
+            public_name: None,
+            ..named
+        };
+        assert!(matches!(
+            unnamed.proof(&proving(&public), &signed(&signing), None),
+            ProofVerdict::RefuseIdentity(_)
+        ));
+        // Without a public name, a proof for any name verifies against the name it names.
+        assert_eq!(
+            unnamed.proof(&proving(&public), &elsewhere, Some("evil.example")),
+            ProofVerdict::PinHere
+        );
     }
 }

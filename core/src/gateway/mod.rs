@@ -108,6 +108,10 @@ pub struct Config {
     pub relay_stale_after: Duration,
     /// Refuse sleds that present no identity key (close 4007), pinned or not.
     pub require_identity: bool,
+    /// The name sleds dial this gateway by (the host of their uplink URL): a sled's identity
+    /// proof must be made for it, else the sled is refused (close 4007). `None`: a proof made
+    /// for any gateway name is accepted (it is still bound to the nonce and the project).
+    pub public_name: Option<String>,
     /// `aggregate_pipeline_status`: the default overall deadline (a call may ask for less).
     pub fanout_timeout: Duration,
     /// `aggregate_pipeline_status`: the default deadline of each sled's answer.
@@ -189,6 +193,7 @@ impl Default for Config {
             probe_timeout: Duration::from_secs(2),
             relay_stale_after: Duration::from_secs(30),
             require_identity: false,
+            public_name: None,
             fanout_timeout: Duration::from_secs(5),
             fanout_sled_timeout: Duration::from_secs(2),
             pin_save_delay: Duration::from_millis(500),

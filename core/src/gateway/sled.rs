@@ -87,8 +87,8 @@ impl Gateway {
                     }
                     self.on_hello(now, id, protocol, project, sled, token, key)
                 }
-                Ok(Control::Proof { signature }) if expects_proof => {
-                    self.on_proof(now, id, &signature)
+                Ok(Control::Proof { signature, gateway }) if expects_proof => {
+                    self.on_proof(now, id, &signature, gateway.as_deref())
                 }
                 Ok(Control::Pong { .. }) if !awaiting_hello => {}
                 Ok(Control::Event { kind, story, .. }) if !awaiting_hello => {

@@ -777,8 +777,8 @@ fn hello_with_key(
     );
     let f = h.take_frames(u);
     assert_eq!(f[0]["uplink"], "challenge", "{f:?}");
-    let sig = sign_challenge(k, project, f[0]["nonce"].as_str().unwrap()).unwrap();
-    h.sled_says(u, json!({"uplink":"proof","signature":sig}));
+    let sig = sign_challenge(k, "gw", project, f[0]["nonce"].as_str().unwrap()).unwrap();
+    h.sled_says(u, json!({"uplink":"proof","signature":sig,"gateway":"gw"}));
     (u, h.take_frames(u))
 }
 

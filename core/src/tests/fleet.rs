@@ -29,8 +29,8 @@ impl Harness {
         );
         let f = self.take_frames(u);
         assert_eq!(f[0]["uplink"], "challenge", "{f:?}");
-        let sig = sign_challenge(k, sign_as, f[0]["nonce"].as_str().unwrap()).unwrap();
-        self.sled_says(u, json!({"uplink":"proof","signature":sig}));
+        let sig = sign_challenge(k, "gw", sign_as, f[0]["nonce"].as_str().unwrap()).unwrap();
+        self.sled_says(u, json!({"uplink":"proof","signature":sig,"gateway":"gw"}));
         (u, self.take_frames(u))
     }
 
