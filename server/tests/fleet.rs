@@ -134,8 +134,13 @@ async fn a_probe_of_a_silent_server_fails_at_its_timeout() {
 }
 
 #[tokio::test]
-async fn https_and_garbage_urls_fail_at_once() {
-    for url in ["https://127.0.0.1:1/", "127.0.0.1:1", ""] {
+async fn unreachable_and_garbage_urls_fail_at_once() {
+    for url in [
+        "https://127.0.0.1:1/",
+        "wss://127.0.0.1:1/",
+        "127.0.0.1:1",
+        "",
+    ] {
         match prober().probe(url, Duration::from_secs(60)).await {
             ProbeOutcome::Failed(_) => {}
             other => panic!("{url:?}: {other:?}"),

@@ -21,6 +21,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_gateway");
 const COMMON_FLAGS: &[&str] = &[
     "--url",
     "--token-file",
+    "--ca-file",
     "--agent-file",
     "--json",
     "--help",

@@ -552,7 +552,7 @@ async fn a_bad_url_is_refused_naming_the_flag() {
     assert!(matches!(e, BridgeError::Url { .. }), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "invalid --url \"127.0.0.1:7878/mcp\": expected http://host:port"
+        "invalid --url \"127.0.0.1:7878/mcp\": expected http://host:port or https://host:port"
     );
 }
 

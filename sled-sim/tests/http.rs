@@ -174,7 +174,7 @@ async fn raw_requests_and_reconnects() {
                 c.request(json!(1), "ping", Value::Null).await.is_err()
             }
         );
-        assert!(McpClient::connect(TokioConnect, "https://x/mcp")
+        assert!(McpClient::connect(TokioConnect, "wss://x/mcp")
             .await
             .is_err());
     })
