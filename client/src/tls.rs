@@ -207,32 +207,22 @@ fn system_config() -> Result<Arc<rustls::ClientConfig>, TlsError> {
 }
 
 /// A connection as [`dial`] opened it: the [`Connect`] stream itself for `http://`, TLS over it
-/// for `https://`. The server side (`gateway serve` with a certificate) uses it too.
+/// for `https://`.
 #[derive(Debug)]
 pub enum MaybeTls<S> {
     /// No TLS.
     Plain(S),
-    /// TLS over the stream (client or server side).
-    Tls(Box<tokio_rustls::TlsStream<S>>),
+    /// TLS over the stream.
+    Tls(Box<tokio_rustls::client::TlsStream<S>>),
 }
 
 impl<S> MaybeTls<S> {
-    /// The client side of TLS.
-    pub fn client(stream: tokio_rustls::client::TlsStream<S>) -> MaybeTls<S> {
-        MaybeTls::Tls(Box::new(tokio_rustls::TlsStream::Client(stream)))
-    }
-
-    /// The server side of TLS.
-    pub fn server(stream: tokio_rustls::server::TlsStream<S>) -> MaybeTls<S> {
-        MaybeTls::Tls(Box::new(tokio_rustls::TlsStream::Server(stream)))
-    }
-
     /// Whether the connection is TLS.
     pub fn is_tls(&self) -> bool {
         matches!(self, MaybeTls::Tls(_))
     }
 
-    /// The certificates the peer presented (its own first), when TLS.
+    /// The certificates the server presented (its own first), when TLS.
     pub fn peer_certificates(&self) -> Option<&[CertificateDer<'static>]> {
         match self {
             MaybeTls::Plain(_) => None,
@@ -312,7 +302,7 @@ pub async fn dial<C: Connect>(
         return Ok(MaybeTls::Plain(stream));
     }
     let tls = trust.handshake(&url.host, &host_port, stream).await?;
-    Ok(MaybeTls::client(tls))
+    Ok(MaybeTls::Tls(Box::new(tls)))
 }
 
 #[cfg(test)]

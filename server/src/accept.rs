@@ -34,8 +34,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 
-use gateway_client::MaybeTls;
-
 use crate::fleet::ServerCounters;
 use crate::tls::ServerTls;
 
@@ -118,51 +116,33 @@ pub(crate) async fn serve_http<L, S, T>(
         let acceptor = tls
             .as_ref()
             .map(|t| tokio_rustls::TlsAcceptor::from(t.config()));
-        let mut stop_rx = stop_rx.clone();
+        let stop_rx = stop_rx.clone();
         let done_rx = done_rx.clone();
         let counters = counters.clone();
         counters
             .http_connections_open
             .fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let io = match acceptor {
-                None => Some(MaybeTls::Plain(io)),
-                Some(acceptor) => tokio::select! {
-                    r = tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(io)) => match r {
-                        Ok(Ok(tls)) => Some(MaybeTls::server(tls)),
-                        Ok(Err(e)) => {
-                            counters.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(?peer, error = %e, "TLS handshake failed");
-                            None
+            let mut stop = stop_rx.clone();
+            match acceptor {
+                None => serve_connection(io, peer, builder, app, stop_rx, &counters).await,
+                Some(acceptor) => {
+                    let handshake = tokio::select! {
+                        r = crate::tls::accept(acceptor, io) => r,
+                        _ = stop.changed() => Err(crate::tls::HandshakeFailed::Shutdown),
+                    };
+                    match handshake {
+                        Ok(tls) => {
+                            serve_connection(tls, peer, builder, app, stop_rx, &counters).await
                         }
-                        Err(_) => {
-                            counters.tls_handshakes_failed.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(?peer, "TLS handshake not done within {:?}", crate::tls::HANDSHAKE_TIMEOUT);
-                            None
+                        Err(crate::tls::HandshakeFailed::Shutdown) => {}
+                        Err(why) => {
+                            counters
+                                .tls_handshakes_failed
+                                .fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(?peer, "TLS handshake failed: {why}");
                         }
-                    },
-                    _ = stop_rx.changed() => None,
-                },
-            };
-            if let Some(io) = io {
-                let conn = builder
-                    .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
-                    .with_upgrades();
-                let mut conn = std::pin::pin!(conn);
-                let result = tokio::select! {
-                    r = conn.as_mut() => r,
-                    _ = stop_rx.changed() => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
                     }
-                };
-                match result {
-                    Ok(()) => {}
-                    Err(e) if e.is_timeout() => {
-                        counters.http_idle_closed.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(?peer, "HTTP connection closed: idle past the timeout");
-                    }
-                    Err(e) => tracing::debug!(?peer, error = %e, "HTTP connection ended"),
                 }
             }
             counters
@@ -200,6 +180,40 @@ pub(crate) async fn serve_http<L, S, T>(
     drop(stop_tx);
     drop(done_rx);
     done_tx.closed().await;
+}
+
+/// Serves HTTP/1 (with upgrades) on one connection until it ends, or finishes the request in
+/// progress and closes once `stop` fires.
+async fn serve_connection<I, A>(
+    io: I,
+    peer: A,
+    builder: hyper::server::conn::http1::Builder,
+    app: Router,
+    mut stop: watch::Receiver<()>,
+    counters: &ServerCounters,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    A: std::fmt::Debug,
+{
+    let conn = builder
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
+        .with_upgrades();
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    match result {
+        Ok(()) => {}
+        Err(e) if e.is_timeout() => {
+            counters.http_idle_closed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(?peer, "HTTP connection closed: idle past the timeout");
+        }
+        Err(e) => tracing::debug!(?peer, error = %e, "HTTP connection ended"),
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! no key, a key that is not the certificate's). The accept loop (`accept.rs`) takes the
 //! configuration in force for each new connection and runs the handshake in the connection's
 //! own task, bounded by [`HANDSHAKE_TIMEOUT`]; a failed handshake is logged at debug level and
-//! counted (`gateway_tls_handshakes_failed_total`).
+//! counted (`gateway_tls_handshakes_failed_total`). A client that speaks plain HTTP to the TLS
+//! port gets a plain `400` saying to use `https://`, rather than a connection closed on it.
 //!
 //! [`watch`] reloads the files on SIGHUP and whenever their contents change (checked every two
 //! seconds, by a digest of the bytes; nothing of the key is kept but rustls's own signing key).
@@ -275,6 +276,116 @@ fn load(files: &TlsFiles, bytes: FileBytes) -> Result<Loaded, TlsConfigError> {
         digest,
         fingerprint,
     })
+}
+
+/// Why a connection's TLS handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HandshakeFailed {
+    /// The client spoke plain HTTP; it was answered 400 saying to use `https://`.
+    #[error("the client spoke plain HTTP (answered 400: use https://)")]
+    PlainHttp,
+    /// Not done within [`HANDSHAKE_TIMEOUT`].
+    #[error("not done within {HANDSHAKE_TIMEOUT:?}")]
+    Timeout,
+    /// The client went away, sent something that is not TLS, or refused the certificate.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The server is shutting down.
+    #[error("shutting down")]
+    Shutdown,
+}
+
+/// What a plain-HTTP client gets from a TLS port.
+fn plain_http_answer() -> Vec<u8> {
+    let body = "This port of the MCP gateway speaks TLS: use https:// (and wss://).\n";
+    format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The server side of TLS on an accepted connection, with the configuration `acceptor` holds,
+/// within [`HANDSHAKE_TIMEOUT`]. A client whose first byte is a letter (an HTTP method) rather
+/// than a TLS handshake record gets a plain 400 naming `https://`.
+pub(crate) async fn accept<S>(
+    acceptor: tokio_rustls::TlsAcceptor,
+    mut io: S,
+) -> Result<tokio_rustls::server::TlsStream<Rewound<S>>, HandshakeFailed>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let handshake = async {
+        let mut first = [0u8; 1];
+        if io.read(&mut first).await? == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        }
+        // 0x16: a TLS handshake record.
+        if first[0].is_ascii_alphabetic() {
+            io.write_all(&plain_http_answer()).await?;
+            let _ = io.shutdown().await;
+            return Err(HandshakeFailed::PlainHttp);
+        }
+        let io = Rewound {
+            first: Some(first[0]),
+            inner: io,
+        };
+        Ok(acceptor.accept(io).await?)
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        .await
+        .unwrap_or(Err(HandshakeFailed::Timeout))
+}
+
+/// A stream whose first byte was read already (to tell TLS from plain HTTP): reads give it
+/// back first.
+#[derive(Debug)]
+pub(crate) struct Rewound<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Rewound<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() > 0 {
+            if let Some(b) = this.first.take() {
+                buf.put_slice(&[b]);
+                return std::task::Poll::Ready(Ok(()));
+            }
+        }
+        std::pin::Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Rewound<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// Presents the one certificate chain to every client.
