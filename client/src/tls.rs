@@ -42,6 +42,9 @@ pub enum TlsError {
          or give a CA file)"
     )]
     NoSystemRoots,
+    /// Reading the system's CA certificates failed.
+    #[error("cannot read the system's CA certificates: {0}")]
+    SystemRootsUnreadable(String),
     /// The URL's host cannot be verified against a certificate.
     #[error("{host} is not a name a TLS certificate can be checked against: {reason}")]
     BadServerName { host: String, reason: String },
@@ -54,9 +57,10 @@ pub enum TlsError {
 impl From<TlsError> for io::Error {
     fn from(e: TlsError) -> io::Error {
         let kind = match e {
-            TlsError::ReadCaFile { .. } | TlsError::BadCa { .. } | TlsError::NoSystemRoots => {
-                io::ErrorKind::InvalidInput
-            }
+            TlsError::ReadCaFile { .. }
+            | TlsError::BadCa { .. }
+            | TlsError::NoSystemRoots
+            | TlsError::SystemRootsUnreadable(_) => io::ErrorKind::InvalidInput,
             TlsError::BadServerName { .. } => io::ErrorKind::InvalidInput,
             TlsError::Handshake { .. } => io::ErrorKind::InvalidData,
         };
@@ -65,7 +69,8 @@ impl From<TlsError> for io::Error {
 }
 
 /// Which certificate authorities a client trusts for `https://` and `wss://`: the system's
-/// ([`Default`]; read once, on the first TLS connection), or only those of a CA file.
+/// ([`Default`]; read once per process, on the first TLS connection, on tokio's blocking
+/// threads), or only those of a CA file.
 #[derive(Clone, Default)]
 pub struct TlsTrust {
     /// `None`: the system's roots. Else the config and where its roots came from.
@@ -143,13 +148,21 @@ impl TlsTrust {
         }
     }
 
-    /// The rustls configuration: the custom one, or the system's (loaded once per process).
-    fn config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    /// The rustls configuration: the custom one, or the system's (loaded once per process,
+    /// off the runtime's own threads: it reads files).
+    async fn config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
         if let Some((config, _)) = &self.custom {
             return Ok(config.clone());
         }
         static SYSTEM: OnceLock<Result<Arc<rustls::ClientConfig>, TlsError>> = OnceLock::new();
-        SYSTEM.get_or_init(system_config).clone()
+        if let Some(loaded) = SYSTEM.get() {
+            return loaded.clone();
+        }
+        let loaded = tokio::task::spawn_blocking(system_config)
+            .await
+            .unwrap_or_else(|e| Err(TlsError::SystemRootsUnreadable(e.to_string())));
+        // Two first connections at once may both load; the first to finish is kept.
+        SYSTEM.get_or_init(|| loaded).clone()
     }
 
     /// TLS over `stream` to `host` (as written in a URL: an IPv6 address keeps its brackets);
@@ -163,7 +176,7 @@ impl TlsTrust {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let config = self.config()?;
+        let config = self.config().await?;
         let name = host.trim_start_matches('[').trim_end_matches(']');
         let server_name =
             ServerName::try_from(name.to_owned()).map_err(|e| TlsError::BadServerName {

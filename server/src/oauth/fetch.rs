@@ -1,16 +1,12 @@
 //! `GET` of an authorization server's documents (discovery metadata, JWKS): [`Fetch`], and
 //! [`HttpFetch`], HTTP/1.1 over a [`Connect`] with TLS for `https://` URLs.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use gateway_client::{Connect, HttpUrl};
+use gateway_client::{Connect, HttpUrl, TlsError, TlsTrust};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::OnceCell;
-use tokio_rustls::rustls;
 
 /// The largest document accepted: a JWKS with dozens of RSA keys is a few tens of KiB.
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
@@ -34,12 +30,13 @@ pub trait Fetch: Send + Sync + 'static {
     fn get(&self, url: &str) -> BoxFuture<'static, Result<Bytes, FetchError>>;
 }
 
-/// The real fetcher: HTTP/1.1 over a [`Connect`] (tokio TCP in production), TLS (rustls, with
-/// the system's CA certificates, read once on first use) for `https://`. No redirects.
+/// The real fetcher: HTTP/1.1 over a [`Connect`] (tokio TCP in production), TLS for `https://`
+/// through [`gateway_client::dial`] (rustls, with the system's CA certificates, read once on
+/// first use, or a PEM's). No redirects.
 #[derive(Clone)]
 pub struct HttpFetch<C: Connect> {
     connect: C,
-    tls: Arc<OnceCell<Result<Arc<rustls::ClientConfig>, String>>>,
+    trust: TlsTrust,
 }
 
 impl<C: Connect> HttpFetch<C> {
@@ -47,28 +44,15 @@ impl<C: Connect> HttpFetch<C> {
     pub fn new(connect: C) -> HttpFetch<C> {
         HttpFetch {
             connect,
-            tls: Arc::new(OnceCell::new()),
+            trust: TlsTrust::system(),
         }
     }
 
     /// Trusts only the CA certificates in `pem` for `https://` (an authorization server
     /// behind a private CA).
     pub fn with_ca_pem(connect: C, pem: &[u8]) -> Result<HttpFetch<C>, String> {
-        use rustls::pki_types::pem::PemObject as _;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(pem) {
-            let cert = cert.map_err(|e| format!("a CA certificate could not be read: {e}"))?;
-            roots
-                .add(cert)
-                .map_err(|e| format!("a CA certificate could not be used: {e}"))?;
-        }
-        if roots.is_empty() {
-            return Err("no CA certificate in the PEM".into());
-        }
-        Ok(HttpFetch {
-            connect,
-            tls: Arc::new(OnceCell::new_with(Some(client_config(roots)))),
-        })
+        let trust = TlsTrust::from_ca_pem("the CA PEM", pem).map_err(|e| e.to_string())?;
+        Ok(HttpFetch { connect, trust })
     }
 }
 
@@ -90,92 +74,29 @@ impl<C: Connect> HttpFetch<C> {
     async fn fetch(&self, url: &str) -> Result<Bytes, FetchError> {
         let (tls, parsed) = split_url(url)?;
         let host_port = parsed.host_port();
-        let stream = self
-            .connect
-            .connect(&host_port)
+        // A TLS failure says "TLS with host:port failed: …" itself.
+        let stream = gateway_client::dial(&self.connect, &parsed, &self.trust)
             .await
-            .map_err(|e| FetchError::Failed(format!("cannot connect to {host_port}: {e}")))?;
+            .map_err(
+                |e| match e.get_ref().and_then(|e| e.downcast_ref::<TlsError>()) {
+                    Some(tls) => FetchError::Failed(tls.to_string()),
+                    None => FetchError::Failed(format!("cannot connect to {host_port}: {e}")),
+                },
+            )?;
         let host_header = if (tls && parsed.port == 443) || (!tls && parsed.port == 80) {
             parsed.host.clone()
         } else {
             host_port.clone()
         };
-        if !tls {
-            return get(stream, &host_header, &parsed.path).await;
-        }
-        let config = self
-            .tls
-            .get_or_init(|| async {
-                match tokio::task::spawn_blocking(tls_config).await {
-                    Ok(r) => r,
-                    Err(e) => Err(format!("loading CA certificates failed: {e}")),
-                }
-            })
-            .await
-            .clone()
-            .map_err(FetchError::Failed)?;
-        let name = parsed.host.trim_start_matches('[').trim_end_matches(']');
-        let server_name = rustls::pki_types::ServerName::try_from(name.to_owned())
-            .map_err(|e| FetchError::Failed(format!("{name} is not a TLS server name: {e}")))?;
-        let stream = tokio_rustls::TlsConnector::from(config)
-            .connect(server_name, stream)
-            .await
-            .map_err(|e| FetchError::Failed(format!("TLS with {host_port} failed: {e}")))?;
         get(stream, &host_header, &parsed.path).await
     }
 }
 
 /// Whether the URL needs TLS, and its parts; `https://` URLs default to port 443.
 fn split_url(url: &str) -> Result<(bool, HttpUrl), FetchError> {
-    let bad = |reason: String| FetchError::Failed(format!("cannot fetch {url:?}: {reason}"));
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| bad("not an absolute URL".into()))?;
-    let tls = if scheme.eq_ignore_ascii_case("https") {
-        true
-    } else if scheme.eq_ignore_ascii_case("http") {
-        false
-    } else {
-        return Err(bad("the scheme must be https:// or http://".into()));
-    };
-    let mut parsed = HttpUrl::parse(&format!("http://{rest}")).map_err(|e| bad(e.reason))?;
-    if tls {
-        let authority = rest.split(['/', '?']).next().unwrap_or("");
-        let has_port = match authority.rsplit_once(']') {
-            Some((_, after)) => after.starts_with(':'),
-            None => authority.contains(':'),
-        };
-        if !has_port {
-            parsed.port = 443;
-        }
-    }
-    Ok((tls, parsed))
-}
-
-/// rustls with ring and the system's CA certificates (`SSL_CERT_FILE` and `SSL_CERT_DIR` are
-/// honoured). Reads files: run it off the runtime.
-fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    let found = rustls_native_certs::load_native_certs();
-    for e in &found.errors {
-        tracing::debug!(error = %e, "a CA certificate could not be loaded");
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        return Err("no CA certificates found on this system (install ca-certificates, or set SSL_CERT_FILE)".into());
-    }
-    client_config(roots)
-}
-
-/// rustls with ring, trusting `roots`.
-fn client_config(roots: rustls::RootCertStore) -> Result<Arc<rustls::ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS configuration failed: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
+    let parsed = HttpUrl::parse(url)
+        .map_err(|e| FetchError::Failed(format!("cannot fetch {url:?}: {}", e.reason)))?;
+    Ok((parsed.tls, parsed))
 }
 
 /// Aborts the connection task when dropped, however the request ends.
