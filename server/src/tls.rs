@@ -8,7 +8,7 @@
 //! counted (`gateway_tls_handshakes_failed_total`). A client that speaks plain HTTP to the TLS
 //! port gets a plain `400` saying to use `https://`, rather than a connection closed on it.
 //!
-//! [`watch`] reloads the files on SIGHUP and whenever their contents change (checked every two
+//! `watch` reloads the files on SIGHUP and whenever their contents change (checked every two
 //! seconds, by a digest of the bytes; nothing of the key is kept but rustls's own signing key).
 //! A pair that loads replaces the one in force for new connections (open ones keep theirs); one
 //! that does not is refused with an error in the log and the pair in force stays. A certificate
