@@ -137,6 +137,12 @@ impl Control {
     }
 }
 
+/// Whether a frame the gateway sends is a welcome (the server lifts the pre-welcome read
+/// limit when it sends one).
+pub fn is_welcome(text: &str) -> bool {
+    text.starts_with(r#"{"uplink":"welcome""#)
+}
+
 /// The id of a request frame from the gateway that could not be parsed: the gateway writes
 /// every request as `{"jsonrpc":"2.0","id":N,` followed by the rest, so the id can be read
 /// from the prefix even when what follows is unreadable.
@@ -189,6 +195,10 @@ pub enum CloseCode {
     /// welcomed with a higher one), or its welcome carried an epoch at or below one it had
     /// already seen. The replica that sent it lost its claim on the project.
     Superseded = 4008,
+    /// The hello proved nothing (no token, no pinned key: a project under
+    /// `allow_unauthenticated_uplinks`) and its project has a live uplink, which only a sled
+    /// that proves itself may replace. The sled tries again later.
+    Occupied = 4009,
 }
 
 impl CloseCode {
@@ -200,6 +210,21 @@ impl CloseCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_welcome_is_known_by_its_prefix() {
+        let welcome = Control::Welcome {
+            protocol: PROTOCOL_VERSION,
+            heartbeat_ms: 10_000,
+            epoch: Some(3),
+        };
+        assert!(is_welcome(&welcome.to_text()));
+        let challenge = Control::Challenge { nonce: "n".into() };
+        assert!(!is_welcome(&challenge.to_text()));
+        assert!(!is_welcome(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#
+        ));
+    }
 
     #[test]
     fn a_request_id_is_recovered_from_the_frames_prefix() {
