@@ -30,6 +30,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 
 use crate::fleet::ServerCounters;
+use crate::limits::{Budgeted, Connection, Gate, PeerAddr, ReadBudget};
 
 /// A listener whose accept backlog can be taken at once, when the server stops accepting.
 pub trait Backlog: Listener + Sized {
@@ -79,10 +80,11 @@ pub(crate) async fn serve_http<L, S, T>(
     app: Router,
     idle_timeout: Option<Duration>,
     counters: Arc<ServerCounters>,
+    gate: Arc<Gate>,
     drain: Drain<S, T>,
 ) where
     L: Backlog,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + PeerAddr,
     S: Future<Output = ()>,
     T: Future<Output = ()>,
 {
@@ -102,8 +104,49 @@ pub(crate) async fn serve_http<L, S, T>(
 
     let serve_one = |io: L::Io, peer: L::Addr| {
         tracing::trace!(?peer, "HTTP connection accepted");
+        // The caps hold before anything is read: a connection over one is answered 503 and
+        // closed (`limits.rs`).
+        let permit = match gate.admit(peer.peer_ip()) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                let counter = match refused {
+                    gateway_core::HttpError::TooManyConnections { per_address: true } => {
+                        &counters.http_connections_refused_per_address
+                    }
+                    _ => &counters.http_connections_refused,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(?peer, "connection refused: {}", refused.message());
+                let answer = crate::limits::refusal_bytes(&refused);
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let mut io = io;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        io.write_all(&answer).await?;
+                        io.shutdown().await
+                    })
+                    .await;
+                });
+                return;
+            }
+        };
+        let budget = ReadBudget::unlimited();
+        let connection = Connection {
+            budget: budget.clone(),
+            permit: Arc::new(std::sync::Mutex::new(Some(permit))),
+        };
+        let service = tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(connection.clone());
+                request
+            },
+        );
         let conn = builder
-            .serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()))
+            .serve_connection(
+                TokioIo::new(Budgeted { io, budget }),
+                TowerToHyperService::new(service),
+            )
             .with_upgrades();
         let mut stop_rx = stop_rx.clone();
         let done_rx = done_rx.clone();
@@ -201,6 +244,7 @@ mod tests {
                 app,
                 None,
                 Arc::new(ServerCounters::default()),
+                crate::limits::Gate::new(crate::limits::Limits::default()),
                 drain,
             ));
             for mut s in waiting {

@@ -61,12 +61,15 @@ use tokio::time::Instant;
 
 pub use accept::Backlog;
 pub use fleet::{HttpProber, Prober};
+pub use limits::{Limits, PeerAddr};
 
 mod accept;
+mod admission;
 pub mod cluster;
 mod driver;
 pub mod fleet;
 mod http;
+pub mod limits;
 pub mod metrics;
 pub mod oauth;
 mod ops;
@@ -135,6 +138,8 @@ pub struct ServerOptions {
     /// Join a cluster of replicas through its engine (see [`cluster::replica`]); `None` (the
     /// default): a single-process gateway, no engine.
     pub cluster: Option<cluster::replica::ClusterOptions>,
+    /// Connection caps and the body read deadline, which hold before authentication.
+    pub limits: limits::Limits,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -152,6 +157,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
             .field("cluster", &self.cluster)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -173,6 +179,7 @@ impl ServerOptions {
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
             cluster: None,
+            limits: limits::Limits::default(),
         }
     }
 }
@@ -191,7 +198,7 @@ pub async fn serve<L>(
 ) -> std::io::Result<()>
 where
     L: Backlog,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + PeerAddr,
 {
     serve_with_metrics(listener, None::<L>, opts, shutdown).await
 }
@@ -210,9 +217,9 @@ pub async fn serve_with_metrics<L, M>(
 ) -> std::io::Result<()>
 where
     L: Backlog,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + PeerAddr,
     M: Backlog,
-    M::Addr: std::fmt::Debug,
+    M::Addr: std::fmt::Debug + PeerAddr,
 {
     let ServerOptions {
         registry,
@@ -228,6 +235,7 @@ where
         oauth,
         otlp,
         cluster,
+        limits,
     } = opts;
     if let Some(c) = &cluster {
         let key = cluster::replica::agent_key(c, gateway_core::agents::AgentKey::derive(&seed))
@@ -242,6 +250,7 @@ where
     // on, so the first request finds them.
     let resource_server = oauth::ResourceServer::new(registry.oauth(), oauth);
     let metrics_placement = ops::MetricsPlacement::new(metrics_listener.is_some(), &registry);
+    let admission = Arc::new(admission::Admission::new(&registry));
     let mut gateway = gateway_core::Gateway::new(registry, core, seed);
     let counters = Arc::new(fleet::ServerCounters::default());
     // The pins from an earlier run go in before any event, so no sled is pinned anew by
@@ -322,6 +331,7 @@ where
             cmd_tx.clone(),
             resource_server.clone(),
             metrics_placement.clone(),
+            admission.clone(),
         ))
     });
 
@@ -332,6 +342,8 @@ where
         counters: counters.clone(),
         oauth: resource_server,
         metrics: metrics_placement,
+        admission,
+        body_timeout: limits.body_timeout,
     };
     let app = http::router(state);
 
@@ -345,6 +357,7 @@ where
             app,
             http_idle_timeout,
             Arc::new(fleet::ServerCounters::default()),
+            limits::Gate::new(limits::Limits::default()),
             accept::Drain {
                 signal: async move {
                     let _ = ops_stopped.changed().await;
@@ -380,7 +393,8 @@ where
         then,
     };
 
-    let server = accept::serve_http(listener, app, http_idle_timeout, counters, drain);
+    let gate = limits::Gate::new(limits);
+    let server = accept::serve_http(listener, app, http_idle_timeout, counters, gate, drain);
     let mut server = std::pin::pin!(server);
     let mut served = false;
     // Phase 1: serve until shutdown starts.
