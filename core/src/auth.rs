@@ -173,14 +173,30 @@ pub enum Identity {
 impl Identity {
     /// What a session created by this identity is bound to: a request naming the session must
     /// come from the same one (the same client token, or the same issuer and subject). `None`
-    /// when authentication is off.
-    pub(crate) fn session_owner(&self) -> Option<String> {
+    /// when authentication is off. A client token owns by its name, or, unnamed, by a hash of
+    /// the token itself: never by its position in the list, which a reload may change
+    /// (security review finding 12).
+    pub(crate) fn session_owner(&self, registry: &Registry) -> Option<String> {
         match self {
             Identity::Anonymous => None,
-            Identity::ClientToken(i) => Some(format!("client_tokens[{i}]")),
+            Identity::ClientToken(i) => registry.client_token_owner(*i).map(str::to_owned),
             Identity::Token(p) => Some(format!("oauth {} {}", p.issuer, p.subject)),
         }
     }
+}
+
+/// Whether a session owned by `owner` may still be used under `registry`: its client token is
+/// still listed (by name, or the same token), or its issuer is still an authorization server.
+/// A reload that revokes a token or an issuer ends its sessions.
+pub(crate) fn owner_still_admitted(owner: &str, registry: &Registry) -> bool {
+    if let Some(rest) = owner.strip_prefix("oauth ") {
+        return registry.oauth().is_some_and(|o| {
+            o.authorization_servers
+                .iter()
+                .any(|issuer| rest.starts_with(&format!("{issuer} ")))
+        });
+    }
+    (0..registry.client_tokens().len()).any(|i| registry.client_token_owner(i) == Some(owner))
 }
 
 /// The bearer token of an `Authorization` header (the scheme is case-insensitive).
@@ -195,7 +211,7 @@ fn bearer(authorization: Option<&str>) -> Option<&str> {
 /// Lets a request in as an [`Identity`], or refuses it: 401 when credentials are needed and
 /// missing or invalid, 403 `insufficient_scope` when a valid access token lacks a required
 /// scope.
-pub(crate) fn authenticate(
+pub fn authenticate(
     registry: &Registry,
     authorization: Option<&str>,
     access_token: &AccessToken,

@@ -791,6 +791,10 @@ pub enum HttpError {
     PayloadTooLarge { limit: usize },
     /// The body could not be read off the connection.
     BodyUnreadable,
+    /// The body did not arrive within the body read deadline (the server refuses it).
+    BodyTimeout { secs: u64 },
+    /// The server holds as many connections as it may, in all or from this address.
+    TooManyConnections { per_address: bool },
     /// `initialize` with `max_sessions` sessions live and none idle enough to evict.
     TooManySessions { max: usize, retry_after: Duration },
     /// A replica of a cluster could not read the named session from the cluster's engine.
@@ -813,6 +817,8 @@ impl HttpError {
             HttpError::ShuttingDown => 503,
             HttpError::PayloadTooLarge { .. } => 413,
             HttpError::BodyUnreadable => 400,
+            HttpError::BodyTimeout { .. } => 408,
+            HttpError::TooManyConnections { .. } => 503,
             HttpError::TooManySessions { .. } => 503,
             HttpError::SessionStoreUnavailable => 503,
         }
@@ -833,6 +839,8 @@ impl HttpError {
             HttpError::ShuttingDown => "shutting_down",
             HttpError::PayloadTooLarge { .. } => "payload_too_large",
             HttpError::BodyUnreadable => "body_unreadable",
+            HttpError::BodyTimeout { .. } => "body_timeout",
+            HttpError::TooManyConnections { .. } => "too_many_connections",
             HttpError::TooManySessions { .. } => "too_many_sessions",
             HttpError::SessionStoreUnavailable => "session_store_unavailable",
         }
@@ -878,6 +886,11 @@ impl HttpError {
                 "Payload too large: the request body is over the limit of {limit} bytes"
             ),
             HttpError::BodyUnreadable => "Bad request: the request body could not be read".into(),
+            HttpError::BodyTimeout { secs } => format!(
+                "Request timeout: the request body did not arrive within {secs} s"
+            ),
+            HttpError::TooManyConnections { per_address: true } => "Service unavailable: too many connections from this address; close some, or retry in a moment".into(),
+            HttpError::TooManyConnections { per_address: false } => "Service unavailable: the gateway holds its maximum of connections; retry in a moment".into(),
             HttpError::TooManySessions { max, retry_after } => format!(
                 "Service unavailable: the gateway holds its maximum of {max} sessions (max_sessions) and none is idle enough to end; retry after {} s, or end unused sessions with DELETE",
                 retry_secs(*retry_after)
@@ -931,7 +944,9 @@ impl HttpError {
                 ),
             )],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
-            HttpError::SessionStoreUnavailable => vec![("Retry-After", "1".into())],
+            HttpError::SessionStoreUnavailable | HttpError::TooManyConnections { .. } => {
+                vec![("Retry-After", "1".into())]
+            }
             HttpError::TooManySessions { retry_after, .. } => {
                 vec![("Retry-After", retry_secs(*retry_after).to_string())]
             }
@@ -943,7 +958,8 @@ impl HttpError {
             | HttpError::StreamConflict
             | HttpError::UnsupportedContentType { .. }
             | HttpError::PayloadTooLarge { .. }
-            | HttpError::BodyUnreadable => Vec::new(),
+            | HttpError::BodyUnreadable
+            | HttpError::BodyTimeout { .. } => Vec::new(),
         }
     }
 

@@ -146,8 +146,16 @@ pub struct Registry {
     oauth: Option<OAuthConfig>,
     /// The name of each client token (`client_tokens[i]` when the file gives none).
     client_token_names: Vec<String>,
+    /// What each client token's sessions are owned by: `client <name>` for a named token,
+    /// `client sha256:<hash>` for an unnamed one (never its position).
+    client_token_owners: Vec<String>,
     /// `[[access]]`: who may do what on which project.
     rules: Rules,
+    /// `allow_unauthenticated_uplinks = true`: a project with neither an uplink `token` nor a
+    /// pinned identity key takes any sled that says hello for it (trust on first use). Off by
+    /// default: such a project is refused every uplink until it gets one or the other. For
+    /// local use (the demo, sled-sim on one machine), never for a gateway others can reach.
+    allow_unauthenticated_uplinks: bool,
 }
 
 /// A `projects.toml` that was refused.
@@ -176,6 +184,8 @@ struct RawFile {
     oauth: Option<RawOAuth>,
     #[serde(default)]
     access: Vec<Spanned<RawRule>>,
+    #[serde(default)]
+    allow_unauthenticated_uplinks: bool,
 }
 
 /// A client token: the token itself, or a table naming it for the `[[access]]` rules.
@@ -292,6 +302,11 @@ impl Registry {
         };
         let mut client_tokens = Vec::with_capacity(raw.client_tokens.len());
         let mut client_token_names: Vec<String> = Vec::with_capacity(raw.client_tokens.len());
+        let named: Vec<bool> = raw
+            .client_tokens
+            .iter()
+            .map(|t| matches!(t.get_ref(), RawToken::Named { .. }))
+            .collect();
         for (i, t) in raw.client_tokens.iter().enumerate() {
             let field = Some(format!("client_tokens[{i}]"));
             let (name, token) = match t.get_ref() {
@@ -312,6 +327,7 @@ impl Registry {
             client_tokens.push(Secret::new(token.clone()));
             client_token_names.push(name);
         }
+        let client_token_owners = owners_of(&client_tokens, &client_token_names, &named);
         let names: Vec<&str> = client_token_names.iter().map(String::as_str).collect();
         let rules = rights::check(raw.access, &|p| index.contains_key(p), &names)
             .map_err(|(span, field, m)| at(span, Some(field), m))?;
@@ -329,7 +345,9 @@ impl Registry {
             client_tokens,
             oauth,
             client_token_names,
+            client_token_owners,
             rules,
+            allow_unauthenticated_uplinks: raw.allow_unauthenticated_uplinks,
         })
     }
 
@@ -376,8 +394,23 @@ impl Registry {
             client_tokens: Vec::new(),
             oauth: None,
             client_token_names: Vec::new(),
+            client_token_owners: Vec::new(),
             rules: Rules::default(),
+            allow_unauthenticated_uplinks: false,
         })
+    }
+
+    /// The same registry, taking uplinks of projects with neither a token nor a pin (see
+    /// [`Registry::allows_unauthenticated_uplinks`]): for the demo and tests that say so.
+    pub fn allowing_unauthenticated_uplinks(mut self) -> Registry {
+        self.allow_unauthenticated_uplinks = true;
+        self
+    }
+
+    /// Whether a project with neither an uplink token nor a pinned key takes any sled
+    /// (`allow_unauthenticated_uplinks = true`); off by default.
+    pub fn allows_unauthenticated_uplinks(&self) -> bool {
+        self.allow_unauthenticated_uplinks
     }
 
     /// The same registry, requiring one of `tokens` as a bearer token on every request.
@@ -385,8 +418,19 @@ impl Registry {
         self.client_token_names = (0..tokens.len())
             .map(|i| format!("client_tokens[{i}]"))
             .collect();
+        self.client_token_owners = owners_of(
+            &tokens,
+            &self.client_token_names,
+            &vec![false; tokens.len()],
+        );
         self.client_tokens = tokens;
         self
+    }
+
+    /// What the sessions of the `i`th client token are owned by (see
+    /// [`crate::Identity::session_owner`]).
+    pub fn client_token_owner(&self, i: usize) -> Option<&str> {
+        self.client_token_owners.get(i).map(String::as_str)
     }
 
     /// The name of the `i`th client token: its `name`, or `client_tokens[i]`.
@@ -463,6 +507,25 @@ fn check_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Each client token's session owner: its name when the file named it, else a hash of it.
+fn owners_of(tokens: &[Secret], names: &[String], named: &[bool]) -> Vec<String> {
+    use sha2::Digest;
+    tokens
+        .iter()
+        .zip(names)
+        .zip(named)
+        .map(|((token, name), named)| {
+            if *named {
+                format!("client {name}")
+            } else {
+                let hash = sha2::Sha256::digest(token.expose().as_bytes());
+                let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+                format!("client sha256:{hex}")
+            }
+        })
+        .collect()
 }
 
 fn check_token(token: &str) -> Result<(), String> {

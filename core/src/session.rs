@@ -1,6 +1,6 @@
 //! The MCP session table: each session's own default project, and nothing shared.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -34,6 +34,8 @@ pub(crate) struct Sessions {
     /// By id. A `BTreeMap`, so that walking the sessions is in a deterministic order.
     map: BTreeMap<String, Session>,
     ids: ChaCha20Rng,
+    /// How many sessions each owner holds (per-identity quotas, without a walk).
+    owners: HashMap<Option<String>, usize>,
 }
 
 impl Sessions {
@@ -41,7 +43,36 @@ impl Sessions {
         Sessions {
             map: BTreeMap::new(),
             ids: ChaCha20Rng::from_seed(seed),
+            owners: HashMap::new(),
         }
+    }
+
+    fn count_in(&mut self, owner: &Option<String>) {
+        *self.owners.entry(owner.clone()).or_default() += 1;
+    }
+
+    fn count_out(&mut self, owner: &Option<String>) {
+        if let Some(n) = self.owners.get_mut(owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.owners.remove(owner);
+            }
+        }
+    }
+
+    /// How many sessions `owner` holds.
+    pub(crate) fn owned_by(&self, owner: &Option<String>) -> usize {
+        self.owners.get(owner).copied().unwrap_or(0)
+    }
+
+    /// Gives session `id` to `owner` (at its creation, or as another replica recorded it).
+    pub(crate) fn set_owner(&mut self, id: &str, owner: Option<String>) {
+        let Some(s) = self.map.get_mut(id) else {
+            return;
+        };
+        let old = std::mem::replace(&mut s.owner, owner.clone());
+        self.count_out(&old);
+        self.count_in(&owner);
     }
 
     /// Starts a session and returns its id: 128 bits from the seeded generator, as hex.
@@ -76,6 +107,7 @@ impl Sessions {
                 owner: None,
             },
         );
+        self.count_in(&None);
         id
     }
 
@@ -86,6 +118,10 @@ impl Sessions {
         record: crate::cluster::SessionRecord,
         now: Instant,
     ) {
+        self.count_in(&record.owner);
+        if let Some(old) = self.map.remove(&id) {
+            self.count_out(&old.owner);
+        }
         self.map.insert(
             id,
             Session {
@@ -110,7 +146,9 @@ impl Sessions {
     }
 
     pub(crate) fn remove(&mut self, id: &str) -> Option<Session> {
-        self.map.remove(id)
+        let s = self.map.remove(id)?;
+        self.count_out(&s.owner);
+        Some(s)
     }
 
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&String, &mut Session)> {
@@ -126,22 +164,22 @@ impl Sessions {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &gone {
-            self.map.remove(id);
+            self.remove(id);
         }
         gone
     }
 
-    /// Ends the least recently used session that has no open stream and is not `busy`;
-    /// returns its id, or `None` when every session has a stream or is busy. A walk over the
-    /// table, done only when it is full.
-    pub(crate) fn evict_lru(&mut self, busy: impl Fn(&str) -> bool) -> Option<String> {
+    /// Ends the least recently used session that has no open stream and that `may_end`
+    /// allows; returns its id, or `None` when there is none. A walk over the table, done only
+    /// at a limit.
+    pub(crate) fn evict_lru(&mut self, may_end: impl Fn(&str, &Session) -> bool) -> Option<String> {
         let id = self
             .map
             .iter()
-            .filter(|(id, s)| s.stream.is_none() && !busy(id))
+            .filter(|(id, s)| s.stream.is_none() && may_end(id, s))
             .min_by_key(|(_, s)| s.last_seen)
             .map(|(id, _)| id.clone())?;
-        self.map.remove(&id);
+        self.remove(&id);
         Some(id)
     }
 

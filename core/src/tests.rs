@@ -30,6 +30,9 @@ use crate::{
     ProjectSpec, Registry, UplinkId,
 };
 
+/// The uplink token of the harness's projects, which its sleds present.
+pub(crate) const HARNESS_UPLINK_TOKEN: &str = "harness-uplink-token";
+
 pub(crate) struct Harness {
     pub(crate) gw: Gateway,
     pub(crate) now: Instant,
@@ -80,10 +83,17 @@ impl Harness {
         config: Config,
         seed: [u8; 32],
     ) -> Harness {
+        // Uplinks are closed by default: the harness's projects have a token, which its sleds
+        // present (`sled_says` adds it to a hello that has none). `tests/auth.rs` tests the
+        // closed default and its exceptions.
         let specs = projects
             .iter()
             .enumerate()
-            .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
+            .map(|(i, p)| {
+                let mut spec = ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i));
+                spec.token = Some(crate::Secret::new(HARNESS_UPLINK_TOKEN));
+                spec
+            })
             .collect();
         let registry = Registry::from_projects(specs, default).unwrap();
         Harness {
@@ -281,7 +291,10 @@ impl Harness {
         id
     }
 
-    pub(crate) fn sled_says(&mut self, uplink: UplinkId, v: Value) {
+    pub(crate) fn sled_says(&mut self, uplink: UplinkId, mut v: Value) {
+        if v["uplink"] == "hello" && v.get("token").is_none() {
+            v["token"] = json!(HARNESS_UPLINK_TOKEN);
+        }
         self.handle(Input::UplinkText {
             uplink,
             text: v.to_string(),

@@ -100,13 +100,13 @@ pub fn tool_definitions() -> Vec<Value> {
         json!({
             "name": FLEET_IDENTITY,
             "title": "Sled identities",
-            "description": "Per project: the sled key pinned on first use against the key its live sled proved it holds, and the last refused attempt (another key, or none) with its reason. With action \"repin\" and a project, pins that project to the key last refused for it (optionally naming that key to be sure); nothing else ever changes a pin.",
+            "description": "Per project: the sled key pinned on first use against the key its live sled proved it holds, and the last refused attempt (another key, or none) with its reason. With action \"repin\", a project and a key, pins that project to that key (one refused for it, or one provisioned before its sled first connects); nothing else ever changes a pin.",
             "inputSchema": {
                 "type": "object",
                 "properties": {
                     "action": { "type": "string", "enum": ["show", "repin"], "description": "\"show\" (the default) or \"repin\"." },
                     "project": { "type": "string", "description": "The project to show, or to re-pin (required with repin)." },
-                    "key": { "type": "string", "description": "With repin: the refused key you expect to pin (base64); refused if it is not the one last refused." }
+                    "key": { "type": "string", "description": "With repin (required): the Ed25519 public key to pin, base64." }
                 },
                 "additionalProperties": false
             },

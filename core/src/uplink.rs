@@ -11,8 +11,8 @@
 //!    identity, and `"fence":N` when the sled has ever accepted a fenced write: the highest
 //!    fence it has accepted for the project, so a restarted gateway starts above it. With a
 //!    key, the gateway sends `{"uplink":"challenge","nonce":…}` and the sled answers
-//!    `{"uplink":"proof","signature":…}`; the key is then checked against the project's pin
-//!    (see [`crate::identity`]).
+//!    `{"uplink":"proof","signature":…,"gateway":…}`, signed for the gateway it dialed; the key
+//!    is then checked against the project's pin (see [`crate::identity`]).
 //! 2. gateway → sled: `{"uplink":"welcome","protocol":1,"heartbeat_ms":5000}`, or a
 //!    `closing` frame and a WebSocket close with one of the [`CloseCode`]s.
 //! 3. gateway → sled: a `tools/list` request (repeated with `cursor` while the sled returns a
@@ -144,6 +144,12 @@ impl Control {
     }
 }
 
+/// Whether a frame the gateway sends is a welcome (the server lifts the pre-welcome read
+/// limit when it sends one).
+pub fn is_welcome(text: &str) -> bool {
+    text.starts_with(r#"{"uplink":"welcome""#)
+}
+
 /// The id of a request frame from the gateway that could not be parsed: the gateway writes
 /// every request as `{"jsonrpc":"2.0","id":N,` followed by the rest, so the id can be read
 /// from the prefix even when what follows is unreadable.
@@ -196,6 +202,10 @@ pub enum CloseCode {
     /// welcomed with a higher one), or its welcome carried an epoch at or below one it had
     /// already seen. The replica that sent it lost its claim on the project.
     Superseded = 4008,
+    /// The hello proved nothing (no token, no pinned key: a project under
+    /// `allow_unauthenticated_uplinks`) and its project has a live uplink, which only a sled
+    /// that proves itself may replace. The sled tries again later.
+    Occupied = 4009,
 }
 
 impl CloseCode {
@@ -207,6 +217,21 @@ impl CloseCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_welcome_is_known_by_its_prefix() {
+        let welcome = Control::Welcome {
+            protocol: PROTOCOL_VERSION,
+            heartbeat_ms: 10_000,
+            epoch: Some(3),
+        };
+        assert!(is_welcome(&welcome.to_text()));
+        let challenge = Control::Challenge { nonce: "n".into() };
+        assert!(!is_welcome(&challenge.to_text()));
+        assert!(!is_welcome(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#
+        ));
+    }
 
     #[test]
     fn a_request_id_is_recovered_from_the_frames_prefix() {

@@ -35,7 +35,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 
 use crate::fleet::ServerCounters;
-use crate::tls::ServerTls;
+use crate::limits::{Budgeted, Connection, Gate, PeerAddr, ReadBudget};
+use crate::tls::{ServerStream, ServerTls};
 
 /// A listener whose accept backlog can be taken at once, when the server stops accepting.
 pub trait Backlog: Listener + Sized {
@@ -81,16 +82,18 @@ pub(crate) struct Drain<S, T> {
 /// Accepts on `listener` and serves `app` until `drain.signal` resolves, then drains (see the
 /// module docs) and waits for the open connections to finish (the caller bounds that wait).
 /// With `tls`, every connection speaks TLS.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_http<L, S, T>(
     mut listener: L,
     app: Router,
     idle_timeout: Option<Duration>,
     counters: Arc<ServerCounters>,
+    gate: Arc<Gate>,
     tls: Option<ServerTls>,
     drain: Drain<S, T>,
 ) where
     L: Backlog,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + PeerAddr,
     S: Future<Output = ()>,
     T: Future<Output = ()>,
 {
@@ -110,41 +113,109 @@ pub(crate) async fn serve_http<L, S, T>(
 
     let serve_one = |io: L::Io, peer: L::Addr| {
         tracing::trace!(?peer, "HTTP connection accepted");
+        // The caps hold before anything is read: a connection over one is answered 503 and
+        // closed (`limits.rs`).
+        let permit = match gate.admit(peer.peer_ip()) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                let counter = match refused {
+                    gateway_core::HttpError::TooManyConnections { per_address: true } => {
+                        &counters.http_connections_refused_per_address
+                    }
+                    _ => &counters.http_connections_refused,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(?peer, "connection refused: {}", refused.message());
+                if tls.is_some() {
+                    // A plain answer means nothing to a TLS client, and a handshake costs what
+                    // the cap is there to save: the connection is closed.
+                    return;
+                }
+                let answer = crate::limits::refusal_bytes(&refused);
+                tokio::spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let mut io = io;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                        io.write_all(&answer).await?;
+                        io.shutdown().await
+                    })
+                    .await;
+                });
+                return;
+            }
+        };
+        let budget = ReadBudget::unlimited();
+        let connection = Connection {
+            budget: budget.clone(),
+            permit: Arc::new(std::sync::Mutex::new(Some(permit))),
+        };
+        let service = tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(connection.clone());
+                request
+            },
+        );
         let builder = builder.clone();
-        let app = app.clone();
-        // The configuration in force now: a reload after this affects later connections.
+        // The TLS configuration in force now: a reload after this affects later connections.
         let acceptor = tls
             .as_ref()
             .map(|t| tokio_rustls::TlsAcceptor::from(t.config()));
-        let stop_rx = stop_rx.clone();
+        let mut stop_rx = stop_rx.clone();
         let done_rx = done_rx.clone();
         let counters = counters.clone();
         counters
             .http_connections_open
             .fetch_add(1, Ordering::Relaxed);
         tokio::spawn(async move {
-            let mut stop = stop_rx.clone();
-            match acceptor {
-                None => serve_connection(io, peer, builder, app, stop_rx, &counters).await,
-                Some(acceptor) => {
-                    let handshake = tokio::select! {
-                        r = crate::tls::accept(acceptor, io) => r,
-                        _ = stop.changed() => Err(crate::tls::HandshakeFailed::Shutdown),
+            let served = {
+                let counters = counters.clone();
+                async move {
+                    let io = match acceptor {
+                        None => ServerStream::Plain(io),
+                        Some(acceptor) => {
+                            let handshake = tokio::select! {
+                                r = crate::tls::accept(acceptor, io) => r,
+                                _ = stop_rx.changed() => Err(crate::tls::HandshakeFailed::Shutdown),
+                            };
+                            match handshake {
+                                Ok(tls) => ServerStream::Tls(Box::new(tls)),
+                                Err(crate::tls::HandshakeFailed::Shutdown) => return,
+                                Err(why) => {
+                                    counters
+                                        .tls_handshakes_failed
+                                        .fetch_add(1, Ordering::Relaxed);
+                                    tracing::debug!(?peer, "TLS handshake failed: {why}");
+                                    return;
+                                }
+                            }
+                        }
                     };
-                    match handshake {
-                        Ok(tls) => {
-                            serve_connection(tls, peer, builder, app, stop_rx, &counters).await
+                    let conn = builder
+                        .serve_connection(
+                            TokioIo::new(Budgeted { io, budget }),
+                            TowerToHyperService::new(service),
+                        )
+                        .with_upgrades();
+                    let mut conn = std::pin::pin!(conn);
+                    let result = tokio::select! {
+                        r = conn.as_mut() => r,
+                        _ = stop_rx.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
                         }
-                        Err(crate::tls::HandshakeFailed::Shutdown) => {}
-                        Err(why) => {
-                            counters
-                                .tls_handshakes_failed
-                                .fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(?peer, "TLS handshake failed: {why}");
+                    };
+                    match result {
+                        Ok(()) => {}
+                        Err(e) if e.is_timeout() => {
+                            counters.http_idle_closed.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(?peer, "HTTP connection closed: idle past the timeout");
                         }
+                        Err(e) => tracing::debug!(?peer, error = %e, "HTTP connection ended"),
                     }
                 }
-            }
+            };
+            served.await;
             counters
                 .http_connections_open
                 .fetch_sub(1, Ordering::Relaxed);
@@ -180,40 +251,6 @@ pub(crate) async fn serve_http<L, S, T>(
     drop(stop_tx);
     drop(done_rx);
     done_tx.closed().await;
-}
-
-/// Serves HTTP/1 (with upgrades) on one connection until it ends, or finishes the request in
-/// progress and closes once `stop` fires.
-async fn serve_connection<I, A>(
-    io: I,
-    peer: A,
-    builder: hyper::server::conn::http1::Builder,
-    app: Router,
-    mut stop: watch::Receiver<()>,
-    counters: &ServerCounters,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    A: std::fmt::Debug,
-{
-    let conn = builder
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(app))
-        .with_upgrades();
-    let mut conn = std::pin::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stop.changed() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    match result {
-        Ok(()) => {}
-        Err(e) if e.is_timeout() => {
-            counters.http_idle_closed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(?peer, "HTTP connection closed: idle past the timeout");
-        }
-        Err(e) => tracing::debug!(?peer, error = %e, "HTTP connection ended"),
-    }
 }
 
 #[cfg(test)]
@@ -252,6 +289,7 @@ mod tests {
                 app,
                 None,
                 Arc::new(ServerCounters::default()),
+                crate::limits::Gate::new(crate::limits::Limits::default()),
                 None,
                 drain,
             ));

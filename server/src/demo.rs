@@ -231,6 +231,12 @@ pub(crate) async fn run(
             ports.insert(name.clone(), listener);
         }
     }
+    // Uplinks are closed by default: the demo's projects take the sleds it starts, which
+    // present this run's token, and nobody else's.
+    let uplink_token = demo_uplink_token();
+    for spec in &mut specs {
+        spec.token = Some(uplink_token.clone());
+    }
     let registry = Registry::from_projects(specs, names.first().map(String::as_str))
         .map_err(|e| format!("demo registry: {e}"))?;
 
@@ -254,6 +260,7 @@ pub(crate) async fn run(
         relay_interval: DEMO_RELAY_INTERVAL,
         latency_overrides: plan.slow.clone(),
         stalled_relay: plan.stalled.clone(),
+        uplink_token: Some(uplink_token),
         ..Default::default()
     };
     if let Some(ms) = latency_ms {
@@ -327,6 +334,12 @@ pub(crate) async fn run(
 
 /// Waits until the gateway's `list_projects` says every one of `projects` is live, or
 /// [`IMPOSTOR_WAIT`] has passed.
+/// The uplink token of a demo's projects: random per run, known only to the demo's sleds.
+pub(crate) fn demo_uplink_token() -> gateway_core::Secret {
+    let bytes: [u8; 16] = rand::random();
+    gateway_core::Secret::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
 async fn wait_live(gateway: &str, projects: &[String]) {
     let url = format!("{gateway}/mcp");
     let deadline = tokio::time::Instant::now() + IMPOSTOR_WAIT;
@@ -436,7 +449,7 @@ Ctrl-C stops the gateway and the sleds.
         repin_call = call(
             7,
             "fleet_identity",
-            &format!(r#"{{"action":"repin","project":"{repin}"}}"#)
+            &format!(r#"{{"action":"repin","project":"{repin}","key":"<its refused key>"}}"#)
         ),
     )
 }
@@ -561,7 +574,7 @@ mod tests {
             r#""name":"gateway_health""#,
             r#""name":"aggregate_pipeline_status""#,
             r#""name":"fleet_identity","arguments":{}"#,
-            r#""name":"fleet_identity","arguments":{"action":"repin","project":"iota"}"#,
+            r#""name":"fleet_identity","arguments":{"action":"repin","project":"iota","key":"<its refused key>"}"#,
             "stopped (no sled): delta",
             "probes every 2 s",
             "event every 5 s",

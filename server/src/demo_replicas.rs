@@ -103,10 +103,17 @@ pub(crate) async fn run(
     tracing::info!(%nats_url, "nats-server started");
 
     let names = sled_sim::demo_project_names(n);
+    // Uplinks are closed by default: the projects take this run's sleds, which present its
+    // token, and nobody else's.
+    let uplink_token = crate::demo::demo_uplink_token();
     let specs = names
         .iter()
         .enumerate()
-        .map(|(i, name)| ProjectSpec::new(name.clone(), format!("http://127.0.0.1:{}", 9101 + i)))
+        .map(|(i, name)| {
+            let mut spec = ProjectSpec::new(name.clone(), format!("http://127.0.0.1:{}", 9101 + i));
+            spec.token = Some(uplink_token.clone());
+            spec
+        })
         .collect();
     let registry = Registry::from_projects(specs, names.first().map(String::as_str))
         .map_err(|e| format!("demo registry: {e}"))?;
@@ -148,6 +155,7 @@ pub(crate) async fn run(
     let mut sled_opts = sled_sim::SledOptions {
         seed,
         jitter: Duration::ZERO,
+        uplink_token: Some(uplink_token),
         ..Default::default()
     };
     if let Some(ms) = latency_ms {

@@ -186,6 +186,16 @@ pub struct ServerCounters {
     pub http_connections_open: AtomicU64,
     /// HTTP connections closed for waiting longer than the idle timeout for a request head.
     pub http_idle_closed: AtomicU64,
+    /// `/mcp` requests refused for their credentials before their body was read.
+    pub http_refused_before_body: AtomicU64,
+    /// `/mcp` requests whose body did not arrive within the body read deadline.
+    pub http_body_timeouts: AtomicU64,
+    /// Connections refused at accept: the server held `max_connections`.
+    pub http_connections_refused: AtomicU64,
+    /// Connections refused at accept: their address held `max_connections_per_address`.
+    pub http_connections_refused_per_address: AtomicU64,
+    /// Uplinks cut for sending more than the pre-welcome allowance before their welcome.
+    pub uplink_pre_welcome_cut: AtomicU64,
     /// TLS handshakes that failed or did not finish in time (with `--tls-cert` only).
     pub tls_handshakes_failed: AtomicU64,
 }

@@ -39,6 +39,10 @@ pub(crate) struct AppState {
     pub(crate) oauth: Arc<crate::oauth::ResourceServer>,
     /// Whether `/metrics` is served here (see `ops.rs`).
     pub(crate) metrics: Arc<crate::ops::MetricsPlacement>,
+    /// Who may send a body (`admission.rs`).
+    pub(crate) admission: Arc<crate::admission::Admission>,
+    /// How long a request's body may take to arrive once its head has.
+    pub(crate) body_timeout: std::time::Duration,
 }
 
 pub(crate) fn router(state: AppState) -> Router {
@@ -87,7 +91,17 @@ async fn resource_metadata(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn uplink(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response {
+async fn uplink(
+    State(state): State<AppState>,
+    connection: Option<axum::Extension<crate::limits::Connection>>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    // Until its welcome, an uplink may send a few KiB (its hello and its proof), not the
+    // 16 MiB a live sled's message may be (`limits.rs`).
+    let connection = connection.map(|axum::Extension(c)| c);
+    if let Some(c) = &connection {
+        c.budget.limit(crate::limits::PRE_WELCOME_BYTES);
+    }
     // tungstenite zero-fills its read buffer before every read: at its 128 KiB default that
     // was two thirds of the gateway's instructions, and 150 KiB of memory per uplink.
     ws.read_buffer_size(UPLINK_BUFFER_BYTES)
@@ -95,7 +109,7 @@ async fn uplink(State(state): State<AppState>, ws: WebSocketUpgrade) -> Response
         .max_message_size(crate::MAX_UPLINK_MESSAGE_BYTES)
         .max_frame_size(crate::MAX_UPLINK_MESSAGE_BYTES)
         .on_failed_upgrade(|e| tracing::warn!(error = %e, "uplink WebSocket upgrade failed"))
-        .on_upgrade(move |socket| crate::uplink::run(socket, state))
+        .on_upgrade(move |socket| crate::uplink::run(socket, state, connection))
 }
 
 async fn mcp(
@@ -111,7 +125,36 @@ async fn mcp(
         // The router sends only these three here.
         _ => return StatusCode::METHOD_NOT_ALLOWED.into_response(),
     };
-    let body = match Limited::new(body, state.max_body_bytes).collect().await {
+    let authorization = header_text(&headers, header::AUTHORIZATION);
+    // Verified here, in this request's task (it may wait for the issuer's keys), and checked
+    // against the registry in force before the body is read: a request without the right
+    // credentials costs neither its body's memory nor the driver's time (`admission.rs`).
+    let access_token = state.oauth.check(authorization.as_deref()).await;
+    if let Err(refused) = state
+        .admission
+        .check(authorization.as_deref(), &access_token)
+    {
+        state
+            .counters
+            .http_refused_before_body
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return refusal(refused);
+    }
+    let read = tokio::time::timeout(
+        state.body_timeout,
+        Limited::new(body, state.max_body_bytes).collect(),
+    );
+    let Ok(read) = read.await else {
+        state
+            .counters
+            .http_body_timeouts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(timeout = ?state.body_timeout, "request body too slow");
+        return refusal(HttpError::BodyTimeout {
+            secs: state.body_timeout.as_secs().max(1),
+        });
+    };
+    let body = match read {
         Ok(collected) => collected.to_bytes().to_vec(),
         Err(e) if e.is::<LengthLimitError>() => {
             tracing::debug!(limit = state.max_body_bytes, "request body too large");
@@ -124,10 +167,6 @@ async fn mcp(
             return refusal(HttpError::BodyUnreadable);
         }
     };
-    let authorization = header_text(&headers, header::AUTHORIZATION);
-    // Verified here, in this request's task (it may wait for the issuer's keys); the core
-    // decides what to do with what was found.
-    let access_token = state.oauth.check(authorization.as_deref()).await;
     let request = HttpRequest {
         method,
         session: header_text(&headers, HeaderName::from_static(SESSION_HEADER)),

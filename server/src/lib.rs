@@ -61,12 +61,15 @@ use tokio::time::Instant;
 
 pub use accept::Backlog;
 pub use fleet::{HttpProber, Prober};
+pub use limits::{Limits, PeerAddr};
 
 mod accept;
+mod admission;
 pub mod cluster;
 mod driver;
 pub mod fleet;
 mod http;
+pub mod limits;
 pub mod metrics;
 pub mod oauth;
 mod ops;
@@ -136,6 +139,8 @@ pub struct ServerOptions {
     /// Join a cluster of replicas through its engine (see [`cluster::replica`]); `None` (the
     /// default): a single-process gateway, no engine.
     pub cluster: Option<cluster::replica::ClusterOptions>,
+    /// Connection caps and the body read deadline, which hold before authentication.
+    pub limits: limits::Limits,
     /// Serve HTTPS and WSS with this certificate and key, on every listener, reloaded on SIGHUP
     /// and when the files change (see [`tls`]); `None` (the default): plain HTTP, for loopback
     /// or behind a proxy that ends TLS.
@@ -157,6 +162,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
             .field("cluster", &self.cluster)
+            .field("limits", &self.limits)
             .field("tls", &self.tls)
             .finish()
     }
@@ -179,6 +185,7 @@ impl ServerOptions {
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
             cluster: None,
+            limits: limits::Limits::default(),
             tls: None,
         }
     }
@@ -198,7 +205,7 @@ pub async fn serve<L>(
 ) -> std::io::Result<()>
 where
     L: Backlog,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + PeerAddr,
 {
     serve_with_metrics(listener, None::<L>, opts, shutdown).await
 }
@@ -217,9 +224,9 @@ pub async fn serve_with_metrics<L, M>(
 ) -> std::io::Result<()>
 where
     L: Backlog,
-    L::Addr: std::fmt::Debug,
+    L::Addr: std::fmt::Debug + PeerAddr,
     M: Backlog,
-    M::Addr: std::fmt::Debug,
+    M::Addr: std::fmt::Debug + PeerAddr,
 {
     let ServerOptions {
         registry,
@@ -235,6 +242,7 @@ where
         oauth,
         otlp,
         cluster,
+        limits,
         tls,
     } = opts;
     if let Some(c) = &cluster {
@@ -250,6 +258,7 @@ where
     // on, so the first request finds them.
     let resource_server = oauth::ResourceServer::new(registry.oauth(), oauth);
     let metrics_placement = ops::MetricsPlacement::new(metrics_listener.is_some(), &registry);
+    let admission = Arc::new(admission::Admission::new(&registry));
     let mut gateway = gateway_core::Gateway::new(registry, core, seed);
     let counters = Arc::new(fleet::ServerCounters::default());
     // The pins from an earlier run go in before any event, so no sled is pinned anew by
@@ -330,6 +339,7 @@ where
             cmd_tx.clone(),
             resource_server.clone(),
             metrics_placement.clone(),
+            admission.clone(),
         ))
     });
 
@@ -340,6 +350,8 @@ where
         counters: counters.clone(),
         oauth: resource_server,
         metrics: metrics_placement,
+        admission,
+        body_timeout: limits.body_timeout,
     };
     let app = http::router(state);
 
@@ -353,6 +365,7 @@ where
             app,
             http_idle_timeout,
             Arc::new(fleet::ServerCounters::default()),
+            limits::Gate::new(limits::Limits::default()),
             tls.clone(),
             accept::Drain {
                 signal: async move {
@@ -389,9 +402,10 @@ where
         then,
     };
 
+    let gate = limits::Gate::new(limits);
     // The certificate and key are re-read on SIGHUP and whenever they change.
     let tls_watcher = tls.clone().map(|t| tokio::spawn(tls::watch(t)));
-    let server = accept::serve_http(listener, app, http_idle_timeout, counters, tls, drain);
+    let server = accept::serve_http(listener, app, http_idle_timeout, counters, gate, tls, drain);
     let mut server = std::pin::pin!(server);
     let mut served = false;
     // Phase 1: serve until shutdown starts.

@@ -188,6 +188,12 @@ struct McpFlags {
     #[arg(long = "max-sessions", value_name = "N", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_sessions: u64,
+    /// The most MCP sessions one identity (a client token, an OAuth subject) holds at once;
+    /// at it, its initialize ends its own least recently used idle session, or gets 503.
+    /// Another identity's session that holds a lease is never ended for anyone.
+    #[arg(long = "max-sessions-per-identity", value_name = "N", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions_per_identity: u64,
     /// The most calls one session may have in flight; past it a call gets a
     /// `too_many_calls` error with `retry_after_ms`.
     #[arg(long = "max-calls-per-session", value_name = "N", default_value_t = 64,
@@ -209,6 +215,35 @@ struct McpFlags {
     #[arg(long = "drain-settle-ms", value_name = "MS",
           default_value_t = gateway_server::DEFAULT_DRAIN_SETTLE.as_millis() as u64)]
     drain_settle_ms: u64,
+    /// The most HTTP connections held at once (uplinks until their welcome included); more
+    /// are answered 503 and closed.
+    #[arg(long = "max-connections", value_name = "N",
+          default_value_t = gateway_server::limits::DEFAULT_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// The most HTTP connections held at once from one address (a --trusted-proxy is held
+    /// only to --max-connections).
+    #[arg(long = "max-connections-per-address", value_name = "N",
+          default_value_t = gateway_server::limits::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections_per_address: u64,
+    /// An address or network (CIDR) of a proxy in front of the gateway, such as nginx, whose
+    /// connections carry many clients: not held to --max-connections-per-address
+    /// (repeatable; none by default).
+    #[arg(long = "trusted-proxy", value_name = "IP|CIDR", value_parser = parse_net)]
+    trusted_proxy: Vec<ipnet::IpNet>,
+    /// How long a request's body may take to arrive once its headers have; then 408.
+    #[arg(long = "body-timeout-secs", value_name = "SECS",
+          default_value_t = gateway_server::limits::DEFAULT_BODY_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    body_timeout_secs: u64,
+}
+
+/// An IP network (`10.0.0.0/8`) or one address (`127.0.0.1`, a /32 or /128).
+fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{text:?} is neither an IP address nor a network (CIDR)"))
 }
 
 /// Joining a cluster of replicas (issue 15) for `gateway serve`.
@@ -333,11 +368,18 @@ impl McpFlags {
         opts.core.session_idle_ttl = Duration::from_secs(self.session_ttl_secs);
         let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         opts.core.max_sessions = size(self.max_sessions);
+        opts.core.max_sessions_per_identity = size(self.max_sessions_per_identity);
         opts.core.max_calls_per_session = size(self.max_calls_per_session);
         opts.core.max_calls_per_sled = size(self.max_calls_per_sled);
         opts.http_idle_timeout = (self.http_idle_timeout_secs > 0)
             .then(|| Duration::from_secs(self.http_idle_timeout_secs));
         opts.drain_settle = Duration::from_millis(self.drain_settle_ms);
+        opts.limits = gateway_server::Limits {
+            max_connections: size(self.max_connections),
+            max_connections_per_address: size(self.max_connections_per_address),
+            trusted_proxies: self.trusted_proxy.clone(),
+            body_timeout: Duration::from_secs(self.body_timeout_secs),
+        };
     }
 }
 

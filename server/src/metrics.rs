@@ -24,7 +24,11 @@
 //!   relays in, claims won, claim conflicts, claims lost, engine reconnects, sessions loaded);
 //! - counted by the server itself ([`crate::fleet::ServerCounters`]):
 //!   `gateway_pin_file_write_errors_total`, `gateway_http_connections_open` (gauge),
-//!   `gateway_http_idle_closed_total`, `gateway_tls_handshakes_failed_total`.
+//!   `gateway_http_idle_closed_total`, and the refusals before anything reaches the core:
+//!   `gateway_http_refused_before_body_total`, `gateway_http_body_timeouts_total`,
+//!   `gateway_http_connections_refused_total`,
+//!   `gateway_http_connections_refused_per_address_total`, `gateway_uplink_pre_welcome_cut_total`;
+//!   with TLS, `gateway_tls_handshakes_failed_total`.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -52,7 +56,39 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
         pin_file_write_errors: load(&server.pin_file_write_errors),
         http_connections_open: load(&server.http_connections_open),
         http_idle_closed: load(&server.http_idle_closed),
-        tls_handshakes_failed: load(&server.tls_handshakes_failed),
+        refused: [
+            (
+                "gateway_http_refused_before_body",
+                "/mcp requests refused for their credentials before their body was read.",
+                load(&server.http_refused_before_body),
+            ),
+            (
+                "gateway_http_body_timeouts",
+                "/mcp requests whose body did not arrive within the body read deadline (408).",
+                load(&server.http_body_timeouts),
+            ),
+            (
+                "gateway_http_connections_refused",
+                "Connections refused at accept (503): the server held --max-connections.",
+                load(&server.http_connections_refused),
+            ),
+            (
+                "gateway_http_connections_refused_per_address",
+                "Connections refused at accept (503): their address held --max-connections-per-address.",
+                load(&server.http_connections_refused_per_address),
+            ),
+            (
+                "gateway_uplink_pre_welcome_cut",
+                "Uplinks cut for sending more than the pre-welcome allowance before their welcome.",
+                load(&server.uplink_pre_welcome_cut),
+            ),
+            (
+                "gateway_tls_handshakes_failed",
+                "TLS handshakes that failed or did not finish in time (a client that does not \
+                 trust the certificate, or that does not speak TLS).",
+                load(&server.tls_handshakes_failed),
+            ),
+        ],
     };
     let mut registry = Registry::default();
     registry.register_collector(Box::new(snapshot));
@@ -69,7 +105,9 @@ struct Snapshot {
     pin_file_write_errors: u64,
     http_connections_open: u64,
     http_idle_closed: u64,
-    tls_handshakes_failed: u64,
+    /// The server's refusals before anything reaches the core, and failed TLS handshakes:
+    /// name, help, count.
+    refused: [(&'static str, &'static str, u64); 6],
 }
 
 /// A label value with backslash, double quote and newline escaped.
@@ -328,13 +366,10 @@ impl Collector for Snapshot {
             "HTTP connections closed after waiting longer than the idle timeout for a request.",
             self.http_idle_closed,
         )?;
-        counter(
-            e,
-            "gateway_tls_handshakes_failed",
-            "TLS handshakes that failed or did not finish in time (a client that does not trust \
-             the certificate, or that does not speak TLS).",
-            self.tls_handshakes_failed,
-        )
+        for (name, help, n) in self.refused {
+            counter(e, name, help, n)?;
+        }
+        Ok(())
     }
 }
 

@@ -22,6 +22,7 @@ pub(crate) async fn watch(
     cmd: mpsc::Sender<Command>,
     oauth: std::sync::Arc<crate::oauth::ResourceServer>,
     metrics: std::sync::Arc<crate::ops::MetricsPlacement>,
+    admission: std::sync::Arc<crate::admission::Admission>,
 ) {
     let mut last = loaded;
     #[cfg(unix)]
@@ -61,6 +62,7 @@ pub(crate) async fn watch(
                 tracing::info!(path = %shown, projects = registry.len(), "projects.toml reloaded");
                 oauth.reconfigure(registry.oauth());
                 metrics.follow(&registry);
+                admission.follow(&registry);
                 if cmd.send(Command::Reload(Box::new(registry))).await.is_err() {
                     return;
                 }

@@ -339,6 +339,63 @@ where
         .unwrap_or(Err(HandshakeFailed::Timeout))
 }
 
+/// An accepted connection: plain, or the server side of TLS over it.
+#[derive(Debug)]
+pub(crate) enum ServerStream<S> {
+    Plain(S),
+    Tls(Box<tokio_rustls::server::TlsStream<Rewound<S>>>),
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRead
+    for ServerStream<S>
+{
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            ServerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite
+    for ServerStream<S>
+{
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            ServerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            ServerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            ServerStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// A stream whose first byte was read already (to tell TLS from plain HTTP): reads give it
 /// back first.
 #[derive(Debug)]

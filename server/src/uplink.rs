@@ -22,20 +22,48 @@ const CLOSE_LINGER: Duration = Duration::from_secs(2);
 /// (its queue overflowed, or the gateway is going away): 1011, internal error.
 const CODE_CUT_OFF: u16 = 1011;
 
-/// Runs an upgraded uplink WebSocket to its end.
-pub(crate) async fn run(socket: WebSocket, state: AppState) {
+/// Runs an upgraded uplink WebSocket to its end. `connection` (absent only where no accept
+/// loop of ours made the connection) reads within the pre-welcome allowance and holds its
+/// place under the connection caps until the welcome.
+pub(crate) async fn run(
+    socket: WebSocket,
+    state: AppState,
+    connection: Option<crate::limits::Connection>,
+) {
     let uplink = state.ids.next_uplink();
     let (sink, stream) = socket.split();
-    drive(uplink, stream, sink, state.cmd).await;
+    let pre = connection.map(|c| PreWelcome {
+        _permit: c.take_permit(),
+        budget: c.budget,
+    });
+    let cut = drive(uplink, stream, sink, state.cmd, pre).await;
+    if cut {
+        state
+            .counters
+            .uplink_pre_welcome_cut
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// An uplink before its welcome: it reads within a small allowance, and holds its
+/// connection's place under the caps.
+pub(crate) struct PreWelcome {
+    /// Held, never read: dropped with the rest at the welcome.
+    pub(crate) _permit: Option<crate::limits::Permit>,
+    pub(crate) budget: std::sync::Arc<crate::limits::ReadBudget>,
 }
 
 /// Pumps one uplink: `incoming` to the driver, the driver's [`Outbound`]s to `outgoing`.
+/// `pre` is let go when the welcome is sent. Says whether the uplink was cut for reading past
+/// its pre-welcome allowance.
 pub(crate) async fn drive<I, O, E>(
     uplink: UplinkId,
     mut incoming: I,
     mut outgoing: O,
     cmd: mpsc::Sender<Command>,
-) where
+    mut pre: Option<PreWelcome>,
+) -> bool
+where
     I: Stream<Item = Result<Message, E>> + Unpin,
     E: std::fmt::Display,
     O: Sink<Message> + Unpin,
@@ -55,7 +83,7 @@ pub(crate) async fn drive<I, O, E>(
             "the gateway is shutting down",
         )
         .await;
-        return;
+        return false;
     }
     tracing::info!(uplink = uplink.0, "uplink opened");
     let why = loop {
@@ -71,6 +99,11 @@ pub(crate) async fn drive<I, O, E>(
                 loop {
                     match next.take() {
                         Some(Outbound::Text(text)) => {
+                            if pre.is_some() && gateway_core::uplink::is_welcome(&text) {
+                                if let Some(p) = pre.take() {
+                                    p.budget.lift();
+                                }
+                            }
                             if let Err(e) = outgoing.feed(Message::Text(text.into())).await {
                                 failed = Some(format!("send failed: {e}"));
                                 break;
@@ -105,13 +138,13 @@ pub(crate) async fn drive<I, O, E>(
                         if let Err(e) = close(&mut incoming, &mut outgoing, code, &reason).await {
                             tracing::debug!(uplink = uplink.0, error = %e, "close frame not sent");
                         }
-                        return;
+                        return false;
                     }
                     Some(None) => {
                         // The driver dropped us (queue overflow) or is gone; it already knows.
                         tracing::info!(uplink = uplink.0, code = CODE_CUT_OFF, "uplink cut off");
                         let _ = close(&mut incoming, &mut outgoing, CODE_CUT_OFF, "uplink cut off").await;
-                        return;
+                        return false;
                     }
                 }
             }
@@ -141,10 +174,19 @@ pub(crate) async fn drive<I, O, E>(
             },
         }
     };
+    let cut = pre.is_some_and(|p| p.budget.exhausted());
+    if cut {
+        tracing::info!(
+            uplink = uplink.0,
+            allowance = crate::limits::PRE_WELCOME_BYTES,
+            "uplink cut: it sent more than it may before its welcome"
+        );
+    }
     tracing::info!(uplink = uplink.0, reason = %why, "uplink closed");
     let _ = cmd.send(Command::UplinkClosed { uplink }).await;
     // Answer a close handshake / finish the socket; errors here change nothing.
     let _ = outgoing.close().await;
+    cut
 }
 
 /// Sends a close frame, then reads (and ignores) frames until the sled's close or
@@ -231,6 +273,7 @@ mod tests {
             Box::pin(incoming),
             recorder(out_tx),
             cmd_tx,
+            None,
         ));
 
         let Some(Command::UplinkOpened { uplink, tx }) = cmd_rx.recv().await else {
@@ -322,6 +365,7 @@ mod tests {
             Box::pin(stream::pending::<Result<Message, Infallible>>()),
             Recording(out_tx),
             cmd_tx,
+            None,
         ));
         let Some(Command::UplinkOpened { tx, .. }) = cmd_rx.recv().await else {
             panic!("expected UplinkOpened");
@@ -365,6 +409,7 @@ mod tests {
             Box::pin(incoming),
             recorder(out_tx),
             cmd_tx,
+            None,
         ));
         assert!(matches!(
             cmd_rx.recv().await,

@@ -217,13 +217,20 @@ async fn the_fleet_tools_name_exactly_the_projects_with_problems() {
     assert!(on_disk.contains(&real_key), "{on_disk}");
     assert!(!on_disk.contains(&impostor_key));
 
-    // Only an explicit re-pin naming the project changes the pin, and it is saved.
+    // Only an explicit re-pin naming the project and the key changes the pin, and it is saved.
     let (r, _) = tool(&url, "fleet_identity", json!({"action": "repin"})).await;
     assert_eq!(r["error"]["code"], -32602);
     let (r, _) = tool(
         &url,
         "fleet_identity",
         json!({"action": "repin", "project": "iota"}),
+    )
+    .await;
+    assert_eq!(r["error"]["code"], -32602, "a re-pin names its key");
+    let (r, _) = tool(
+        &url,
+        "fleet_identity",
+        json!({"action": "repin", "project": "iota", "key": impostor_key}),
     )
     .await;
     assert_eq!(

@@ -32,6 +32,7 @@ fn registry() -> Registry {
         Some("alpha"),
     )
     .expect("a valid registry")
+    .allowing_unauthenticated_uplinks()
 }
 
 fn pin_text(project: &str, seed: u8) -> String {
@@ -392,7 +393,8 @@ async fn the_gateway_probes_projects_without_an_uplink() {
         ],
         Some("alpha"),
     )
-    .unwrap();
+    .unwrap()
+    .allowing_unauthenticated_uplinks();
     let mut opts = ServerOptions::new(registry, [1; 32]);
     opts.shutdown_grace = Duration::from_millis(100);
     opts.core.probe_interval = Duration::from_millis(100);

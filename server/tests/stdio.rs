@@ -41,7 +41,8 @@ impl Gateway {
             ],
             Some("alpha"),
         )
-        .unwrap();
+        .unwrap()
+        .allowing_unauthenticated_uplinks();
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();

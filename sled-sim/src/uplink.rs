@@ -539,7 +539,7 @@ fn request_delay(opts: &UplinkOptions, rng: &mut ChaCha8Rng) -> Duration {
 }
 
 fn close_name(code: u16) -> &'static str {
-    const NAMES: [(CloseCode, &str); 9] = [
+    const NAMES: [(CloseCode, &str); 10] = [
         (CloseCode::GoingAway, "going away"),
         (CloseCode::Replaced, "replaced by another connection"),
         (CloseCode::HeartbeatTimeout, "heartbeat timeout"),
@@ -552,6 +552,10 @@ fn close_name(code: u16) -> &'static str {
         ),
         (CloseCode::IdentityRefused, "identity refused"),
         (CloseCode::Superseded, "superseded by a newer epoch"),
+        (
+            CloseCode::Occupied,
+            "occupied: an unauthenticated sled cannot replace a live uplink",
+        ),
     ];
     NAMES
         .iter()
@@ -652,7 +656,7 @@ pub async fn run_uplink_fenced<C: Connect>(
                     ),
                     Some(reason) if token_refused => error!(
                         project = %project, gateway = %gateway, %reason, retry_in = ?delay,
-                        "the gateway refused this sled's uplink token (its project's `token`; sled-sim reads it from --token-env, SLED_UPLINK_TOKEN by default); retrying with a long backoff"
+                        "the gateway refused this sled's uplink: its project's `token` is missing or wrong (sled-sim reads it from --token-env, SLED_UPLINK_TOKEN by default), or the project has neither a token nor a pinned key; retrying with a long backoff"
                     ),
                     Some(reason) if unknown_project => error!(
                         project = %project, gateway = %gateway, %reason, retry_in = ?delay,

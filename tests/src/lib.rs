@@ -47,14 +47,17 @@ pub fn metric_series(body: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
-/// A registry of `projects` (made-up container URLs), with `default`.
+/// A registry of `projects` (made-up container URLs), with `default`, whose projects take
+/// sleds that present no token or key (`allow_unauthenticated_uplinks`), as the demo's do.
 pub fn registry(projects: &[&str], default: Option<&str>) -> Registry {
     let specs = projects
         .iter()
         .enumerate()
         .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
         .collect();
-    Registry::from_projects(specs, default).expect("a valid test registry")
+    Registry::from_projects(specs, default)
+        .expect("a valid test registry")
+        .allowing_unauthenticated_uplinks()
 }
 
 /// The real gateway serving `opts` on a loopback port, until [`Gateway::stop`].

@@ -289,6 +289,7 @@ async fn gateway_stdio_sends_its_token_from_a_file_or_the_environment() {
         Some("beta"),
     )
     .unwrap()
+    .allowing_unauthenticated_uplinks()
     .with_client_tokens(vec![Secret::new(CLIENT_TOKEN)]);
     let gateway = gateway_tests::Gateway::start(ServerOptions::new(registry, [5; 32])).await;
     let addr = gateway.addr;

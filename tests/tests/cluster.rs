@@ -29,10 +29,23 @@ fn registry() -> Registry {
         .map(|(i, p)| {
             let mut spec = ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i));
             spec.sled = format!("{p}-sled");
+            spec.token = Some(gateway_core::Secret::new(UPLINK_TOKEN));
             spec
         })
         .collect();
     Registry::from_projects(specs, Some("alpha")).unwrap()
+}
+
+/// The projects' uplink token, which the tests' sleds present: uplinks are closed by default,
+/// and a sled that moves between replicas replaces its old uplink, which only an
+/// authenticated one may.
+const UPLINK_TOKEN: &str = "cluster-test-uplink-token";
+
+fn sled_options() -> SledOptions {
+    SledOptions {
+        uplink_token: Some(gateway_core::Secret::new(UPLINK_TOKEN)),
+        ..SledOptions::default()
+    }
 }
 
 /// One replica, in a runtime of its own.
@@ -90,7 +103,7 @@ impl Replica {
         let names: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
         let opts = SledOptions {
             latency,
-            ..SledOptions::default()
+            ..sled_options()
         };
         Fleet::spawn(&self.url(), &names, opts)
     }
@@ -264,7 +277,7 @@ async fn any_replica_serves_any_session_and_any_call() {
     let impostor = {
         let opts = SledOptions {
             wrong_key: ["alpha".to_owned()].into(),
-            ..SledOptions::default()
+            ..sled_options()
         };
         Fleet::spawn(&r3.url(), &["alpha".to_owned()], opts)
     };
@@ -593,7 +606,7 @@ async fn a_stateless_retry_on_another_replica_resumes_the_parked_call() {
     let r3 = Replica::start(&nats.url(), "r3", ttl);
     let opts = SledOptions {
         fixture_projects: vec!["beta".into()],
-        ..SledOptions::default()
+        ..sled_options()
     };
     let _beta = Fleet::spawn(&r1.url(), &["beta".to_owned()], opts);
     wait_held(&r2, &[("beta", Some("r1"))]).await;

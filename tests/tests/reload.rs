@@ -10,9 +10,9 @@ use serde_json::json;
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
 
 const ONE: &str =
-    "default = \"alpha\"\n[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n";
-const TWO: &str = "default = \"alpha\"\n[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n[[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n";
-const BETA_ONLY: &str = "[[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n";
+    "allow_unauthenticated_uplinks = true\ndefault = \"alpha\"\n[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n";
+const TWO: &str = "allow_unauthenticated_uplinks = true\ndefault = \"alpha\"\n[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n[[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n";
+const BETA_ONLY: &str = "allow_unauthenticated_uplinks = true\n[[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n";
 
 async fn registered(c: &mut McpClient<TokioConnect>) -> Vec<String> {
     let r = c

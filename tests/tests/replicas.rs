@@ -28,15 +28,18 @@ call_timeout_ms = 20000
 [[project]]
 name = "alpha"
 url = "http://127.0.0.1:9101"
+token = "test-uplink-token-0123456789"   # support::processes::SLED_TOKEN
 
 [[project]]
 name = "beta"
 url = "http://127.0.0.1:9102"
+token = "test-uplink-token-0123456789"   # support::processes::SLED_TOKEN
 
 # Served by the conformance fixture (its test_sampling asks the client), in the Python test.
 [[project]]
 name = "delta"
 url = "http://127.0.0.1:9104"
+token = "test-uplink-token-0123456789"   # support::processes::SLED_TOKEN
 "#;
 
 /// nats-server, three replicas and nginx in front of them; `None` when a part is missing

@@ -123,6 +123,7 @@ const PROJECTS: [&str; 3] = ["alpha", "beta", "gamma"];
 fn projects_toml(resource: &str, issuer: &str, rules: &str) -> String {
     format!(
         r#"default = "alpha"
+allow_unauthenticated_uplinks = true
 
 [[project]]
 name = "alpha"

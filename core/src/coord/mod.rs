@@ -762,6 +762,20 @@ impl Coord {
         }
     }
 
+    /// Whether `agent` holds a live lease anywhere now.
+    pub fn holds_leases(&self, now: Instant, agent: &str) -> bool {
+        let Some(projects) = self.agents.get(agent) else {
+            return false;
+        };
+        projects.iter().any(|p| {
+            self.projects.get(p.as_str()).is_some_and(|p| {
+                p.leases
+                    .values()
+                    .any(|l| l.holder == agent && now < l.expires_at)
+            })
+        })
+    }
+
     /// The projects where `agent` is present now, in name order.
     pub fn present_in(&self, now: Instant, agent: &str) -> Vec<String> {
         let Some(projects) = self.agents.get(agent) else {

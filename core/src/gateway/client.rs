@@ -48,7 +48,7 @@ impl Gateway {
         }
         // A session is bound to the identity that created it: another one naming it is told
         // it does not exist, exactly as for an id that never did.
-        let owner = identity.session_owner();
+        let owner = identity.session_owner(&self.registry);
         if let Some(s) = request
             .session
             .as_deref()
@@ -231,27 +231,53 @@ impl Gateway {
             .iter()
             .find(|v| **v == params.protocol_version)
             .unwrap_or(&PROTOCOL_VERSIONS[0]);
-        if self.sessions.len() >= self.config.max_sessions {
+        // Quotas are per identity (security review finding 8): at its own quota a caller can
+        // end only its own idle sessions; at the table's limit, its own first, then another
+        // identity's idle session that holds no live lease. Nobody else's leases are ever
+        // ended by someone's initialize.
+        // With authentication off there are no identities to tell apart: only the table's
+        // limit holds.
+        let own_full = owner.is_some()
+            && self.sessions.owned_by(&owner) >= self.config.max_sessions_per_identity;
+        let table_full = self.sessions.len() >= self.config.max_sessions;
+        if own_full || table_full {
             let calls = &self.calls;
-            match self.sessions.evict_lru(|id| calls.in_session(id) > 0) {
+            let mut evicted = self
+                .sessions
+                .evict_lru(|id, s| s.owner == owner && calls.in_session(id) == 0);
+            if evicted.is_none() && !own_full {
+                let coordination = &self.coordination;
+                evicted = self.sessions.evict_lru(|id, _| {
+                    calls.in_session(id) == 0 && !coordination.session_holds_leases(now, id)
+                });
+            }
+            let max = if own_full {
+                self.config.max_sessions_per_identity
+            } else {
+                self.config.max_sessions
+            };
+            match evicted {
                 Some(evicted) => {
                     self.coordination_session_ended(now, &evicted);
+                    self.store_session(now, &evicted);
                     self.counters.sessions_evicted += 1;
                     tracing::info!(
-                        max = self.config.max_sessions,
+                        max,
+                        own = own_full,
                         "session limit reached; the least recently used idle session ended"
                     );
                 }
                 None => {
                     self.counters.sessions_refused += 1;
                     tracing::warn!(
-                        max = self.config.max_sessions,
-                        "session limit reached and no session is idle; initialize refused"
+                        max,
+                        own = own_full,
+                        "session limit reached and no session may end; initialize refused"
                     );
                     return self.http_error(
                         token,
                         HttpError::TooManySessions {
-                            max: self.config.max_sessions,
+                            max,
                             retry_after: self.config.retry_after,
                         },
                     );
@@ -267,9 +293,7 @@ impl Gateway {
         let session =
             self.sessions
                 .create(default, (*version).to_owned(), params.capabilities, now);
-        if let Some(s) = self.sessions.get_mut(&session) {
-            s.owner = owner;
-        }
+        self.sessions.set_owner(&session, owner);
         self.store_session(now, &session);
         self.arm_sweep(now);
         let result = json!({
@@ -497,6 +521,36 @@ impl Gateway {
             self.store_session(now, s);
         }
         Ok("{}".to_owned())
+    }
+
+    /// After a reload: ends the sessions whose client token (or OAuth issuer) the new file no
+    /// longer admits, as a DELETE would (their leases are released, their streams closed).
+    pub(super) fn end_revoked_sessions(&mut self, now: Instant) {
+        let revoked: Vec<String> = self
+            .sessions
+            .iter_mut()
+            .filter(|(_, s)| {
+                s.owner
+                    .as_deref()
+                    .is_some_and(|o| !crate::auth::owner_still_admitted(o, &self.registry))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !revoked.is_empty() {
+            tracing::info!(
+                sessions = revoked.len(),
+                "sessions of revoked credentials ended"
+            );
+        }
+        for id in revoked {
+            if let Some(session) = self.sessions.remove(&id) {
+                if let Some(stream) = session.stream {
+                    self.close_session_stream(stream);
+                }
+                self.coordination_session_ended(now, &id);
+                self.store_session(now, &id);
+            }
+        }
     }
 
     /// Ends the sessions idle past the TTL, and re-arms itself while sessions remain.

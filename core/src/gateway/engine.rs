@@ -208,6 +208,7 @@ impl Gateway {
             u.state = UplinkState::AwaitingHello;
         }
         let key = w.key.clone().unwrap_or_default();
+        let created = matches!(outcome, PinOutcome::Created);
         let pin = match outcome {
             PinOutcome::Created => {
                 tracing::info!(
@@ -235,6 +236,13 @@ impl Gateway {
             }
         };
         let matches = pin.key == key;
+        // A key pinned by this very hello proves nothing by itself: the sled is authenticated
+        // if its project has a token (which the hello presented), or if the pin was there.
+        let authenticated = !created
+            || self
+                .registry
+                .get(&project)
+                .is_some_and(|(_, spec)| spec.token.is_some());
         self.pins.pins.insert(project.clone(), pin.clone());
         self.save_pins_soon(now);
         if !matches {
@@ -244,7 +252,7 @@ impl Gateway {
             );
             return self.refuse_identity(now, w.uplink, &project, w.sled, Some(key), reason);
         }
-        self.accept_uplink(now, w.uplink, project, w.sled, Some(key));
+        self.accept_uplink(now, w.uplink, project, w.sled, Some(key), authenticated);
     }
 
     /// Another replica pinned (or re-pinned) a project: this one follows.

@@ -33,10 +33,15 @@ impl Gateway {
             HelloVerdict::RefuseIdentity(reason) => {
                 self.refuse_identity(now, id, &project, sled, None, reason)
             }
-            HelloVerdict::Accept => self.accept_uplink(now, id, project, sled, None),
-            HelloVerdict::Challenge(verifying) => {
+            HelloVerdict::Accept { authenticated } => {
+                self.accept_uplink(now, id, project, sled, None, authenticated)
+            }
+            HelloVerdict::Challenge {
+                verifying,
+                token_checked,
+            } => {
                 let key = key.expect("a challenge is for a hello with a key");
-                self.challenge(id, project, sled, key, verifying);
+                self.challenge(id, project, sled, key, verifying, token_checked);
             }
         }
     }
@@ -49,13 +54,16 @@ impl Gateway {
             require_identity: self.config.require_identity,
             pins_shared: self.pins_shared(),
             public_name: self.config.public_name.as_deref(),
+            allow_unauthenticated: self.registry.allows_unauthenticated_uplinks(),
         }
     }
 
     /// Makes a sled that passed every check its project's uplink: an older one is replaced,
     /// the sled is welcomed and its tools are fetched. In a cluster, the uplink first waits
     /// for this replica to win the project's claim (`cluster.rs`), and is welcomed with the
-    /// claim's epoch.
+    /// claim's epoch. A sled that proved nothing (no token, no pinned key: a project under
+    /// `allow_unauthenticated_uplinks`) never replaces a live uplink, here or on another
+    /// replica: it is closed 4009 and tries again once that one is gone.
     pub(super) fn accept_uplink(
         &mut self,
         now: Instant,
@@ -63,7 +71,25 @@ impl Gateway {
         project: String,
         sled: String,
         key: Option<String>,
+        authenticated: bool,
     ) {
+        if !authenticated && self.has_live_uplink(now, &project) {
+            tracing::warn!(
+                uplink = id.0,
+                project,
+                sled,
+                "unauthenticated uplink refused: the project has a live one"
+            );
+            return self.close_uplink(
+                now,
+                id,
+                CloseCode::Occupied,
+                format!(
+                    "project '{project}' has a live uplink, and a sled that presented neither \
+                     its token nor its pinned key cannot replace it"
+                ),
+            );
+        }
         if self.clustered() && self.registry.get(&project).is_some() {
             return self.await_claim(now, id, project, sled, key);
         }
@@ -107,6 +133,15 @@ impl Gateway {
         let epoch_seen = uplink.epoch_seen;
         tracing::info!(uplink = id.0, project, ?epoch_seen, "claiming the project");
         self.claim(now, &project, epoch_seen);
+    }
+
+    /// Whether `project` is served by a live uplink, here or (by the directory's live claim)
+    /// on another replica.
+    fn has_live_uplink(&self, _now: Instant, project: &str) -> bool {
+        self.projects
+            .get(project)
+            .is_some_and(|s| s.uplink.is_some())
+            || self.held_elsewhere(project).is_some()
     }
 
     /// The second half of [`Gateway::accept_uplink`]: `epoch` is the claim's, in a cluster.
@@ -199,6 +234,7 @@ impl Gateway {
         sled: String,
         key: String,
         verifying: ed25519_dalek::VerifyingKey,
+        token_checked: bool,
     ) {
         let mut nonce = [0u8; 32];
         self.rng.fill_bytes(&mut nonce);
@@ -212,6 +248,7 @@ impl Gateway {
                 key,
                 verifying,
                 nonce,
+                token_checked,
             }));
             self.outputs.push_back(Output::UplinkSend {
                 uplink: id,
@@ -243,15 +280,36 @@ impl Gateway {
         let verdict = self
             .handshake(&proving.project)
             .proof(&proving, signature, gateway);
+        // A key pinned by this very proof proves nothing: without the project's token, such a
+        // sled may not replace a live uplink, and its key is not pinned.
+        if !proving.token_checked
+            && matches!(verdict, ProofVerdict::PinHere | ProofVerdict::PinInEngine)
+            && self.has_live_uplink(now, &proving.project)
+        {
+            let project = &proving.project;
+            return self.close_uplink(
+                now,
+                id,
+                CloseCode::Occupied,
+                format!(
+                    "project '{project}' has a live uplink, and a sled that presented neither \
+                     its token nor its pinned key cannot replace it"
+                ),
+            );
+        }
         let Proving {
-            project, sled, key, ..
+            project,
+            sled,
+            key,
+            token_checked,
+            ..
         } = proving;
         match verdict {
             ProofVerdict::Refuse(code, reason) => self.close_uplink(now, id, code, reason),
             ProofVerdict::RefuseIdentity(reason) => {
                 self.refuse_identity(now, id, &project, sled, Some(key), reason)
             }
-            ProofVerdict::Accept => self.accept_uplink(now, id, project, sled, Some(key)),
+            ProofVerdict::Accept => self.accept_uplink(now, id, project, sled, Some(key), true),
             ProofVerdict::PinHere => {
                 tracing::info!(project, sled, key, "sled identity pinned on first use");
                 self.pins.pins.insert(
@@ -262,7 +320,7 @@ impl Gateway {
                     },
                 );
                 self.save_pins_soon(now);
-                self.accept_uplink(now, id, project, sled, Some(key));
+                self.accept_uplink(now, id, project, sled, Some(key), token_checked);
             }
             // In a cluster, the first use is one create in the engine: the uplink waits for it.
             ProofVerdict::PinInEngine => {
@@ -325,6 +383,9 @@ pub(super) struct Handshake<'a> {
     pins_shared: bool,
     /// The name a proof must be made for (`Config::public_name`); `None`: any.
     public_name: Option<&'a str>,
+    /// `allow_unauthenticated_uplinks`: a project with neither a token nor a pin takes any
+    /// sled (and pins the first key it sees).
+    allow_unauthenticated: bool,
 }
 
 /// What a hello comes to.
@@ -336,10 +397,16 @@ pub(super) enum HelloVerdict {
     Refuse(CloseCode, String),
     /// Refused for its identity (recorded in the project's health).
     RefuseIdentity(String),
-    /// Challenged to prove it holds the key it presented.
-    Challenge(ed25519_dalek::VerifyingKey),
+    /// Challenged to prove it holds the key it presented; `token_checked` when it also
+    /// presented its project's uplink token.
+    Challenge {
+        verifying: ed25519_dalek::VerifyingKey,
+        token_checked: bool,
+    },
     /// Accepted without an identity: it presented no key and none is needed.
-    Accept,
+    /// `authenticated` when it presented its project's uplink token; when not, the project
+    /// is open (`allow_unauthenticated_uplinks`) and the sled may not replace a live one.
+    Accept { authenticated: bool },
 }
 
 /// What a proof of identity comes to.
@@ -351,7 +418,8 @@ pub(super) enum ProofVerdict {
     RefuseIdentity(String),
     /// The key is the project's pin.
     Accept,
-    /// The project has no pin: this key becomes it, here.
+    /// The project has no pin: this key becomes it, here (the sled is authenticated only
+    /// if it presented its project's token: `Proving::token_checked`).
     PinHere,
     /// The project has no pin: this key is pinned in the engine, whose answer it waits for.
     PinInEngine,
@@ -381,6 +449,18 @@ impl Handshake<'_> {
                 format!("project '{project}' is not registered at this gateway"),
             );
         };
+        let token_checked = spec.token.is_some();
+        if spec.token.is_none() && self.pin.is_none() && !self.allow_unauthenticated {
+            return HelloVerdict::Refuse(
+                CloseCode::Unauthorized,
+                format!(
+                    "project '{project}' has neither an uplink token nor a pinned identity key, \
+                     so no sled can prove it is its own; give it a `token` in projects.toml, \
+                     pin its key (fleet_identity repin), or set \
+                     allow_unauthenticated_uplinks = true for local use"
+                ),
+            );
+        }
         if let Some(required) = &spec.token {
             if !token.is_some_and(|t| required.matches(t)) {
                 let why = if token.is_none() {
@@ -405,10 +485,15 @@ impl Handshake<'_> {
                     "this gateway requires every sled to present an identity key".to_owned(),
                 );
             }
-            return HelloVerdict::Accept;
+            return HelloVerdict::Accept {
+                authenticated: token_checked,
+            };
         };
         match identity::parse_key(key) {
-            Ok(verifying) => HelloVerdict::Challenge(verifying),
+            Ok(verifying) => HelloVerdict::Challenge {
+                verifying,
+                token_checked,
+            },
             Err(e) => HelloVerdict::RefuseIdentity(format!("the hello's key is unusable: {e}")),
         }
     }
@@ -477,6 +562,8 @@ pub(in crate::gateway) struct Proving {
     key: String,
     verifying: ed25519_dalek::VerifyingKey,
     nonce: [u8; 32],
+    /// The hello presented its project's uplink token.
+    token_checked: bool,
 }
 
 #[cfg(test)]
@@ -504,6 +591,7 @@ mod tests {
             key: public.to_owned(),
             verifying: identity::parse_key(public).expect("a key"),
             nonce: [7; 32],
+            token_checked: false,
         }
     }
 
@@ -528,6 +616,7 @@ mod tests {
             require_identity: false,
             pins_shared: false,
             public_name: None,
+            allow_unauthenticated: true,
         };
         let code = |v: HelloVerdict| match v {
             HelloVerdict::Refuse(code, _) => Some(code),
@@ -547,7 +636,9 @@ mod tests {
         );
         assert_eq!(
             h.hello(PROTOCOL_VERSION, "alpha", Some("sixteen-chars-token"), None),
-            HelloVerdict::Accept
+            HelloVerdict::Accept {
+                authenticated: true
+            }
         );
         let unregistered = Handshake { spec: None, ..h };
         assert_eq!(
@@ -573,6 +664,7 @@ mod tests {
             require_identity: false,
             pins_shared: false,
             public_name: None,
+            allow_unauthenticated: true,
         };
         assert!(matches!(
             pinned.hello(PROTOCOL_VERSION, "alpha", None, None),
@@ -589,7 +681,7 @@ mod tests {
         ));
         assert!(matches!(
             required.hello(PROTOCOL_VERSION, "alpha", None, Some(&public)),
-            HelloVerdict::Challenge(_)
+            HelloVerdict::Challenge { .. }
         ));
         assert!(matches!(
             required.hello(PROTOCOL_VERSION, "alpha", None, Some("not base64!")),
@@ -608,6 +700,7 @@ mod tests {
             require_identity: false,
             pins_shared: false,
             public_name: None,
+            allow_unauthenticated: true,
         };
         assert_eq!(
             first_use.proof(&proving(&public), &signed(&signing), GW),
@@ -662,6 +755,7 @@ mod tests {
             require_identity: false,
             pins_shared: false,
             public_name: Some("GW.example"),
+            allow_unauthenticated: true,
         };
         // Made for this gateway (names compare as hosts do): good.
         assert_eq!(

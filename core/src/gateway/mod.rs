@@ -87,6 +87,10 @@ pub struct Config {
     /// idle session (no open GET stream, no call in flight); with none idle it gets 503 and
     /// `Retry-After`.
     pub max_sessions: usize,
+    /// The most sessions one identity (a client token, an OAuth subject) may hold; at it, its
+    /// `initialize` ends its own least recently used idle session, or gets 503. Without
+    /// client authentication only `max_sessions` holds.
+    pub max_sessions_per_identity: usize,
     /// The most calls one session may have in flight; past it a call is refused at once
     /// (`too_many_calls`), never queued.
     pub max_calls_per_session: usize,
@@ -185,6 +189,7 @@ impl Default for Config {
             tools_page_size: 2000,
             replay_events: 64,
             max_sessions: 10_000,
+            max_sessions_per_identity: 1_000,
             max_calls_per_session: 64,
             max_calls_per_sled: 1024,
             retry_after: Duration::from_secs(1),
@@ -742,7 +747,10 @@ impl Gateway {
                 self.drop_uplink(now, uplink, UplinkLoss::Closed, None);
             }
             Input::Shutdown => self.on_shutdown(now),
-            Input::Reload { registry } => self.on_reload(now, registry),
+            Input::Reload { registry } => {
+                self.on_reload(now, registry);
+                self.end_revoked_sessions(now);
+            }
             Input::ProbeDone { probe, outcome } => self.on_probe_done(now, probe, outcome),
             Input::Cluster(event) => self.on_cluster(now, event),
         }

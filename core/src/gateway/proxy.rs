@@ -194,10 +194,16 @@ impl Gateway {
             .is_some_and(|(_, spec)| spec.forward_principal)
             .then(|| self.principal_meta(req.principal))
             .flatten();
+        // Unguessable, so that no sled can aim progress at a call it was not sent (the
+        // gateway also takes progress only from the uplink serving the call).
+        let secret = {
+            use rand_chacha::rand_core::RngCore;
+            self.rng.next_u64()
+        };
         let ask = meta::Ask {
             method,
             modern: mode.modern,
-            progress_token: format!("gw-{}-{}", uplink_id.0, rpc_id),
+            progress_token: format!("gw-{}-{}-{secret:016x}", uplink_id.0, rpc_id),
             principal,
         };
         let rng = &mut self.rng;

@@ -98,8 +98,8 @@ impl Gateway {
                     s.log_level = record.log_level;
                     s.protocol_version = record.protocol_version;
                     s.client_capabilities = record.client_capabilities;
-                    s.owner = record.owner;
                 }
+                self.sessions.set_owner(&session, record.owner);
             }
             None => {
                 records.forget(&session);

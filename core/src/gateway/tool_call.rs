@@ -150,7 +150,7 @@ impl Gateway {
             Some(format!("{kind}:{value}"))
         });
         if let Some(resource) = leased {
-            let agent = self.writer_of(req.scope, handle.as_ref())?;
+            let agent = self.writer_of(req, handle.as_ref())?;
             if let Some(fence) =
                 self.check_lease(now, agent.as_deref(), &route.project, &resource)?
             {

@@ -8,16 +8,17 @@ use crate::{AccessToken, Config, Gateway, HttpRequest, Input, ProjectSpec, Regis
 const SLED_TOKEN: &str = "sled-token-0123456789";
 const CLIENT_TOKEN: &str = "client-token-0123456789";
 
+/// alpha with the harness's uplink token, beta with its own, gamma with none.
 fn harness() -> Harness {
     let mut h = Harness::new();
+    let mut alpha = ProjectSpec::new("alpha", "http://127.0.0.1:9101");
+    alpha.token = Some(Secret::new(super::HARNESS_UPLINK_TOKEN));
     let mut beta = ProjectSpec::new("beta", "http://127.0.0.1:9102");
     beta.token = Some(Secret::new(SLED_TOKEN));
-    let registry = Registry::from_projects(
-        vec![ProjectSpec::new("alpha", "http://127.0.0.1:9101"), beta],
-        Some("alpha"),
-    )
-    .unwrap()
-    .with_client_tokens(vec![Secret::new(CLIENT_TOKEN)]);
+    let gamma = ProjectSpec::new("gamma", "http://127.0.0.1:9103");
+    let registry = Registry::from_projects(vec![alpha, beta, gamma], Some("alpha"))
+        .unwrap()
+        .with_client_tokens(vec![Secret::new(CLIENT_TOKEN)]);
     h.gw = Gateway::new(registry, Config::default(), [1; 32]);
     h
 }
@@ -54,13 +55,97 @@ fn an_uplink_needs_its_projects_token_and_an_impostor_replaces_nothing() {
     assert_eq!(h.closed[&impostor].0, 4006);
     assert!(!h.closed.contains_key(&u));
     assert!(h.gw.is_live("beta"));
-    // A project without a token takes any hello, as before.
-    let a = h.open_uplink();
+    // A project with neither a token nor a pin takes no hello: uplinks are closed by default.
+    let g = h.open_uplink();
     h.sled_says(
-        a,
-        json!({"uplink":"hello","protocol":1,"project":"alpha","sled":"alpha"}),
+        g,
+        json!({"uplink":"hello","protocol":1,"project":"gamma","sled":"gamma"}),
     );
+    assert_eq!(h.closed[&g].0, 4006);
+    assert!(
+        h.closed[&g].1.contains("allow_unauthenticated_uplinks"),
+        "the reason says how to open it: {}",
+        h.closed[&g].1
+    );
+    assert!(!h.gw.is_live("gamma"));
+}
+
+/// The same projects as [`harness`], with `allow_unauthenticated_uplinks = true`.
+fn open_harness() -> Harness {
+    let mut h = Harness::new();
+    let registry = Registry::parse(
+        "projects.toml",
+        &format!(
+            "allow_unauthenticated_uplinks = true\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n\
+             [[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\ntoken = \"{SLED_TOKEN}\"\n"
+        ),
+    )
+    .unwrap();
+    assert!(registry.allows_unauthenticated_uplinks());
+    h.gw = Gateway::new(registry, Config::default(), [1; 32]);
+    h
+}
+
+#[test]
+fn an_open_project_takes_an_unauthenticated_sled_only_while_it_has_no_live_one() {
+    let mut h = open_harness();
+    let hello = |sled: &str| json!({"uplink":"hello","protocol":1,"project":"alpha","sled":sled});
+    let first = h.open_uplink();
+    h.sled_says(first, hello("alpha"));
+    assert!(!h.closed.contains_key(&first));
     assert!(h.gw.is_live("alpha"));
+    // A second sled that proves nothing does not push the live one off.
+    let impostor = h.open_uplink();
+    h.sled_says(impostor, hello("evil"));
+    assert_eq!(h.closed[&impostor].0, 4009, "{:?}", h.closed[&impostor]);
+    assert!(!h.closed.contains_key(&first));
+    // Nor does one with a key of its own: a first-use pin proves nothing.
+    let keyed = h.open_uplink();
+    let signing = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
+    let mut with_key = hello("evil");
+    with_key["key"] = json!(crate::identity::encode_key(&signing.verifying_key()));
+    h.sled_says(keyed, with_key);
+    let challenge = h.take_frames(keyed);
+    let nonce = challenge[0]["nonce"]
+        .as_str()
+        .expect("a challenge")
+        .to_owned();
+    let signature = crate::identity::sign_challenge(&signing, "gw", "alpha", &nonce).unwrap();
+    h.sled_says(
+        keyed,
+        json!({"uplink":"proof","signature":signature,"gateway":"gw"}),
+    );
+    assert_eq!(h.closed[&keyed].0, 4009, "{:?}", h.closed.get(&keyed));
+    assert!(!h.closed.contains_key(&first));
+    assert!(h.gw.is_live("alpha"));
+    // Once the live one is gone, the next takes its place.
+    h.handle(crate::Input::UplinkClosed { uplink: first });
+    let next = h.open_uplink();
+    h.sled_says(next, hello("alpha"));
+    assert!(!h.closed.contains_key(&next));
+    assert!(h.gw.is_live("alpha"));
+    // A project with a token still needs it, flag or not; and its sled replaces a live one.
+    let b1 = h.open_uplink();
+    h.sled_says(
+        b1,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    assert_eq!(h.closed[&b1].0, 4006);
+    for _ in 0..2 {
+        let b = h.open_uplink();
+        h.sled_says(
+            b,
+            json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta","token":SLED_TOKEN}),
+        );
+        assert!(!h.closed.contains_key(&b));
+    }
+    assert!(h.gw.is_live("beta"));
+    assert_eq!(
+        h.closed.values().filter(|(code, _)| *code == 4001).count(),
+        1,
+        "the second authenticated beta sled replaced the first"
+    );
 }
 
 #[test]
@@ -140,13 +225,12 @@ const ACCESS_TOKEN: &str = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJhZ2VudCJ9.c2lnbmF0dX
 fn oauth_harness(client_tokens: Vec<Secret>) -> Harness {
     let mut h = Harness::new();
     let oauth = crate::OAuthConfig::new(RESOURCE, vec![ISSUER.into()], vec!["mcp".into()]).unwrap();
-    let registry = Registry::from_projects(
-        vec![ProjectSpec::new("alpha", "http://127.0.0.1:9101")],
-        Some("alpha"),
-    )
-    .unwrap()
-    .with_client_tokens(client_tokens)
-    .with_oauth(oauth);
+    let mut alpha = ProjectSpec::new("alpha", "http://127.0.0.1:9101");
+    alpha.token = Some(Secret::new(super::HARNESS_UPLINK_TOKEN));
+    let registry = Registry::from_projects(vec![alpha], Some("alpha"))
+        .unwrap()
+        .with_client_tokens(client_tokens)
+        .with_oauth(oauth);
     h.gw = Gateway::new(registry, Config::default(), [1; 32]);
     h
 }
@@ -439,4 +523,281 @@ leeway_secs = 10
     for (text, want) in cases {
         assert_eq!(err(&text), want, "for {text:?}");
     }
+}
+
+/// Security review finding 12: sessions are owned by a client token's name or hash, not its
+/// place in the list. Reordering the tokens keeps every session with its token; a reload that
+/// removes a token ends its sessions (and releases their leases), and no other token ever
+/// inherits them.
+#[test]
+fn a_session_is_owned_by_its_token_not_its_place_and_revoking_the_token_ends_it() {
+    const ALICE: &str = "alice-token-0123456789";
+    const BOB: &str = "bob-token-0123456789";
+    let file = |tokens: &[&str]| {
+        let list: Vec<String> = tokens.iter().map(|t| format!("\"{t}\"")).collect();
+        Registry::parse(
+            "projects.toml",
+            &format!(
+                "client_tokens = [{}]\n[[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\ntoken = \"{}\"\n",
+                list.join(", "),
+                super::HARNESS_UPLINK_TOKEN
+            ),
+        )
+        .unwrap()
+    };
+    let mut h = Harness::new();
+    h.gw = Gateway::new(file(&[ALICE, BOB]), Config::default(), [1; 32]);
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let r = send_with(
+        &mut h,
+        None,
+        Some(&bearer(ALICE)),
+        AccessToken::Unchecked,
+        init,
+    );
+    assert_eq!(r.status, 200);
+    let session = r
+        .headers
+        .iter()
+        .find(|(n, _)| *n == "Mcp-Session-Id")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let claim = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"claim","arguments":{"project":"alpha","resource":"story:alpha-1","ttl_s":3600}}});
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&bearer(ALICE)),
+        AccessToken::Unchecked,
+        claim,
+    );
+    let body: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        body["result"]["structuredContent"]["acquired"], true,
+        "{body}"
+    );
+    // Reordered: alice keeps her session, bob (now first) is not her.
+    h.handle(Input::Reload {
+        registry: file(&[BOB, ALICE]),
+    });
+    let alice_ping = |h: &mut Harness| {
+        send_with(
+            h,
+            Some(&session),
+            Some(&bearer(ALICE)),
+            AccessToken::Unchecked,
+            ping(),
+        )
+        .status
+    };
+    assert_eq!(alice_ping(&mut h), 200);
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&bearer(BOB)),
+        AccessToken::Unchecked,
+        ping(),
+    );
+    assert_eq!(r.status, 404);
+    // Alice's token revoked: her session ends, and bob, now alone in the list, is not her.
+    h.handle(Input::Reload {
+        registry: file(&[BOB]),
+    });
+    let r = send_with(
+        &mut h,
+        Some(&session),
+        Some(&bearer(BOB)),
+        AccessToken::Unchecked,
+        ping(),
+    );
+    assert_eq!(r.status, 404);
+    // Her lease went with the session: bob claims the story at once.
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let r = send_with(
+        &mut h,
+        None,
+        Some(&bearer(BOB)),
+        AccessToken::Unchecked,
+        init,
+    );
+    let bob = r
+        .headers
+        .iter()
+        .find(|(n, _)| *n == "Mcp-Session-Id")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let claim = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"claim","arguments":{"project":"alpha","resource":"story:alpha-1"}}});
+    let r = send_with(
+        &mut h,
+        Some(&bob),
+        Some(&bearer(BOB)),
+        AccessToken::Unchecked,
+        claim,
+    );
+    let body: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        body["result"]["structuredContent"]["acquired"], true,
+        "alice's lease ended with her session: {body}"
+    );
+    // Alice back with her old token: the session is gone for good.
+    h.handle(Input::Reload {
+        registry: file(&[BOB, ALICE]),
+    });
+    assert_eq!(alice_ping(&mut h), 404);
+}
+
+/// Security review finding 8: session quotas are per identity. A token with no rights that
+/// floods `initialize` ends only its own sessions at its quota, and at the table's limit only
+/// idle sessions that hold no lease: an operator's session with a lease survives.
+#[test]
+fn an_initialize_flood_ends_nobody_elses_session_with_a_lease() {
+    const OPS: &str = "ops-token-0123456789";
+    const NOBODY: &str = "nobody-token-0123456789";
+    const CAROL: &str = "carol-token-0123456789";
+    let registry = Registry::parse(
+        "projects.toml",
+        &format!(
+            "client_tokens = [{{ name = \"ops\", token = \"{OPS}\" }}, {{ name = \"nobody\", token = \"{NOBODY}\" }}, {{ name = \"carol\", token = \"{CAROL}\" }}]\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n\
+             [[access]]\ntoken = \"ops\"\nprojects = [\"*\"]\nright = \"admin\"\n"
+        ),
+    )
+    .unwrap();
+    let config = Config {
+        max_sessions: 3,
+        max_sessions_per_identity: 2,
+        ..Config::default()
+    };
+    let mut h = Harness::new();
+    h.gw = Gateway::new(registry, config, [1; 32]);
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}});
+    let start = |h: &mut Harness, token: &str| {
+        let r = send_with(
+            h,
+            None,
+            Some(&bearer(token)),
+            AccessToken::Unchecked,
+            init.clone(),
+        );
+        (
+            r.status,
+            r.headers
+                .iter()
+                .find(|(n, _)| *n == "Mcp-Session-Id")
+                .map(|(_, v)| v.clone()),
+        )
+    };
+    let alive = |h: &mut Harness, token: &str, session: &str| {
+        send_with(
+            h,
+            Some(session),
+            Some(&bearer(token)),
+            AccessToken::Unchecked,
+            ping(),
+        )
+        .status
+            == 200
+    };
+    let (_, ops) = start(&mut h, OPS);
+    let ops = ops.unwrap();
+    let claim = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"claim","arguments":{"project":"alpha","resource":"story:alpha-1","ttl_s":3600}}});
+    let r = send_with(
+        &mut h,
+        Some(&ops),
+        Some(&bearer(OPS)),
+        AccessToken::Unchecked,
+        claim,
+    );
+    let body: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        body["result"]["structuredContent"]["acquired"], true,
+        "{body}"
+    );
+    // The flood: every initialize of the no-rights token is let in by ending its own oldest.
+    let mut mine = Vec::new();
+    for _ in 0..5 {
+        h.advance(std::time::Duration::from_millis(10));
+        let (status, s) = start(&mut h, NOBODY);
+        assert_eq!(status, 200);
+        mine.push(s.unwrap());
+    }
+    assert!(
+        alive(&mut h, OPS, &ops),
+        "the operator's session survives the flood"
+    );
+    assert!(
+        !alive(&mut h, NOBODY, &mine[0]),
+        "the flooder's own oldest went"
+    );
+    assert!(alive(&mut h, NOBODY, &mine[4]));
+    // Table full (ops + 2 of nobody's): carol's initialize ends an idle session with no lease,
+    // never the operator's.
+    let (status, _) = start(&mut h, CAROL);
+    assert_eq!(status, 200);
+    assert!(
+        alive(&mut h, OPS, &ops),
+        "a session holding a lease is never another's to end"
+    );
+}
+
+/// Security review finding 9: an agent handle is issued only after the rights check, handles
+/// are capped per identity, and a handle unused for the session TTL (its agent present nowhere,
+/// holding nothing) is forgotten when room is needed.
+#[test]
+fn agent_handles_come_after_the_rights_check_are_capped_per_identity_and_expire() {
+    const OPS: &str = "ops-token-0123456789";
+    const NOBODY: &str = "nobody-token-0123456789";
+    let registry = Registry::parse(
+        "projects.toml",
+        &format!(
+            "client_tokens = [{{ name = \"ops\", token = \"{OPS}\" }}, {{ name = \"nobody\", token = \"{NOBODY}\" }}]\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n\
+             [[access]]\ntoken = \"ops\"\nprojects = [\"*\"]\nright = \"write\"\n"
+        ),
+    )
+    .unwrap();
+    let config = Config {
+        max_sessions: 3,
+        max_sessions_per_identity: 2,
+        ..Config::default()
+    };
+    let ttl = config.session_idle_ttl;
+    let mut h = Harness::new();
+    h.gw = Gateway::new(registry, config, [1; 32]);
+    let checkin = |h: &mut Harness, token: &str| -> serde_json::Value {
+        let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"checkin","arguments":{"project":"alpha","ttl_s":1}}});
+        let r = send_with(h, None, Some(&bearer(token)), AccessToken::Unchecked, call);
+        serde_json::from_str(r.body.as_deref().unwrap()).unwrap()
+    };
+    // A caller without rights gets no handle, however often it asks.
+    for _ in 0..10 {
+        let r = checkin(&mut h, NOBODY);
+        assert!(r["error"].is_object(), "{r}");
+        assert!(
+            !r.to_string().contains("ah-"),
+            "no handle for a caller without rights: {r}"
+        );
+    }
+    // The operator gets its quota of two, then the per-identity limit.
+    let first = checkin(&mut h, OPS);
+    let handle = first["result"]["structuredContent"]["agent"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a handle: {first}"))
+        .to_owned();
+    assert!(checkin(&mut h, OPS)["result"].is_object());
+    let third = checkin(&mut h, OPS);
+    assert_eq!(third["error"]["data"]["kind"], "limit", "{third}");
+    // Unused past the session TTL, present nowhere: forgotten when room is needed.
+    h.advance(ttl + std::time::Duration::from_secs(5));
+    let again = checkin(&mut h, OPS);
+    assert!(again["result"].is_object(), "{again}");
+    let use_old = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"roster","arguments":{"project":"alpha","agent":handle}}});
+    let r = send_with(
+        &mut h,
+        None,
+        Some(&bearer(OPS)),
+        AccessToken::Unchecked,
+        use_old,
+    );
+    let r: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "unknown_agent", "{r}");
 }

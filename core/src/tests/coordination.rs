@@ -704,7 +704,9 @@ fn a_held_write_is_bounded_by_its_call_timeout_when_that_is_shorter() {
             spec
         })
         .collect();
-    let registry = crate::Registry::from_projects(specs, Some("alpha")).unwrap();
+    let registry = crate::Registry::from_projects(specs, Some("alpha"))
+        .unwrap()
+        .allowing_unauthenticated_uplinks();
     h.handle(crate::Input::Reload { registry });
     let (a, _u, _) = leases_before_a_listing(&mut h);
     let t = move_story(&mut h, &a, "beta-1");

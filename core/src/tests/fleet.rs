@@ -125,22 +125,26 @@ fn the_first_key_is_pinned_an_impostor_is_refused_and_shown_and_only_a_repin_cha
     assert_eq!(shown["projects"].as_array().unwrap().len(), 1);
     assert_eq!(h.saved_pins.len(), 1);
 
-    // A re-pin must name its action and project, and the key if given must be the refused one.
+    // A re-pin must name its action, its project and the key: never "whoever knocked last".
     let r = h.tool("fleet_identity", json!({"action":"repin"}));
     assert_eq!(r["error"]["code"], -32602);
     let r = h.tool(
         "fleet_identity",
-        json!({"action":"repin","project":"alpha","key":encode_key(&key(3).verifying_key())}),
+        json!({"action":"repin","project":"alpha"}),
     );
     assert_eq!(r["error"]["code"], -32602);
-    let r = h.tool("fleet_identity", json!({"action":"repin","project":"beta"}));
     assert!(
         r["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("no refused key"),
+            .contains("must name the key"),
         "{r}"
     );
+    let r = h.tool(
+        "fleet_identity",
+        json!({"action":"repin","project":"alpha","key":"not a key"}),
+    );
+    assert_eq!(r["error"]["code"], -32602);
     let r = h.tool(
         "fleet_identity",
         json!({"action":"forget","project":"alpha"}),

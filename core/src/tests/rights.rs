@@ -54,7 +54,9 @@ right = "admin"
 
 fn harness() -> Harness {
     let mut h = Harness::new();
-    let registry = Registry::parse("projects.toml", FILE).unwrap();
+    let registry = Registry::parse("projects.toml", FILE)
+        .unwrap()
+        .allowing_unauthenticated_uplinks();
     h.gw = Gateway::new(registry, Config::default(), [3; 32]);
     h
 }

@@ -690,7 +690,7 @@ fn sled_software(
             sled_name: format!("{name}-sled"),
             backoff_min: Duration::from_millis(50),
             backoff_max: BACKOFF_MAX,
-            token: None,
+            token: Some(super::uplink_token(name)),
             identity: None,
             relay_interval: Duration::ZERO,
             stall_relay: false,
@@ -723,6 +723,7 @@ fn server_options(s: &ClusterScenario, replica: usize, incarnation: u64) -> Serv
             let mut spec = ProjectSpec::new(*p, format!("http://sled-{p}:9000"));
             spec.sled = format!("{p}-sled");
             spec.call_timeout = CALL_TIMEOUT;
+            spec.token = Some(super::uplink_token(p));
             spec
         })
         .collect();

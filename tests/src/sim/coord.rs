@@ -1014,6 +1014,7 @@ fn server_options(s: &CoordScenario, incarnation: u64) -> ServerOptions {
         .map(|p| {
             let mut spec = ProjectSpec::new(*p, format!("http://sled-{p}:9000"));
             spec.call_timeout = CALL_TIMEOUT;
+            spec.token = Some(super::uplink_token(p));
             spec
         })
         .collect();
@@ -1184,7 +1185,7 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
             sled_name: format!("{}-sled", PROJECTS[i]),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_millis(500),
-            token: None,
+            token: Some(super::uplink_token(PROJECTS[i])),
             identity: None,
             relay_interval: Duration::ZERO,
             stall_relay: false,

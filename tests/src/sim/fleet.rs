@@ -70,8 +70,11 @@ fn server_options(seed: u64, projects: &[(String, String)], core: Config) -> Ser
             spec
         })
         .collect();
-    let registry =
-        Registry::from_projects(specs, Some(&projects[0].0)).expect("a valid sim registry");
+    // The fleet sweep is about identity pinned on first use: its sleds present keys and no
+    // token, so its projects take unauthenticated uplinks (which never replace a live one).
+    let registry = Registry::from_projects(specs, Some(&projects[0].0))
+        .expect("a valid sim registry")
+        .allowing_unauthenticated_uplinks();
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     bytes[8] = 0xf1;
@@ -1114,7 +1117,10 @@ async fn impostor_client(s: &ImpostorScenario, shared: &Shared) -> Result<(), St
 
     // The operator re-pins: the real sled is closed, the impostor accepted at its next retry.
     let repin = c
-        .structured("fleet_identity", json!({ "action": "repin", "project": p }))
+        .structured(
+            "fleet_identity",
+            json!({ "action": "repin", "project": p, "key": impostor.as_str() }),
+        )
         .await?;
     if repin["pinned"] != impostor.as_str()
         || repin["previous"] != real.as_str()

@@ -94,7 +94,8 @@ pub fn projects_toml(s: &Scenario) -> String {
     text.push_str(&s.access.tokens_toml());
     for p in &s.projects {
         text.push_str(&format!(
-            "\n[[project]]\nname = \"{p}\"\nurl = \"http://sled-{p}:9000\"\n"
+            "\n[[project]]\nname = \"{p}\"\nurl = \"http://sled-{p}:9000\"\ntoken = \"{}\"\n",
+            uplink_token(p).expose()
         ));
         if s.access.forward_principal.contains(p) {
             text.push_str("forward_principal = true\n");
@@ -102,6 +103,12 @@ pub fn projects_toml(s: &Scenario) -> String {
     }
     text.push_str(&s.access.rules_toml());
     text
+}
+
+/// The uplink token of a simulated project: its sleds present it, as real ones must (uplinks
+/// are closed by default).
+pub(crate) fn uplink_token(project: &str) -> gateway_core::Secret {
+    gateway_core::Secret::new(format!("sim-uplink-token-{project}"))
 }
 
 fn gateway_options(s: &Scenario) -> ServerOptions {
@@ -151,7 +158,7 @@ fn sled_software(
             sled_name: name.clone(),
             backoff_min: Duration::from_millis(50),
             backoff_max: BACKOFF_MAX,
-            token: None,
+            token: Some(uplink_token(&name)),
             // The sweep's sleds present no identity and relay no events, as before the fleet
             // tools; `fleet.rs` runs those.
             identity: None,

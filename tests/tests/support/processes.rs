@@ -201,6 +201,11 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// The uplink token [`sled_sim_with`]'s sleds present (`$SLED_UPLINK_TOKEN`): a test's
+/// projects.toml gives it to its projects (uplinks are closed by default); a project without
+/// a token ignores it.
+pub const SLED_TOKEN: &str = "test-uplink-token-0123456789";
+
 /// A `sled-sim` process emulating the sleds of `projects`, dialing `gateway`.
 pub fn sled_sim(gateway: &str, projects: &[&str], latency_ms: u64) -> Child {
     let mut args = vec!["--latency-ms".to_owned(), latency_ms.to_string()];
@@ -214,6 +219,7 @@ pub fn sled_sim(gateway: &str, projects: &[&str], latency_ms: u64) -> Child {
 pub fn sled_sim_with(gateway: &str, args: &[String]) -> Child {
     let mut c = Command::new(workspace_bin("sled-sim"));
     c.args(["--gateway", gateway]).args(args);
+    c.env("SLED_UPLINK_TOKEN", SLED_TOKEN);
     c.env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -8,29 +8,21 @@ impl Gateway {
     /// The calling agent's public name, and a handle when this call issued one.
     pub(super) fn agent_of(
         &mut self,
-        scope: Scope<'_>,
+        req: &Req<'_>,
         arguments: &Map<String, Value>,
         tool: &'static str,
     ) -> Result<(String, Option<String>), RpcError> {
         if let Some(handle) = arg::<String>(tool, arguments, "agent")? {
-            return match self.handle_agent(&handle)? {
+            return match self.handle_agent(req, &handle)? {
                 Some(name) => Ok((name, None)),
                 None => Err(RpcError::UnknownAgent { tool }),
             };
         }
-        match scope {
+        match req.scope {
             Scope::Session(s) => Ok((self.session_agent(s), None)),
             Scope::Sessionless if tool == CHECKIN => {
-                let max = self.config.max_sessions;
-                if self.coordination.handles.len() >= max {
-                    return Err(coord_error(
-                        tool,
-                        CoordError::Limit {
-                            which: crate::coord::CoordLimit::Handles,
-                            max,
-                        },
-                    ));
-                }
+                let owner = req.principal.session_owner(&self.registry);
+                self.room_for_handle(req.now, &owner)?;
                 use rand_chacha::rand_core::RngCore;
                 let mut bytes = [0u8; 16];
                 self.rng.fill_bytes(&mut bytes);
@@ -39,9 +31,78 @@ impl Gateway {
                 self.coordination
                     .handles
                     .insert(name.clone(), handle.clone());
+                self.coordination.handle_use.insert(
+                    name.clone(),
+                    HandleUse {
+                        owner,
+                        last_used: req.now,
+                    },
+                );
                 Ok((name, Some(handle)))
             }
             Scope::Sessionless => Err(RpcError::NoAgent { tool }),
+        }
+    }
+
+    /// Makes room for one more handle of `owner`: at a quota (the table's, `max_sessions`, or
+    /// the identity's, `max_sessions_per_identity`), handles unused for the session idle TTL
+    /// whose agents hold no lease and are present nowhere are forgotten first; if that frees
+    /// nothing, the quota's limit error.
+    fn room_for_handle(&mut self, now: Instant, owner: &Option<String>) -> Result<(), RpcError> {
+        let table = self.config.max_sessions;
+        let per_identity = self.config.max_sessions_per_identity;
+        let full = |c: &Coordination| {
+            let mine = c
+                .handle_use
+                .values()
+                .filter(|u| u.owner.is_some() && u.owner == *owner)
+                .count();
+            if c.handles.len() >= table {
+                Some(table)
+            } else if owner.is_some() && mine >= per_identity {
+                Some(per_identity)
+            } else {
+                None
+            }
+        };
+        if full(&self.coordination).is_none() {
+            return Ok(());
+        }
+        self.expire_handles(now);
+        match full(&self.coordination) {
+            None => Ok(()),
+            Some(max) => Err(coord_error(
+                CHECKIN,
+                CoordError::Limit {
+                    which: crate::coord::CoordLimit::Handles,
+                    max,
+                },
+            )),
+        }
+    }
+
+    /// Forgets the handles unused for the session idle TTL whose agents hold no lease and are
+    /// present nowhere: such a handle is then unknown (`unknown_agent`), as one never issued.
+    pub(in crate::gateway) fn expire_handles(&mut self, now: Instant) {
+        let Some(cutoff) = now.checked_sub(self.config.session_idle_ttl) else {
+            return;
+        };
+        let c = &self.coordination;
+        let stale: Vec<String> = c
+            .handle_use
+            .iter()
+            .filter(|(name, u)| {
+                u.last_used < cutoff
+                    && !c.coord.holds_leases(now, name)
+                    && c.coord.present_in(now, name).is_empty()
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            self.coordination.handle_use.remove(&name);
+            if let Some(handle) = self.coordination.handles.remove(&name) {
+                self.coordination.forget_name(&handle);
+            }
         }
     }
 
@@ -52,11 +113,17 @@ impl Gateway {
 
     /// The public name of the agent behind a handle: one issued here, or (in a cluster) by
     /// another replica under the cluster's key, which is then known here too. `None`: a
-    /// handle nobody issued.
-    fn handle_agent(&mut self, handle: &str) -> Result<Option<String>, RpcError> {
+    /// handle nobody issued, or one forgotten after it went unused.
+    fn handle_agent(&mut self, req: &Req<'_>, handle: &str) -> Result<Option<String>, RpcError> {
         if let Some(name) = self.coordination.known_name(handle) {
             let issued = self.coordination.handles.get(name).map(String::as_str) == Some(handle);
-            return Ok(issued.then(|| name.to_owned()));
+            let name = name.to_owned();
+            if issued {
+                if let Some(u) = self.coordination.handle_use.get_mut(&name) {
+                    u.last_used = req.now;
+                }
+            }
+            return Ok(issued.then_some(name));
         }
         if !self
             .agent_key()
@@ -64,20 +131,19 @@ impl Gateway {
         {
             return Ok(None);
         }
-        let max = self.config.max_sessions;
-        if self.coordination.handles.len() >= max {
-            return Err(coord_error(
-                "checkin",
-                CoordError::Limit {
-                    which: crate::coord::CoordLimit::Handles,
-                    max,
-                },
-            ));
-        }
+        let owner = req.principal.session_owner(&self.registry);
+        self.room_for_handle(req.now, &owner)?;
         let name = self.coordination.name_of(handle);
         self.coordination
             .handles
             .insert(name.clone(), handle.to_owned());
+        self.coordination.handle_use.insert(
+            name.clone(),
+            HandleUse {
+                owner,
+                last_used: req.now,
+            },
+        );
         Ok(Some(name))
     }
 
@@ -127,19 +193,19 @@ impl Gateway {
     /// (then the write holds no lease).
     pub(in crate::gateway) fn writer_of(
         &mut self,
-        scope: Scope<'_>,
+        req: &Req<'_>,
         handle: Option<&Value>,
     ) -> Result<Option<String>, RpcError> {
         if let Some(h) = handle {
             let known = match h.as_str() {
-                Some(h) => self.handle_agent(h)?,
+                Some(h) => self.handle_agent(req, h)?,
                 None => None,
             };
             return known
                 .map(Some)
                 .ok_or(RpcError::UnknownAgent { tool: "tools/call" });
         }
-        Ok(match scope {
+        Ok(match req.scope {
             Scope::Session(s) => Some(self.session_agent(s)),
             Scope::Sessionless => None,
         })

@@ -46,12 +46,22 @@ pub(super) struct Coordination {
     sessions: HashMap<String, String>,
     /// Issued agent handles (the secret), by public name, so that ending one is possible.
     handles: HashMap<String, String>,
+    /// Each handle's identity and last use, by public name (quotas and expiry).
+    handle_use: HashMap<String, HandleUse>,
     next_agent: u64,
     parked: HashMap<WaitToken, Parked>,
     by_http: HashMap<HttpToken, WaitToken>,
     /// Parked waits that asked for progress, by when the next is due.
     progress_due: std::collections::BTreeSet<(Instant, WaitToken)>,
     next_wait: u64,
+}
+
+/// Who an agent handle belongs to, and when it was last used.
+#[derive(Debug)]
+pub(super) struct HandleUse {
+    /// The identity that got it (`Identity::session_owner`; `None` without authentication).
+    owner: Option<String>,
+    last_used: Instant,
 }
 
 /// A `wait` whose answer has not come yet.
@@ -76,6 +86,7 @@ impl Coordination {
             names: HashMap::new(),
             sessions: HashMap::new(),
             handles: HashMap::new(),
+            handle_use: HashMap::new(),
             next_agent: 0,
             parked: HashMap::new(),
             by_http: HashMap::new(),
@@ -95,8 +106,19 @@ impl Coordination {
         name
     }
 
+    /// Forgets the public name of `secret` (an expired handle).
+    fn forget_name(&mut self, secret: &str) {
+        self.names.remove(secret);
+    }
+
     pub(super) fn known_name(&self, secret: &str) -> Option<&str> {
         self.names.get(secret).map(String::as_str)
+    }
+
+    /// Whether the agent of `session` holds a live lease.
+    pub(in crate::gateway) fn session_holds_leases(&self, now: Instant, session: &str) -> bool {
+        self.known_name(session)
+            .is_some_and(|name| self.coord.holds_leases(now, name))
     }
 
     /// When the next coordination timer is due (expiries, wait deadlines, progress ticks).
@@ -294,8 +316,8 @@ impl Gateway {
                 };
             }
         }
-        let (agent, handle) = self.agent_of(req.scope, arguments, tool)?;
         if tool == WAIT {
+            let (agent, _) = self.agent_of(req, arguments, tool)?;
             let given: Option<String> = arg(tool, arguments, "agent")?;
             return self.coordination_wait(
                 req,
@@ -314,6 +336,9 @@ impl Gateway {
             _ => Right::Read,
         };
         self.require(req.principal, &project, need, format_args!("{tool}"))?;
+        // A handle is issued only once the caller may act on the project (security review
+        // finding 9): a caller without rights gets nothing to fill the table with.
+        let (agent, handle) = self.agent_of(req, arguments, tool)?;
         if force {
             tracing::info!(
                 target: "audit",

@@ -40,7 +40,8 @@ impl Gateway {
     }
 
     /// `fleet_identity`: every project's pinned key against its live sled's, and refused
-    /// attempts; or, with `action: "repin"`, a re-pin of one project to its refused key.
+    /// attempts; or, with `action: "repin"`, a re-pin of one project to the key named (one
+    /// refused for it, or a key provisioned before its sled first connects).
     pub(in crate::gateway) fn fleet_identity(
         &mut self,
         req: &Req<'_>,
@@ -167,28 +168,39 @@ impl Gateway {
             method: FLEET_IDENTITY.into(),
             detail,
         };
+        // The key is named, never taken from whoever knocked last: on a project anyone can
+        // reach, the last refused key may be an impostor's (security review finding 6).
+        let Some(key) = key else {
+            return Err(bad(format!(
+                "a re-pin must name the key to pin: {{\"action\":\"repin\",\"project\":\"{project}\",\"key\":\"<base64 Ed25519 key>\"}} (fleet_identity shows the keys refused for it)"
+            )));
+        };
+        if let Err(e) = crate::identity::parse_key(key) {
+            return Err(bad(format!("`key` is not an Ed25519 public key: {e}")));
+        }
+        let refused = key.to_owned();
+        let sled_named = self
+            .registry
+            .get(project)
+            .map(|(_, spec)| spec.sled.clone());
         let state = self
             .projects
             .get_mut(project)
             .expect("registered projects have a state");
-        let Some(Refusal {
-            key: Some(refused),
-            sled,
-            ..
-        }) = state.health.refused.clone()
-        else {
-            return Err(bad(format!(
-                "project '{project}' has no refused key to re-pin to: a re-pin accepts the key of the last sled refused for it (fleet_identity shows it)"
-            )));
+        let sled = match &state.health.refused {
+            Some(Refusal {
+                key: Some(k), sled, ..
+            }) if *k == refused => sled.clone(),
+            _ => sled_named.unwrap_or_default(),
         };
-        if let Some(k) = key {
-            if k != refused {
-                return Err(bad(format!(
-                    "the key given is not the one last refused for project '{project}' ({refused}); nothing changed"
-                )));
-            }
+        if state
+            .health
+            .refused
+            .as_ref()
+            .is_some_and(|r| r.key.as_deref() == Some(refused.as_str()))
+        {
+            state.health.refused = None;
         }
-        state.health.refused = None;
         let live = state.uplink;
         let previous = self
             .pins
