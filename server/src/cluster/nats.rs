@@ -22,18 +22,27 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::StreamExt;
 
+pub use super::nats_auth::NatsAuth;
 use super::{
     check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern, BucketConfig,
     Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Subscription, Watch,
 };
 
-/// How to reach NATS.
+/// How to reach NATS. Its `Debug` shows no secret.
 #[derive(Debug, Clone)]
 pub struct NatsOptions {
-    /// `nats://host:port` (several, comma-separated, for a NATS cluster).
+    /// `nats://host:port` (several, comma-separated, for a NATS cluster); `tls://` demands
+    /// TLS. Credentials do not go here but in [`NatsOptions::auth`].
     pub url: String,
     /// The connection's name, as the server's monitoring shows it (the replica's name).
     pub name: String,
+    /// How the connection authenticates, and whether it must be TLS.
+    pub auth: NatsAuth,
+    /// The prefix of the client's reply subjects (its requests', JetStream's answers and its
+    /// watches' deliveries); `None`: the client's default, `_INBOX`. A replica uses
+    /// [`replica_inbox_prefix`], so that the server's permissions can let each replica
+    /// subscribe to its own replies only.
+    pub inbox_prefix: Option<String>,
     /// How long a key/value operation waits for JetStream's answer before it fails with
     /// [`EngineError::Unavailable`].
     pub op_timeout: Duration,
@@ -48,10 +57,19 @@ impl NatsOptions {
         NatsOptions {
             url: url.into(),
             name: name.into(),
+            auth: NatsAuth::default(),
+            inbox_prefix: None,
             op_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(10),
         }
     }
+}
+
+/// The prefix of replica `replica`'s reply subjects in cluster `namespace`:
+/// `_INBOX.<namespace>.<replica>` (see `examples/nats-server.conf`, which lets each replica
+/// subscribe under its own prefix only).
+pub fn replica_inbox_prefix(namespace: &str, replica: &str) -> String {
+    format!("_INBOX.{namespace}.{replica}")
 }
 
 /// The engine on a NATS server; cheap to clone (one connection).
@@ -73,10 +91,19 @@ impl std::fmt::Debug for NatsEngine {
 
 impl NatsEngine {
     /// Connects, or fails with [`EngineError::Unavailable`] when the server cannot be reached
-    /// now. Once connected, the client reconnects by itself whenever the connection drops.
+    /// now, and with [`EngineError::Other`] when it refuses this client (its credentials, or
+    /// TLS); the message of either says what to check and holds no secret. Once connected,
+    /// the client reconnects by itself whenever the connection drops.
     pub async fn connect(opts: NatsOptions) -> Result<NatsEngine, EngineError> {
         let name = opts.name.clone();
-        let client = async_nats::ConnectOptions::new()
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(prefix) = &opts.inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
+        }
+        let client = opts
+            .auth
+            .apply(options)
+            .map_err(EngineError::Invalid)?
             .name(&opts.name)
             .connection_timeout(opts.op_timeout)
             .ping_interval(opts.ping_interval)
@@ -96,7 +123,7 @@ impl NatsEngine {
             })
             .connect(opts.url.split(',').map(str::trim).collect::<Vec<_>>())
             .await
-            .map_err(|e| EngineError::Unavailable(format!("connecting to {}: {e}", opts.url)))?;
+            .map_err(|e| connect_error(&e, &opts.auth))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(opts.op_timeout);
         Ok(NatsEngine {
@@ -443,6 +470,53 @@ impl Engine for NatsEngine {
                 reply: m.reply.map(|r| r.to_string()),
             })))
         })
+    }
+}
+
+/// Why the first connection failed, with what to check: the server refused the credentials,
+/// TLS failed, or it cannot be reached. (The client's errors hold the server's reason and
+/// TLS's, never the credentials.)
+fn connect_error(e: &async_nats::ConnectError, auth: &NatsAuth) -> EngineError {
+    use async_nats::ConnectErrorKind as Kind;
+    let mut why = e.to_string();
+    if let Some(source) = e.source() {
+        let source = source.to_string();
+        if !why.contains(&source) {
+            why = format!("{why}: {source}");
+        }
+    }
+    match e.kind() {
+        Kind::AuthorizationViolation | Kind::Authentication => {
+            let hint = match &auth.credentials {
+                None if auth.tls.client.is_none() => {
+                    "no NATS credentials were given: see --nats-user with --nats-password-file,                      --nats-token-file, --nats-nkey-seed-file, --nats-creds, or                      --nats-client-cert with --nats-client-key"
+                        .to_owned()
+                }
+                _ => format!(
+                    "it refused {}: check them against the server's configuration",
+                    auth.describe()
+                ),
+            };
+            EngineError::Other(format!("the NATS server refused this replica ({why}); {hint}"))
+        }
+        Kind::Tls => EngineError::Other(format!(
+            "TLS with the NATS server failed ({why}); --nats-ca-file names the CA that signed the              server's certificate, and the URL's host must be a name in it"
+        )),
+        _ if auth.tls.is_required() => EngineError::Unavailable(format!(
+            "{why} (TLS is required: {}; a server that does not offer TLS is refused)",
+            tls_required_by(auth)
+        )),
+        _ => EngineError::Unavailable(why),
+    }
+}
+
+fn tls_required_by(auth: &NatsAuth) -> &'static str {
+    if auth.tls.required {
+        "--nats-require-tls"
+    } else if auth.tls.client.is_some() {
+        "--nats-client-cert"
+    } else {
+        "--nats-ca-file"
     }
 }
 
