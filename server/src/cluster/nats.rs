@@ -79,6 +79,8 @@ pub struct NatsEngine {
     js: jetstream::Context,
     /// Opened buckets, by name (opening one is a round trip).
     stores: Arc<Mutex<HashMap<String, kv::Store>>>,
+    /// The permission refusals the server sent.
+    refusals: Refusals,
 }
 
 impl std::fmt::Debug for NatsEngine {
@@ -91,11 +93,13 @@ impl std::fmt::Debug for NatsEngine {
 
 impl NatsEngine {
     /// Connects, or fails with [`EngineError::Unavailable`] when the server cannot be reached
-    /// now, and with [`EngineError::Other`] when it refuses this client (its credentials, or
-    /// TLS); the message of either says what to check and holds no secret. Once connected,
-    /// the client reconnects by itself whenever the connection drops.
+    /// now, and with [`EngineError::Other`] when it refuses this client (its credentials, TLS,
+    /// or the permissions of its NATS user); the message says what to check and holds no
+    /// secret. Once connected, the client reconnects by itself whenever the connection drops.
     pub async fn connect(opts: NatsOptions) -> Result<NatsEngine, EngineError> {
         let name = opts.name.clone();
+        let refusals = Refusals::default();
+        let heard = refusals.clone();
         let mut options = async_nats::ConnectOptions::new();
         if let Some(prefix) = &opts.inbox_prefix {
             options = options.custom_inbox_prefix(prefix);
@@ -108,7 +112,7 @@ impl NatsEngine {
             .connection_timeout(opts.op_timeout)
             .ping_interval(opts.ping_interval)
             .event_callback(move |event| {
-                let name = name.clone();
+                let (name, heard) = (name.clone(), heard.clone());
                 async move {
                     match event {
                         async_nats::Event::Connected => {
@@ -116,6 +120,18 @@ impl NatsEngine {
                         }
                         async_nats::Event::Disconnected => {
                             tracing::warn!(replica = %name, "lost the cluster engine; reconnecting")
+                        }
+                        async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                            if e.contains(PERMISSIONS_VIOLATION) =>
+                        {
+                            tracing::error!(
+                                replica = %name,
+                                refused = %e,
+                                "NATS refused this replica a subject it needs: the permissions of \
+                                 the NATS user it logs in as must be those of replica {name} (see \
+                                 examples/nats-server.conf)"
+                            );
+                            heard.hear(e);
                         }
                         other => tracing::info!(replica = %name, event = %other, "cluster engine"),
                     }
@@ -126,11 +142,41 @@ impl NatsEngine {
             .map_err(|e| connect_error(&e, &opts.auth))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(opts.op_timeout);
-        Ok(NatsEngine {
+        let engine = NatsEngine {
             client,
             js,
             stores: Arc::new(Mutex::new(HashMap::new())),
-        })
+            refusals,
+        };
+        // A first round trip through JetStream: it proves that this client may receive its
+        // replies (a NATS user whose permissions are another replica's may not) and that its
+        // account has JetStream.
+        let js = engine.js.clone();
+        let asked = js.query_account();
+        tokio::pin!(asked);
+        let answer = loop {
+            tokio::select! {
+                answer = &mut asked => break answer,
+                () = tokio::time::sleep(Duration::from_millis(10)) => {
+                    if let Some(refused) = engine.refusals.any() {
+                        return Err(refused_error(&refused, &opts.name));
+                    }
+                }
+            }
+        };
+        match answer {
+            Ok(_) => Ok(engine),
+            Err(e) => match engine.refusals.any() {
+                Some(refused) => Err(refused_error(&refused, &opts.name)),
+                None if e.to_string().contains("not enabled") => Err(EngineError::Other(format!(
+                    "JetStream is not enabled for this replica's NATS account ({e}): the cluster \
+                     keeps its state in JetStream (see examples/nats-server.conf)"
+                ))),
+                None => Err(EngineError::Unavailable(format!(
+                    "JetStream did not answer: {e}"
+                ))),
+            },
+        }
     }
 
     /// Whether the connection is up now.
@@ -455,7 +501,7 @@ impl Engine for NatsEngine {
             this.connected()?;
             let subscriber = this
                 .client
-                .subscribe(subject)
+                .subscribe(subject.clone())
                 .await
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
             // The server reads a connection in order: once it has answered a request sent after
@@ -464,6 +510,16 @@ impl Engine for NatsEngine {
             this.js.query_account().await.map_err(|e| {
                 EngineError::Unavailable(format!("confirming the subscription: {e}"))
             })?;
+            // The server refuses a subscription its permissions do not allow before it answers
+            // the request above; the client hears of it as an event, a moment later.
+            for _ in 0..10 {
+                if let Some(refused) = this.refusals.of_subscription(&subject) {
+                    return Err(EngineError::Other(format!(
+                        "the NATS server refused the subscription to {subject}: {refused}"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             Ok(Subscription::new(subscriber.map(|m| Incoming {
                 subject: m.subject.to_string(),
                 payload: m.payload,
@@ -471,6 +527,52 @@ impl Engine for NatsEngine {
             })))
         })
     }
+}
+
+/// What nats-server says when a client's permissions refuse a publish or a subscription.
+const PERMISSIONS_VIOLATION: &str = "Permissions Violation";
+
+/// The permission refusals the server sent this client (the latest few), which the client
+/// hears only as events.
+#[derive(Clone, Default)]
+struct Refusals(Arc<Mutex<std::collections::VecDeque<String>>>);
+
+impl Refusals {
+    fn hear(&self, refusal: String) {
+        let mut heard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if heard.len() == 16 {
+            heard.pop_front();
+        }
+        heard.push_back(refusal);
+    }
+
+    fn any(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .back()
+            .cloned()
+    }
+
+    /// The refusal of a subscription to exactly `subject`, if one was heard.
+    fn of_subscription(&self, subject: &str) -> Option<String> {
+        let quoted = format!("Subscription to \"{subject}\"");
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|r| r.contains(&quoted))
+            .cloned()
+    }
+}
+
+fn refused_error(refused: &str, replica: &str) -> EngineError {
+    EngineError::Other(format!(
+        "the NATS server refused this replica a subject it needs ({refused}): the NATS user it \
+         logs in as (its client certificate's name, --nats-user, or its nkey or creds) must have \
+         the permissions of replica {replica:?}; check --replica against the server's \
+         configuration (see examples/nats-server.conf)"
+    ))
 }
 
 /// Why the first connection failed, with what to check: the server refused the credentials,
@@ -485,38 +587,49 @@ fn connect_error(e: &async_nats::ConnectError, auth: &NatsAuth) -> EngineError {
             why = format!("{why}: {source}");
         }
     }
-    match e.kind() {
-        Kind::AuthorizationViolation | Kind::Authentication => {
-            let hint = match &auth.credentials {
-                None if auth.tls.client.is_none() => {
-                    "no NATS credentials were given: see --nats-user with --nats-password-file,                      --nats-token-file, --nats-nkey-seed-file, --nats-creds, or                      --nats-client-cert with --nats-client-key"
-                        .to_owned()
-                }
-                _ => format!(
-                    "it refused {}: check them against the server's configuration",
-                    auth.describe()
-                ),
-            };
-            EngineError::Other(format!("the NATS server refused this replica ({why}); {hint}"))
-        }
-        Kind::Tls => EngineError::Other(format!(
-            "TLS with the NATS server failed ({why}); --nats-ca-file names the CA that signed the              server's certificate, and the URL's host must be a name in it"
-        )),
-        _ if auth.tls.is_required() => EngineError::Unavailable(format!(
-            "{why} (TLS is required: {}; a server that does not offer TLS is refused)",
-            tls_required_by(auth)
-        )),
-        _ => EngineError::Unavailable(why),
+    let refused = |hint: &str| EngineError::Other(format!("{why}; {hint}"));
+    if matches!(
+        e.kind(),
+        Kind::AuthorizationViolation | Kind::Authentication
+    ) {
+        return match &auth.credentials {
+            None if auth.tls.client.is_none() => refused(
+                "the NATS server wants credentials and none were given: see --nats-user with \
+                 --nats-password-file, --nats-token-file, --nats-nkey-seed-file, --nats-creds, \
+                 or --nats-client-cert with --nats-client-key",
+            ),
+            _ => refused(&format!(
+                "the NATS server refused {}: check them against its configuration",
+                auth.describe()
+            )),
+        };
     }
-}
-
-fn tls_required_by(auth: &NatsAuth) -> &'static str {
-    if auth.tls.required {
-        "--nats-require-tls"
-    } else if auth.tls.client.is_some() {
-        "--nats-client-cert"
+    // TLS fails as the client's TLS error, or as an I/O error carrying rustls's.
+    let tls_hint = if why.contains("UnknownIssuer") || why.contains("UnknownCA") {
+        Some(
+            "the NATS server's certificate is not signed by a CA this replica trusts: give that \
+             CA with --nats-ca-file",
+        )
+    } else if why.contains("NotValidForName") {
+        Some("the NATS server's certificate does not name the host of the --cluster URL")
+    } else if why.contains("CertificateRequired") || why.contains("BadCertificate") {
+        Some(
+            "the NATS server admits only clients with a certificate it trusts: give this \
+             replica's with --nats-client-cert and --nats-client-key",
+        )
+    } else if why.contains("InvalidContentType") || why.contains("corrupt message") {
+        Some(
+            "the NATS server does not speak TLS, and this replica requires it: nothing was sent \
+             in clear",
+        )
+    } else if e.kind() == Kind::Tls || why.contains("HandshakeFailure") {
+        Some("TLS with the NATS server failed")
     } else {
-        "--nats-ca-file"
+        None
+    };
+    match tls_hint {
+        Some(hint) => refused(hint),
+        None => EngineError::Unavailable(why),
     }
 }
 
