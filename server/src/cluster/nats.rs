@@ -604,25 +604,35 @@ fn connect_error(e: &async_nats::ConnectError, auth: &NatsAuth) -> EngineError {
             )),
         };
     }
-    // TLS fails as the client's TLS error, or as an I/O error carrying rustls's.
-    let tls_hint = if why.contains("UnknownIssuer") || why.contains("UnknownCA") {
+    // TLS fails as the client's TLS error, or as an I/O error carrying rustls's: its own
+    // verdict on the server's certificate ("invalid peer certificate: …"), or the server's
+    // alert about this client's ("received fatal alert: …").
+    let tls_hint = if why.contains("invalid peer certificate: UnknownIssuer") {
         Some(
             "the NATS server's certificate is not signed by a CA this replica trusts: give that \
              CA with --nats-ca-file",
         )
     } else if why.contains("NotValidForName") {
         Some("the NATS server's certificate does not name the host of the --cluster URL")
-    } else if why.contains("CertificateRequired") || why.contains("BadCertificate") {
+    } else if why.contains("alert: CertificateRequired") {
         Some(
             "the NATS server admits only clients with a certificate it trusts: give this \
              replica's with --nats-client-cert and --nats-client-key",
+        )
+    } else if why.contains("alert: BadCertificate")
+        || why.contains("alert: UnknownCA")
+        || why.contains("alert: CertificateUnknown")
+    {
+        Some(
+            "the NATS server does not accept this replica's client certificate \
+             (--nats-client-cert): it must be signed by the CA the server trusts for clients",
         )
     } else if why.contains("InvalidContentType") || why.contains("corrupt message") {
         Some(
             "the NATS server does not speak TLS, and this replica requires it: nothing was sent \
              in clear",
         )
-    } else if e.kind() == Kind::Tls || why.contains("HandshakeFailure") {
+    } else if e.kind() == Kind::Tls || why.contains("HandshakeFailure") || why.contains("alert:") {
         Some("TLS with the NATS server failed")
     } else {
         None
