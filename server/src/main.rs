@@ -262,7 +262,7 @@ struct ClusterFlags {
           value_parser = clap::value_parser!(u64).range(3..=3600))]
     claim_ttl_secs: u64,
     #[command(flatten)]
-    nats: gateway_server::cluster::nats_auth::NatsAuthFlags,
+    nats: Box<gateway_server::cluster::nats_auth::NatsAuthFlags>,
 }
 
 impl ClusterFlags {

@@ -475,9 +475,11 @@ fn account_jwt(
     name: &str,
     jetstream: bool,
 ) -> String {
-    let mut limits = nats_io_jwt::OperatorLimits::default();
-    // Its users must prove they hold their seed.
-    limits.disallow_bearer = true;
+    let mut limits = nats_io_jwt::OperatorLimits {
+        // Its users must prove they hold their seed.
+        disallow_bearer: true,
+        ..Default::default()
+    };
     if !jetstream {
         (limits.mem_storage, limits.disk_storage) = (0, 0);
         (limits.streams, limits.consumer) = (0, 0);
