@@ -753,9 +753,10 @@ async fn mutual_tls_with_the_shipped_configuration() {
             .any(|p| p["project"] == "alpha" && p["status"] == "up" && p["replica"] == "r1"),
         "{health}"
     );
-    // The replicas needed nothing their permissions refuse.
+    // The replicas needed nothing their permissions refuse (nats-server logs a refusal as a
+    // "Publish Violation" or "Subscription Violation", a replica as a "Permissions Violation").
     for log in [nats.log(), replica1.log(), replica2.log()] {
-        assert!(!log.contains("Permissions Violation"), "{log}");
+        assert!(!log.contains(" Violation"), "{log}");
     }
 
     // Refused: no client certificate; one from another CA; r1's certificate for a replica
@@ -837,6 +838,7 @@ async fn mutual_tls_with_the_shipped_configuration() {
     // bucket: the server refuses each, and r2's traffic is not delivered to it.
     let (refusals_tx, mut refusals) = tokio::sync::mpsc::unbounded_channel();
     let spy = async_nats::ConnectOptions::new()
+        .custom_inbox_prefix("_INBOX.mcpgw.r1.spy")
         .add_root_certificates(ca_file.clone())
         .add_client_certificate(r1_cert.clone(), r1_key.clone())
         .require_tls(true)
@@ -851,7 +853,7 @@ async fn mutual_tls_with_the_shipped_configuration() {
         .connect(nats.url())
         .await
         .unwrap();
-    let mut taps = Vec::new();
+    let (mut taps, mut taps_allowed) = (Vec::new(), Vec::new());
     for subject in [
         "mcpgw.relay.r2",
         "mcpgw.inbox.r2.>",
@@ -905,6 +907,46 @@ async fn mutual_tls_with_the_shipped_configuration() {
             !matches!(got, Ok(Some(_))),
             "a refused subscription got a message"
         );
+    }
+    // And everything a replica does is allowed it: its own subjects, the others' relay and
+    // inbox subjects, the news, a write to each bucket (a delete of a key nobody reads), and
+    // the JetStream requests for the buckets. (Each would be a refusal heard here otherwise.)
+    for subject in [
+        "mcpgw.relay.r1",
+        "mcpgw.inbox.r1.spy.>",
+        "_INBOX.mcpgw.r1.spy.>",
+        "mcpgw.news",
+    ] {
+        taps_allowed.push(spy.subscribe(subject).await.unwrap());
+    }
+    let mut delete = async_nats::HeaderMap::new();
+    delete.insert("KV-Operation", "DEL");
+    for bucket in ["cluster", "directory", "sessions", "pins", "tools"] {
+        spy.publish_with_headers(
+            format!("$KV.mcpgw_{bucket}.permission-probe"),
+            delete.clone(),
+            "".into(),
+        )
+        .await
+        .unwrap();
+    }
+    for subject in [
+        "mcpgw.relay.r2",
+        "mcpgw.inbox.r2.spy.0",
+        "mcpgw.news",
+        "$JS.API.INFO",
+        "$JS.API.STREAM.INFO.KV_mcpgw_directory",
+        "$JS.API.STREAM.MSG.GET.KV_mcpgw_directory",
+        "$JS.API.DIRECT.GET.KV_mcpgw_directory.$KV.mcpgw_directory.p.alpha",
+        "$JS.API.CONSUMER.DELETE.KV_mcpgw_directory.nobody",
+    ] {
+        spy.publish(subject, "{}".into()).await.unwrap();
+    }
+    spy.flush().await.unwrap();
+    // The server answers a request sent after them only once it has judged them.
+    spy.request("$JS.API.INFO", "".into()).await.unwrap();
+    if let Ok(Some(e)) = tokio::time::timeout(Duration::from_millis(300), refusals.recv()).await {
+        panic!("a replica's subject was refused: {e}");
     }
     // The engine says so too: r1's identity cannot subscribe to r2's relay subject.
     use gateway_server::cluster::Engine;
