@@ -9,7 +9,9 @@
 //!   file, and TLS required against a server without TLS;
 //! - mutual TLS with the shipped `examples/nats-server.conf`, run as it is (the test makes the
 //!   certificates it names, with `rcgen`, in its working directory): two replicas relay a call
-//!   through it, and a replica's certificate gives it its own subjects only.
+//!   through it, a replica's certificate gives it its own subjects only, and everything a
+//!   replica does is allowed it;
+//! - a server without JetStream, refused at start.
 //!
 //! One nats-server per test. Skipped with a note when nats-server cannot be installed; failing
 //! when `CI` is set (see `support/nats.rs`).
@@ -968,5 +970,19 @@ async fn mutual_tls_with_the_shipped_configuration() {
         e.to_string()
             .contains("refused the subscription to mcpgw.relay.r2"),
         "{e}"
+    );
+}
+
+/// A server (or an account) without JetStream is refused at start, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_without_jetstream_is_refused_at_start() {
+    let Some(nats) = server_with("listen: 127.0.0.1:4222\n").await else {
+        return;
+    };
+    let scene = Scene::new("no-jetstream");
+    let text = refused(&scene, &nats.url(), "r1", vec![], vec![]).await;
+    assert!(
+        last_line(&text).contains("JetStream is not enabled"),
+        "{text}"
     );
 }

@@ -168,10 +168,16 @@ impl NatsEngine {
             Ok(_) => Ok(engine),
             Err(e) => match engine.refusals.any() {
                 Some(refused) => Err(refused_error(&refused, &opts.name)),
-                None if e.to_string().contains("not enabled") => Err(EngineError::Other(format!(
-                    "JetStream is not enabled for this replica's NATS account ({e}): the cluster \
-                     keeps its state in JetStream (see examples/nats-server.conf)"
-                ))),
+                None if matches!(
+                    e.kind(),
+                    jetstream::context::AccountErrorKind::JetStreamUnavailable
+                ) || e.to_string().contains("not enabled") =>
+                {
+                    Err(EngineError::Other(format!(
+                        "JetStream is not enabled for this replica's NATS account ({e}): the \
+                         cluster keeps its state in JetStream (see examples/nats-server.conf)"
+                    )))
+                }
                 None => Err(EngineError::Unavailable(format!(
                     "JetStream did not answer: {e}"
                 ))),
