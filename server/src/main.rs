@@ -250,12 +250,14 @@ fn parse_net(text: &str) -> Result<ipnet::IpNet, String> {
 #[derive(Debug, clap::Args)]
 struct ClusterFlags {
     /// Join a cluster of gateway replicas whose engine is this NATS server (JetStream on),
-    /// e.g. nats://127.0.0.1:4222 (several comma-separated for a NATS cluster). Every replica
-    /// reads the same projects.toml; any of them serves any session and any call. Unset: a
+    /// e.g. nats://127.0.0.1:4222, or tls://… to demand TLS (several comma-separated for a
+    /// NATS cluster). Every replica reads the same projects.toml; any of them serves any
+    /// session and any call. Credentials never go in the URL: see the --nats-* flags. Unset: a
     /// single-process gateway.
-    #[arg(long, value_name = "URL", requires = "replica")]
+    #[arg(long, value_name = "URL")]
     cluster: Option<String>,
     /// This replica's name in the cluster ([A-Za-z0-9_-]+, unique among the replicas).
+    /// Default: the host name, with every other character made `-`.
     #[arg(long, value_name = "NAME", requires = "cluster")]
     replica: Option<String>,
     /// Replicas with the same namespace form one cluster; its buckets and subjects are named
@@ -268,6 +270,8 @@ struct ClusterFlags {
     #[arg(long = "claim-ttl-secs", value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(3..=3600))]
     claim_ttl_secs: u64,
+    #[command(flatten)]
+    nats: Box<gateway_server::cluster::nats_auth::NatsAuthFlags>,
 }
 
 impl ClusterFlags {
@@ -275,17 +279,41 @@ impl ClusterFlags {
     async fn connect(
         &self,
     ) -> Result<Option<gateway_server::cluster::replica::ClusterOptions>, String> {
-        let (Some(url), Some(replica)) = (&self.cluster, &self.replica) else {
+        use gateway_server::cluster::{nats, nats_auth, replica};
+        let Some(url) = &self.cluster else {
             return Ok(None);
         };
-        let nats = gateway_server::cluster::nats::NatsOptions::new(url.clone(), replica.clone());
-        let engine = gateway_server::cluster::nats::NatsEngine::connect(nats)
-            .await
-            .map_err(|e| format!("cannot reach the cluster's NATS server at {url}: {e}"))?;
-        let mut opts = gateway_server::cluster::replica::ClusterOptions::new(
-            std::sync::Arc::new(engine),
-            replica.clone(),
-        );
+        nats_auth::check_cluster_url(url)?;
+        let auth = self.nats.resolve(&|k| std::env::var(k).ok())?;
+        let replica = match &self.replica {
+            Some(name) => name.clone(),
+            None => {
+                let host = gethostname::gethostname();
+                let name = replica::name_from_host(&host.to_string_lossy()).ok_or_else(|| {
+                    format!(
+                        "the host name {host:?} makes no replica name: name this replica with \
+                         --replica NAME ([A-Za-z0-9_-]+)"
+                    )
+                })?;
+                tracing::info!(replica = %name, "the replica is named after the host (--replica)");
+                name
+            }
+        };
+        let shown = nats_auth::redact_url(url);
+        tracing::info!(url = %shown, auth = %auth.describe(), "connecting to the cluster's NATS server");
+        let mut opts = nats::NatsOptions::new(url.clone(), replica.clone());
+        opts.auth = auth;
+        opts.inbox_prefix = Some(nats::replica_inbox_prefix(&self.namespace, &replica));
+        let engine = nats::NatsEngine::connect(opts).await.map_err(|e| {
+            let why = match e {
+                gateway_server::cluster::EngineError::Unavailable(m)
+                | gateway_server::cluster::EngineError::Other(m)
+                | gateway_server::cluster::EngineError::Invalid(m) => m,
+                other => other.to_string(),
+            };
+            format!("cannot join the cluster through the NATS server at {shown}: {why}")
+        })?;
+        let mut opts = replica::ClusterOptions::new(std::sync::Arc::new(engine), replica);
         opts.namespace = self.namespace.clone();
         opts.claim_ttl = Duration::from_secs(self.claim_ttl_secs);
         Ok(Some(opts))

@@ -64,6 +64,7 @@
 //! [`EngineError::Invalid`], checked here, before either implementation sees it.
 
 pub mod nats;
+pub mod nats_auth;
 pub mod relay;
 pub mod replica;
 

@@ -22,18 +22,27 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::StreamExt;
 
+pub use super::nats_auth::NatsAuth;
 use super::{
     check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern, BucketConfig,
     Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Subscription, Watch,
 };
 
-/// How to reach NATS.
+/// How to reach NATS. Its `Debug` shows no secret.
 #[derive(Debug, Clone)]
 pub struct NatsOptions {
-    /// `nats://host:port` (several, comma-separated, for a NATS cluster).
+    /// `nats://host:port` (several, comma-separated, for a NATS cluster); `tls://` demands
+    /// TLS. Credentials do not go here but in [`NatsOptions::auth`].
     pub url: String,
     /// The connection's name, as the server's monitoring shows it (the replica's name).
     pub name: String,
+    /// How the connection authenticates, and whether it must be TLS.
+    pub auth: NatsAuth,
+    /// The prefix of the client's reply subjects (its requests', JetStream's answers and its
+    /// watches' deliveries); `None`: the client's default, `_INBOX`. A replica uses
+    /// [`replica_inbox_prefix`], so that the server's permissions can let each replica
+    /// subscribe to its own replies only.
+    pub inbox_prefix: Option<String>,
     /// How long a key/value operation waits for JetStream's answer before it fails with
     /// [`EngineError::Unavailable`].
     pub op_timeout: Duration,
@@ -48,10 +57,19 @@ impl NatsOptions {
         NatsOptions {
             url: url.into(),
             name: name.into(),
+            auth: NatsAuth::default(),
+            inbox_prefix: None,
             op_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(10),
         }
     }
+}
+
+/// The prefix of replica `replica`'s reply subjects in cluster `namespace`:
+/// `_INBOX.<namespace>.<replica>` (see `examples/nats-server.conf`, which lets each replica
+/// subscribe under its own prefix only).
+pub fn replica_inbox_prefix(namespace: &str, replica: &str) -> String {
+    format!("_INBOX.{namespace}.{replica}")
 }
 
 /// The engine on a NATS server; cheap to clone (one connection).
@@ -61,6 +79,8 @@ pub struct NatsEngine {
     js: jetstream::Context,
     /// Opened buckets, by name (opening one is a round trip).
     stores: Arc<Mutex<HashMap<String, kv::Store>>>,
+    /// The permission refusals the server sent.
+    refusals: Refusals,
 }
 
 impl std::fmt::Debug for NatsEngine {
@@ -73,15 +93,26 @@ impl std::fmt::Debug for NatsEngine {
 
 impl NatsEngine {
     /// Connects, or fails with [`EngineError::Unavailable`] when the server cannot be reached
-    /// now. Once connected, the client reconnects by itself whenever the connection drops.
+    /// now, and with [`EngineError::Other`] when it refuses this client (its credentials, TLS,
+    /// or the permissions of its NATS user); the message says what to check and holds no
+    /// secret. Once connected, the client reconnects by itself whenever the connection drops.
     pub async fn connect(opts: NatsOptions) -> Result<NatsEngine, EngineError> {
         let name = opts.name.clone();
-        let client = async_nats::ConnectOptions::new()
+        let refusals = Refusals::default();
+        let heard = refusals.clone();
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(prefix) = &opts.inbox_prefix {
+            options = options.custom_inbox_prefix(prefix);
+        }
+        let client = opts
+            .auth
+            .apply(options)
+            .map_err(EngineError::Invalid)?
             .name(&opts.name)
             .connection_timeout(opts.op_timeout)
             .ping_interval(opts.ping_interval)
             .event_callback(move |event| {
-                let name = name.clone();
+                let (name, heard) = (name.clone(), heard.clone());
                 async move {
                     match event {
                         async_nats::Event::Connected => {
@@ -90,20 +121,68 @@ impl NatsEngine {
                         async_nats::Event::Disconnected => {
                             tracing::warn!(replica = %name, "lost the cluster engine; reconnecting")
                         }
+                        async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                            if e.contains(PERMISSIONS_VIOLATION) =>
+                        {
+                            tracing::error!(
+                                replica = %name,
+                                refused = %e,
+                                "NATS refused this replica a subject it needs: the permissions of \
+                                 the NATS user it logs in as must be those of replica {name} (see \
+                                 examples/nats-server.conf)"
+                            );
+                            heard.hear(e);
+                        }
                         other => tracing::info!(replica = %name, event = %other, "cluster engine"),
                     }
                 }
             })
             .connect(opts.url.split(',').map(str::trim).collect::<Vec<_>>())
             .await
-            .map_err(|e| EngineError::Unavailable(format!("connecting to {}: {e}", opts.url)))?;
+            .map_err(|e| connect_error(&e, &opts.auth))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(opts.op_timeout);
-        Ok(NatsEngine {
+        let engine = NatsEngine {
             client,
             js,
             stores: Arc::new(Mutex::new(HashMap::new())),
-        })
+            refusals,
+        };
+        // A first round trip through JetStream: it proves that this client may receive its
+        // replies (a NATS user whose permissions are another replica's may not) and that its
+        // account has JetStream.
+        let js = engine.js.clone();
+        let asked = js.query_account();
+        tokio::pin!(asked);
+        let answer = loop {
+            tokio::select! {
+                answer = &mut asked => break answer,
+                () = tokio::time::sleep(Duration::from_millis(10)) => {
+                    if let Some(refused) = engine.refusals.any() {
+                        return Err(refused_error(&refused, &opts.name));
+                    }
+                }
+            }
+        };
+        match answer {
+            Ok(_) => Ok(engine),
+            Err(e) => match engine.refusals.any() {
+                Some(refused) => Err(refused_error(&refused, &opts.name)),
+                None if matches!(
+                    e.kind(),
+                    jetstream::context::AccountErrorKind::JetStreamUnavailable
+                ) || e.to_string().contains("not enabled") =>
+                {
+                    Err(EngineError::Other(format!(
+                        "JetStream is not enabled for this replica's NATS account ({e}): the \
+                         cluster keeps its state in JetStream (see examples/nats-server.conf)"
+                    )))
+                }
+                None => Err(EngineError::Unavailable(format!(
+                    "JetStream did not answer: {e}"
+                ))),
+            },
+        }
     }
 
     /// Whether the connection is up now.
@@ -428,7 +507,7 @@ impl Engine for NatsEngine {
             this.connected()?;
             let subscriber = this
                 .client
-                .subscribe(subject)
+                .subscribe(subject.clone())
                 .await
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
             // The server reads a connection in order: once it has answered a request sent after
@@ -437,12 +516,136 @@ impl Engine for NatsEngine {
             this.js.query_account().await.map_err(|e| {
                 EngineError::Unavailable(format!("confirming the subscription: {e}"))
             })?;
+            // The server refuses a subscription its permissions do not allow before it answers
+            // the request above; the client hears of it as an event, a moment later.
+            for _ in 0..10 {
+                if let Some(refused) = this.refusals.of_subscription(&subject) {
+                    return Err(EngineError::Other(format!(
+                        "the NATS server refused the subscription to {subject}: {refused}"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             Ok(Subscription::new(subscriber.map(|m| Incoming {
                 subject: m.subject.to_string(),
                 payload: m.payload,
                 reply: m.reply.map(|r| r.to_string()),
             })))
         })
+    }
+}
+
+/// What nats-server says when a client's permissions refuse a publish or a subscription.
+const PERMISSIONS_VIOLATION: &str = "Permissions Violation";
+
+/// The permission refusals the server sent this client (the latest few), which the client
+/// hears only as events.
+#[derive(Clone, Default)]
+struct Refusals(Arc<Mutex<std::collections::VecDeque<String>>>);
+
+impl Refusals {
+    fn hear(&self, refusal: String) {
+        let mut heard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if heard.len() == 16 {
+            heard.pop_front();
+        }
+        heard.push_back(refusal);
+    }
+
+    fn any(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .back()
+            .cloned()
+    }
+
+    /// The refusal of a subscription to exactly `subject`, if one was heard.
+    fn of_subscription(&self, subject: &str) -> Option<String> {
+        let quoted = format!("Subscription to \"{subject}\"");
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|r| r.contains(&quoted))
+            .cloned()
+    }
+}
+
+fn refused_error(refused: &str, replica: &str) -> EngineError {
+    EngineError::Other(format!(
+        "the NATS server refused this replica a subject it needs ({refused}): the NATS user it \
+         logs in as (its client certificate's name, --nats-user, or its nkey or creds) must have \
+         the permissions of replica {replica:?}; check --replica against the server's \
+         configuration (see examples/nats-server.conf)"
+    ))
+}
+
+/// Why the first connection failed, with what to check: the server refused the credentials,
+/// TLS failed, or it cannot be reached. (The client's errors hold the server's reason and
+/// TLS's, never the credentials.)
+fn connect_error(e: &async_nats::ConnectError, auth: &NatsAuth) -> EngineError {
+    use async_nats::ConnectErrorKind as Kind;
+    let mut why = e.to_string();
+    if let Some(source) = e.source() {
+        let source = source.to_string();
+        if !why.contains(&source) {
+            why = format!("{why}: {source}");
+        }
+    }
+    let refused = |hint: &str| EngineError::Other(format!("{why}; {hint}"));
+    if matches!(
+        e.kind(),
+        Kind::AuthorizationViolation | Kind::Authentication
+    ) {
+        return match &auth.credentials {
+            None if auth.tls.client.is_none() => refused(
+                "the NATS server wants credentials and none were given: see --nats-user with \
+                 --nats-password-file, --nats-token-file, --nats-nkey-seed-file, --nats-creds, \
+                 or --nats-client-cert with --nats-client-key",
+            ),
+            _ => refused(&format!(
+                "the NATS server refused {}: check them against its configuration",
+                auth.describe()
+            )),
+        };
+    }
+    // TLS fails as the client's TLS error, or as an I/O error carrying rustls's: its own
+    // verdict on the server's certificate ("invalid peer certificate: …"), or the server's
+    // alert about this client's ("received fatal alert: …").
+    let tls_hint = if why.contains("invalid peer certificate: UnknownIssuer") {
+        Some(
+            "the NATS server's certificate is not signed by a CA this replica trusts: give that \
+             CA with --nats-ca-file",
+        )
+    } else if why.contains("NotValidForName") {
+        Some("the NATS server's certificate does not name the host of the --cluster URL")
+    } else if why.contains("alert: CertificateRequired") {
+        Some(
+            "the NATS server admits only clients with a certificate it trusts: give this \
+             replica's with --nats-client-cert and --nats-client-key",
+        )
+    } else if why.contains("alert: BadCertificate")
+        || why.contains("alert: UnknownCA")
+        || why.contains("alert: CertificateUnknown")
+    {
+        Some(
+            "the NATS server does not accept this replica's client certificate \
+             (--nats-client-cert): it must be signed by the CA the server trusts for clients",
+        )
+    } else if why.contains("InvalidContentType") || why.contains("corrupt message") {
+        Some(
+            "the NATS server does not speak TLS, and this replica requires it: nothing was sent \
+             in clear",
+        )
+    } else if e.kind() == Kind::Tls || why.contains("HandshakeFailure") || why.contains("alert:") {
+        Some("TLS with the NATS server failed")
+    } else {
+        None
+    };
+    match tls_hint {
+        Some(hint) => refused(hint),
+        None => EngineError::Unavailable(why),
     }
 }
 

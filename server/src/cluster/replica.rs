@@ -161,6 +161,23 @@ fn inbox_prefix(opts: &ClusterOptions, run: &str) -> String {
     format!("{}.inbox.{}.{run}", opts.namespace, opts.replica)
 }
 
+/// A replica name made of a host name: every character outside `[A-Za-z0-9_-]` becomes `-`,
+/// and `-` at either end goes; `None` when nothing is left.
+pub fn name_from_host(host: &str) -> Option<String> {
+    let name: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = name.trim_matches('-');
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
 /// The key of a project in the directory bucket.
 pub fn project_key(project: &str) -> String {
     format!("p.{}", project.replace('.', "="))
@@ -1029,6 +1046,21 @@ async fn answer_relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_names_make_replica_names() {
+        assert_eq!(name_from_host("gw1").as_deref(), Some("gw1"));
+        assert_eq!(
+            name_from_host("gw-1.example.com").as_deref(),
+            Some("gw-1-example-com")
+        );
+        assert_eq!(name_from_host("höst_2.").as_deref(), Some("h-st_2"));
+        assert_eq!(name_from_host(""), None);
+        assert_eq!(name_from_host("..."), None);
+        for host in ["gw1", "gw-1.example.com", "höst_2."] {
+            super::super::check_bucket(&name_from_host(host).unwrap()).unwrap();
+        }
+    }
 
     #[test]
     fn project_names_make_keys_and_come_back() {

@@ -118,6 +118,8 @@ pub struct NatsServer {
     pub port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// The arguments before `-p PORT`: `-c CONFIG`, and the rest.
+    args: Vec<std::ffi::OsString>,
 }
 
 impl NatsServer {
@@ -140,11 +142,31 @@ impl NatsServer {
         )
         .expect("the config can be written");
         let port = free_port();
+        let mut args: Vec<std::ffi::OsString> = vec!["-c".into(), dir.join("nats.conf").into()];
+        args.extend(["-js".into(), "-a".into(), "127.0.0.1".into()]);
+        args.extend(["--store_dir".into(), dir.join("store").into()]);
         let mut server = NatsServer {
             binary,
             port,
             dir,
             child: None,
+            args,
+        };
+        server.resume().await;
+        Some(server)
+    }
+
+    /// Installs and starts a server with the configuration file `config`, in the working
+    /// directory `dir` (where the file's relative paths are), on a free loopback port (`-p`
+    /// overrides the file's); `dir` is the server's own, removed on drop. `None` when skipped.
+    pub async fn start_with_config(config: &Path, dir: PathBuf) -> Option<NatsServer> {
+        let binary = nats_server_binary().await?;
+        let mut server = NatsServer {
+            binary,
+            port: free_port(),
+            dir,
+            child: None,
+            args: vec!["-c".into(), config.into()],
         };
         server.resume().await;
         Some(server)
@@ -153,6 +175,11 @@ impl NatsServer {
     /// `nats://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's working directory (its store, its log, and what its configuration names).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Kills the server (SIGKILL: a crash, not a shutdown) and waits until it is gone.
@@ -168,11 +195,9 @@ impl NatsServer {
         assert!(self.child.is_none(), "the server is already running");
         let log = std::fs::File::create(self.dir.join("nats.log")).expect("the log can be made");
         let child = Command::new(&self.binary)
-            .arg("-c")
-            .arg(self.dir.join("nats.conf"))
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .arg("--store_dir")
-            .arg(self.dir.join("store"))
+            .args(&self.args)
+            .args(["-p", &self.port.to_string()])
+            .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

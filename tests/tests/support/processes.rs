@@ -94,12 +94,35 @@ pub struct GatewayProcess {
     dir: PathBuf,
     child: Option<Child>,
     claim_ttl_secs: u64,
+    /// More of `gateway serve`'s arguments, and its environment beside `RUST_LOG=info`.
+    launch: Launch,
+}
+
+/// How a replica is started beyond its cluster and name: more arguments, environment
+/// variables, and whether `--replica` is given.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    pub args: Vec<std::ffi::OsString>,
+    pub env: Vec<(String, std::ffi::OsString)>,
+    /// Leave `--replica` out (the replica is then named after the host; `name` must be that).
+    pub unnamed: bool,
 }
 
 impl GatewayProcess {
     /// Starts replica `name` of the cluster on `nats` serving `config`, and waits until it is
     /// healthy.
     pub async fn start(config: &Path, nats: &str, name: &str, claim_ttl_secs: u64) -> Self {
+        Self::start_with(config, nats, name, claim_ttl_secs, Launch::default()).await
+    }
+
+    /// [`GatewayProcess::start`], with `launch`'s arguments and environment.
+    pub async fn start_with(
+        config: &Path,
+        nats: &str,
+        name: &str,
+        claim_ttl_secs: u64,
+        launch: Launch,
+    ) -> Self {
         let mut g = GatewayProcess {
             name: name.to_owned(),
             port: free_port(),
@@ -108,6 +131,7 @@ impl GatewayProcess {
             dir: scratch(&format!("replica-{name}")),
             child: None,
             claim_ttl_secs,
+            launch,
         };
         g.restart().await;
         g
@@ -130,15 +154,22 @@ impl GatewayProcess {
             .append(true)
             .open(self.dir.join("gateway.log"))
             .expect("the log can be opened");
-        let child = Command::new(workspace_bin("gateway"))
+        let mut command = Command::new(workspace_bin("gateway"));
+        command
             .args(["serve", "--config"])
             .arg(&self.config)
             .args(["--listen", &self.addr().to_string()])
-            .args(["--cluster", &self.nats, "--replica", &self.name])
+            .args(["--cluster", &self.nats]);
+        if !self.launch.unnamed {
+            command.args(["--replica", &self.name]);
+        }
+        let child = command
             .args(["--claim-ttl-secs", &self.claim_ttl_secs.to_string()])
             .arg("--pin-file")
             .arg(self.dir.join("pins.toml"))
+            .args(&self.launch.args)
             .env("RUST_LOG", "info")
+            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
