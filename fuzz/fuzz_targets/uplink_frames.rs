@@ -45,7 +45,10 @@ fuzz_target!(|ops: Vec<Op>| {
         .enumerate()
         .map(|(i, p)| ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i)))
         .collect();
-    let registry = Registry::from_projects(specs, Some("alpha")).expect("valid");
+    let registry = Registry::from_projects(specs, Some("alpha")).expect("valid")
+        // The fuzzed sleds present no token: their projects take them (uplinks are
+        // closed by default).
+        .allowing_unauthenticated_uplinks();
     let config = Config {
         max_calls_per_sled: 4,
         ..Config::default()
