@@ -68,6 +68,7 @@ mod admission;
 pub mod cluster;
 mod driver;
 pub mod fleet;
+mod hangup;
 mod http;
 pub mod limits;
 pub mod metrics;

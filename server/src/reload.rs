@@ -25,25 +25,9 @@ pub(crate) async fn watch(
     admission: std::sync::Arc<crate::admission::Admission>,
 ) {
     let mut last = loaded;
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut hup = crate::hangup::Hangup::new();
     loop {
-        #[cfg(unix)]
-        let forced = match hup.as_mut() {
-            Some(h) => tokio::select! {
-                _ = h.recv() => true,
-                () = tokio::time::sleep(POLL) => false,
-            },
-            None => {
-                tokio::time::sleep(POLL).await;
-                false
-            }
-        };
-        #[cfg(not(unix))]
-        let forced = {
-            tokio::time::sleep(POLL).await;
-            false
-        };
+        let forced = hup.next(POLL).await;
         let text = match tokio::fs::read_to_string(&path).await {
             Ok(t) => t,
             Err(e) => {

@@ -465,25 +465,9 @@ impl rustls::server::ResolvesServerCert for OneCertificate {
 
 /// Reloads `tls` on SIGHUP and whenever its files change, until the task is aborted.
 pub(crate) async fn watch(tls: ServerTls) {
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut hup = crate::hangup::Hangup::new();
     loop {
-        #[cfg(unix)]
-        let forced = match hup.as_mut() {
-            Some(h) => tokio::select! {
-                _ = h.recv() => true,
-                () = tokio::time::sleep(POLL) => false,
-            },
-            None => {
-                tokio::time::sleep(POLL).await;
-                false
-            }
-        };
-        #[cfg(not(unix))]
-        let forced = {
-            tokio::time::sleep(POLL).await;
-            false
-        };
+        let forced = hup.next(POLL).await;
         let trigger = if forced { "SIGHUP" } else { "file change" };
         let files = tls.files();
         match tls.reload(forced) {
