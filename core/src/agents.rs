@@ -2,8 +2,8 @@
 //! agent `checkin` made for it.
 //!
 //! On one gateway a handle is 128 random bits (`ah-` and 32 hex digits) that the gateway
-//! remembers. Replicas of a cluster share an [`AgentKey`] (kept in the engine, the first
-//! replica's wins), and a handle issued by any of them also carries a MAC of its random part
+//! remembers. Replicas of a cluster share an [`AgentKey`] (derived from the cluster secret,
+//! never kept in the engine: `crate::keys`), and a handle issued by any of them also carries a MAC of its random part
 //! under that key (`ah-` and 64 hex digits): every replica recognises it at once, without
 //! asking the engine or the replica that issued it, and nobody without the key can make one.
 //! The MAC is HMAC-SHA-256 truncated to 128 bits, compared in constant time.

@@ -157,6 +157,23 @@ pub enum AccessToken {
     /// A bearer token that is not a valid access token for this gateway. Why is logged by the
     /// server, never told to the client.
     Invalid,
+    /// A request another replica of the cluster relayed: who it let in, in a sealed envelope
+    /// (`crate::keys`). No credential crosses the cluster (security review finding 3); this
+    /// replica applies its own rules to the caller. Only a request marked
+    /// [`crate::HttpRequest::relayed`] may carry it.
+    Relayed(Caller),
+}
+
+/// Who a relayed request comes from, as the relaying replica verified it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// Client authentication was off there.
+    Anonymous,
+    /// A client token, by its owner name ([`Registry::client_token_owner`]: its name, or a
+    /// hash of the token).
+    ClientToken { owner: String },
+    /// An OAuth access token's principal.
+    Token(Box<Principal>),
 }
 
 /// Who a request comes from, once let in.
@@ -182,6 +199,21 @@ impl Identity {
             Identity::ClientToken(i) => registry.client_token_owner(*i).map(str::to_owned),
             Identity::Token(p) => Some(format!("oauth {} {}", p.issuer, p.subject)),
         }
+    }
+
+    /// What a request let in as this identity carries from here on, instead of its
+    /// credentials: who it is, for a replica it is relayed to.
+    pub(crate) fn as_relayed(&self, registry: &Registry) -> AccessToken {
+        AccessToken::Relayed(match self {
+            Identity::Anonymous => Caller::Anonymous,
+            Identity::ClientToken(i) => match registry.client_token_owner(*i) {
+                Some(owner) => Caller::ClientToken {
+                    owner: owner.to_owned(),
+                },
+                None => Caller::Anonymous,
+            },
+            Identity::Token(p) => Caller::Token(p.clone()),
+        })
     }
 }
 
@@ -210,14 +242,32 @@ fn bearer(authorization: Option<&str>) -> Option<&str> {
 
 /// Lets a request in as an [`Identity`], or refuses it: 401 when credentials are needed and
 /// missing or invalid, 403 `insufficient_scope` when a valid access token lacks a required
-/// scope.
+/// scope. A request let in before ([`AccessToken::Relayed`]: by the replica that relayed it, or
+/// by this one) is let in by its [`Caller`] under this replica's rules; a relayed request
+/// (`relayed`) by nothing else.
 pub fn authenticate(
     registry: &Registry,
     authorization: Option<&str>,
     access_token: &AccessToken,
+    relayed: bool,
 ) -> Result<Identity, HttpError> {
     let tokens = registry.client_tokens();
     let oauth = registry.oauth();
+    match access_token {
+        // Let in before: by another replica (in its sealed envelope), or by this one when the
+        // request is handled again (held for a project's next holder, for instance). Only the
+        // core and the relay's verified envelope make one; the server never does from a client.
+        AccessToken::Relayed(caller) => return relayed_caller(registry, caller),
+        // A relayed request without its caller: a driver's mistake, no way in.
+        _ if relayed => {
+            return Err(HttpError::Unauthorized {
+                presented: false,
+                resource_metadata: None,
+                scope: None,
+            })
+        }
+        _ => {}
+    }
     if tokens.is_empty() && oauth.is_none() {
         return Ok(Identity::Anonymous);
     }
@@ -251,12 +301,52 @@ pub fn authenticate(
             }
         }
         // A principal without a bearer token in the header is a driver's mistake: no way in.
-        AccessToken::Valid(_) | AccessToken::Unchecked | AccessToken::Invalid => {
-            Err(HttpError::Unauthorized {
-                presented,
-                resource_metadata: Some(oauth.resource_metadata_url()),
-                scope: oauth.challenge_scope(),
-            })
+        AccessToken::Valid(_)
+        | AccessToken::Unchecked
+        | AccessToken::Invalid
+        | AccessToken::Relayed(_) => Err(HttpError::Unauthorized {
+            presented,
+            resource_metadata: Some(oauth.resource_metadata_url()),
+            scope: oauth.challenge_scope(),
+        }),
+    }
+}
+
+/// The identity of a relayed request's caller under this replica's rules: the same client
+/// token (by owner) still listed, or a principal of an issuer still configured with the
+/// required scopes; anonymous only where authentication is off here too.
+fn relayed_caller(registry: &Registry, caller: &Caller) -> Result<Identity, HttpError> {
+    let refused = || HttpError::Unauthorized {
+        presented: true,
+        resource_metadata: registry.oauth().map(OAuthConfig::resource_metadata_url),
+        scope: registry.oauth().and_then(OAuthConfig::challenge_scope),
+    };
+    let open = registry.client_tokens().is_empty() && registry.oauth().is_none();
+    match caller {
+        Caller::Anonymous if open => Ok(Identity::Anonymous),
+        Caller::Anonymous => Err(refused()),
+        Caller::ClientToken { owner } => (0..registry.client_tokens().len())
+            .find(|i| registry.client_token_owner(*i) == Some(owner.as_str()))
+            .map(Identity::ClientToken)
+            .ok_or_else(refused),
+        Caller::Token(p) => {
+            let Some(oauth) = registry.oauth() else {
+                return Err(refused());
+            };
+            if !oauth.authorization_servers.contains(&p.issuer) {
+                return Err(refused());
+            }
+            if !oauth
+                .required_scopes
+                .iter()
+                .all(|s| p.scopes.contains(s.as_str()))
+            {
+                return Err(HttpError::InsufficientScope {
+                    scope: oauth.required_scopes.join(" "),
+                    resource_metadata: oauth.resource_metadata_url(),
+                });
+            }
+            Ok(Identity::Token(p.clone()))
         }
     }
 }

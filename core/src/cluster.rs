@@ -42,9 +42,13 @@ pub struct ClusterConfig {
     /// expired claim, a replica nobody answers for) waits for the sled to be claimed again
     /// somewhere, before it is answered `sled_not_connected`. Zero: never held.
     pub move_grace: std::time::Duration,
-    /// The cluster's key for agent handles (kept in the engine; the first replica's wins):
-    /// a handle any replica issued is recognised by every other.
+    /// The cluster's key for agent handles (derived from the cluster secret,
+    /// [`crate::keys::KeyRing::agent_keys`]): a handle any replica issued is recognised by
+    /// every other.
     pub agent_key: Option<crate::agents::AgentKey>,
+    /// During a roll of the cluster secret, the previous secret's key: handles issued under
+    /// it are still recognised; new ones are issued under `agent_key`.
+    pub previous_agent_key: Option<crate::agents::AgentKey>,
 }
 
 /// What the engine said, for [`crate::Input::Cluster`].

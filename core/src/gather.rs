@@ -66,16 +66,15 @@ pub(crate) struct WaitGather {
 /// context, never in the gateway's state.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Credentials {
-    authorization: Option<String>,
     access_token: AccessToken,
     origin: Option<String>,
 }
 
 impl Credentials {
-    /// The credentials `request` came with.
+    /// Who `request` comes from, as the replicas asked for parts are told: the caller it was
+    /// let in as ([`AccessToken::Relayed`]), never its `Authorization` header.
     pub(crate) fn of(request: &HttpRequest) -> Credentials {
         Credentials {
-            authorization: request.authorization.clone(),
             access_token: request.access_token.clone(),
             origin: request.origin.clone(),
         }
@@ -169,7 +168,7 @@ impl Gathers {
             mcp_name: None,
             mcp_param_project: None,
             relayed: true,
-            authorization: c.authorization.clone(),
+            authorization: None,
             access_token: c.access_token.clone(),
             body: body.to_string().into_bytes(),
         };
@@ -287,7 +286,7 @@ mod tests {
     fn parts_are_relayed_under_internal_tokens_with_the_callers_credentials() {
         let mut g = Gathers::default();
         let now = t0();
-        let mut req = HttpRequest {
+        let req = HttpRequest {
             method: HttpMethod::Post,
             session: Some("s".into()),
             content_type: None,
@@ -299,8 +298,10 @@ mod tests {
             mcp_name: None,
             mcp_param_project: None,
             relayed: false,
-            authorization: Some("Bearer x".into()),
-            access_token: AccessToken::Unchecked,
+            authorization: None,
+            access_token: AccessToken::Relayed(crate::auth::Caller::ClientToken {
+                owner: "ops".into(),
+            }),
             body: Vec::new(),
         };
         let c = Credentials::of(&req);
@@ -310,13 +311,10 @@ mod tests {
         assert!(!Gathers::is_internal(HttpToken(7)));
         assert!(r1.relayed);
         assert_eq!(r1.session, None, "a part needs no session");
-        assert_eq!(r1.authorization.as_deref(), Some("Bearer x"));
+        assert_eq!(r1.authorization, None, "no credential crosses the cluster");
+        assert_eq!(r1.access_token, req.access_token);
         let body: serde_json::Value = serde_json::from_slice(&r1.body).unwrap();
         assert_eq!(body["params"]["name"], "gateway_health");
-        req.authorization = None;
-        let c = Credentials::of(&req);
-        let (_, r3) = g.start(health(2), now, "gateway_health", serde_json::json!({}), &c);
-        assert_eq!(r3.authorization, None);
     }
 
     #[test]

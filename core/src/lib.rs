@@ -36,6 +36,7 @@ mod http;
 pub mod identity;
 mod io;
 mod jsonrpc;
+pub mod keys;
 mod metrics;
 mod records;
 mod registry;

@@ -801,6 +801,7 @@ mod tests {
             directory: DirectoryConfig::new(Duration::from_secs(30)),
             move_grace: GRACE,
             agent_key: None,
+            previous_agent_key: None,
         })
     }
 

@@ -41,7 +41,8 @@ impl Admission {
         authorization: Option<&str>,
         access_token: &AccessToken,
     ) -> Result<(), HttpError> {
-        gateway_core::auth::authenticate(&self.snapshot(), authorization, access_token).map(drop)
+        gateway_core::auth::authenticate(&self.snapshot(), authorization, access_token, false)
+            .map(drop)
     }
 
     fn snapshot(&self) -> Arc<Registry> {

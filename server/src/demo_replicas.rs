@@ -121,6 +121,12 @@ pub(crate) async fn run(
     let (stop_tx, _) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
     let mut urls = Vec::new();
+    // The demo's cluster secret: random, for this run only (a real cluster's comes from
+    // --cluster-secret-file on every replica).
+    let keys = gateway_core::keys::KeyRing::new(
+        &gateway_core::keys::GatewaySecret::new(rand::random()),
+        None,
+    );
     for i in 0..replicas {
         let addr = match listen.port() {
             0 => listen,
@@ -138,7 +144,7 @@ pub(crate) async fn run(
             .map_err(|e| format!("replica {name}: {e}"))?;
         let mut opts = ServerOptions::new(registry.clone(), rand::random());
         mcp.apply(&mut opts);
-        let mut cluster = ClusterOptions::new(Arc::new(engine), name.clone());
+        let mut cluster = ClusterOptions::new(Arc::new(engine), name.clone(), keys.clone());
         cluster.namespace = "demo".into();
         opts.cluster = Some(cluster);
         let mut stop = stop_tx.subscribe();

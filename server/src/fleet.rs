@@ -198,6 +198,9 @@ pub struct ServerCounters {
     pub uplink_pre_welcome_cut: AtomicU64,
     /// TLS handshakes that failed or did not finish in time (with `--tls-cert` only).
     pub tls_handshakes_failed: AtomicU64,
+    /// In a cluster: values and messages in the engine that failed verification under the
+    /// cluster secret, by source and reason.
+    pub cluster_unverified: std::sync::Arc<crate::cluster::seal::Unverified>,
 }
 
 /// The driver's end of the pin file: hands the latest text to the writer task.

@@ -247,10 +247,7 @@ where
         tls,
     } = opts;
     if let Some(c) = &cluster {
-        let key = cluster::replica::agent_key(c, gateway_core::agents::AgentKey::derive(&seed))
-            .await
-            .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;
-        core.cluster = Some(c.core_config(key));
+        core.cluster = Some(c.core_config());
     }
     let session_ttl = core.session_idle_ttl;
     // Spans are made only when they can go somewhere.
@@ -260,6 +257,8 @@ where
     let resource_server = oauth::ResourceServer::new(registry.oauth(), oauth);
     let metrics_placement = ops::MetricsPlacement::new(metrics_listener.is_some(), &registry);
     let admission = Arc::new(admission::Admission::new(&registry));
+    #[cfg(feature = "planted-bugs")]
+    let core_planted = core.planted;
     let mut gateway = gateway_core::Gateway::new(registry, core, seed);
     let counters = Arc::new(fleet::ServerCounters::default());
     // The pins from an earlier run go in before any event, so no sled is pinned anew by
@@ -297,8 +296,20 @@ where
     let (cluster_io, cluster_tasks) = match &cluster {
         Some(c) => {
             let run: String = seed[..4].iter().map(|b| format!("{b:02x}")).collect();
+            let seal = cluster::seal::Seal::new(
+                c.keys.clone(),
+                c.clock.clone(),
+                counters.cluster_unverified.clone(),
+            );
+            #[cfg(feature = "planted-bugs")]
+            let seal = match core_planted {
+                Some(gateway_core::PlantedBug::TrustTheEngine) => seal.trusting_everything(),
+                Some(gateway_core::PlantedBug::ForgetNonces) => seal.forgetting_nonces(),
+                _ => seal,
+            };
             let (io, running) = cluster::replica::start(
                 c,
+                Arc::new(seal),
                 session_ttl,
                 run,
                 cmd_tx.downgrade(),

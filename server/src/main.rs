@@ -270,6 +270,25 @@ struct ClusterFlags {
     #[arg(long = "claim-ttl-secs", value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(3..=3600))]
     claim_ttl_secs: u64,
+    /// The cluster secret: a file holding 64 hex digits (32 random bytes), the same on every
+    /// replica and never in NATS. Everything the replicas share through NATS is sealed under
+    /// it, and nothing that does not verify is acted on. Make one with `openssl rand -hex 32`.
+    /// [else env MCP_GATEWAY_CLUSTER_SECRET, the 64 hex digits]. Required with --cluster.
+    #[arg(
+        long = "cluster-secret-file",
+        value_name = "FILE",
+        requires = "cluster"
+    )]
+    cluster_secret_file: Option<PathBuf>,
+    /// While the cluster secret is rolled: the previous secret, whose items are still
+    /// accepted (new ones are sealed under --cluster-secret-file). [else env
+    /// MCP_GATEWAY_PREVIOUS_CLUSTER_SECRET].
+    #[arg(
+        long = "previous-cluster-secret-file",
+        value_name = "FILE",
+        requires = "cluster"
+    )]
+    previous_cluster_secret_file: Option<PathBuf>,
     #[command(flatten)]
     nats: Box<gateway_server::cluster::nats_auth::NatsAuthFlags>,
 }
@@ -284,6 +303,11 @@ impl ClusterFlags {
             return Ok(None);
         };
         nats_auth::check_cluster_url(url)?;
+        let keys = gateway_server::cluster::seal::resolve_keys(
+            self.cluster_secret_file.as_deref(),
+            self.previous_cluster_secret_file.as_deref(),
+            &|k| std::env::var(k).ok(),
+        )?;
         let auth = self.nats.resolve(&|k| std::env::var(k).ok())?;
         let replica = match &self.replica {
             Some(name) => name.clone(),
@@ -313,7 +337,7 @@ impl ClusterFlags {
             };
             format!("cannot join the cluster through the NATS server at {shown}: {why}")
         })?;
-        let mut opts = replica::ClusterOptions::new(std::sync::Arc::new(engine), replica);
+        let mut opts = replica::ClusterOptions::new(std::sync::Arc::new(engine), replica, keys);
         opts.namespace = self.namespace.clone();
         opts.claim_ttl = Duration::from_secs(self.claim_ttl_secs);
         Ok(Some(opts))

@@ -28,7 +28,11 @@
 //!   `gateway_http_refused_before_body_total`, `gateway_http_body_timeouts_total`,
 //!   `gateway_http_connections_refused_total`,
 //!   `gateway_http_connections_refused_per_address_total`, `gateway_uplink_pre_welcome_cut_total`;
-//!   with TLS, `gateway_tls_handshakes_failed_total`.
+//!   with TLS, `gateway_tls_handshakes_failed_total`; in a cluster,
+//!   `gateway_cluster_unverified_total{source,reason}`: values read from a bucket (`directory`,
+//!   `sessions`, `pins`, `tools`) and messages heard (`relay`, `handoff`, `inbox`, `news`) that
+//!   failed verification under the cluster secret (`malformed`, `unknown_key`, `bad_tag`,
+//!   `expired`, `replayed`, `rolled_back`), and were ignored.
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
@@ -89,7 +93,10 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
                 load(&server.tls_handshakes_failed),
             ),
         ],
+        unverified: Vec::new(),
     };
+    let mut snapshot = snapshot;
+    snapshot.unverified = server.cluster_unverified.snapshot();
     let mut registry = Registry::default();
     registry.register_collector(Box::new(snapshot));
     let mut out = String::with_capacity(4096);
@@ -108,6 +115,8 @@ struct Snapshot {
     /// The server's refusals before anything reaches the core, and failed TLS handshakes:
     /// name, help, count.
     refused: [(&'static str, &'static str, u64); 6],
+    /// In a cluster: what failed verification under the cluster secret, by source and reason.
+    unverified: Vec<((&'static str, &'static str), u64)>,
 }
 
 /// A label value with backslash, double quote and newline escaped.
@@ -368,6 +377,18 @@ impl Collector for Snapshot {
         )?;
         for (name, help, n) in self.refused {
             counter(e, name, help, n)?;
+        }
+        if !self.unverified.is_empty() {
+            let mut family = e.encode_descriptor(
+                "gateway_cluster_unverified",
+                "Values and messages in the cluster's engine that failed verification under the cluster secret and were ignored, by source and reason.",
+                None,
+                MetricType::Counter,
+            )?;
+            for ((source, reason), n) in &self.unverified {
+                let labels = [("source", Escaped(source)), ("reason", Escaped(reason))];
+                ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }

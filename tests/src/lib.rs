@@ -5,6 +5,18 @@ pub mod engine_model;
 pub mod engine_net;
 pub mod sim;
 
+/// The cluster secret of the tests' replicas (64 hex digits), given to spawned replicas as
+/// `MCP_GATEWAY_CLUSTER_SECRET` or in a file.
+pub const TEST_CLUSTER_SECRET: &str =
+    "5ec2e7c1a55e7b0c2d4f6a8b9c0d1e2f3a4b5c6d7e8f90112233445566778899";
+
+/// The tests' replicas' keys ([`TEST_CLUSTER_SECRET`]).
+pub fn test_cluster_keys() -> gateway_core::keys::KeyRing {
+    let secret = gateway_core::keys::GatewaySecret::parse(TEST_CLUSTER_SECRET)
+        .expect("the tests' cluster secret parses");
+    gateway_core::keys::KeyRing::new(&secret, None)
+}
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

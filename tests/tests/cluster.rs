@@ -77,7 +77,11 @@ impl Replica {
                 .await
                 .expect("the replica reaches nats-server");
             let mut opts = ServerOptions::new(registry(), seed);
-            let mut cluster = ClusterOptions::new(Arc::new(engine), replica);
+            let mut cluster = ClusterOptions::new(
+                Arc::new(engine),
+                replica,
+                gateway_tests::test_cluster_keys(),
+            );
             cluster.claim_ttl = claim_ttl;
             opts.cluster = Some(cluster);
             opts.shutdown_grace = Duration::from_secs(2);

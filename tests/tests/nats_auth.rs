@@ -114,6 +114,10 @@ async fn refused(
         .arg(scene.dir.join(format!("pins-{name}.toml")))
         .args(extra)
         .env("RUST_LOG", "debug")
+        .env(
+            gateway_server::cluster::seal::SECRET_ENV,
+            gateway_tests::TEST_CLUSTER_SECRET,
+        )
         .envs(env)
         .stdin(std::process::Stdio::null())
         .stdout(file.try_clone().unwrap())

@@ -14,7 +14,7 @@ struct InitializeParams {
 impl Gateway {
     // ---- HTTP ----
 
-    pub(super) fn on_http(&mut self, now: Instant, token: HttpToken, request: HttpRequest) {
+    pub(super) fn on_http(&mut self, now: Instant, token: HttpToken, mut request: HttpRequest) {
         if self.shutting_down {
             return self.http_error(token, HttpError::ShuttingDown);
         }
@@ -22,10 +22,16 @@ impl Gateway {
             &self.registry,
             request.authorization.as_deref(),
             &request.access_token,
+            request.relayed,
         ) {
             Ok(identity) => identity,
             Err(refusal) => return self.http_error(token, refusal),
         };
+        // From here on the request says who it comes from, not what credential it showed: a
+        // request relayed to another replica, held, or asked of others in parts carries no
+        // bearer token (security review finding 3).
+        request.authorization = None;
+        request.access_token = identity.as_relayed(&self.registry);
         let credentials = if self.clustered() {
             crate::gather::Credentials::of(&request)
         } else {

@@ -158,6 +158,12 @@ pub enum PlantedBug {
     /// `[[access]]`: the projects a caller may see are every registered one where a list of
     /// them is given (an `unknown_project`'s `registered`, the fleet tools).
     HiddenProjectsListed,
+    /// In a cluster: a replica believes whatever the engine gives it, sealed or not, as the
+    /// gateway did before the cluster secret (the server's `cluster::seal`).
+    TrustTheEngine,
+    /// In a cluster: a replica keeps no nonces, so a relay envelope or an announcement heard
+    /// again is acted on again.
+    ForgetNonces,
     /// In a cluster: a replica that loses a project's claim keeps its uplink and goes on
     /// sending it calls (only a sled's epoch fence, if the same sled, would stop them).
     ServeAfterLosingClaim,

@@ -23,6 +23,7 @@ fn replica_with_grace(name: &str, move_grace: Duration) -> Harness {
             directory: DirectoryConfig::new(Duration::from_secs(9)),
             move_grace,
             agent_key: Some(crate::agents::AgentKey::derive(&[1; 32])),
+            previous_agent_key: None,
         }),
         ..Config::default()
     };
@@ -293,6 +294,7 @@ fn a_relayed_request_is_served_here_or_answered_never_relayed_again() {
         content_type: Some("application/json".into()),
         accept: Some("application/json".into()),
         relayed: true,
+        access_token: crate::AccessToken::Relayed(crate::auth::Caller::Anonymous),
         body: Harness::call_body(json!(1), "echo", json!({"project":"beta"})).into_bytes(),
         ..HttpRequest::default()
     };

@@ -291,6 +291,7 @@ fn a_relayed_fleet_tool_answers_for_this_replicas_sleds_only() {
             content_type: Some("application/json".into()),
             accept: Some("application/json".into()),
             relayed: true,
+            access_token: crate::AccessToken::Relayed(crate::auth::Caller::Anonymous),
             body: Harness::call_body(json!(1), tool, json!({})).into_bytes(),
             ..HttpRequest::default()
         };

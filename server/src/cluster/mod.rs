@@ -67,6 +67,7 @@ pub mod nats;
 pub mod nats_auth;
 pub mod relay;
 pub mod replica;
+pub mod seal;
 
 use std::fmt;
 use std::pin::Pin;

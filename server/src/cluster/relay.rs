@@ -24,6 +24,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use gateway_core::auth::Caller;
 use gateway_core::{AccessToken, HttpMethod, HttpReply, HttpRequest, Principal};
 use serde::{Deserialize, Serialize};
 
@@ -119,27 +120,30 @@ pub struct WireRequest {
     pub mcp_name: Option<String>,
     #[serde(default)]
     pub mcp_param_project: Option<String>,
-    #[serde(default)]
-    pub authorization: Option<String>,
-    pub access_token: WireAccessToken,
+    /// Who the relaying replica let the request in as. No credential crosses the cluster.
+    pub caller: WireCaller,
     /// The body, as UTF-8 when it is (a JSON body always is), else lossily.
     pub body: String,
 }
 
-/// What the relaying replica's server made of the bearer token; the replicas of a cluster
-/// trust each other as the threads of one gateway do.
+/// Who a relayed request comes from, as the relaying replica verified it
+/// ([`gateway_core::auth::Caller`]); the owner applies its own rules to it. It is believed
+/// because the envelope is sealed under the cluster secret (`gateway_core::keys`), never
+/// because NATS delivered it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum WireAccessToken {
-    Unchecked,
-    Valid {
+pub enum WireCaller {
+    Anonymous,
+    ClientToken {
+        owner: String,
+    },
+    OAuth {
         issuer: String,
         subject: String,
         client_id: Option<String>,
         scopes: BTreeSet<String>,
         groups: Vec<String>,
     },
-    Invalid,
 }
 
 impl WireRequest {
@@ -160,17 +164,23 @@ impl WireRequest {
             mcp_method: r.mcp_method.clone(),
             mcp_name: r.mcp_name.clone(),
             mcp_param_project: r.mcp_param_project.clone(),
-            authorization: r.authorization.clone(),
-            access_token: match &r.access_token {
-                AccessToken::Unchecked => WireAccessToken::Unchecked,
-                AccessToken::Invalid => WireAccessToken::Invalid,
-                AccessToken::Valid(p) => WireAccessToken::Valid {
+            caller: match &r.access_token {
+                AccessToken::Relayed(Caller::ClientToken { owner }) => WireCaller::ClientToken {
+                    owner: owner.clone(),
+                },
+                AccessToken::Relayed(Caller::Token(p)) => WireCaller::OAuth {
                     issuer: p.issuer.clone(),
                     subject: p.subject.clone(),
                     client_id: p.client_id.clone(),
                     scopes: p.scopes.clone(),
                     groups: p.groups.clone(),
                 },
+                // The core relays only requests it let in, as their caller; anything else
+                // goes as nobody, which a replica with authentication on refuses.
+                AccessToken::Relayed(Caller::Anonymous)
+                | AccessToken::Unchecked
+                | AccessToken::Valid(_)
+                | AccessToken::Invalid => WireCaller::Anonymous,
             },
             body: String::from_utf8_lossy(&r.body).into_owned(),
         }
@@ -196,24 +206,24 @@ impl WireRequest {
             mcp_name: self.mcp_name,
             mcp_param_project: self.mcp_param_project,
             relayed: true,
-            authorization: self.authorization,
-            access_token: match self.access_token {
-                WireAccessToken::Unchecked => AccessToken::Unchecked,
-                WireAccessToken::Invalid => AccessToken::Invalid,
-                WireAccessToken::Valid {
+            authorization: None,
+            access_token: AccessToken::Relayed(match self.caller {
+                WireCaller::Anonymous => Caller::Anonymous,
+                WireCaller::ClientToken { owner } => Caller::ClientToken { owner },
+                WireCaller::OAuth {
                     issuer,
                     subject,
                     client_id,
                     scopes,
                     groups,
-                } => AccessToken::Valid(Box::new(Principal {
+                } => Caller::Token(Box::new(Principal {
                     issuer,
                     subject,
                     client_id,
                     scopes,
                     groups,
                 })),
-            },
+            }),
             body: self.body.into_bytes(),
         })
     }
@@ -262,14 +272,13 @@ mod tests {
             content_type: Some("application/json".into()),
             accept: Some("application/json, text/event-stream".into()),
             protocol_version: Some("2025-06-18".into()),
-            authorization: Some("Bearer t".into()),
-            access_token: AccessToken::Valid(Box::new(Principal {
+            access_token: AccessToken::Relayed(Caller::Token(Box::new(Principal {
                 issuer: "https://issuer".into(),
                 subject: "alice".into(),
                 client_id: Some("cli".into()),
                 scopes: ["mcp".to_owned()].into(),
                 groups: vec!["ops".into()],
-            })),
+            }))),
             body: br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.to_vec(),
             ..HttpRequest::default()
         };
@@ -290,6 +299,35 @@ mod tests {
             },
             request
         );
+    }
+
+    #[test]
+    fn no_credential_crosses_the_wire() {
+        let request = HttpRequest {
+            authorization: Some("Bearer secret-token".into()),
+            access_token: AccessToken::Relayed(Caller::ClientToken {
+                owner: "ops".into(),
+            }),
+            ..HttpRequest::default()
+        };
+        let wire = serde_json::to_string(&WireRequest::from_request(&request)).unwrap();
+        assert!(!wire.contains("secret-token"), "{wire}");
+        assert!(wire.contains("\"owner\":\"ops\""), "{wire}");
+        // A request the core did not let in as a caller goes as nobody.
+        let unchecked = HttpRequest {
+            access_token: AccessToken::Valid(Box::new(Principal {
+                issuer: "i".into(),
+                subject: "s".into(),
+                client_id: None,
+                scopes: Default::default(),
+                groups: Vec::new(),
+            })),
+            ..HttpRequest::default()
+        };
+        let back = WireRequest::from_request(&unchecked)
+            .into_request()
+            .unwrap();
+        assert_eq!(back.access_token, AccessToken::Relayed(Caller::Anonymous));
     }
 
     #[test]

@@ -12,14 +12,24 @@
 //!   [`SessionRecord`];
 //! - bucket `N_pins`: key `p.<project>`, value a sled identity [`gateway_core::Pin`] (made by
 //!   `create` on first use, so the first replica wins; replaced by a re-pin);
-//! - bucket `N_cluster`: key `agent-key`, the key of agent handles every replica recognises
-//!   (64 hex digits; made by `create`, so the first replica's wins);
 //! - bucket `N_tools`: key `p.<project>`, value the JSON array of tools the project's sled
 //!   listed to the replica holding it (written after every listing), for every replica's
 //!   stateless `tools/list`;
 //! - subject `N.news`: announcements for the streams other replicas hold (an `Announced`);
 //! - subject `N.relay.R`: requests relayed to R ([`relay::Envelope`]); answers go to
 //!   `N.inbox.<relaying replica>.<run>.<token>`.
+//!
+//! # Sealed
+//!
+//! Every value written to a bucket and every message sent on a subject is sealed under the
+//! cluster secret ([`super::seal`], `gateway_core::keys`), and nothing read or heard is acted
+//! on before it verifies: a value for its bucket and key, not older than one seen of the key;
+//! a relay envelope or an announcement for the subject it came on, once, before its expiry;
+//! an owner's reply for the envelope it answers; a streamed answer's messages for their inbox,
+//! each number once and in order. The agent-handle key is derived from the secret, never kept
+//! in the engine. Whoever can write to NATS without the secret can still delete or overwrite
+//! keys (a replica then loses a claim and claims again, or a sled is sent away to try again):
+//! that is denial of service, which NATS's own permissions guard against, not forgery.
 //!
 //! # Tasks
 //!
@@ -37,7 +47,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use gateway_core::agents::AgentKey;
 use gateway_core::cluster::{
     Announcement, ClusterAction, ClusterConfig, ClusterEvent, EngineDown, PinOutcome, RelayMessage,
     RelaySent, SessionRecord,
@@ -49,9 +58,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::relay::{self, Answer, Envelope, Handoff, WireRequest};
+use super::seal::{self, Seal, WallClock};
 use super::{BucketConfig, ChangeKind, Engine, EngineError};
 use crate::driver::{Command, HttpMsg, STREAM_QUEUE};
 use crate::Ids;
+use gateway_core::keys::KeyRing;
 
 /// The default of [`ClusterOptions::claim_ttl`].
 pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(10);
@@ -82,6 +93,11 @@ pub struct ClusterOptions {
     /// to be claimed again (by any replica) before it fails `sled_not_connected`: a rolling
     /// restart moves sleds without failing calls. Zero: no waiting.
     pub move_grace: Duration,
+    /// The cluster secret's keys (and the previous secret's, during a roll): everything in
+    /// the engine is sealed and verified under them.
+    pub keys: KeyRing,
+    /// The wall clock sealed messages' expiries are read on.
+    pub clock: WallClock,
 }
 
 impl std::fmt::Debug for ClusterOptions {
@@ -91,34 +107,39 @@ impl std::fmt::Debug for ClusterOptions {
             .field("namespace", &self.namespace)
             .field("claim_ttl", &self.claim_ttl)
             .field("move_grace", &self.move_grace)
+            .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
 }
 
 impl ClusterOptions {
-    pub fn new(engine: Arc<dyn Engine>, replica: impl Into<String>) -> ClusterOptions {
+    pub fn new(
+        engine: Arc<dyn Engine>,
+        replica: impl Into<String>,
+        keys: KeyRing,
+    ) -> ClusterOptions {
         ClusterOptions {
             engine,
             replica: replica.into(),
             namespace: "mcpgw".into(),
             claim_ttl: DEFAULT_CLAIM_TTL,
             move_grace: DEFAULT_MOVE_GRACE,
+            keys,
+            clock: seal::system_clock(),
         }
     }
 
-    /// The core's side of these options, with the cluster's key for agent handles
-    /// ([`agent_key`]).
-    pub fn core_config(&self, agent_key: AgentKey) -> ClusterConfig {
+    /// The core's side of these options, with the cluster's keys for agent handles (derived
+    /// from the cluster secret).
+    pub fn core_config(&self) -> ClusterConfig {
+        let (agent_key, previous_agent_key) = self.keys.agent_keys();
         ClusterConfig {
             replica: self.replica.clone(),
             directory: DirectoryConfig::new(self.claim_ttl),
             move_grace: self.move_grace,
             agent_key: Some(agent_key),
+            previous_agent_key,
         }
-    }
-
-    fn shared(&self) -> String {
-        format!("{}_cluster", self.namespace)
     }
 
     fn directory(&self) -> String {
@@ -188,35 +209,6 @@ pub fn key_project(key: &str) -> Option<String> {
     key.strip_prefix("p.").map(|p| p.replace('=', "."))
 }
 
-/// The cluster's key for agent handles: the one in the engine (bucket `N_cluster`, key
-/// `agent-key`), or `candidate` when this replica is the first to write one. Fails when the
-/// engine cannot be reached, or keeps a key that cannot be read.
-pub(crate) async fn agent_key(
-    opts: &ClusterOptions,
-    candidate: AgentKey,
-) -> Result<AgentKey, EngineError> {
-    const KEY: &str = "agent-key";
-    super::check_bucket(&opts.namespace)
-        .map_err(|_| EngineError::Invalid(format!("cluster namespace {:?}", opts.namespace)))?;
-    let bucket = opts.shared();
-    opts.engine
-        .ensure_bucket(BucketConfig::new(bucket.clone()))
-        .await?;
-    let text = Bytes::from(candidate.to_hex());
-    match opts.engine.create(&bucket, KEY, text).await {
-        Ok(_) => return Ok(candidate),
-        Err(EngineError::Conflict { .. }) => {}
-        Err(e) => return Err(e),
-    }
-    let kept = opts.engine.get(&bucket, KEY).await?.ok_or_else(|| {
-        EngineError::Invalid(format!("{bucket}: {KEY} conflicted on create and is gone"))
-    })?;
-    std::str::from_utf8(&kept.value)
-        .ok()
-        .and_then(AgentKey::from_hex)
-        .ok_or_else(|| EngineError::Invalid(format!("{bucket}: {KEY} is not 64 hex digits")))
-}
-
 /// The driver's handle on the replica's tasks.
 #[derive(Debug)]
 pub(crate) struct ClusterIo {
@@ -243,6 +235,7 @@ pub(crate) struct Running {
 /// engine cannot be reached or a name breaks the rules: a replica must not serve without it.
 pub(crate) async fn start(
     opts: &ClusterOptions,
+    seal: Arc<Seal>,
     session_ttl: Duration,
     run: String,
     commands: mpsc::WeakSender<Command>,
@@ -277,27 +270,51 @@ pub(crate) async fn start(
     let tools = engine.watch(&opts.tools(), "p.>").await?;
     let opts = Arc::new(opts.clone());
     let (tx, rx) = mpsc::unbounded_channel();
+    let claim_ttl = opts.claim_ttl;
+    let bucket = |name: String, max_age| Bucket {
+        seal: seal.clone(),
+        name,
+        max_age,
+    };
     let others = vec![
-        tokio::spawn(watch_directory(directory, commands.clone())),
-        tokio::spawn(watch_sessions(sessions, commands.clone())),
-        tokio::spawn(watch_pins(pins, commands.clone())),
-        tokio::spawn(watch_tools(tools, commands.clone())),
+        tokio::spawn(watch_directory(
+            directory,
+            bucket(opts.directory(), Some(claim_ttl)),
+            commands.clone(),
+        )),
+        tokio::spawn(watch_sessions(
+            sessions,
+            bucket(opts.sessions(), Some(session_ttl)),
+            commands.clone(),
+        )),
+        tokio::spawn(watch_pins(
+            pins,
+            bucket(opts.pins(), None),
+            commands.clone(),
+        )),
+        tokio::spawn(watch_tools(
+            tools,
+            bucket(opts.tools(), None),
+            commands.clone(),
+        )),
         tokio::spawn(follow_changes(
             changes,
-            opts.replica.clone(),
+            seal.clone(),
+            opts.clone(),
             commands.clone(),
         )),
         tokio::spawn(route_inboxes(inbox_messages, inboxes.clone())),
         tokio::spawn(probe(opts.clone(), commands.clone())),
         tokio::spawn(serve_relays(
             opts.clone(),
+            seal.clone(),
             relays_in,
             commands.clone(),
             ids,
             draining,
         )),
     ];
-    let executor = tokio::spawn(execute(opts, run, rx, commands, inboxes));
+    let executor = tokio::spawn(execute(opts, seal, session_ttl, run, rx, commands, inboxes));
     Ok((ClusterIo { actions: tx }, Running { executor, others }))
 }
 
@@ -309,18 +326,57 @@ async fn tell(commands: &mpsc::WeakSender<Command>, event: ClusterEvent) -> bool
     }
 }
 
-async fn watch_directory(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+/// One of the replica's buckets, as its values are sealed and verified.
+struct Bucket {
+    seal: Arc<Seal>,
+    /// The bucket's name in the engine.
+    name: String,
+    /// How long its values live when not written again, if they expire.
+    max_age: Option<Duration>,
+}
+
+impl Bucket {
+    /// The payload of a value read from `key`, if it verifies (else counted, logged once).
+    fn open(&self, key: &str, value: &[u8]) -> Option<Bytes> {
+        let source = self
+            .name
+            .rsplit_once('_')
+            .map_or("bucket", |(_, kind)| match kind {
+                "directory" => "directory",
+                "sessions" => "sessions",
+                "pins" => "pins",
+                "tools" => "tools",
+                _ => "bucket",
+            });
+        self.seal
+            .open_value(source, &self.name, key, value, self.max_age)
+    }
+
+    fn seal(&self, key: &str, payload: &[u8]) -> Bytes {
+        self.seal.seal_value(&self.name, key, payload)
+    }
+}
+
+async fn watch_directory(
+    mut watch: super::Watch,
+    bucket: Bucket,
+    commands: mpsc::WeakSender<Command>,
+) {
     while let Some(change) = watch.next().await {
         let Some(project) = key_project(&change.key) else {
             continue;
         };
         let state = match change.kind {
-            ChangeKind::Put(value) => match ClaimValue::parse(&value) {
-                Ok(v) => EntryState::Claimed(v),
-                Err(e) => {
-                    tracing::warn!(project, error = %e, "an unreadable claim in the directory");
-                    EntryState::Unreadable
-                }
+            ChangeKind::Put(value) => match bucket.open(&change.key, &value) {
+                Some(value) => match ClaimValue::parse(&value) {
+                    Ok(v) => EntryState::Claimed(v),
+                    Err(e) => {
+                        tracing::warn!(project, error = %e, "an unreadable claim in the directory");
+                        EntryState::Unreadable
+                    }
+                },
+                // Not written by a replica: ignored, as if never written.
+                None => continue,
             },
             ChangeKind::Deleted => EntryState::Deleted,
             ChangeKind::Expired => EntryState::Expired,
@@ -336,16 +392,25 @@ async fn watch_directory(mut watch: super::Watch, commands: mpsc::WeakSender<Com
     }
 }
 
-async fn watch_sessions(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+async fn watch_sessions(
+    mut watch: super::Watch,
+    bucket: Bucket,
+    commands: mpsc::WeakSender<Command>,
+) {
     while let Some(change) = watch.next().await {
         let record = match change.kind {
-            ChangeKind::Put(value) => match SessionRecord::parse(&value) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::warn!(error = %e, "an unreadable session record; ignored");
+            ChangeKind::Put(value) => {
+                let Some(value) = bucket.open(&change.key, &value) else {
                     continue;
+                };
+                match SessionRecord::parse(&value) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "an unreadable session record; ignored");
+                        continue;
+                    }
                 }
-            },
+            }
             ChangeKind::Deleted | ChangeKind::Expired => None,
         };
         let event = ClusterEvent::SessionChanged {
@@ -358,19 +423,24 @@ async fn watch_sessions(mut watch: super::Watch, commands: mpsc::WeakSender<Comm
     }
 }
 
-async fn watch_pins(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+async fn watch_pins(mut watch: super::Watch, bucket: Bucket, commands: mpsc::WeakSender<Command>) {
     while let Some(change) = watch.next().await {
         let Some(project) = key_project(&change.key) else {
             continue;
         };
         let pin = match change.kind {
-            ChangeKind::Put(value) => match serde_json::from_slice::<gateway_core::Pin>(&value) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    tracing::warn!(project, error = %e, "an unreadable pin; ignored");
+            ChangeKind::Put(value) => {
+                let Some(value) = bucket.open(&change.key, &value) else {
                     continue;
+                };
+                match serde_json::from_slice::<gateway_core::Pin>(&value) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::warn!(project, error = %e, "an unreadable pin; ignored");
+                        continue;
+                    }
                 }
-            },
+            }
             ChangeKind::Deleted | ChangeKind::Expired => None,
         };
         if !tell(&commands, ClusterEvent::PinChanged { project, pin }).await {
@@ -379,19 +449,24 @@ async fn watch_pins(mut watch: super::Watch, commands: mpsc::WeakSender<Command>
     }
 }
 
-async fn watch_tools(mut watch: super::Watch, commands: mpsc::WeakSender<Command>) {
+async fn watch_tools(mut watch: super::Watch, bucket: Bucket, commands: mpsc::WeakSender<Command>) {
     while let Some(change) = watch.next().await {
         let Some(project) = key_project(&change.key) else {
             continue;
         };
         let listing = match change.kind {
-            ChangeKind::Put(value) => match String::from_utf8(value.to_vec()) {
-                Ok(text) => Some(text),
-                Err(_) => {
-                    tracing::warn!(project, "a tool listing that is not UTF-8; ignored");
+            ChangeKind::Put(value) => {
+                let Some(value) = bucket.open(&change.key, &value) else {
                     continue;
+                };
+                match String::from_utf8(value.to_vec()) {
+                    Ok(text) => Some(text),
+                    Err(_) => {
+                        tracing::warn!(project, "a tool listing that is not UTF-8; ignored");
+                        continue;
+                    }
                 }
-            },
+            }
             ChangeKind::Deleted | ChangeKind::Expired => None,
         };
         if !tell(&commands, ClusterEvent::ToolsChanged { project, listing }).await {
@@ -403,11 +478,16 @@ async fn watch_tools(mut watch: super::Watch, commands: mpsc::WeakSender<Command
 /// Other replicas' announcements, for the driver.
 async fn follow_changes(
     mut changes: super::Subscription,
-    replica: String,
+    seal: Arc<Seal>,
+    opts: Arc<ClusterOptions>,
     commands: mpsc::WeakSender<Command>,
 ) {
+    let (replica, subject) = (opts.replica.clone(), opts.changes_subject());
     while let Some(m) = changes.next().await {
-        let a = match serde_json::from_slice::<Announced>(&m.payload) {
+        let Some((_, payload)) = seal.open_message("news", &subject, &m.payload, true) else {
+            continue;
+        };
+        let a = match serde_json::from_slice::<Announced>(&payload) {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(error = %e, "an unreadable announcement from another replica; ignored");
@@ -449,19 +529,42 @@ async fn probe(opts: Arc<ClusterOptions>, commands: mpsc::WeakSender<Command>) {
 /// Carries out the core's actions until the driver is gone, then finishes those in flight.
 async fn execute(
     opts: Arc<ClusterOptions>,
+    seal: Arc<Seal>,
+    session_ttl: Duration,
     run: String,
     mut actions: mpsc::UnboundedReceiver<ClusterAction>,
     commands: mpsc::WeakSender<Command>,
     inboxes: Inboxes,
 ) {
+    let bucket = |name: String, max_age| {
+        Arc::new(Bucket {
+            seal: seal.clone(),
+            name,
+            max_age,
+        })
+    };
+    let directory = bucket(opts.directory(), Some(opts.claim_ttl));
+    let sessions = bucket(opts.sessions(), Some(session_ttl));
+    let pins = bucket(opts.pins(), None);
+    let tools = bucket(opts.tools(), None);
     let mut tasks: JoinSet<Option<HttpToken>> = JoinSet::new();
     let mut aborts: HashMap<HttpToken, oneshot::Sender<()>> = HashMap::new();
     // A session's writes go in order: one writer for all of them.
     let (stores, store_rx) = mpsc::unbounded_channel();
-    tasks.spawn(store_sessions(opts.clone(), store_rx, commands.clone()));
+    tasks.spawn(store_sessions(
+        opts.clone(),
+        sessions.clone(),
+        store_rx,
+        commands.clone(),
+    ));
     // Tool listings and announcements too, each in the order made.
     let (ordered, ordered_rx) = mpsc::unbounded_channel();
-    tasks.spawn(write_in_order(opts.clone(), ordered_rx));
+    tasks.spawn(write_in_order(
+        opts.clone(),
+        tools,
+        seal.clone(),
+        ordered_rx,
+    ));
     loop {
         let action = tokio::select! {
             a = actions.recv() => match a {
@@ -483,8 +586,8 @@ async fn execute(
                 value,
             } => {
                 let (bucket, key) = (opts.directory(), project_key(&project));
+                let value = directory.seal(&key, value.to_json().as_bytes());
                 tasks.spawn(async move {
-                    let value = Bytes::from(value.to_json());
                     let written = match expected_revision {
                         None => engine.create(&bucket, &key, value).await,
                         Some(r) => engine.update(&bucket, &key, value, r).await,
@@ -514,7 +617,7 @@ async fn execute(
                 });
             }
             ClusterAction::LoadSession { session } => {
-                let bucket = opts.sessions();
+                let (bucket, sealed) = (opts.sessions(), sessions.clone());
                 tasks.spawn(async move {
                     // A request waits on this read: a passing hiccup of the engine (a
                     // JetStream request timing out while it settles) is tried again before
@@ -529,12 +632,16 @@ async fn execute(
                     }
                     let record = match read {
                         Ok(None) => Ok(None),
-                        Ok(Some(entry)) => match SessionRecord::parse(&entry.value) {
-                            Ok(r) => Ok(Some(r)),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "an unreadable session record");
-                                Ok(None)
-                            }
+                        Ok(Some(entry)) => match sealed.open(&session, &entry.value) {
+                            Some(value) => match SessionRecord::parse(&value) {
+                                Ok(r) => Ok(Some(r)),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "an unreadable session record");
+                                    Ok(None)
+                                }
+                            },
+                            // Not written by a replica: no such session.
+                            None => Ok(None),
                         },
                         Err(e) => {
                             tracing::warn!(error = %e, "reading a session from the engine");
@@ -546,19 +653,26 @@ async fn execute(
                 });
             }
             ClusterAction::CreatePin { project, pin } => {
-                let (bucket, key) = (opts.pins(), project_key(&project));
+                let (bucket, key, sealed) = (opts.pins(), project_key(&project), pins.clone());
                 tasks.spawn(async move {
-                    let value = Bytes::from(serde_json::to_vec(&pin).expect("a pin serialises"));
+                    let value =
+                        sealed.seal(&key, &serde_json::to_vec(&pin).expect("a pin serialises"));
                     let outcome = match engine.create(&bucket, &key, value).await {
                         Ok(_) => PinOutcome::Created,
                         Err(EngineError::Conflict { .. }) => {
                             match engine.get(&bucket, &key).await {
-                                Ok(Some(entry)) => match serde_json::from_slice(&entry.value) {
-                                    Ok(existing) => PinOutcome::Exists(existing),
-                                    Err(e) => {
+                                Ok(Some(entry)) => match sealed
+                                    .open(&key, &entry.value)
+                                    .map(|v| serde_json::from_slice(&v))
+                                {
+                                    Some(Ok(existing)) => PinOutcome::Exists(existing),
+                                    Some(Err(e)) => {
                                         tracing::warn!(project, error = %e, "an unreadable pin");
                                         PinOutcome::Unavailable
                                     }
+                                    // Not written by a replica: the sled is sent away to try
+                                    // again (counted and logged as unverified).
+                                    None => PinOutcome::Unavailable,
                                 },
                                 // Deleted between the two: try again at the next connection.
                                 Ok(None) | Err(_) => PinOutcome::Unavailable,
@@ -575,8 +689,8 @@ async fn execute(
             }
             ClusterAction::StorePin { project, pin } => {
                 let (bucket, key) = (opts.pins(), project_key(&project));
+                let value = pins.seal(&key, &serde_json::to_vec(&pin).expect("a pin serialises"));
                 tasks.spawn(async move {
-                    let value = Bytes::from(serde_json::to_vec(&pin).expect("a pin serialises"));
                     if let Err(e) = engine.put(&bucket, &key, value).await {
                         tracing::error!(project, error = %e, "a re-pin did not reach the cluster's engine; other replicas keep the old pin");
                     }
@@ -601,9 +715,9 @@ async fn execute(
                     request: WireRequest::from_request(&request),
                     timeout,
                 };
-                let inboxes = inboxes.clone();
+                let (inboxes, seal) = (inboxes.clone(), seal.clone());
                 tasks.spawn(async move {
-                    relay_out(engine, commands, relay, inboxes, abort_rx).await;
+                    relay_out(engine, seal, commands, relay, inboxes, abort_rx).await;
                     Some(token)
                 });
             }
@@ -630,6 +744,7 @@ async fn execute(
 
 async fn store_sessions(
     opts: Arc<ClusterOptions>,
+    sealed: Arc<Bucket>,
     mut stores: mpsc::UnboundedReceiver<(String, Option<SessionRecord>)>,
     commands: mpsc::WeakSender<Command>,
 ) -> Option<HttpToken> {
@@ -638,7 +753,11 @@ async fn store_sessions(
         let written = match &record {
             Some(r) => opts
                 .engine
-                .put(&bucket, &session, Bytes::from(r.to_json()))
+                .put(
+                    &bucket,
+                    &session,
+                    sealed.seal(&session, r.to_json().as_bytes()),
+                )
                 .await
                 .map(drop),
             None => opts.engine.delete(&bucket, &session, None).await.map(drop),
@@ -660,6 +779,8 @@ enum Ordered {
 
 async fn write_in_order(
     opts: Arc<ClusterOptions>,
+    sealed: Arc<Bucket>,
+    seal: Arc<Seal>,
     mut writes: mpsc::UnboundedReceiver<Ordered>,
 ) -> Option<HttpToken> {
     let (tools, subject) = (opts.tools(), opts.changes_subject());
@@ -667,7 +788,8 @@ async fn write_in_order(
         match write {
             Ordered::Tools { project, listing } => {
                 let key = project_key(&project);
-                if let Err(e) = opts.engine.put(&tools, &key, Bytes::from(listing)).await {
+                let value = sealed.seal(&key, listing.as_bytes());
+                if let Err(e) = opts.engine.put(&tools, &key, value).await {
                     tracing::warn!(project, error = %e, "writing a project's tool listing to the engine; the other replicas list its old tools");
                 }
             }
@@ -676,8 +798,10 @@ async fn write_in_order(
                     from: opts.replica.clone(),
                     news,
                 };
-                let payload =
-                    Bytes::from(serde_json::to_vec(&payload).expect("an announcement serialises"));
+                let payload = seal.seal_message(
+                    &subject,
+                    &serde_json::to_vec(&payload).expect("an announcement serialises"),
+                );
                 if let Err(e) = opts.engine.publish(&subject, payload).await {
                     tracing::warn!(error = %e, "announcing news to the other replicas");
                 }
@@ -717,9 +841,49 @@ struct RelayOut {
     timeout: Duration,
 }
 
+/// The context an owner's reply is sealed for: the envelope it answers.
+fn handoff_context(to: &str, nonce: &[u8; 16]) -> String {
+    let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{to} handoff {nonce}")
+}
+
+/// The messages of one relay's inbox as they are verified: sealed for this inbox, each number
+/// once and in order (a message heard again, or an old one put back, is dropped).
+struct InboxReader {
+    seal: Arc<Seal>,
+    inbox: String,
+    last: u64,
+}
+
+impl InboxReader {
+    fn read(&mut self, payload: &[u8]) -> Option<Answer> {
+        let (nonce, payload) = self
+            .seal
+            .open_message("inbox", &self.inbox, payload, false)?;
+        let n = seal::sequence_of(&nonce);
+        if n <= self.last {
+            tracing::debug!(
+                inbox = self.inbox,
+                n,
+                "a streamed answer's message heard again; dropped"
+            );
+            return None;
+        }
+        self.last = n;
+        match serde_json::from_slice::<Answer>(&payload) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!(error = %e, "an unreadable message of a streamed relay; ignored");
+                None
+            }
+        }
+    }
+}
+
 /// Relays one request to the replica at `to` and its answer back to the driver.
 async fn relay_out(
     engine: Arc<dyn Engine>,
+    seal: Arc<Seal>,
     commands: mpsc::WeakSender<Command>,
     relay: RelayOut,
     inboxes: Inboxes,
@@ -740,22 +904,36 @@ async fn relay_out(
         inbox: inbox.clone(),
         request: Box::new(request),
     };
-    let payload = Bytes::from(serde_json::to_vec(&envelope).expect("an envelope serialises"));
-    let abort_at_owner = |engine: Arc<dyn Engine>, to: String, inbox: String| async move {
-        let payload = Bytes::from(
-            serde_json::to_vec(&Envelope::Abort { inbox }).expect("an envelope serialises"),
+    let nonce: [u8; 16] = rand::random();
+    let payload = seal.seal_message_with(
+        &to,
+        nonce,
+        &serde_json::to_vec(&envelope).expect("an envelope serialises"),
+    );
+    let abort_at_owner = |engine: Arc<dyn Engine>, to: String, inbox: String| {
+        let payload = seal.seal_message(
+            &to,
+            &serde_json::to_vec(&Envelope::Abort { inbox }).expect("an envelope serialises"),
         );
-        if let Err(e) = engine.publish(&to, payload).await {
-            tracing::debug!(error = %e, "telling the owner of an abort");
+        async move {
+            if let Err(e) = engine.publish(&to, payload).await {
+                tracing::debug!(error = %e, "telling the owner of an abort");
+            }
         }
     };
+    let mut reader = InboxReader {
+        seal: seal.clone(),
+        inbox: inbox.clone(),
+        last: 0,
+    };
     // While the call runs, the owner says `alive` on the inbox every second: silence for
-    // SILENT_AFTER means it is gone.
+    // SILENT_AFTER means it is gone. Only what verifies counts as the owner's word.
     let request = engine.request(&to, payload, timeout + relay::RELAY_MARGIN);
     tokio::pin!(request);
     // A stream's first events may overtake the handoff (they come on another subscription):
     // kept for the stream, in order.
-    let mut early: Vec<Bytes> = Vec::new();
+    let mut early: Vec<Answer> = Vec::new();
+    let mut silent_at = tokio::time::Instant::now() + relay::SILENT_AFTER;
     let handoff = loop {
         tokio::select! {
             h = &mut request => break h,
@@ -764,10 +942,13 @@ async fn relay_out(
                 inboxes.lock().expect("not poisoned").remove(&token.0);
                 return;
             }
-            heard = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => match heard {
+            heard = tokio::time::timeout_at(silent_at, streamed.recv()) => match heard {
                 Ok(Some(payload)) => {
-                    if !matches!(serde_json::from_slice(&payload), Ok(Answer::Alive)) {
-                        early.push(payload);
+                    if let Some(answer) = reader.read(&payload) {
+                        silent_at = tokio::time::Instant::now() + relay::SILENT_AFTER;
+                        if answer != Answer::Alive {
+                            early.push(answer);
+                        }
                     }
                 }
                 Ok(None) | Err(_) => {
@@ -779,7 +960,13 @@ async fn relay_out(
             }
         }
     };
-    let event = match handoff.map(|b| serde_json::from_slice::<Handoff>(&b)) {
+    let context = handoff_context(&to, &nonce);
+    let handoff = handoff.map(|b| {
+        seal.open_message("handoff", &context, &b, false)
+            .ok_or_else(|| "a reply that did not verify under the cluster secret".to_owned())
+            .and_then(|(_, b)| serde_json::from_slice::<Handoff>(&b).map_err(|e| e.to_string()))
+    });
+    let event = match handoff {
         Ok(Ok(Handoff::Answered {
             status,
             headers,
@@ -796,10 +983,12 @@ async fn relay_out(
             if tell(&commands, open).await {
                 stream_in(
                     &engine,
+                    &seal,
                     &commands,
                     token,
                     (&to, &inbox),
                     early,
+                    &mut reader,
                     &mut streamed,
                     &mut abort,
                 )
@@ -833,28 +1022,33 @@ async fn relay_out(
 }
 
 /// The events of a streamed answer, until its close, the owner's silence, or an abort.
+#[allow(clippy::too_many_arguments)]
 async fn stream_in(
     engine: &Arc<dyn Engine>,
+    seal: &Seal,
     commands: &mpsc::WeakSender<Command>,
     token: HttpToken,
     (to, inbox): (&str, &str),
-    early: Vec<Bytes>,
+    early: Vec<Answer>,
+    reader: &mut InboxReader,
     streamed: &mut mpsc::UnboundedReceiver<Bytes>,
     abort: &mut oneshot::Receiver<()>,
 ) {
-    let mut early = early.into_iter();
-    loop {
-        if let Some(payload) = early.next() {
-            if !stream_message(commands, token, to, &payload).await {
-                return;
-            }
-            continue;
+    for answer in early {
+        if !stream_message(commands, token, answer).await {
+            return;
         }
+    }
+    let mut silent_at = tokio::time::Instant::now() + relay::SILENT_AFTER;
+    loop {
         let next = tokio::select! {
-            next = tokio::time::timeout(relay::SILENT_AFTER, streamed.recv()) => next,
+            next = tokio::time::timeout_at(silent_at, streamed.recv()) => next,
             _ = &mut *abort => {
                 let abort = Envelope::Abort { inbox: inbox.to_owned() };
-                let payload = Bytes::from(serde_json::to_vec(&abort).expect("an envelope serialises"));
+                let payload = seal.seal_message(
+                    to,
+                    &serde_json::to_vec(&abort).expect("an envelope serialises"),
+                );
                 if let Err(e) = engine.publish(to, payload).await {
                     tracing::debug!(error = %e, "telling the owner of an abort");
                 }
@@ -876,48 +1070,56 @@ async fn stream_in(
                 return;
             }
         };
-        if !stream_message(commands, token, to, &payload).await {
+        let Some(answer) = reader.read(&payload) else {
+            continue;
+        };
+        silent_at = tokio::time::Instant::now() + relay::SILENT_AFTER;
+        if !stream_message(commands, token, answer).await {
             return;
         }
     }
 }
 
-/// Passes one message of a streamed relay to the driver; `false` when the stream is over
-/// (closed, or the driver gone).
+/// Passes one verified message of a streamed relay to the driver; `false` when the stream is
+/// over (closed, or the driver gone).
 async fn stream_message(
     commands: &mpsc::WeakSender<Command>,
     token: HttpToken,
-    to: &str,
-    payload: &[u8],
+    answer: Answer,
 ) -> bool {
-    let (message, last) = match serde_json::from_slice::<Answer>(payload) {
-        Ok(Answer::Alive) => return true,
-        Ok(Answer::Event { id, data }) => (RelayMessage::Event { id, data }, false),
-        Ok(Answer::Close) => (RelayMessage::Close, true),
-        Err(e) => {
-            tracing::warn!(to, error = %e, "an unreadable message of a streamed relay; ignored");
-            return true;
-        }
+    let (message, last) = match answer {
+        Answer::Alive => return true,
+        Answer::Event { id, data } => (RelayMessage::Event { id, data }, false),
+        Answer::Close => (RelayMessage::Close, true),
     };
     tell(commands, ClusterEvent::Relayed { token, message }).await && !last
 }
 
 /// Serves the requests other replicas relay here: each becomes an HTTP request of the driver's,
-/// whose answer is the engine request's reply (and, for a stream, messages on its inbox).
+/// whose answer is the engine request's reply (and, for a stream, messages on its inbox). An
+/// envelope that does not verify for this replica's relay subject, or was heard before, is
+/// dropped unanswered.
 async fn serve_relays(
     opts: Arc<ClusterOptions>,
+    seal: Arc<Seal>,
     mut incoming: super::Subscription,
     commands: mpsc::WeakSender<Command>,
     ids: Arc<Ids>,
     draining: Arc<AtomicBool>,
 ) {
+    let subject = opts.relay_subject(&opts.replica);
     // The relays being served, by inbox: an abort names its inbox.
     let serving: Arc<Mutex<HashMap<String, HttpToken>>> = Arc::default();
     while let Some(message) = incoming.next().await {
         let Some(tx) = commands.upgrade() else {
             return;
         };
-        let envelope = serde_json::from_slice::<Envelope>(&message.payload)
+        let Some((nonce, payload)) = seal.open_message("relay", &subject, &message.payload, true)
+        else {
+            continue;
+        };
+        let handoff_to = handoff_context(&subject, &nonce);
+        let envelope = serde_json::from_slice::<Envelope>(&payload)
             .map_err(|e| e.to_string())
             .and_then(|e| match e {
                 Envelope::Request { inbox, request } => {
@@ -961,7 +1163,8 @@ async fn serve_relays(
                 }
                 tokio::spawn(answer_relay(
                     opts.engine.clone(),
-                    reply_to,
+                    seal.clone(),
+                    (reply_to, handoff_to),
                     inbox,
                     reply_rx,
                     serving.clone(),
@@ -971,7 +1174,10 @@ async fn serve_relays(
         };
         if let Some(reply) = message.reply {
             let handoff = Handoff::Refused { reason: refused };
-            let payload = Bytes::from(serde_json::to_vec(&handoff).expect("a handoff serialises"));
+            let payload = seal.seal_message(
+                &handoff_to,
+                &serde_json::to_vec(&handoff).expect("a handoff serialises"),
+            );
             if let Err(e) = opts.engine.publish(&reply, payload).await {
                 tracing::debug!(error = %e, "refusing a relayed request");
             }
@@ -981,27 +1187,39 @@ async fn serve_relays(
 
 /// Sends the driver's answer to a relayed request: a whole answer as the request's reply; a
 /// stream's opening as the reply, then its events on the inbox, with `alive`s while it is open.
+/// The reply is sealed for the envelope it answers, and each message on the inbox for the
+/// inbox with its number.
 async fn answer_relay(
     engine: Arc<dyn Engine>,
-    reply_to: String,
+    seal: Arc<Seal>,
+    (reply_to, handoff_to): (String, String),
     inbox: String,
     mut replies: mpsc::Receiver<HttpMsg>,
     serving: Arc<Mutex<HashMap<String, HttpToken>>>,
 ) {
-    let publish = |subject: String, payload: Vec<u8>| {
+    let publish = |subject: String, payload: Bytes| {
         let engine = engine.clone();
         async move {
-            if let Err(e) = engine.publish(&subject, Bytes::from(payload)).await {
+            if let Err(e) = engine.publish(&subject, payload).await {
                 tracing::warn!(error = %e, "answering a relayed request");
             }
         }
+    };
+    let mut sent = 0u64;
+    let mut on_inbox = |answer: &Answer| {
+        sent += 1;
+        seal.seal_message_with(
+            &inbox,
+            seal::sequence_nonce(sent),
+            &serde_json::to_vec(answer).expect("an answer serialises"),
+        )
     };
     // While the call runs, `alive` on the inbox every second.
     let first = loop {
         match tokio::time::timeout(relay::ALIVE_EVERY, replies.recv()).await {
             Ok(first) => break first,
             Err(_) => {
-                let alive = serde_json::to_vec(&Answer::Alive).expect("an answer serialises");
+                let alive = on_inbox(&Answer::Alive);
                 publish(inbox.clone(), alive).await;
             }
         }
@@ -1015,7 +1233,10 @@ async fn answer_relay(
     let streaming = handoff == Handoff::Streaming;
     publish(
         reply_to,
-        serde_json::to_vec(&handoff).expect("a handoff serialises"),
+        seal.seal_message(
+            &handoff_to,
+            &serde_json::to_vec(&handoff).expect("a handoff serialises"),
+        ),
     )
     .await;
     if !streaming {
@@ -1031,11 +1252,8 @@ async fn answer_relay(
             Ok(Some(HttpMsg::Close)) => Answer::Close,
         };
         let last = msg == Answer::Close;
-        publish(
-            inbox.clone(),
-            serde_json::to_vec(&msg).expect("an answer serialises"),
-        )
-        .await;
+        let payload = on_inbox(&msg);
+        publish(inbox.clone(), payload).await;
         if last {
             break;
         }

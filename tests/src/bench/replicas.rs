@@ -71,9 +71,15 @@ fn start_nats(args: &Args, tmp: &TempDir) -> Res<(Proc, String)> {
 }
 
 fn cluster_args(tmp: &TempDir, nats: &str, replica: &str) -> Vec<String> {
+    // Every replica reads the same cluster secret from a file, as a deployment does.
+    let secret = tmp.path.join("cluster.secret");
+    std::fs::write(&secret, gateway_tests::TEST_CLUSTER_SECRET)
+        .expect("the cluster secret is written");
     vec![
         "--cluster".into(),
         nats.into(),
+        "--cluster-secret-file".into(),
+        secret.display().to_string(),
         "--replica".into(),
         replica.into(),
         "--pin-file".into(),

@@ -767,7 +767,9 @@ fn replica_software(s: &ClusterScenario, replica: usize, log: Arc<Log>) -> Softw
             loop {
                 engine.wait_connected(Duration::from_secs(3600)).await;
                 let listener = turmoil::net::TcpListener::bind(("0.0.0.0", GATEWAY_PORT)).await?;
-                let mut cluster = ClusterOptions::new(engine.clone(), name);
+                let mut cluster =
+                    ClusterOptions::new(engine.clone(), name, crate::test_cluster_keys());
+                cluster.clock = super::sim_wall_clock();
                 cluster.namespace = NAMESPACE.to_owned();
                 cluster.claim_ttl = CLAIM_TTL;
                 let mut opts = opts.clone();

@@ -85,6 +85,13 @@ const GATEWAY_PORT: u16 = 80;
 
 /// The run's projects.toml: every project (the first is the default), the client tokens and
 /// the `[[access]]` rules of [`Scenario::access`], parsed as the gateway parses a file.
+/// A wall clock for the simulated hosts: a fixed instant plus the simulation's elapsed time, so
+/// that the expiries of sealed messages replay with the seed.
+pub fn sim_wall_clock() -> gateway_server::cluster::seal::WallClock {
+    const BASE_MS: u64 = 1_800_000_000_000;
+    Arc::new(|| BASE_MS + turmoil::sim_elapsed().unwrap_or_default().as_millis() as u64)
+}
+
 pub fn projects_toml(s: &Scenario) -> String {
     let mut text = format!(
         "default = \"{}\"\ncall_timeout_ms = {}\n",

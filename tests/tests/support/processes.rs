@@ -169,6 +169,10 @@ impl GatewayProcess {
             .arg(self.dir.join("pins.toml"))
             .args(&self.launch.args)
             .env("RUST_LOG", "info")
+            .env(
+                gateway_server::cluster::seal::SECRET_ENV,
+                gateway_tests::TEST_CLUSTER_SECRET,
+            )
             .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -111,6 +111,18 @@ impl Gateway {
         self.config.cluster.as_ref()?.agent_key.as_ref()
     }
 
+    /// Whether another replica issued `handle` under the cluster's key (or, during a roll of
+    /// the cluster secret, under the previous one).
+    fn issued_in_the_cluster(&self, handle: &str) -> bool {
+        let Some(c) = self.config.cluster.as_ref() else {
+            return false;
+        };
+        [c.agent_key.as_ref(), c.previous_agent_key.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|k| crate::agents::verify(handle, k))
+    }
+
     /// The public name of the agent behind a handle: one issued here, or (in a cluster) by
     /// another replica under the cluster's key, which is then known here too. `None`: a
     /// handle nobody issued, or one forgotten after it went unused.
@@ -125,10 +137,7 @@ impl Gateway {
             }
             return Ok(issued.then_some(name));
         }
-        if !self
-            .agent_key()
-            .is_some_and(|k| crate::agents::verify(handle, k))
-        {
+        if !self.issued_in_the_cluster(handle) {
             return Ok(None);
         }
         let owner = req.principal.session_owner(&self.registry);
