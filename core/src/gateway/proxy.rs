@@ -151,8 +151,10 @@ impl Gateway {
             object: params,
             meta,
         } = params;
-        let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method))
-            .then(|| mrtr::Rounds::new(method, meta.as_ref(), timeout));
+        let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method)).then(|| {
+            let owner = req.principal.session_owner(&self.registry);
+            mrtr::Rounds::new(method, meta.as_ref(), timeout, owner)
+        });
         let session = req.session().map(str::to_owned);
         // Past a limit, refuse now: nothing queues behind a busy sled or session.
         let sled_busy = self.calls.on_uplink(uplink_id);
