@@ -175,6 +175,11 @@ pub enum PlantedBug {
     /// answered at once as taken and lost (`outcome: "unknown"`, `owner_lost`), the old
     /// behaviour, instead of waiting for the engine and then saying `not_sent`.
     UnknownWhenNotSent,
+    /// What a principal set up on a project (resource subscriptions, `subscriptions/listen`
+    /// streams, parked `wait`s, a session's coordination notices and list changes) is checked
+    /// against the rules only when set up: a reload that takes the project away ends none of
+    /// it (security review finding 14, before its fix).
+    RightsCheckedOnlyAtSetUp,
 }
 
 impl Default for Config {
@@ -277,8 +282,8 @@ pub struct Gateway {
     sweep_armed: bool,
     /// Open stateless-era `subscriptions/listen` streams, with the id of the listen request.
     listens: BTreeMap<HttpToken, listen::Listen>,
-    /// Sessions subscribed to each (project, resource URI).
-    subscriptions: std::collections::BTreeMap<(String, String), BTreeSet<String>>,
+    /// Sessions subscribed to each (project, resource URI), with who subscribed them.
+    subscriptions: std::collections::BTreeMap<(String, String), BTreeMap<String, crate::auth::Holder>>,
     /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).
     server_requests: HashMap<String, proxy::ServerRequest>,
     next_server_request: u64,

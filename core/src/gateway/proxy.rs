@@ -331,10 +331,11 @@ impl Gateway {
                 if let (Some(s), Some(Value::String(uri))) = (req.session(), params.get("uri")) {
                     let key = (route.project.clone(), uri.clone());
                     if method == "resources/subscribe" {
+                        let holder = crate::auth::Holder::of(req.principal, &self.registry);
                         self.subscriptions
                             .entry(key)
                             .or_default()
-                            .insert(s.to_owned());
+                            .insert(s.to_owned(), holder);
                     } else if let Some(set) = self.subscriptions.get_mut(&key) {
                         set.remove(s);
                         if set.is_empty() {
@@ -495,10 +496,16 @@ impl Gateway {
             return;
         };
         self.notify_listeners_updated(project, &uri);
+        // Only to subscribers who still see the project (a reload may have taken it away).
         let sessions: Vec<String> = self
             .subscriptions
             .get(&(project.to_owned(), uri.clone()))
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| {
+                s.iter()
+                    .filter(|(_, holder)| self.holder_sees(holder, project))
+                    .map(|(session, _)| session.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         let data = jsonrpc::notification(
             "notifications/resources/updated",
@@ -510,17 +517,57 @@ impl Gateway {
     }
 
     /// A sled's `list_changed` for resources or prompts: to the sessions whose default is its
-    /// project.
+    /// project, and which still see it.
     pub(super) fn notify_default_sessions(&mut self, project: &str, method: &str) {
         let affected: Vec<String> = self
             .sessions
-            .iter_mut()
-            .filter(|(_, s)| s.default_project.as_deref() == Some(project))
+            .iter()
+            .filter(|(_, s)| {
+                s.default_project.as_deref() == Some(project) && self.holder_sees(&s.holder, project)
+            })
             .map(|(id, _)| id.clone())
             .collect();
         let data = jsonrpc::notification(method, "{}");
         for id in affected {
             self.notify_session(&id, data.clone());
+        }
+    }
+}
+
+impl Gateway {
+    /// After a reload: the resource subscriptions of sessions whose subscriber no longer sees
+    /// the project end (security review finding 14). The sled keeps the client's own
+    /// subscription; the gateway no longer delivers its updates.
+    pub(super) fn end_revoked_subscriptions(&mut self) {
+        let mut ended = 0;
+        let keys: Vec<(String, String)> = self.subscriptions.keys().cloned().collect();
+        for key in keys {
+            let Some(subscribers) = self.subscriptions.get(&key) else {
+                continue;
+            };
+            let revoked: Vec<String> = subscribers
+                .iter()
+                .filter(|(_, holder)| !self.holder_sees(holder, &key.0))
+                .map(|(session, _)| session.clone())
+                .collect();
+            if revoked.is_empty() {
+                continue;
+            }
+            ended += revoked.len();
+            if let Some(subscribers) = self.subscriptions.get_mut(&key) {
+                for session in revoked {
+                    subscribers.remove(&session);
+                }
+                if subscribers.is_empty() {
+                    self.subscriptions.remove(&key);
+                }
+            }
+        }
+        if ended > 0 {
+            tracing::info!(
+                subscriptions = ended,
+                "resource subscriptions ended: their subscribers no longer see the project"
+            );
         }
     }
 }
