@@ -7,7 +7,7 @@
 //! - by the HTTP request waiting for a client's call (`by_token`);
 //! - by the gateway's progress token of a call that asked for progress, valid only for
 //!   progress coming up the call's own uplink (security review, finding 5);
-//! - the calls in flight per session and per uplink (the limits);
+//! - the calls in flight per session, per identity and per uplink (the limits);
 //! - the deadlines, in order (`poll_timeout`, `take_expired`).
 //!
 //! A call's deadline and its HTTP request change only through [`Calls::set_deadline`],
@@ -31,6 +31,7 @@ pub(super) struct Calls {
     by_token: HashMap<HttpToken, CallId>,
     by_progress: HashMap<String, CallId>,
     per_session: HashMap<String, usize>,
+    per_owner: HashMap<Box<str>, usize>,
     per_uplink: HashMap<UplinkId, BTreeSet<CallId>>,
     deadlines: BTreeSet<(Instant, CallId)>,
 }
@@ -68,6 +69,9 @@ impl Calls {
             if let Some(s) = &call.session {
                 *self.per_session.entry(s.clone()).or_insert(0) += 1;
             }
+            if let Some(o) = &call.owner {
+                *self.per_owner.entry(o.clone()).or_insert(0) += 1;
+            }
         }
         self.pending.insert(id, (uplink, pending));
         displaced
@@ -96,6 +100,14 @@ impl Calls {
                     *n -= 1;
                     if *n == 0 {
                         self.per_session.remove(s);
+                    }
+                }
+            }
+            if let Some(o) = &call.owner {
+                if let Some(n) = self.per_owner.get_mut(o) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_owner.remove(o);
                     }
                 }
             }
@@ -243,6 +255,11 @@ impl Calls {
         self.per_session.get(session).copied().unwrap_or(0)
     }
 
+    /// Calls in flight for the identity `owner` ([`crate::Identity::session_owner`]).
+    pub(super) fn of_owner(&self, owner: &str) -> usize {
+        self.per_owner.get(owner).copied().unwrap_or(0)
+    }
+
     /// Calls with an HTTP request waiting for them.
     pub(super) fn waiting(&self) -> usize {
         self.by_token.len()
@@ -292,6 +309,7 @@ mod tests {
             streamed: false,
             mrtr: None,
             principal: None,
+            owner: Some("client alice".into()),
         })
     }
 
@@ -315,11 +333,13 @@ mod tests {
             call(7, Some("s"), Some("gw-1-0"), t0 + Duration::from_secs(30)),
         );
         assert_eq!((c.on_uplink(U1), c.in_session("s"), c.waiting()), (1, 1, 1));
+        assert_eq!(c.of_owner("client alice"), 1);
         assert_eq!(c.key_of(HttpToken(7)), Some(id));
         assert_eq!(c.by_progress(U1, "gw-1-0"), Some(id));
         let (taken, uplink, _) = c.take_by_token(HttpToken(7)).expect("booked");
         assert_eq!((taken, uplink), (id, U1));
         assert_eq!((c.on_uplink(U1), c.in_session("s"), c.waiting()), (0, 0, 0));
+        assert_eq!(c.of_owner("client alice"), 0);
         assert_eq!(c.by_progress(U1, "gw-1-0"), None);
         assert_eq!(c.poll_timeout(), None);
         assert!(c.take(id).is_none(), "taken once");

@@ -97,6 +97,15 @@ pub struct Config {
     /// The most calls (and the gateway's own requests) one sled may have in flight; past it a
     /// call is refused at once (`too_many_calls`), never queued.
     pub max_calls_per_sled: usize,
+    /// The most calls one identity (a client token, an OAuth subject) may have in flight, in
+    /// all its sessions, without one, and in the stateless era (parked calls included); past
+    /// it a call is refused at once (`too_many_calls`). Without client authentication there
+    /// is no identity to count by: only the per-session and per-sled limits hold.
+    pub max_calls_per_identity: usize,
+    /// The most `aggregate_pipeline_status` fan-outs (one call to every visible sled each) one
+    /// identity may have running; past it one is refused at once (`too_many_calls`). Only
+    /// with client authentication, as `max_calls_per_identity`.
+    pub max_fanouts_per_identity: usize,
     /// The retry hint given with a refusal by a limit (`retry_after_ms`, `Retry-After`).
     pub retry_after: Duration,
     /// How long a write to a project whose sled just connected, whose tools this gateway has
@@ -180,6 +189,10 @@ pub enum PlantedBug {
     /// against the rules only when set up: a reload that takes the project away ends none of
     /// it (security review finding 14, before its fix).
     RightsCheckedOnlyAtSetUp,
+    /// The per-identity budget counts only calls made in a session: sessionless and stateless
+    /// calls go past `max_calls_per_identity`, as they went past `max_calls_per_session`
+    /// (security review finding 15, before its fix).
+    BudgetSkipsSessionless,
 }
 
 impl Default for Config {
@@ -197,6 +210,8 @@ impl Default for Config {
             max_sessions_per_identity: 1_000,
             max_calls_per_session: 64,
             max_calls_per_sled: 1024,
+            max_calls_per_identity: 256,
+            max_fanouts_per_identity: 4,
             retry_after: Duration::from_secs(1),
             listing_hold: Duration::from_secs(1),
             probe_interval: Duration::from_secs(10),
@@ -246,7 +261,8 @@ pub struct Stats {
     pub sessions_evicted: u64,
     /// `initialize`s refused at `max_sessions` (503).
     pub sessions_refused: u64,
-    /// Calls refused by `max_calls_per_session` or `max_calls_per_sled`.
+    /// Calls refused by `max_calls_per_session`, `max_calls_per_sled`,
+    /// `max_calls_per_identity` or `max_fanouts_per_identity`.
     pub calls_refused: u64,
 }
 
@@ -468,6 +484,9 @@ struct Call {
     mrtr: Option<Box<mrtr::Rounds>>,
     /// Who made the call, for its audit line (kept only when audit lines are on).
     principal: Option<Box<str>>,
+    /// The identity whose budget it counts in ([`crate::Identity::session_owner`];
+    /// `max_calls_per_identity`), when client authentication is on.
+    owner: Option<Box<str>>,
 }
 
 impl Pending {

@@ -156,11 +156,21 @@ impl Gateway {
             mrtr::Rounds::new(method, meta.as_ref(), timeout, owner)
         });
         let session = req.session().map(str::to_owned);
-        // Past a limit, refuse now: nothing queues behind a busy sled or session.
+        // The identity whose budget the call counts in: every call of an authenticated caller,
+        // in a session or not (security review finding 15).
+        let owner = req.principal.session_owner(&self.registry);
+        #[cfg(feature = "planted-bugs")]
+        let owner = owner.filter(|_| {
+            session.is_some() || self.config.planted != Some(PlantedBug::BudgetSkipsSessionless)
+        });
+        // Past a limit, refuse now: nothing queues behind a busy sled, session or identity.
         let sled_busy = self.calls.on_uplink(uplink_id);
         let session_busy = session.as_deref().map_or(0, |s| self.calls.in_session(s));
+        let identity_busy = owner.as_deref().map_or(0, |o| self.calls.of_owner(o));
         let refused = if sled_busy >= self.config.max_calls_per_sled {
             Some((CallLimit::Sled, self.config.max_calls_per_sled))
+        } else if owner.is_some() && identity_busy >= self.config.max_calls_per_identity {
+            Some((CallLimit::Identity, self.config.max_calls_per_identity))
         } else if session.is_some() && session_busy >= self.config.max_calls_per_session {
             Some((CallLimit::Session, self.config.max_calls_per_session))
         } else {
@@ -271,6 +281,7 @@ impl Gateway {
                 mrtr,
                 principal: tracing::enabled!(target: "audit", tracing::Level::INFO)
                     .then(|| self.principal_label(req.principal).into_boxed_str()),
+                owner: owner.map(String::into_boxed_str),
             }),
         );
         self.counters.calls_forwarded += 1;
