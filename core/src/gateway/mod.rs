@@ -193,6 +193,9 @@ pub enum PlantedBug {
     /// calls go past `max_calls_per_identity`, as they went past `max_calls_per_session`
     /// (security review finding 15, before its fix).
     BudgetSkipsSessionless,
+    /// Agent-handle expiry forgets a handle unused for the session TTL though its agent still
+    /// holds a lease, so the holder can no longer renew, release or write under it.
+    HandleExpiryIgnoresLeases,
 }
 
 impl Default for Config {
