@@ -303,8 +303,7 @@ pub struct Gateway {
     listens: BTreeMap<HttpToken, listen::Listen>,
     /// Sessions subscribed to each (project, resource URI), with who subscribed them.
     subscriptions: std::collections::BTreeMap<(String, String), BTreeMap<String, crate::auth::Holder>>,
-    /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).
-    server_requests: HashMap<String, proxy::ServerRequest>,
+    /// The number in the gateway's id for the next sled's request relayed to a client.
     next_server_request: u64,
     /// Stateless calls parked until their client retries with input (`requestState`).
     retries: mrtr::Retries,
@@ -662,7 +661,6 @@ impl Gateway {
             sweep_armed: false,
             subscriptions: std::collections::BTreeMap::new(),
             listens: std::collections::BTreeMap::new(),
-            server_requests: HashMap::new(),
             next_server_request: 0,
             retries: mrtr::Retries::default(),
             listing_holds: listing_holds::ListingHolds::default(),
@@ -702,6 +700,12 @@ impl Gateway {
     #[cfg(test)]
     pub(crate) fn config_mut(&mut self) -> &mut Config {
         &mut self.config
+    }
+
+    /// Sleds' requests relayed to clients and not yet answered.
+    #[cfg(test)]
+    pub(crate) fn sled_requests_waiting(&self) -> usize {
+        self.calls.asked_len()
     }
 
     pub fn stats(&self) -> Stats {

@@ -219,6 +219,18 @@ impl Gateway {
             };
             return self.end_call_refused(now, call_id, e);
         }
+        // As many as a call of the handshake era may have waiting (finding 16).
+        if rounds.asks.len() >= calls::MAX_ASKS_PER_CALL {
+            let why = format!(
+                "{method}: the call already has {} requests waiting for its client; answer or drop one first",
+                calls::MAX_ASKS_PER_CALL
+            );
+            self.outputs.push_back(Output::UplinkSend {
+                uplink,
+                text: SledRequestRefused::NotRelayable { why }.response(sled_id.get()),
+            });
+            return;
+        }
         self.next_server_request += 1;
         rounds.asks.push(Ask {
             key: format!("{capability}-{}", self.next_server_request),

@@ -62,16 +62,6 @@ pub(super) struct Route {
     pub(super) timeout: Duration,
 }
 
-/// A sled's request to the client of one of its calls, waiting for the client's answer.
-#[derive(Debug)]
-pub(super) struct ServerRequest {
-    pub(super) uplink: UplinkId,
-    /// The sled's id for it, as the sled wrote it.
-    sled_id: Box<str>,
-    /// The session it was sent to (the answer must come from there).
-    session: Option<String>,
-}
-
 impl Gateway {
     /// Finds where a request goes: its explicit project (a string, not empty), else the
     /// caller's default; the project must be registered and its sled connected, here or (in a
@@ -439,14 +429,21 @@ impl Gateway {
         }
         self.next_server_request += 1;
         let gateway_id = format!("\"gw-req-{}\"", self.next_server_request);
-        self.server_requests.insert(
-            gateway_id.clone(),
-            ServerRequest {
-                uplink,
-                sled_id: sled_id.get().into(),
-                session,
-            },
-        );
+        // Kept as long as the call lasts, and only so many per call (finding 16).
+        let request = calls::ServerRequest {
+            uplink,
+            sled_id: sled_id.get().into(),
+            session,
+        };
+        if !self.calls.ask(related, gateway_id.clone(), request) {
+            return refuse(
+                self,
+                format!(
+                    "{method}: the call {related} already has {} requests waiting for its client; answer or drop one first",
+                    calls::MAX_ASKS_PER_CALL
+                ),
+            );
+        }
         let text = format!(
             r#"{{"jsonrpc":"2.0","id":{gateway_id},"method":"{method}","params":{}}}"#,
             Value::Object(params)
@@ -462,7 +459,7 @@ impl Gateway {
         result: Option<&RawValue>,
         error: Option<&RawValue>,
     ) {
-        let Some(request) = self.server_requests.get(id.as_str()) else {
+        let Some(request) = self.calls.asked(id.as_str()) else {
             tracing::debug!(
                 id = id.as_str(),
                 "a client response to no request of the gateway's"
@@ -481,8 +478,8 @@ impl Gateway {
             return;
         }
         let request = self
-            .server_requests
-            .remove(id.as_str())
+            .calls
+            .take_asked(id.as_str())
             .expect("looked up just above");
         let text = match (result, error) {
             (Some(r), None) => jsonrpc::ok_response(&request.sled_id, r.get()),
