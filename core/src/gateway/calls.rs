@@ -313,6 +313,7 @@ impl Calls {
     }
 
     /// Sleds' requests waiting for a client's answer.
+    #[cfg(test)]
     pub(super) fn asked_len(&self) -> usize {
         self.asked.len()
     }
