@@ -877,3 +877,44 @@ fn planted_handle_expiry_ignoring_leases_is_caught() {
     assert!(caught.contains("lease holder's handle was forgotten"), "{caught}");
     handle_expiry_check(Config::default()).unwrap();
 }
+
+/// Security review finding 16: nothing the core holds a credential in shows it in `Debug`:
+/// a request's `Authorization`, the credentials a fleet tool's parts are asked with, the
+/// registry's client and uplink tokens, a hello's uplink token (which is written only into
+/// the frame itself).
+#[test]
+fn debug_shows_no_token() {
+    let secret = "Sup3rSecretToken-0123456789";
+    let request = HttpRequest {
+        authorization: Some(format!("Bearer {secret}")),
+        ..HttpRequest::default()
+    };
+    let credentials = crate::gather::Credentials::of(&request);
+    let mut spec = ProjectSpec::new("alpha", "http://127.0.0.1:9101");
+    spec.token = Some(Secret::new(secret));
+    let registry = Registry::from_projects(vec![spec], Some("alpha"))
+        .unwrap()
+        .with_client_tokens(vec![Secret::new(secret)]);
+    let hello = crate::uplink::Control::Hello {
+        protocol: 1,
+        project: "alpha".into(),
+        sled: "a".into(),
+        token: Some(Secret::new(secret)),
+        key: None,
+        fence: None,
+        epoch_seen: None,
+    };
+    for shown in [
+        format!("{request:?}"),
+        format!("{credentials:?}"),
+        format!("{registry:?}"),
+        format!("{hello:?}"),
+        format!("{:?}", Input::Http { token: crate::HttpToken(1), request: request.clone() }),
+    ] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    // The hello's frame carries it, as the protocol says.
+    assert!(hello.to_text().contains(secret));
+    let back: crate::uplink::Control = serde_json::from_str(&hello.to_text()).unwrap();
+    assert_eq!(back, hello);
+}
