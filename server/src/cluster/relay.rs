@@ -96,8 +96,9 @@ pub enum Answer {
     Alive,
 }
 
-/// An [`HttpRequest`] on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// An [`HttpRequest`] on the wire. Its `Debug` shows no `authorization` (security review
+/// finding 16).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WireRequest {
     pub method: String,
@@ -124,6 +125,18 @@ pub struct WireRequest {
     pub access_token: WireAccessToken,
     /// The body, as UTF-8 when it is (a JSON body always is), else lossily.
     pub body: String,
+}
+
+impl std::fmt::Debug for WireRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireRequest")
+            .field("method", &self.method)
+            .field("session", &self.session)
+            .field("authorization", &self.authorization.as_ref().map(|_| ".."))
+            .field("access_token", &self.access_token)
+            .field("body_bytes", &self.body.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the relaying replica's server made of the bearer token; the replicas of a cluster
@@ -281,6 +294,8 @@ mod tests {
         let Envelope::Request { request: back, .. } = serde_json::from_str(&wire).unwrap() else {
             panic!("not a request");
         };
+        let shown = format!("{:?}", WireRequest::from_request(&request));
+        assert!(!shown.contains("Bearer t"), "{shown}");
         let back = back.into_request().unwrap();
         assert!(back.relayed);
         assert_eq!(
