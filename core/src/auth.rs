@@ -242,8 +242,9 @@ impl Holder {
     /// in).
     pub(crate) fn identity(&self, registry: &Registry) -> Option<Identity> {
         match self {
-            Holder::Anonymous => (registry.client_tokens().is_empty() && registry.oauth().is_none())
-                .then_some(Identity::Anonymous),
+            Holder::Anonymous => (registry.client_tokens().is_empty()
+                && registry.oauth().is_none())
+            .then_some(Identity::Anonymous),
             Holder::ClientToken(owner) => (0..registry.client_tokens().len())
                 .find(|&i| registry.client_token_owner(i) == Some(owner.as_str()))
                 .map(Identity::ClientToken),
@@ -597,7 +598,10 @@ mod tests {
         else {
             panic!("an OAuth holder");
         };
-        assert_eq!((p.issuer.as_str(), p.subject.as_str()), ("https://id.example.com", "agent 7"));
+        assert_eq!(
+            (p.issuer.as_str(), p.subject.as_str()),
+            ("https://id.example.com", "agent 7")
+        );
         assert!(p.groups.is_empty());
         assert_eq!(Holder::of_owner(None), Holder::Anonymous);
         assert_eq!(

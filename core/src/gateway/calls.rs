@@ -439,7 +439,11 @@ mod tests {
         let t0 = t0();
         let mut c = Calls::default();
         let id = c.next_id();
-        c.start(U1, id, call(1, Some("s"), None, t0 + Duration::from_secs(5)));
+        c.start(
+            U1,
+            id,
+            call(1, Some("s"), None, t0 + Duration::from_secs(5)),
+        );
         let ask = |n: usize| ServerRequest {
             uplink: U1,
             sled_id: format!("{n}").into(),
@@ -450,8 +454,14 @@ mod tests {
             assert_eq!(booked, n < MAX_ASKS_PER_CALL, "{n}");
         }
         assert_eq!(c.asked_len(), MAX_ASKS_PER_CALL);
-        assert!(!c.ask(id + 1, "\"gw-req-x\"".into(), ask(99)), "no such call");
-        assert_eq!(c.take_asked("\"gw-req-0\"").map(|r| r.sled_id), Some("0".into()));
+        assert!(
+            !c.ask(id + 1, "\"gw-req-x\"".into(), ask(99)),
+            "no such call"
+        );
+        assert_eq!(
+            c.take_asked("\"gw-req-0\"").map(|r| r.sled_id),
+            Some("0".into())
+        );
         assert!(c.asked("\"gw-req-0\"").is_none());
         assert!(c.asked("\"gw-req-1\"").is_some());
         c.take(id);

@@ -27,8 +27,7 @@ impl Gateway {
             &project,
             token.as_ref().map(crate::Secret::expose),
             key.as_deref(),
-        )
-        {
+        ) {
             HelloVerdict::Refuse(code, reason) => {
                 tracing::warn!(uplink = id.0, project, sled, "uplink refused: {reason}");
                 self.close_uplink(now, id, code, reason)

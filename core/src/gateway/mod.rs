@@ -302,7 +302,8 @@ pub struct Gateway {
     /// Open stateless-era `subscriptions/listen` streams, with the id of the listen request.
     listens: BTreeMap<HttpToken, listen::Listen>,
     /// Sessions subscribed to each (project, resource URI), with who subscribed them.
-    subscriptions: std::collections::BTreeMap<(String, String), BTreeMap<String, crate::auth::Holder>>,
+    subscriptions:
+        std::collections::BTreeMap<(String, String), BTreeMap<String, crate::auth::Holder>>,
     /// The number in the gateway's id for the next sled's request relayed to a client.
     next_server_request: u64,
     /// Stateless calls parked until their client retries with input (`requestState`).

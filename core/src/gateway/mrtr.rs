@@ -441,9 +441,9 @@ impl Gateway {
         // answered exactly as for a handle that names nothing, and touches nothing.
         let owner = req.principal.session_owner(&self.registry);
         let matches = |call: &Call| {
-            call.mrtr.as_ref().is_some_and(|m| {
-                m.method == method && m.name == checked.name && m.owner == owner
-            })
+            call.mrtr
+                .as_ref()
+                .is_some_and(|m| m.method == method && m.name == checked.name && m.owner == owner)
         };
         if let Some(held) = self.retries.held.get(&handle) {
             if !matches(&held.call) {

@@ -80,7 +80,8 @@ impl Gateway {
             .sessions
             .iter()
             .filter(|(_, s)| {
-                s.default_project.as_deref() == Some(project) && self.holder_sees(&s.holder, project)
+                s.default_project.as_deref() == Some(project)
+                    && self.holder_sees(&s.holder, project)
             })
             .map(|(id, _)| id.clone())
             .collect();

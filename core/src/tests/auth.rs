@@ -833,7 +833,11 @@ fn handle_expiry_check(config: Config) -> Result<(), String> {
             .map(str::to_owned)
             .ok_or_else(|| format!("no handle: {r}"))
     };
-    let holder = handle(&tool(&mut h, "checkin", json!({"project":"alpha","ttl_s":1})))?;
+    let holder = handle(&tool(
+        &mut h,
+        "checkin",
+        json!({"project":"alpha","ttl_s":1}),
+    ))?;
     let r = tool(
         &mut h,
         "claim",
@@ -842,10 +846,18 @@ fn handle_expiry_check(config: Config) -> Result<(), String> {
     if r["result"]["structuredContent"]["acquired"] != true {
         return Err(format!("no lease: {r}"));
     }
-    let idle = handle(&tool(&mut h, "checkin", json!({"project":"alpha","ttl_s":1})))?;
+    let idle = handle(&tool(
+        &mut h,
+        "checkin",
+        json!({"project":"alpha","ttl_s":1}),
+    ))?;
     // Past the TTL and every presence, the lease still live: a third handle needs room.
     h.advance(std::time::Duration::from_secs(200));
-    handle(&tool(&mut h, "checkin", json!({"project":"alpha","ttl_s":1})))?;
+    handle(&tool(
+        &mut h,
+        "checkin",
+        json!({"project":"alpha","ttl_s":1}),
+    ))?;
     let r = tool(&mut h, "roster", json!({"project":"alpha","agent":idle}));
     if r["error"]["data"]["kind"] != "unknown_agent" {
         return Err(format!("the idle handle was kept: {r}"));
@@ -874,7 +886,10 @@ fn planted_handle_expiry_ignoring_leases_is_caught() {
         ..Config::default()
     };
     let caught = handle_expiry_check(planted).unwrap_err();
-    assert!(caught.contains("lease holder's handle was forgotten"), "{caught}");
+    assert!(
+        caught.contains("lease holder's handle was forgotten"),
+        "{caught}"
+    );
     handle_expiry_check(Config::default()).unwrap();
 }
 
@@ -909,7 +924,13 @@ fn debug_shows_no_token() {
         format!("{credentials:?}"),
         format!("{registry:?}"),
         format!("{hello:?}"),
-        format!("{:?}", Input::Http { token: crate::HttpToken(1), request: request.clone() }),
+        format!(
+            "{:?}",
+            Input::Http {
+                token: crate::HttpToken(1),
+                request: request.clone()
+            }
+        ),
     ] {
         assert!(!shown.contains(secret), "{shown}");
     }

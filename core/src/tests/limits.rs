@@ -334,7 +334,10 @@ fn identity_budget_check(config: crate::Config) -> Result<(), String> {
         ),
     ];
     if mine.iter().any(|t| h.replies.contains_key(t)) {
-        return Err(format!("alice's first three calls were answered at once: {:?}", h.replies));
+        return Err(format!(
+            "alice's first three calls were answered at once: {:?}",
+            h.replies
+        ));
     }
     if h.take_frames(alpha).len() != 3 {
         return Err("alice's three calls were not all sent".into());
@@ -452,5 +455,9 @@ fn an_identity_may_run_only_so_many_fan_outs_at_once() {
     h.advance(Duration::from_secs(4));
     assert!(h.reply_json(first).is_some());
     let third = post_as(&mut h, ALICE, None, fanout(4));
-    assert!(!h.replies.contains_key(&third), "{:?}", h.replies.get(&third));
+    assert!(
+        !h.replies.contains_key(&third),
+        "{:?}",
+        h.replies.get(&third)
+    );
 }

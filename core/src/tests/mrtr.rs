@@ -379,8 +379,9 @@ fn a_reload_that_takes_the_right_refuses_the_retry_of_a_parked_call() {
     assert_eq!(r["error"]["data"]["kind"], "unknown_project", "{r}");
     let back = h.take_frames(beta);
     assert!(
-        back.iter().any(|f| f["method"] == "notifications/cancelled"
-            && f["params"]["requestId"] == call["id"]),
+        back.iter()
+            .any(|f| f["method"] == "notifications/cancelled"
+                && f["params"]["requestId"] == call["id"]),
         "the call is cancelled at the sled: {back:?}"
     );
     assert!(

@@ -178,7 +178,11 @@ fn listen_leaks(config: Config) -> Vec<String> {
                    "_meta":{"io.mcp-gateway/project":"beta"}}),
             &|r| r.authorization = Some(format!("Bearer {bearer}")),
         );
-        assert!(h.streams.contains_key(&t), "a stream: {:?}", h.replies.get(&t));
+        assert!(
+            h.streams.contains_key(&t),
+            "a stream: {:?}",
+            h.replies.get(&t)
+        );
         t
     };
     let a = listen(&mut h, ALICE);
@@ -257,7 +261,11 @@ fn coordination_leaks(config: Config) -> Vec<String> {
         None,
         json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"wait","arguments":{"projects":["beta"],"agent":handle,"timeout_s":20}}}),
     );
-    assert!(!h.replies.contains_key(&wait), "parked: {:?}", h.replies.get(&wait));
+    assert!(
+        !h.replies.contains_key(&wait),
+        "parked: {:?}",
+        h.replies.get(&wait)
+    );
     events(&mut h, a_stream);
     events(&mut h, b_stream);
     revoke(&mut h);
@@ -265,7 +273,11 @@ fn coordination_leaks(config: Config) -> Vec<String> {
     match h.reply_json(wait) {
         Some(r) => {
             let s = &r["result"]["structuredContent"];
-            assert_eq!((s["woke"].as_bool(), s["ended"].is_string()), (Some(false), true), "{r}");
+            assert_eq!(
+                (s["woke"].as_bool(), s["ended"].is_string()),
+                (Some(false), true),
+                "{r}"
+            );
         }
         None => leaks.push("a parked wait".to_owned()),
     }
@@ -300,7 +312,13 @@ fn list_changed_leaks(config: Config) -> Vec<String> {
     let (a, a_stream) = session(&mut h, ALICE);
     let (b, b_stream) = session(&mut h, BOB);
     for (bearer, s) in [(ALICE, &a), (BOB, &b)] {
-        let r = tool(&mut h, bearer, s, "switch_project", json!({"project":"beta"}));
+        let r = tool(
+            &mut h,
+            bearer,
+            s,
+            "switch_project",
+            json!({"project":"beta"}),
+        );
         assert_eq!(r["result"]["structuredContent"]["project"], "beta", "{r}");
     }
     events(&mut h, a_stream);
@@ -318,7 +336,10 @@ fn list_changed_leaks(config: Config) -> Vec<String> {
         beta,
         json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed"}),
     );
-    let list = h.take_frames(beta).pop().expect("the gateway lists beta's tools");
+    let list = h
+        .take_frames(beta)
+        .pop()
+        .expect("the gateway lists beta's tools");
     assert_eq!(list["method"], "tools/list");
     h.sled_says(
         beta,
@@ -347,7 +368,10 @@ fn planted_rights_checked_only_at_set_up_is_caught_by_each_scenario() {
         ..Config::default()
     };
     assert_eq!(subscription_leaks(planted()), [UPDATED]);
-    assert_eq!(listen_leaks(planted()), [UPDATED, "notifications/resources/list_changed"]);
+    assert_eq!(
+        listen_leaks(planted()),
+        [UPDATED, "notifications/resources/list_changed"]
+    );
     assert!(
         coordination_leaks(planted()).contains(&"a parked wait".to_owned()),
         "{:?}",

@@ -265,7 +265,12 @@ fn a_sleds_requests_to_a_client_die_with_their_call_and_are_bounded_per_call() {
     // A call on beta whose sled asks its client 40 times; returns the call's frame and token.
     let mut flood = |h: &mut Harness| {
         next += 1;
-        let t = h.call(Some(&s), json!(next), "test_sampling", json!({"project":"beta"}));
+        let t = h.call(
+            Some(&s),
+            json!(next),
+            "test_sampling",
+            json!({"project":"beta"}),
+        );
         let call = h.take_frames(beta).pop().unwrap();
         for i in 0..40 {
             h.sled_says(beta, json!({"jsonrpc":"2.0","id":format!("s-{next}-{i}"),"method":"sampling/createMessage","params":{"messages":[],"maxTokens":5,"_meta":{"io.mcp-gateway/relatedRequest":call["id"]}}}));

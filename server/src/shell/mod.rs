@@ -555,7 +555,10 @@ mod tests {
         let s = Settings::resolve(m.subcommand().unwrap().1, &env).unwrap();
         assert_eq!(s.token.as_ref().map(|(t, _)| t.as_str()), Some(secret));
         let shown = format!("{s:?}");
-        assert!(!shown.contains(secret) && shown.contains(TOKEN_ENV), "{shown}");
+        assert!(
+            !shown.contains(secret) && shown.contains(TOKEN_ENV),
+            "{shown}"
+        );
         let bridge = gateway_server::stdio::BridgeOptions {
             token: Some(gateway_server::stdio::BridgeToken {
                 token: secret.into(),
@@ -564,7 +567,10 @@ mod tests {
             ..gateway_server::stdio::BridgeOptions::default()
         };
         let shown = format!("{bridge:?}");
-        assert!(!shown.contains(secret) && shown.contains(TOKEN_ENV), "{shown}");
+        assert!(
+            !shown.contains(secret) && shown.contains(TOKEN_ENV),
+            "{shown}"
+        );
     }
 
     #[test]
