@@ -217,6 +217,77 @@ impl Identity {
     }
 }
 
+/// Who set up something that outlives its request (a session, a resource subscription, a
+/// `subscriptions/listen` stream, a parked `wait`), kept so that what it may see can be asked
+/// again under the rules in force: a reload that takes a project away ends what was set up on
+/// it (security review finding 14). A client token is held by its owner
+/// ([`Identity::session_owner`]: its name, or a hash of it), never by its position in the
+/// list, which a reload may change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// Client authentication was off.
+    Anonymous,
+    /// A client token, by its owner (`client <name>` or `client sha256:<hash>`).
+    ClientToken(String),
+    /// An OAuth access token's principal, as its latest request proved it.
+    Token(Box<Principal>),
+}
+
+impl Holder {
+    /// The holder `identity` (let in under `registry`) is.
+    pub(crate) fn of(identity: &Identity, registry: &Registry) -> Holder {
+        match identity {
+            Identity::Anonymous => Holder::Anonymous,
+            // The index comes from `registry` itself, so it has an owner; without one the
+            // holder names no token, and sees nothing.
+            Identity::ClientToken(i) => {
+                Holder::ClientToken(registry.client_token_owner(*i).unwrap_or("").to_owned())
+            }
+            Identity::Token(p) => Holder::Token(p.clone()),
+        }
+    }
+
+    /// The holder of a session known only by its owner (one another replica made): an OAuth
+    /// principal is then known by its issuer and subject only, without its client or groups,
+    /// until its next request here.
+    pub(crate) fn of_owner(owner: Option<&str>) -> Holder {
+        let Some(owner) = owner else {
+            return Holder::Anonymous;
+        };
+        match owner
+            .strip_prefix("oauth ")
+            .and_then(|rest| rest.split_once(' '))
+        {
+            Some((issuer, subject)) => Holder::Token(Box::new(Principal {
+                issuer: issuer.to_owned(),
+                subject: subject.to_owned(),
+                client_id: None,
+                scopes: BTreeSet::new(),
+                groups: Vec::new(),
+            })),
+            None => Holder::ClientToken(owner.to_owned()),
+        }
+    }
+
+    /// Who the holder is under `registry`, as a request of theirs would be let in; `None` when
+    /// it would not be (its token or issuer is gone, or anonymous callers are no longer let
+    /// in).
+    pub(crate) fn identity(&self, registry: &Registry) -> Option<Identity> {
+        match self {
+            Holder::Anonymous => (registry.client_tokens().is_empty()
+                && registry.oauth().is_none())
+            .then_some(Identity::Anonymous),
+            Holder::ClientToken(owner) => (0..registry.client_tokens().len())
+                .find(|&i| registry.client_token_owner(i) == Some(owner.as_str()))
+                .map(Identity::ClientToken),
+            Holder::Token(p) => registry
+                .oauth()
+                .is_some_and(|o| o.authorization_servers.contains(&p.issuer))
+                .then(|| Identity::Token(p.clone())),
+        }
+    }
+}
+
 /// Whether a session owned by `owner` may still be used under `registry`: its client token is
 /// still listed (by name, or the same token), or its issuer is still an authorization server.
 /// A reload that revokes a token or an issuer ends its sessions.
@@ -586,5 +657,46 @@ mod tests {
         assert_eq!(bearer(Some("Bearer")), None);
         assert_eq!(bearer(Some("Bearer ")), None);
         assert_eq!(bearer(None), None);
+    }
+
+    /// A holder outlives its request and the registry it came in under: it is found again by
+    /// its token's name (not its position), and is nobody once its credentials are gone.
+    #[test]
+    fn a_holder_is_found_again_after_a_reload_by_name_not_position() {
+        let file = |tokens: &str| {
+            Registry::parse(
+                "projects.toml",
+                &format!(
+                    "client_tokens = [{tokens}]\n[[project]]\nname = \"alpha\"\nurl = \"http://a\"\n"
+                ),
+            )
+            .unwrap()
+        };
+        let alice = r#"{ name = "alice", token = "alice-token-0123456789" }"#;
+        let bob = r#"{ name = "bob", token = "bob-token-0123456789abc" }"#;
+        let before = file(&format!("{alice}, {bob}"));
+        let holder = Holder::of(&Identity::ClientToken(0), &before);
+        assert_eq!(holder, Holder::ClientToken("client alice".into()));
+        // Reordered: still alice, at her new place.
+        let after = file(&format!("{bob}, {alice}"));
+        assert_eq!(holder.identity(&after), Some(Identity::ClientToken(1)));
+        // Revoked: nobody; and an anonymous holder is nobody once tokens are needed.
+        assert_eq!(holder.identity(&file(bob)), None);
+        assert_eq!(Holder::Anonymous.identity(&after), None);
+        // A session known only by its owner: an OAuth subject without its groups.
+        let Holder::Token(p) = Holder::of_owner(Some("oauth https://id.example.com agent 7"))
+        else {
+            panic!("an OAuth holder");
+        };
+        assert_eq!(
+            (p.issuer.as_str(), p.subject.as_str()),
+            ("https://id.example.com", "agent 7")
+        );
+        assert!(p.groups.is_empty());
+        assert_eq!(Holder::of_owner(None), Holder::Anonymous);
+        assert_eq!(
+            Holder::of_owner(Some("client bob")),
+            Holder::ClientToken("client bob".into())
+        );
     }
 }

@@ -152,6 +152,9 @@ pub enum CallLimit {
     Session,
     /// `max_calls_per_sled`: the project's sled has this many calls pending.
     Sled,
+    /// `max_calls_per_identity`: the caller's identity (a client token, an OAuth subject) has
+    /// this many calls pending, in all its sessions and without one.
+    Identity,
 }
 
 impl CallLimit {
@@ -160,6 +163,7 @@ impl CallLimit {
         match self {
             CallLimit::Session => "max_calls_per_session",
             CallLimit::Sled => "max_calls_per_sled",
+            CallLimit::Identity => "max_calls_per_identity",
         }
     }
 }
@@ -268,6 +272,12 @@ pub enum RpcError {
         max: usize,
         retry_after: Duration,
     },
+    /// Past `max_fanouts_per_identity`: the caller's identity already has this many
+    /// `aggregate_pipeline_status` fan-outs running; nothing was sent.
+    TooManyFanouts {
+        max: usize,
+        retry_after: Duration,
+    },
     /// A member the gateway could forward (`params`, or a response's `result` or `error`)
     /// holds what a strict JSON reader rejects: refused at once, nothing was sent.
     Unreadable {
@@ -359,7 +369,7 @@ impl RpcError {
             RpcError::HeaderMismatch { .. } => code::HEADER_MISMATCH,
             RpcError::UnsupportedVersion { .. } => code::UNSUPPORTED_PROTOCOL_VERSION,
             RpcError::Timeout { .. } => code::REQUEST_TIMEOUT,
-            RpcError::TooManyCalls { .. } => code::SERVER_ERROR,
+            RpcError::TooManyCalls { .. } | RpcError::TooManyFanouts { .. } => code::SERVER_ERROR,
             RpcError::Unreadable { .. } => code::INVALID_PARAMS,
             RpcError::SledUnreadable { .. } => code::INTERNAL_ERROR,
             RpcError::MissingClientCapability { .. } => code::MISSING_REQUIRED_CLIENT_CAPABILITY,
@@ -410,7 +420,7 @@ impl RpcError {
             RpcError::HeaderMismatch { .. } => "header_mismatch",
             RpcError::UnsupportedVersion { .. } => "unsupported_protocol_version",
             RpcError::UnknownTool { .. } => "unknown_tool",
-            RpcError::TooManyCalls { .. } => "too_many_calls",
+            RpcError::TooManyCalls { .. } | RpcError::TooManyFanouts { .. } => "too_many_calls",
             RpcError::Unreadable {
                 problem: Unreadable::TooDeep { .. },
                 ..
@@ -505,8 +515,13 @@ impl RpcError {
                 match limit {
                     CallLimit::Session => "this session".to_owned(),
                     CallLimit::Sled => format!("sled '{sled}'"),
+                    CallLimit::Identity => "this caller's identity".to_owned(),
                 },
                 limit.name(),
+                retry_after.as_millis()
+            ),
+            RpcError::TooManyFanouts { max, retry_after } => format!(
+                "Too many fan-outs in flight: this caller's identity already has {max} aggregate_pipeline_status calls running (max_fanouts_per_identity); nothing was sent; retry after {} ms",
                 retry_after.as_millis()
             ),
             RpcError::Unreadable { member, problem } => format!(
@@ -625,6 +640,11 @@ impl RpcError {
             } => json!({
                 "kind": kind, "project": project, "sled": sled,
                 "limit": limit.name(), "max": max,
+                "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                "outcome": "not_sent",
+            }),
+            RpcError::TooManyFanouts { max, retry_after } => json!({
+                "kind": kind, "limit": "max_fanouts_per_identity", "max": max,
                 "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                 "outcome": "not_sent",
             }),
@@ -1171,6 +1191,23 @@ mod tests {
                     sled: "beta-sled".into(),
                     limit: CallLimit::Sled,
                     max: 1024,
+                    retry_after: Duration::from_millis(1000),
+                },
+            ),
+            (
+                "too_many_calls_identity",
+                RpcError::TooManyCalls {
+                    project: "beta".into(),
+                    sled: "beta-sled".into(),
+                    limit: CallLimit::Identity,
+                    max: 256,
+                    retry_after: Duration::from_millis(1000),
+                },
+            ),
+            (
+                "too_many_fanouts",
+                RpcError::TooManyFanouts {
+                    max: 4,
                     retry_after: Duration::from_millis(1000),
                 },
             ),

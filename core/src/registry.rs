@@ -65,6 +65,20 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// A secret is written as itself only where it belongs: the frame or file that carries it
+/// (an uplink's hello). Its `Debug` stays redacted.
+impl serde::Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
 /// Whether a write to a leasable resource of a project needs the caller to hold its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

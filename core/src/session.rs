@@ -27,6 +27,10 @@ pub(crate) struct Session {
     /// Who created it (`Identity::session_owner`); only they may use it. `None` without
     /// client authentication.
     pub(crate) owner: Option<String>,
+    /// Its owner as the rules see it, from its latest request here: what is delivered to the
+    /// session about a project (list changes, resource updates, coordination notices) is
+    /// asked of it again after a reload (security review finding 14).
+    pub(crate) holder: crate::auth::Holder,
 }
 
 #[derive(Debug)]
@@ -105,6 +109,7 @@ impl Sessions {
                 stream: None,
                 replay: VecDeque::new(),
                 owner: None,
+                holder: crate::auth::Holder::Anonymous,
             },
         );
         self.count_in(&None);
@@ -132,6 +137,7 @@ impl Sessions {
                 last_seen: now,
                 stream: None,
                 replay: VecDeque::new(),
+                holder: crate::auth::Holder::of_owner(record.owner.as_deref()),
                 owner: record.owner,
             },
         );
@@ -149,6 +155,10 @@ impl Sessions {
         let s = self.map.remove(id)?;
         self.count_out(&s.owner);
         Some(s)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &Session)> {
+        self.map.iter()
     }
 
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&String, &mut Session)> {

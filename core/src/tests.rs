@@ -14,6 +14,7 @@ mod modern;
 mod mrtr;
 mod news;
 mod reload;
+mod revocation;
 mod rights;
 mod spread;
 mod streams;

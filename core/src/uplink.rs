@@ -69,9 +69,10 @@ pub enum Control {
         protocol: u32,
         project: String,
         sled: String,
-        /// The project's uplink token, when its registration requires one.
+        /// The project's uplink token, when its registration requires one (never shown by
+        /// `Debug`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        token: Option<String>,
+        token: Option<crate::Secret>,
         /// The sled's Ed25519 public key (32 bytes, standard base64), when it has an identity.
         /// The gateway then sends a [`Control::Challenge`] before anything else.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -204,6 +204,18 @@ struct McpFlags {
     #[arg(long = "max-calls-per-sled", value_name = "N", default_value_t = 1024,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_calls_per_sled: u64,
+    /// The most calls one identity (a client token, an OAuth subject) may have in flight, in
+    /// all its sessions, without one and in the stateless era; past it a call gets a
+    /// `too_many_calls` error with `retry_after_ms`. Only with client authentication on.
+    #[arg(long = "max-calls-per-identity", value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_calls_per_identity: u64,
+    /// The most aggregate_pipeline_status fan-outs (a call to every visible sled each) one
+    /// identity may have running; past it one gets `too_many_calls`. Only with client
+    /// authentication on.
+    #[arg(long = "max-fanouts-per-identity", value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_fanouts_per_identity: u64,
     /// Close an HTTP connection that waits this many seconds for its next request (idle
     /// keep-alive, or headers sent too slowly); 0: never. A connection serving a call or an
     /// SSE stream is not idle.
@@ -422,6 +434,8 @@ impl McpFlags {
         opts.core.max_sessions = size(self.max_sessions);
         opts.core.max_sessions_per_identity = size(self.max_sessions_per_identity);
         opts.core.max_calls_per_session = size(self.max_calls_per_session);
+        opts.core.max_calls_per_identity = size(self.max_calls_per_identity);
+        opts.core.max_fanouts_per_identity = size(self.max_fanouts_per_identity);
         opts.core.max_calls_per_sled = size(self.max_calls_per_sled);
         opts.http_idle_timeout = (self.http_idle_timeout_secs > 0)
             .then(|| Duration::from_secs(self.http_idle_timeout_secs));

@@ -278,7 +278,7 @@ impl Collector for Snapshot {
             ),
             (
                 "gateway_calls_refused",
-                "Calls refused by max_calls_per_session or max_calls_per_sled.",
+                "Calls refused by max_calls_per_session, max_calls_per_sled, max_calls_per_identity or max_fanouts_per_identity.",
                 s.calls_refused,
             ),
             (

@@ -703,7 +703,7 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         protocol: PROTOCOL_VERSION,
         project: project.clone(),
         sled: opts.sled_name.clone(),
-        token: opts.token.as_ref().map(|t| t.expose().to_owned()),
+        token: opts.token.clone(),
         key: key.clone(),
         // Read at each attempt: the fences accepted on the last connection count.
         fence: sled.fence_high_water(),

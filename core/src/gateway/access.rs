@@ -33,6 +33,21 @@ impl Gateway {
         self.right_on(who, project).is_some()
     }
 
+    /// Whether what `holder` set up on `project` earlier (a subscription, a listener, a parked
+    /// `wait`, a session's notices and list changes) may still reach it: the holder is still
+    /// let in, and still sees the project under the rules in force. Each delivery and each
+    /// reload asks, so a reload that takes a project away ends them (security review finding
+    /// 14); what a request does now is decided on its own principal, as always.
+    pub(super) fn holder_sees(&self, holder: &crate::auth::Holder, project: &str) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted == Some(PlantedBug::RightsCheckedOnlyAtSetUp) {
+            return true;
+        }
+        holder
+            .identity(&self.registry)
+            .is_some_and(|who| self.sees(&who, project))
+    }
+
     /// The registered projects `who` may see, in file order (all of them without
     /// `[[access]]`).
     pub(super) fn visible_projects(&self, who: &Identity) -> Vec<String> {

@@ -7,7 +7,10 @@
 //! - by the HTTP request waiting for a client's call (`by_token`);
 //! - by the gateway's progress token of a call that asked for progress, valid only for
 //!   progress coming up the call's own uplink (security review, finding 5);
-//! - the calls in flight per session and per uplink (the limits);
+//! - the calls in flight per session, per identity and per uplink (the limits);
+//! - a sled's requests to the client of a call (sampling, elicitation, roots), by the
+//!   gateway's id for them: each lives as long as its call, at most [`MAX_ASKS_PER_CALL`] of
+//!   them at once (security review finding 16);
 //! - the deadlines, in order (`poll_timeout`, `take_expired`).
 //!
 //! A call's deadline and its HTTP request change only through [`Calls::set_deadline`],
@@ -18,6 +21,20 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use super::{Call, HttpToken, Pending, UplinkId};
+
+/// The most requests a sled may have waiting for the client of one call; past it the sled's
+/// next request is refused at once. So the table of them is bounded by the calls in flight.
+pub(super) const MAX_ASKS_PER_CALL: usize = 16;
+
+/// A sled's request to the client of one of its calls, waiting for the client's answer.
+#[derive(Debug)]
+pub(super) struct ServerRequest {
+    pub(super) uplink: UplinkId,
+    /// The sled's id for it, as the sled wrote it.
+    pub(super) sled_id: Box<str>,
+    /// The session it was sent to (the answer must come from there).
+    pub(super) session: Option<String>,
+}
 
 /// The gateway's id for a request it sent up an uplink: unique over the gateway's life, and
 /// the JSON-RPC id the sled sees. A frame from a sled names a request only together with the
@@ -31,8 +48,13 @@ pub(super) struct Calls {
     by_token: HashMap<HttpToken, CallId>,
     by_progress: HashMap<String, CallId>,
     per_session: HashMap<String, usize>,
+    per_owner: HashMap<Box<str>, usize>,
     per_uplink: HashMap<UplinkId, BTreeSet<CallId>>,
     deadlines: BTreeSet<(Instant, CallId)>,
+    /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text), with
+    /// the call they belong to; and those ids by call.
+    asked: HashMap<String, (CallId, ServerRequest)>,
+    asked_by_call: HashMap<CallId, Vec<String>>,
 }
 
 impl Calls {
@@ -68,6 +90,9 @@ impl Calls {
             if let Some(s) = &call.session {
                 *self.per_session.entry(s.clone()).or_insert(0) += 1;
             }
+            if let Some(o) = &call.owner {
+                *self.per_owner.entry(o.clone()).or_insert(0) += 1;
+            }
         }
         self.pending.insert(id, (uplink, pending));
         displaced
@@ -84,6 +109,9 @@ impl Calls {
                 self.per_uplink.remove(&uplink);
             }
         }
+        for asked in self.asked_by_call.remove(&id).unwrap_or_default() {
+            self.asked.remove(&asked);
+        }
         if let Pending::Call(call) = &pending {
             if self.by_token.get(&call.token) == Some(&id) {
                 self.by_token.remove(&call.token);
@@ -96,6 +124,14 @@ impl Calls {
                     *n -= 1;
                     if *n == 0 {
                         self.per_session.remove(s);
+                    }
+                }
+            }
+            if let Some(o) = &call.owner {
+                if let Some(n) = self.per_owner.get_mut(o) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_owner.remove(o);
                     }
                 }
             }
@@ -243,6 +279,50 @@ impl Calls {
         self.per_session.get(session).copied().unwrap_or(0)
     }
 
+    /// Books a sled's request `gateway_id` to the client of call `id`: `false` (nothing
+    /// booked) when the call is not a pending client's call, or already has
+    /// [`MAX_ASKS_PER_CALL`] requests waiting.
+    pub(super) fn ask(&mut self, id: CallId, gateway_id: String, request: ServerRequest) -> bool {
+        if self.call(id).is_none() {
+            return false;
+        }
+        let of_call = self.asked_by_call.entry(id).or_default();
+        if of_call.len() >= MAX_ASKS_PER_CALL {
+            return false;
+        }
+        of_call.push(gateway_id.clone());
+        self.asked.insert(gateway_id, (id, request));
+        true
+    }
+
+    /// The sled's request the gateway relayed under `gateway_id`, while its call lasts.
+    pub(super) fn asked(&self, gateway_id: &str) -> Option<&ServerRequest> {
+        self.asked.get(gateway_id).map(|(_, r)| r)
+    }
+
+    /// Takes the sled's request `gateway_id` (its client answered).
+    pub(super) fn take_asked(&mut self, gateway_id: &str) -> Option<ServerRequest> {
+        let (id, request) = self.asked.remove(gateway_id)?;
+        if let Some(of_call) = self.asked_by_call.get_mut(&id) {
+            of_call.retain(|g| g != gateway_id);
+            if of_call.is_empty() {
+                self.asked_by_call.remove(&id);
+            }
+        }
+        Some(request)
+    }
+
+    /// Sleds' requests waiting for a client's answer.
+    #[cfg(test)]
+    pub(super) fn asked_len(&self) -> usize {
+        self.asked.len()
+    }
+
+    /// Calls in flight for the identity `owner` ([`crate::Identity::session_owner`]).
+    pub(super) fn of_owner(&self, owner: &str) -> usize {
+        self.per_owner.get(owner).copied().unwrap_or(0)
+    }
+
     /// Calls with an HTTP request waiting for them.
     pub(super) fn waiting(&self) -> usize {
         self.by_token.len()
@@ -292,6 +372,7 @@ mod tests {
             streamed: false,
             mrtr: None,
             principal: None,
+            owner: Some("client alice".into()),
         })
     }
 
@@ -315,11 +396,13 @@ mod tests {
             call(7, Some("s"), Some("gw-1-0"), t0 + Duration::from_secs(30)),
         );
         assert_eq!((c.on_uplink(U1), c.in_session("s"), c.waiting()), (1, 1, 1));
+        assert_eq!(c.of_owner("client alice"), 1);
         assert_eq!(c.key_of(HttpToken(7)), Some(id));
         assert_eq!(c.by_progress(U1, "gw-1-0"), Some(id));
         let (taken, uplink, _) = c.take_by_token(HttpToken(7)).expect("booked");
         assert_eq!((taken, uplink), (id, U1));
         assert_eq!((c.on_uplink(U1), c.in_session("s"), c.waiting()), (0, 0, 0));
+        assert_eq!(c.of_owner("client alice"), 0);
         assert_eq!(c.by_progress(U1, "gw-1-0"), None);
         assert_eq!(c.poll_timeout(), None);
         assert!(c.take(id).is_none(), "taken once");
@@ -347,6 +430,43 @@ mod tests {
         );
         assert!(c.call_on(U1, id).is_some());
         assert!(c.take_on(U1, id).is_some());
+    }
+
+    /// Security review finding 16: a sled's requests to a call's client die with the call,
+    /// and one call holds at most [`MAX_ASKS_PER_CALL`] of them.
+    #[test]
+    fn a_sleds_requests_to_a_client_live_as_long_as_their_call() {
+        let t0 = t0();
+        let mut c = Calls::default();
+        let id = c.next_id();
+        c.start(
+            U1,
+            id,
+            call(1, Some("s"), None, t0 + Duration::from_secs(5)),
+        );
+        let ask = |n: usize| ServerRequest {
+            uplink: U1,
+            sled_id: format!("{n}").into(),
+            session: Some("s".into()),
+        };
+        for n in 0..MAX_ASKS_PER_CALL + 5 {
+            let booked = c.ask(id, format!("\"gw-req-{n}\""), ask(n));
+            assert_eq!(booked, n < MAX_ASKS_PER_CALL, "{n}");
+        }
+        assert_eq!(c.asked_len(), MAX_ASKS_PER_CALL);
+        assert!(
+            !c.ask(id + 1, "\"gw-req-x\"".into(), ask(99)),
+            "no such call"
+        );
+        assert_eq!(
+            c.take_asked("\"gw-req-0\"").map(|r| r.sled_id),
+            Some("0".into())
+        );
+        assert!(c.asked("\"gw-req-0\"").is_none());
+        assert!(c.asked("\"gw-req-1\"").is_some());
+        c.take(id);
+        assert_eq!(c.asked_len(), 0, "gone with the call");
+        assert!(c.asked_by_call.is_empty());
     }
 
     #[test]

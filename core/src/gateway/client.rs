@@ -58,12 +58,15 @@ impl Gateway {
         if let Some(s) = request
             .session
             .as_deref()
-            .and_then(|id| self.sessions.get(id))
+            .and_then(|id| self.sessions.get_mut(id))
         {
             if s.owner != owner {
                 tracing::debug!("a session named by an identity other than its own");
                 return self.http_error(token, HttpError::UnknownSession);
             }
+            // What is delivered to the session is decided on its owner as its latest request
+            // proved it (an OAuth principal's groups may change with its next token).
+            s.holder = crate::auth::Holder::of(&identity, &self.registry);
         }
         if !headers::origin_allowed(request.origin.as_deref(), &self.config.allowed_origins) {
             let origin = request.origin.unwrap_or_default();
@@ -300,6 +303,9 @@ impl Gateway {
             self.sessions
                 .create(default, (*version).to_owned(), params.capabilities, now);
         self.sessions.set_owner(&session, owner);
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.holder = crate::auth::Holder::of(req.principal, &self.registry);
+        }
         self.store_session(now, &session);
         self.arm_sweep(now);
         let result = json!({

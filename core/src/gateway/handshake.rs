@@ -19,13 +19,15 @@ impl Gateway {
         protocol: u32,
         project: String,
         sled: String,
-        token: Option<String>,
+        token: Option<crate::Secret>,
         key: Option<String>,
     ) {
-        match self
-            .handshake(&project)
-            .hello(protocol, &project, token.as_deref(), key.as_deref())
-        {
+        match self.handshake(&project).hello(
+            protocol,
+            &project,
+            token.as_ref().map(crate::Secret::expose),
+            key.as_deref(),
+        ) {
             HelloVerdict::Refuse(code, reason) => {
                 tracing::warn!(uplink = id.0, project, sled, "uplink refused: {reason}");
                 self.close_uplink(now, id, code, reason)

@@ -25,6 +25,8 @@ pub(super) struct Listen {
     prompts: bool,
     resources: bool,
     uris: BTreeSet<String>,
+    /// Who listens: a reload that takes its project away (or its credentials) ends it.
+    holder: crate::auth::Holder,
 }
 
 #[derive(Deserialize, Default)]
@@ -114,6 +116,7 @@ impl Gateway {
                 BTreeSet::new()
             },
             project,
+            holder: crate::auth::Holder::of(req.principal, &self.registry),
         };
         let mut honored = Map::new();
         for (key, on) in [
@@ -228,6 +231,32 @@ impl Gateway {
             }
         }
         true
+    }
+
+    /// After a reload: the listeners whose holder no longer sees their project, or is no
+    /// longer let in at all, end as at shutdown (a result closes the stream), and the URIs
+    /// nobody else wants are unsubscribed at the sled (security review finding 14). Listening
+    /// again is answered as any request is: `unknown_project`, `forbidden` or 401.
+    pub(super) fn end_revoked_listens(&mut self, now: Instant) {
+        let revoked: Vec<(HttpToken, RawId)> = self
+            .listens
+            .iter()
+            .filter(|(_, l)| match l.project.as_deref() {
+                Some(p) => !self.holder_sees(&l.holder, p),
+                None => l.holder.identity(&self.registry).is_none(),
+            })
+            .map(|(t, l)| (*t, l.id.clone()))
+            .collect();
+        if !revoked.is_empty() {
+            tracing::info!(
+                listeners = revoked.len(),
+                "subscriptions/listen streams ended: their holders no longer see the project"
+            );
+        }
+        for (token, id) in revoked {
+            self.listener_gone(now, token);
+            self.end_listen(token, &id);
+        }
     }
 
     /// Tells every listener that wants it that the stateless `tools/list` changed.

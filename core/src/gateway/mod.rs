@@ -97,6 +97,15 @@ pub struct Config {
     /// The most calls (and the gateway's own requests) one sled may have in flight; past it a
     /// call is refused at once (`too_many_calls`), never queued.
     pub max_calls_per_sled: usize,
+    /// The most calls one identity (a client token, an OAuth subject) may have in flight, in
+    /// all its sessions, without one, and in the stateless era (parked calls included); past
+    /// it a call is refused at once (`too_many_calls`). Without client authentication there
+    /// is no identity to count by: only the per-session and per-sled limits hold.
+    pub max_calls_per_identity: usize,
+    /// The most `aggregate_pipeline_status` fan-outs (one call to every visible sled each) one
+    /// identity may have running; past it one is refused at once (`too_many_calls`). Only
+    /// with client authentication, as `max_calls_per_identity`.
+    pub max_fanouts_per_identity: usize,
     /// The retry hint given with a refusal by a limit (`retry_after_ms`, `Retry-After`).
     pub retry_after: Duration,
     /// How long a write to a project whose sled just connected, whose tools this gateway has
@@ -181,6 +190,18 @@ pub enum PlantedBug {
     /// answered at once as taken and lost (`outcome: "unknown"`, `owner_lost`), the old
     /// behaviour, instead of waiting for the engine and then saying `not_sent`.
     UnknownWhenNotSent,
+    /// What a principal set up on a project (resource subscriptions, `subscriptions/listen`
+    /// streams, parked `wait`s, a session's coordination notices and list changes) is checked
+    /// against the rules only when set up: a reload that takes the project away ends none of
+    /// it (security review finding 14, before its fix).
+    RightsCheckedOnlyAtSetUp,
+    /// The per-identity budget counts only calls made in a session: sessionless and stateless
+    /// calls go past `max_calls_per_identity`, as they went past `max_calls_per_session`
+    /// (security review finding 15, before its fix).
+    BudgetSkipsSessionless,
+    /// Agent-handle expiry forgets a handle unused for the session TTL though its agent still
+    /// holds a lease, so the holder can no longer renew, release or write under it.
+    HandleExpiryIgnoresLeases,
 }
 
 impl Default for Config {
@@ -198,6 +219,8 @@ impl Default for Config {
             max_sessions_per_identity: 1_000,
             max_calls_per_session: 64,
             max_calls_per_sled: 1024,
+            max_calls_per_identity: 256,
+            max_fanouts_per_identity: 4,
             retry_after: Duration::from_secs(1),
             listing_hold: Duration::from_secs(1),
             probe_interval: Duration::from_secs(10),
@@ -247,7 +270,8 @@ pub struct Stats {
     pub sessions_evicted: u64,
     /// `initialize`s refused at `max_sessions` (503).
     pub sessions_refused: u64,
-    /// Calls refused by `max_calls_per_session` or `max_calls_per_sled`.
+    /// Calls refused by `max_calls_per_session`, `max_calls_per_sled`,
+    /// `max_calls_per_identity` or `max_fanouts_per_identity`.
     pub calls_refused: u64,
 }
 
@@ -283,10 +307,10 @@ pub struct Gateway {
     sweep_armed: bool,
     /// Open stateless-era `subscriptions/listen` streams, with the id of the listen request.
     listens: BTreeMap<HttpToken, listen::Listen>,
-    /// Sessions subscribed to each (project, resource URI).
-    subscriptions: std::collections::BTreeMap<(String, String), BTreeSet<String>>,
-    /// Sleds' requests relayed to clients, by the gateway's id for them (raw JSON text).
-    server_requests: HashMap<String, proxy::ServerRequest>,
+    /// Sessions subscribed to each (project, resource URI), with who subscribed them.
+    subscriptions:
+        std::collections::BTreeMap<(String, String), BTreeMap<String, crate::auth::Holder>>,
+    /// The number in the gateway's id for the next sled's request relayed to a client.
     next_server_request: u64,
     /// Stateless calls parked until their client retries with input (`requestState`).
     retries: mrtr::Retries,
@@ -469,6 +493,9 @@ struct Call {
     mrtr: Option<Box<mrtr::Rounds>>,
     /// Who made the call, for its audit line (kept only when audit lines are on).
     principal: Option<Box<str>>,
+    /// The identity whose budget it counts in ([`crate::Identity::session_owner`];
+    /// `max_calls_per_identity`), when client authentication is on.
+    owner: Option<Box<str>>,
 }
 
 impl Pending {
@@ -641,7 +668,6 @@ impl Gateway {
             sweep_armed: false,
             subscriptions: std::collections::BTreeMap::new(),
             listens: std::collections::BTreeMap::new(),
-            server_requests: HashMap::new(),
             next_server_request: 0,
             retries: mrtr::Retries::default(),
             listing_holds: listing_holds::ListingHolds::default(),
@@ -681,6 +707,12 @@ impl Gateway {
     #[cfg(test)]
     pub(crate) fn config_mut(&mut self) -> &mut Config {
         &mut self.config
+    }
+
+    /// Sleds' requests relayed to clients and not yet answered.
+    #[cfg(test)]
+    pub(crate) fn sled_requests_waiting(&self) -> usize {
+        self.calls.asked_len()
     }
 
     pub fn stats(&self) -> Stats {

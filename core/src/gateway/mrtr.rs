@@ -80,6 +80,10 @@ pub(super) struct Rounds {
     asks: Vec<Ask>,
     /// The `requestState` handed out, while the call waits for its client's retry.
     parked: Option<String>,
+    /// Who made the call ([`crate::Identity::session_owner`]; `None` without client
+    /// authentication): a retry from anyone else is answered as one naming no call
+    /// (security review finding 13).
+    owner: Option<String>,
 }
 
 impl Rounds {
@@ -92,8 +96,14 @@ impl Rounds {
         self.parked.is_some()
     }
 
-    pub(super) fn new(method: &str, meta: Option<&Value>, timeout: Duration) -> Box<Rounds> {
+    pub(super) fn new(
+        method: &str,
+        meta: Option<&Value>,
+        timeout: Duration,
+        owner: Option<String>,
+    ) -> Box<Rounds> {
         Box::new(Rounds {
+            owner,
             method: method.to_owned(),
             name: None,
             declared: meta
@@ -208,6 +218,18 @@ impl Gateway {
                 capability,
             };
             return self.end_call_refused(now, call_id, e);
+        }
+        // As many as a call of the handshake era may have waiting (finding 16).
+        if rounds.asks.len() >= calls::MAX_ASKS_PER_CALL {
+            let why = format!(
+                "{method}: the call already has {} requests waiting for its client; answer or drop one first",
+                calls::MAX_ASKS_PER_CALL
+            );
+            self.outputs.push_back(Output::UplinkSend {
+                uplink,
+                text: SledRequestRefused::NotRelayable { why }.response(sled_id.get()),
+            });
+            return;
         }
         self.next_server_request += 1;
         rounds.asks.push(Ask {
@@ -367,6 +389,30 @@ impl Gateway {
             .to_owned()
     }
 
+    /// A parked call's right, asked again of its retry's principal under the rules in force
+    /// (security review finding 13): `read` for a prompt, a resource, or a tool its sled
+    /// lists as read-only; `write` for any other tool.
+    fn require_on_resume(&self, req: &Req<'_>, call: &Call, method: &str) -> Result<(), RpcError> {
+        let name = call.mrtr.as_ref().and_then(|m| m.name.as_deref());
+        let read_only = self
+            .projects
+            .get(&call.project)
+            .and_then(|s| s.tools.as_deref())
+            .and_then(|ts| ts.iter().find(|t| Some(t.name.as_str()) == name))
+            .is_some_and(|t| t.read_only);
+        let need = if method != "tools/call" || read_only {
+            Right::Read
+        } else {
+            Right::Write
+        };
+        self.require(
+            req.principal,
+            &call.project,
+            need,
+            format_args!("{method} {}", name.unwrap_or_default()),
+        )
+    }
+
     /// A stateless retry (`requestState` present): attaches to the parked call it names, gives
     /// the sled the client's responses, and answers later like the original request would.
     #[allow(clippy::too_many_arguments)]
@@ -391,16 +437,24 @@ impl Gateway {
         self.expire_held(now);
         let retry: RetryParams = jsonrpc::params_of(method, params)?;
         let meta = retry.meta.unwrap_or_default();
+        // The handle is the call's only for its own caller (finding 13): anyone else is
+        // answered exactly as for a handle that names nothing, and touches nothing.
+        let owner = req.principal.session_owner(&self.registry);
         let matches = |call: &Call| {
             call.mrtr
                 .as_ref()
-                .is_some_and(|m| m.method == method && m.name == checked.name)
+                .is_some_and(|m| m.method == method && m.name == checked.name && m.owner == owner)
         };
         if let Some(held) = self.retries.held.get(&handle) {
             if !matches(&held.call) {
                 return Err(unknown());
             }
             let mut held = self.retries.held.remove(&handle).expect("looked up");
+            // The right is asked again of the rules in force: a reload may have taken it.
+            if let Err(e) = self.require_on_resume(req, &held.call, method) {
+                self.call_ended(now, &held.call, held.outcome, Some(held.took));
+                return Err(e);
+            }
             let mut body: Value =
                 serde_json::from_str(&held.body).expect("the gateway's own response is JSON");
             body["id"] = serde_json::from_str(id.as_str()).expect("ids are JSON");
@@ -421,7 +475,7 @@ impl Gateway {
             return Ok(Served::Later);
         }
         let call_id = *self.retries.waiting.get(&handle).ok_or_else(unknown)?;
-        let Some(call) = self.calls.call_mut(call_id) else {
+        let Some(call) = self.calls.call(call_id) else {
             self.retries.forget(&handle);
             return Err(unknown());
         };
@@ -429,6 +483,19 @@ impl Gateway {
             return Err(unknown());
         }
         self.retries.forget(&handle);
+        let refused = self.require_on_resume(req, call, method);
+        if let Err(e) = refused {
+            // Its caller may no longer do this: the call ends here, cancelled at the sled.
+            if let Some((uplink, Pending::Call(call))) = self.calls.take(call_id) {
+                self.send_cancelled(uplink, call_id, "the caller's right was revoked");
+                let took = now.saturating_duration_since(call.sent_at);
+                self.call_ended(now, &call, Outcome::Cancelled, Some(took));
+            }
+            return Err(e);
+        }
+        let Some(call) = self.calls.call_mut(call_id) else {
+            return Err(unknown());
+        };
         let rounds = call.mrtr.as_mut().expect("matched above");
         rounds.parked = None;
         rounds.declared = Declared::from_meta(&meta);

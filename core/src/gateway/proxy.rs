@@ -62,16 +62,6 @@ pub(super) struct Route {
     pub(super) timeout: Duration,
 }
 
-/// A sled's request to the client of one of its calls, waiting for the client's answer.
-#[derive(Debug)]
-pub(super) struct ServerRequest {
-    pub(super) uplink: UplinkId,
-    /// The sled's id for it, as the sled wrote it.
-    sled_id: Box<str>,
-    /// The session it was sent to (the answer must come from there).
-    session: Option<String>,
-}
-
 impl Gateway {
     /// Finds where a request goes: its explicit project (a string, not empty), else the
     /// caller's default; the project must be registered and its sled connected, here or (in a
@@ -151,14 +141,26 @@ impl Gateway {
             object: params,
             meta,
         } = params;
-        let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method))
-            .then(|| mrtr::Rounds::new(method, meta.as_ref(), timeout));
+        let mrtr = (mode.modern && mrtr::MRTR_METHODS.contains(&method)).then(|| {
+            let owner = req.principal.session_owner(&self.registry);
+            mrtr::Rounds::new(method, meta.as_ref(), timeout, owner)
+        });
         let session = req.session().map(str::to_owned);
-        // Past a limit, refuse now: nothing queues behind a busy sled or session.
+        // The identity whose budget the call counts in: every call of an authenticated caller,
+        // in a session or not (security review finding 15).
+        let owner = req.principal.session_owner(&self.registry);
+        #[cfg(feature = "planted-bugs")]
+        let owner = owner.filter(|_| {
+            session.is_some() || self.config.planted != Some(PlantedBug::BudgetSkipsSessionless)
+        });
+        // Past a limit, refuse now: nothing queues behind a busy sled, session or identity.
         let sled_busy = self.calls.on_uplink(uplink_id);
         let session_busy = session.as_deref().map_or(0, |s| self.calls.in_session(s));
+        let identity_busy = owner.as_deref().map_or(0, |o| self.calls.of_owner(o));
         let refused = if sled_busy >= self.config.max_calls_per_sled {
             Some((CallLimit::Sled, self.config.max_calls_per_sled))
+        } else if owner.is_some() && identity_busy >= self.config.max_calls_per_identity {
+            Some((CallLimit::Identity, self.config.max_calls_per_identity))
         } else if session.is_some() && session_busy >= self.config.max_calls_per_session {
             Some((CallLimit::Session, self.config.max_calls_per_session))
         } else {
@@ -269,6 +271,7 @@ impl Gateway {
                 mrtr,
                 principal: tracing::enabled!(target: "audit", tracing::Level::INFO)
                     .then(|| self.principal_label(req.principal).into_boxed_str()),
+                owner: owner.map(String::into_boxed_str),
             }),
         );
         self.counters.calls_forwarded += 1;
@@ -329,10 +332,11 @@ impl Gateway {
                 if let (Some(s), Some(Value::String(uri))) = (req.session(), params.get("uri")) {
                     let key = (route.project.clone(), uri.clone());
                     if method == "resources/subscribe" {
+                        let holder = crate::auth::Holder::of(req.principal, &self.registry);
                         self.subscriptions
                             .entry(key)
                             .or_default()
-                            .insert(s.to_owned());
+                            .insert(s.to_owned(), holder);
                     } else if let Some(set) = self.subscriptions.get_mut(&key) {
                         set.remove(s);
                         if set.is_empty() {
@@ -425,14 +429,21 @@ impl Gateway {
         }
         self.next_server_request += 1;
         let gateway_id = format!("\"gw-req-{}\"", self.next_server_request);
-        self.server_requests.insert(
-            gateway_id.clone(),
-            ServerRequest {
-                uplink,
-                sled_id: sled_id.get().into(),
-                session,
-            },
-        );
+        // Kept as long as the call lasts, and only so many per call (finding 16).
+        let request = calls::ServerRequest {
+            uplink,
+            sled_id: sled_id.get().into(),
+            session,
+        };
+        if !self.calls.ask(related, gateway_id.clone(), request) {
+            return refuse(
+                self,
+                format!(
+                    "{method}: the call {related} already has {} requests waiting for its client; answer or drop one first",
+                    calls::MAX_ASKS_PER_CALL
+                ),
+            );
+        }
         let text = format!(
             r#"{{"jsonrpc":"2.0","id":{gateway_id},"method":"{method}","params":{}}}"#,
             Value::Object(params)
@@ -448,7 +459,7 @@ impl Gateway {
         result: Option<&RawValue>,
         error: Option<&RawValue>,
     ) {
-        let Some(request) = self.server_requests.get(id.as_str()) else {
+        let Some(request) = self.calls.asked(id.as_str()) else {
             tracing::debug!(
                 id = id.as_str(),
                 "a client response to no request of the gateway's"
@@ -467,8 +478,8 @@ impl Gateway {
             return;
         }
         let request = self
-            .server_requests
-            .remove(id.as_str())
+            .calls
+            .take_asked(id.as_str())
             .expect("looked up just above");
         let text = match (result, error) {
             (Some(r), None) => jsonrpc::ok_response(&request.sled_id, r.get()),
@@ -493,10 +504,16 @@ impl Gateway {
             return;
         };
         self.notify_listeners_updated(project, &uri);
+        // Only to subscribers who still see the project (a reload may have taken it away).
         let sessions: Vec<String> = self
             .subscriptions
             .get(&(project.to_owned(), uri.clone()))
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| {
+                s.iter()
+                    .filter(|(_, holder)| self.holder_sees(holder, project))
+                    .map(|(session, _)| session.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         let data = jsonrpc::notification(
             "notifications/resources/updated",
@@ -508,17 +525,58 @@ impl Gateway {
     }
 
     /// A sled's `list_changed` for resources or prompts: to the sessions whose default is its
-    /// project.
+    /// project, and which still see it.
     pub(super) fn notify_default_sessions(&mut self, project: &str, method: &str) {
         let affected: Vec<String> = self
             .sessions
-            .iter_mut()
-            .filter(|(_, s)| s.default_project.as_deref() == Some(project))
+            .iter()
+            .filter(|(_, s)| {
+                s.default_project.as_deref() == Some(project)
+                    && self.holder_sees(&s.holder, project)
+            })
             .map(|(id, _)| id.clone())
             .collect();
         let data = jsonrpc::notification(method, "{}");
         for id in affected {
             self.notify_session(&id, data.clone());
+        }
+    }
+}
+
+impl Gateway {
+    /// After a reload: the resource subscriptions of sessions whose subscriber no longer sees
+    /// the project end (security review finding 14). The sled keeps the client's own
+    /// subscription; the gateway no longer delivers its updates.
+    pub(super) fn end_revoked_subscriptions(&mut self) {
+        let mut ended = 0;
+        let keys: Vec<(String, String)> = self.subscriptions.keys().cloned().collect();
+        for key in keys {
+            let Some(subscribers) = self.subscriptions.get(&key) else {
+                continue;
+            };
+            let revoked: Vec<String> = subscribers
+                .iter()
+                .filter(|(_, holder)| !self.holder_sees(holder, &key.0))
+                .map(|(session, _)| session.clone())
+                .collect();
+            if revoked.is_empty() {
+                continue;
+            }
+            ended += revoked.len();
+            if let Some(subscribers) = self.subscriptions.get_mut(&key) {
+                for session in revoked {
+                    subscribers.remove(&session);
+                }
+                if subscribers.is_empty() {
+                    self.subscriptions.remove(&key);
+                }
+            }
+        }
+        if ended > 0 {
+            tracing::info!(
+                subscriptions = ended,
+                "resource subscriptions ended: their subscribers no longer see the project"
+            );
         }
     }
 }

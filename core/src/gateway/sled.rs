@@ -517,6 +517,10 @@ impl Gateway {
         );
         self.registry = registry;
         self.modern_listing = None;
+        // What was set up under the old rules and is no longer seen under the new ones ends.
+        self.end_revoked_subscriptions();
+        self.end_revoked_listens(now);
+        self.end_revoked_waits();
     }
 
     pub(super) fn on_shutdown(&mut self, now: Instant) {

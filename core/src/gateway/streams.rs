@@ -73,12 +73,16 @@ impl Gateway {
         }
     }
 
-    /// Tells every session whose default is `project` that its tool list changed.
+    /// Tells every session whose default is `project`, and which still sees it, that its tool
+    /// list changed.
     pub(super) fn notify_tools_changed(&mut self, project: &str) {
         let affected: Vec<String> = self
             .sessions
-            .iter_mut()
-            .filter(|(_, s)| s.default_project.as_deref() == Some(project))
+            .iter()
+            .filter(|(_, s)| {
+                s.default_project.as_deref() == Some(project)
+                    && self.holder_sees(&s.holder, project)
+            })
             .map(|(id, _)| id.clone())
             .collect();
         for id in affected {

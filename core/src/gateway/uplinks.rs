@@ -76,8 +76,7 @@ impl Gateway {
                 }
             }
         }
-        // The sled's requests to clients can no longer be answered.
-        self.server_requests.retain(|_, r| r.uplink != id);
+        // The sled's requests to clients go with their calls.
         for (_, pending) in self.calls.uplink_gone(id) {
             match pending {
                 Pending::Call(call) => {

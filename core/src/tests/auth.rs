@@ -779,7 +779,7 @@ fn agent_handles_come_after_the_rights_check_are_capped_per_identity_and_expire(
     }
     // The operator gets its quota of two, then the per-identity limit.
     let first = checkin(&mut h, OPS);
-    let handle = first["result"]["structuredContent"]["agent"]
+    let handle = first["result"]["structuredContent"]["handle"]
         .as_str()
         .unwrap_or_else(|| panic!("a handle: {first}"))
         .to_owned();
@@ -800,4 +800,142 @@ fn agent_handles_come_after_the_rights_check_are_capped_per_identity_and_expire(
     );
     let r: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
     assert_eq!(r["error"]["data"]["kind"], "unknown_agent", "{r}");
+}
+
+/// Agent-handle expiry: when room is needed, a handle unused for the session TTL whose agent
+/// is present nowhere and holds nothing is forgotten, and one whose agent still holds a lease
+/// is kept, so its holder can renew or release it. `Err` says which rule broke.
+fn handle_expiry_check(config: Config) -> Result<(), String> {
+    const OPS: &str = "ops-token-0123456789";
+    let registry = Registry::parse(
+        "projects.toml",
+        &format!(
+            "client_tokens = [{{ name = \"ops\", token = \"{OPS}\" }}]\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n"
+        ),
+    )
+    .unwrap();
+    let config = Config {
+        max_sessions_per_identity: 2,
+        session_idle_ttl: std::time::Duration::from_secs(60),
+        ..config
+    };
+    let mut h = Harness::new();
+    h.gw = Gateway::new(registry, config, [1; 32]);
+    let tool = |h: &mut Harness, name: &str, arguments: serde_json::Value| {
+        let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":arguments}});
+        let r = send_with(h, None, Some(&bearer(OPS)), AccessToken::Unchecked, call);
+        serde_json::from_str::<serde_json::Value>(r.body.as_deref().unwrap()).unwrap()
+    };
+    let handle = |r: &serde_json::Value| -> Result<String, String> {
+        r["result"]["structuredContent"]["handle"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("no handle: {r}"))
+    };
+    let holder = handle(&tool(
+        &mut h,
+        "checkin",
+        json!({"project":"alpha","ttl_s":1}),
+    ))?;
+    let r = tool(
+        &mut h,
+        "claim",
+        json!({"project":"alpha","resource":"story:alpha-1","ttl_s":3600,"agent":holder}),
+    );
+    if r["result"]["structuredContent"]["acquired"] != true {
+        return Err(format!("no lease: {r}"));
+    }
+    let idle = handle(&tool(
+        &mut h,
+        "checkin",
+        json!({"project":"alpha","ttl_s":1}),
+    ))?;
+    // Past the TTL and every presence, the lease still live: a third handle needs room.
+    h.advance(std::time::Duration::from_secs(200));
+    handle(&tool(
+        &mut h,
+        "checkin",
+        json!({"project":"alpha","ttl_s":1}),
+    ))?;
+    let r = tool(&mut h, "roster", json!({"project":"alpha","agent":idle}));
+    if r["error"]["data"]["kind"] != "unknown_agent" {
+        return Err(format!("the idle handle was kept: {r}"));
+    }
+    let r = tool(
+        &mut h,
+        "renew",
+        json!({"project":"alpha","resource":"story:alpha-1","ttl_s":60,"agent":holder}),
+    );
+    if r["result"].is_null() {
+        return Err(format!("the lease holder's handle was forgotten: {r}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn an_unused_handle_expires_but_not_while_its_agent_holds_a_lease() {
+    handle_expiry_check(Config::default()).unwrap();
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_handle_expiry_ignoring_leases_is_caught() {
+    let planted = Config {
+        planted: Some(crate::PlantedBug::HandleExpiryIgnoresLeases),
+        ..Config::default()
+    };
+    let caught = handle_expiry_check(planted).unwrap_err();
+    assert!(
+        caught.contains("lease holder's handle was forgotten"),
+        "{caught}"
+    );
+    handle_expiry_check(Config::default()).unwrap();
+}
+
+/// Security review finding 16: nothing the core holds a credential in shows it in `Debug`:
+/// a request's `Authorization`, the credentials a fleet tool's parts are asked with, the
+/// registry's client and uplink tokens, a hello's uplink token (which is written only into
+/// the frame itself).
+#[test]
+fn debug_shows_no_token() {
+    let secret = "Sup3rSecretToken-0123456789";
+    let request = HttpRequest {
+        authorization: Some(format!("Bearer {secret}")),
+        ..HttpRequest::default()
+    };
+    let credentials = crate::gather::Credentials::of(&request);
+    let mut spec = ProjectSpec::new("alpha", "http://127.0.0.1:9101");
+    spec.token = Some(Secret::new(secret));
+    let registry = Registry::from_projects(vec![spec], Some("alpha"))
+        .unwrap()
+        .with_client_tokens(vec![Secret::new(secret)]);
+    let hello = crate::uplink::Control::Hello {
+        protocol: 1,
+        project: "alpha".into(),
+        sled: "a".into(),
+        token: Some(Secret::new(secret)),
+        key: None,
+        fence: None,
+        epoch_seen: None,
+    };
+    for shown in [
+        format!("{request:?}"),
+        format!("{credentials:?}"),
+        format!("{registry:?}"),
+        format!("{hello:?}"),
+        format!(
+            "{:?}",
+            Input::Http {
+                token: crate::HttpToken(1),
+                request: request.clone()
+            }
+        ),
+    ] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    // The hello's frame carries it, as the protocol says.
+    assert!(hello.to_text().contains(secret));
+    let back: crate::uplink::Control = serde_json::from_str(&hello.to_text()).unwrap();
+    assert_eq!(back, hello);
 }

@@ -261,3 +261,203 @@ fn metrics_count_calls_by_tool_project_and_outcome_with_latency() {
     assert_eq!(m.stats.live_uplinks, 1);
     assert_eq!(m.stats.pending_calls, 0);
 }
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789abc";
+
+/// alice and bob, client tokens with every right, under `config`.
+fn two_identities(config: crate::Config) -> Harness {
+    let registry = crate::Registry::parse(
+        "projects.toml",
+        &format!(
+            "default = \"alpha\"\n\
+             client_tokens = [{{ name = \"alice\", token = \"{ALICE}\" }}, {{ name = \"bob\", token = \"{BOB}\" }}]\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n\
+             [[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n"
+        ),
+    )
+    .unwrap()
+    .allowing_unauthenticated_uplinks();
+    let mut h = Harness::new();
+    h.gw = crate::Gateway::new(registry, config, [4; 32]);
+    h
+}
+
+fn post_as(h: &mut Harness, bearer: &str, session: Option<&str>, body: Value) -> crate::HttpToken {
+    h.request(crate::HttpRequest {
+        method: HttpMethod::Post,
+        session: session.map(str::to_owned),
+        authorization: Some(format!("Bearer {bearer}")),
+        content_type: Some("application/json".into()),
+        accept: Some("application/json, text/event-stream".into()),
+        body: body.to_string().into_bytes(),
+        ..crate::HttpRequest::default()
+    })
+}
+
+fn show(id: u64) -> Value {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"show","arguments":{"story_id":"1"}}})
+}
+
+/// Security review finding 15: alice's budget of 3 calls in flight counts her calls in a
+/// session, without one and in the stateless era alike; past it any of hers is refused at
+/// once, while bob's go out. `Err` says what went wrong.
+fn identity_budget_check(config: crate::Config) -> Result<(), String> {
+    let mut h = two_identities(crate::Config {
+        max_calls_per_identity: 3,
+        ..config
+    });
+    let alpha = h.connect_sled("alpha");
+    let t = post_as(
+        &mut h,
+        ALICE,
+        None,
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
+    );
+    let r = h.replies.remove(&t).unwrap();
+    let s = r
+        .headers
+        .iter()
+        .find(|(n, _)| *n == "Mcp-Session-Id")
+        .unwrap()
+        .1
+        .clone();
+    let mine = [
+        post_as(&mut h, ALICE, Some(&s), show(1)),
+        post_as(&mut h, ALICE, None, show(2)),
+        super::modern::modern(
+            &mut h,
+            3,
+            "tools/call",
+            json!({"name":"show","arguments":{"project":"alpha","story_id":"1"}}),
+            &|r| r.authorization = Some(format!("Bearer {ALICE}")),
+        ),
+    ];
+    if mine.iter().any(|t| h.replies.contains_key(t)) {
+        return Err(format!(
+            "alice's first three calls were answered at once: {:?}",
+            h.replies
+        ));
+    }
+    if h.take_frames(alpha).len() != 3 {
+        return Err("alice's three calls were not all sent".into());
+    }
+    // A fourth of hers, of any kind, is refused; the stateless one too.
+    let over = super::modern::modern(
+        &mut h,
+        4,
+        "tools/call",
+        json!({"name":"show","arguments":{"project":"alpha","story_id":"1"}}),
+        &|r| r.authorization = Some(format!("Bearer {ALICE}")),
+    );
+    let Some(r) = h.reply_json(over) else {
+        return Err("alice's fourth call was sent past her budget".into());
+    };
+    let expected = json!({"kind":"too_many_calls","project":"alpha","sled":"alpha","limit":"max_calls_per_identity","max":3,"retry_after_ms":1000,"outcome":"not_sent"});
+    if r["error"]["data"] != expected {
+        return Err(format!("refused otherwise: {r}"));
+    }
+    let over = post_as(&mut h, ALICE, None, show(5));
+    if h.reply_json(over).is_none() {
+        return Err("alice's fifth call (sessionless) was sent past her budget".into());
+    }
+    if !h.take_frames(alpha).is_empty() {
+        return Err("something was sent for a refused call".into());
+    }
+    // Bob is not alice.
+    let theirs = post_as(&mut h, BOB, None, show(6));
+    if h.replies.contains_key(&theirs) || h.take_frames(alpha).len() != 1 {
+        return Err("bob's call did not go out".into());
+    }
+    // An answer makes room for one more of hers.
+    h.handle(Input::HttpAborted { token: mine[1] });
+    let again = post_as(&mut h, ALICE, None, show(7));
+    if h.replies.contains_key(&again) {
+        return Err("alice's call after one ended was refused".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn an_identitys_budget_counts_its_calls_with_and_without_a_session_and_stateless() {
+    identity_budget_check(crate::Config::default()).unwrap();
+}
+
+/// Without client authentication there is no identity to count by: the per-session and
+/// per-sled limits hold, and `max_calls_per_identity` does not.
+#[test]
+fn anonymous_callers_have_no_identity_budget() {
+    let mut h = Harness::new();
+    h.gw.config_mut().max_calls_per_identity = 1;
+    let alpha = h.connect_sled("alpha");
+    let ts: Vec<_> = (0..3)
+        .map(|i| h.call(None, json!(i), "show", json!({"story_id": "1"})))
+        .collect();
+    assert!(ts.iter().all(|t| !h.replies.contains_key(t)));
+    assert_eq!(h.take_frames(alpha).len(), 3);
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_budget_skips_sessionless_is_caught() {
+    let planted = crate::Config {
+        planted: Some(crate::PlantedBug::BudgetSkipsSessionless),
+        ..crate::Config::default()
+    };
+    let caught = identity_budget_check(planted).unwrap_err();
+    assert!(caught.contains("past her budget"), "{caught}");
+    identity_budget_check(crate::Config::default()).unwrap();
+}
+
+/// A sled of `project` that lists `pipeline_status` and does not answer it.
+fn pipeline_sled(h: &mut Harness, project: &str) -> crate::UplinkId {
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":project,"sled":project}),
+    );
+    let f = h.take_frames(u);
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":f[1]["id"],"result":{"tools":[{"name":"pipeline_status","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}]}}),
+    );
+    u
+}
+
+/// Security review finding 15: `aggregate_pipeline_status` sends a call to every sled; an
+/// identity may have `max_fanouts_per_identity` running, then is refused at once, and nothing
+/// is sent for the refused one.
+#[test]
+fn an_identity_may_run_only_so_many_fan_outs_at_once() {
+    let mut h = two_identities(crate::Config {
+        max_fanouts_per_identity: 1,
+        ..crate::Config::default()
+    });
+    let alpha = pipeline_sled(&mut h, "alpha");
+    let beta = pipeline_sled(&mut h, "beta");
+    let fanout = |id: u64| json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"aggregate_pipeline_status","arguments":{"timeout_ms":3000}}});
+    let first = post_as(&mut h, ALICE, None, fanout(1));
+    assert!(!h.replies.contains_key(&first), "waits for the sleds");
+    assert_eq!(h.take_frames(alpha).len() + h.take_frames(beta).len(), 2);
+    let second = post_as(&mut h, ALICE, None, fanout(2));
+    let r = h.reply_json(second).expect("refused at once");
+    assert_eq!(
+        r["error"]["data"],
+        json!({"kind":"too_many_calls","limit":"max_fanouts_per_identity","max":1,"retry_after_ms":1000,"outcome":"not_sent"}),
+        "{r}"
+    );
+    assert!(h.take_frames(alpha).is_empty() && h.take_frames(beta).is_empty());
+    // Bob's is his own.
+    let bobs = post_as(&mut h, BOB, None, fanout(3));
+    assert!(!h.replies.contains_key(&bobs));
+    assert_eq!(h.take_frames(alpha).len() + h.take_frames(beta).len(), 2);
+    // Once alice's first ends (its deadline), she may run another.
+    h.advance(Duration::from_secs(4));
+    assert!(h.reply_json(first).is_some());
+    let third = post_as(&mut h, ALICE, None, fanout(4));
+    assert!(
+        !h.replies.contains_key(&third),
+        "{:?}",
+        h.replies.get(&third)
+    );
+}

@@ -271,3 +271,140 @@ fn in_a_cluster_a_retry_goes_to_the_replica_that_parked_its_call() {
         );
     }
 }
+
+/// Two client tokens writing to alpha and beta; `alice` loses beta in [`RIGHTS_REVOKED`].
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789abc";
+
+fn rights_file(alice_on_beta: &str) -> crate::Registry {
+    crate::Registry::parse(
+        "projects.toml",
+        &format!(
+            "default = \"alpha\"\n\
+             client_tokens = [{{ name = \"alice\", token = \"{ALICE}\" }}, {{ name = \"bob\", token = \"{BOB}\" }}]\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n\
+             [[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n\
+             [[access]]\ntoken = \"alice\"\nprojects = {alice_on_beta}\nright = \"write\"\n\
+             [[access]]\ntoken = \"bob\"\nprojects = [\"alpha\", \"beta\"]\nright = \"write\"\n"
+        ),
+    )
+    .unwrap()
+    .allowing_unauthenticated_uplinks()
+}
+
+/// What alice may write to, before and after the reload that revokes beta.
+const RIGHTS_GRANTED: &str = "[\"alpha\", \"beta\"]";
+const RIGHTS_REVOKED: &str = "[\"alpha\"]";
+
+fn authed_harness() -> Harness {
+    let mut h = Harness::new();
+    h.gw = crate::Gateway::new(
+        rights_file(RIGHTS_GRANTED),
+        crate::Config::default(),
+        [5; 32],
+    );
+    h
+}
+
+/// A stateless `test_sampling` call on beta (its sled on `beta`) as `bearer`, parked for its
+/// client's input: the call's frame and the `requestState`.
+fn parked_as(h: &mut Harness, beta: crate::UplinkId, bearer: &'static str) -> (Value, Value) {
+    let t = modern(
+        h,
+        1,
+        "tools/call",
+        json!({"name":"test_sampling","arguments":{"project":"beta","prompt":"2+2?"},"_meta":sampling_caps()}),
+        &|r| r.authorization = Some(format!("Bearer {bearer}")),
+    );
+    let call = h.take_frames(beta).pop().unwrap();
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":"s-1","method":"sampling/createMessage","params":{
+            "messages":[],"maxTokens":5,"_meta":{"io.mcp-gateway/relatedRequest":call["id"]}}}),
+    );
+    let (_, r) = answer(h, t);
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+    let state = r["result"]["requestState"].clone();
+    (call, state)
+}
+
+fn retry_as(h: &mut Harness, bearer: &'static str, id: u64, state: &Value) -> HttpToken {
+    let mut params = json!({"name":"test_sampling","arguments":{"project":"beta","prompt":"2+2?"},
+        "requestState":state,"inputResponses":{}});
+    params["_meta"] = sampling_caps();
+    modern(h, id, "tools/call", params, &|r| {
+        r.authorization = Some(format!("Bearer {bearer}"))
+    })
+}
+
+/// Security review finding 13: a `requestState` is its caller's alone. Another identity
+/// presenting it (leaked, say) is answered exactly as for a handle that names nothing, and
+/// touches nothing: the call stays parked for its own caller.
+#[test]
+fn a_request_state_retried_by_another_identity_is_unknown_and_touches_nothing() {
+    let mut h = authed_harness();
+    let beta = h.connect_sled("beta");
+    let (_call, state) = parked_as(&mut h, beta, ALICE);
+    let t = retry_as(&mut h, BOB, 2, &state);
+    let (status, theirs) = answer(&mut h, t);
+    assert_eq!(status, 400, "{theirs}");
+    assert_eq!(theirs["error"]["data"]["kind"], "unknown_request_state");
+    assert!(h.take_frames(beta).is_empty(), "nothing reaches the sled");
+    assert_eq!(h.gw.stats().parked_calls, 1, "still parked");
+    // Byte for byte the answer to a handle that never was.
+    let forged = json!(format!("rs-{}", "ab".repeat(16)));
+    let t = retry_as(&mut h, BOB, 2, &forged);
+    let (_, never) = answer(&mut h, t);
+    assert_eq!(theirs, never);
+    // The caller's own retry still attaches: the sled's request is asked again.
+    let t = retry_as(&mut h, ALICE, 3, &state);
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["resultType"], "input_required", "{r}");
+}
+
+/// Security review finding 13: on a retry the parked call's right is asked again of the rules
+/// in force: a reload that took it refuses the retry, and the call ends, cancelled at the
+/// sled; an answer the sled gave meanwhile is not handed out either.
+#[test]
+fn a_reload_that_takes_the_right_refuses_the_retry_of_a_parked_call() {
+    let mut h = authed_harness();
+    let beta = h.connect_sled("beta");
+    let (call, state) = parked_as(&mut h, beta, ALICE);
+    h.handle(crate::Input::Reload {
+        registry: rights_file(RIGHTS_REVOKED),
+    });
+    let t = retry_as(&mut h, ALICE, 2, &state);
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["error"]["data"]["kind"], "unknown_project", "{r}");
+    let back = h.take_frames(beta);
+    assert!(
+        back.iter()
+            .any(|f| f["method"] == "notifications/cancelled"
+                && f["params"]["requestId"] == call["id"]),
+        "the call is cancelled at the sled: {back:?}"
+    );
+    assert!(
+        !back.iter().any(|f| f["id"] == "s-1"),
+        "no answer goes to the sled's request: {back:?}"
+    );
+    assert_eq!(h.gw.stats().parked_calls, 0);
+
+    // The same with the sled's answer held for the retry: it is not given.
+    h.handle(crate::Input::Reload {
+        registry: rights_file(RIGHTS_GRANTED),
+    });
+    let (call, state) = parked_as(&mut h, beta, ALICE);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":call["id"],"result":{"content":[{"type":"text","text":"secret"}]}}),
+    );
+    h.handle(crate::Input::Reload {
+        registry: rights_file(RIGHTS_REVOKED),
+    });
+    let t = retry_as(&mut h, ALICE, 3, &state);
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["error"]["data"]["kind"], "unknown_project", "{r}");
+    assert!(!r.to_string().contains("secret"), "{r}");
+    assert_eq!(h.gw.stats().parked_calls, 0);
+}

@@ -252,3 +252,69 @@ fn log_messages_respect_the_sessions_level() {
         .collect();
     assert_eq!(levels, [&json!("error")]);
 }
+
+/// Security review finding 16: a sled's requests to the client of a call (whose client never
+/// answers them) die with the call, however it ends (answered, timed out, cancelled), and one
+/// call holds at most `MAX_ASKS_PER_CALL` of them: a sled cannot grow the table past its calls.
+#[test]
+fn a_sleds_requests_to_a_client_die_with_their_call_and_are_bounded_per_call() {
+    let mut h = Harness::new();
+    let s = capable_session(&mut h);
+    let beta = h.connect_sled("beta");
+    let mut next = 0;
+    // A call on beta whose sled asks its client 40 times; returns the call's frame and token.
+    let mut flood = |h: &mut Harness| {
+        next += 1;
+        let t = h.call(
+            Some(&s),
+            json!(next),
+            "test_sampling",
+            json!({"project":"beta"}),
+        );
+        let call = h.take_frames(beta).pop().unwrap();
+        for i in 0..40 {
+            h.sled_says(beta, json!({"jsonrpc":"2.0","id":format!("s-{next}-{i}"),"method":"sampling/createMessage","params":{"messages":[],"maxTokens":5,"_meta":{"io.mcp-gateway/relatedRequest":call["id"]}}}));
+        }
+        let relayed = h.streams[&t]
+            .iter()
+            .filter(|(_, v)| v["method"] == "sampling/createMessage")
+            .count();
+        let refused = h
+            .take_frames(beta)
+            .iter()
+            .filter(|f| f["error"]["code"] == -32601)
+            .count();
+        assert_eq!((relayed, refused), (16, 24));
+        assert_eq!(h.gw.sled_requests_waiting(), 16);
+        (call, t)
+    };
+    // Answered by the sled.
+    let (call, _) = flood(&mut h);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":call["id"],"result":{"content":[]}}),
+    );
+    assert_eq!(h.gw.sled_requests_waiting(), 0, "gone with the answer");
+    // Past its deadline.
+    flood(&mut h);
+    let timeout = h.gw.registry().get("beta").unwrap().1.call_timeout;
+    for _ in 0..(timeout.as_secs() / 5 + 1) {
+        h.advance(std::time::Duration::from_secs(5));
+        for f in h.take_frames(beta) {
+            if f["uplink"] == "ping" {
+                h.sled_says(beta, json!({"uplink":"pong","seq":f["seq"]}));
+            }
+        }
+    }
+    assert_eq!(h.gw.sled_requests_waiting(), 0, "gone with the deadline");
+    // Cancelled by its client.
+    let (_, t) = flood(&mut h);
+    let n = next;
+    let r = h.post(
+        Some(&s),
+        json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":n}}),
+    );
+    assert_eq!(r.status, 202);
+    assert!(h.streams_closed.contains(&t) || h.replies.contains_key(&t));
+    assert_eq!(h.gw.sled_requests_waiting(), 0, "gone with the cancel");
+}

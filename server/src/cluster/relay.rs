@@ -97,8 +97,9 @@ pub enum Answer {
     Alive,
 }
 
-/// An [`HttpRequest`] on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// An [`HttpRequest`] on the wire. It holds no credential; its `Debug` shows neither the
+/// session id nor the body (security review finding 16).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WireRequest {
     pub method: String,
@@ -124,6 +125,18 @@ pub struct WireRequest {
     pub caller: WireCaller,
     /// The body, as UTF-8 when it is (a JSON body always is), else lossily.
     pub body: String,
+}
+
+impl std::fmt::Debug for WireRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireRequest")
+            .field("method", &self.method)
+            .field("session", &self.session.as_ref().map(|_| ".."))
+            .field("mcp_method", &self.mcp_method)
+            .field("caller", &self.caller)
+            .field("body_bytes", &self.body.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Who a relayed request comes from, as the relaying replica verified it

@@ -9,9 +9,11 @@
 //! hands the core an [`AccessToken`]: a principal, or `Invalid` with the reason logged at
 //! debug. The driver never waits on any of it.
 //!
-//! Wall-clock time for `exp` and `nbf` is the system time read once when the resource server
-//! is made, moved on by `tokio::time` since: the server reads no other clock, so it runs the
-//! same on turmoil's.
+//! Wall-clock time for `exp` and `nbf` is read at each check from [`OAuthOptions::clock`]:
+//! the system time by default ([`SystemClock`]), so a clock that was wrong at boot, corrected
+//! by NTP since, or a host that was suspended, counts as the system counts it now (security
+//! review finding 16). A simulation gives [`TokioClock`], a start instant moved on by
+//! `tokio::time` (turmoil's), so that its runs stay a function of the seed.
 
 pub mod fetch;
 pub mod jwt;
@@ -27,6 +29,45 @@ pub use fetch::{Fetch, FetchError, HttpFetch, MAX_DOCUMENT_BYTES};
 use jwt::Rejection;
 use keys::{IssuerKeys, Timing};
 
+/// The wall clock access tokens' `exp` and `nbf` are checked against, read at each check.
+pub trait WallClock: Send + Sync + 'static {
+    fn now(&self) -> SystemTime;
+}
+
+/// The system's clock: `SystemTime::now()` at each check.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl WallClock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A clock for simulations: `start`, moved on by `tokio::time` since the clock was made
+/// (turmoil's time under turmoil), so a run reads no real clock.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    start: SystemTime,
+    at: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// Reads `start` now, and later `start` plus the tokio time elapsed.
+    pub fn starting_at(start: SystemTime) -> TokioClock {
+        TokioClock {
+            start,
+            at: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl WallClock for TokioClock {
+    fn now(&self) -> SystemTime {
+        self.start + self.at.elapsed()
+    }
+}
+
 /// How the server gets and keeps the authorization servers' keys.
 #[derive(Clone)]
 pub struct OAuthOptions {
@@ -41,6 +82,9 @@ pub struct OAuthOptions {
     /// A fetch (discovery and JWKS) that takes longer fails, and so does the request that
     /// waited for it. Default 5 s.
     pub fetch_timeout: Duration,
+    /// The wall clock tokens' validity times are checked against, at each check. Default
+    /// [`SystemClock`]; a simulation gives a [`TokioClock`].
+    pub clock: Arc<dyn WallClock>,
 }
 
 impl Default for OAuthOptions {
@@ -50,6 +94,7 @@ impl Default for OAuthOptions {
             jwks_max_age: Duration::from_secs(15 * 60),
             jwks_cooldown: Duration::from_secs(10),
             fetch_timeout: Duration::from_secs(5),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -77,8 +122,6 @@ struct Active {
 pub struct ResourceServer {
     active: RwLock<Arc<Active>>,
     opts: OAuthOptions,
-    /// The system time when this was made, and tokio's instant then.
-    epoch: (SystemTime, tokio::time::Instant),
 }
 
 impl ResourceServer {
@@ -86,7 +129,6 @@ impl ResourceServer {
         let rs = Arc::new(ResourceServer {
             active: RwLock::new(Arc::new(Active::default())),
             opts,
-            epoch: (SystemTime::now(), tokio::time::Instant::now()),
         });
         rs.reconfigure(config);
         rs
@@ -158,10 +200,11 @@ impl ResourceServer {
             .map(OAuthConfig::metadata_json)
     }
 
-    /// Now, in seconds since the Unix epoch.
+    /// Now, in seconds since the Unix epoch, as the clock says at this check.
     fn now_unix(&self) -> u64 {
-        let (system, instant) = self.epoch;
-        (system + instant.elapsed())
+        self.opts
+            .clock
+            .now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
     }
@@ -218,4 +261,117 @@ fn bearer(authorization: Option<&str>) -> Option<&str> {
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())
         .filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use base64::Engine as _;
+    use bytes::Bytes;
+    use futures_util::future::BoxFuture;
+    use serde_json::json;
+
+    use super::*;
+
+    const ISSUER: &str = "https://id.example.com";
+    const RESOURCE: &str = "https://gw.example.com/mcp";
+    const NOW: u64 = 1_800_000_000;
+
+    /// A clock a test sets by hand.
+    struct HandClock(Mutex<SystemTime>);
+
+    impl WallClock for Arc<HandClock> {
+        fn now(&self) -> SystemTime {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// The issuer's discovery document and JWKS, from memory.
+    struct Documents(String);
+
+    impl Fetch for Documents {
+        fn get(&self, url: &str) -> BoxFuture<'static, Result<Bytes, FetchError>> {
+            let body = if url.ends_with("/.well-known/openid-configuration") {
+                Ok(json!({"issuer": ISSUER, "jwks_uri": format!("{ISSUER}/jwks")}).to_string())
+            } else if url == format!("{ISSUER}/jwks") {
+                Ok(self.0.clone())
+            } else {
+                Err(FetchError::Status(404))
+            };
+            Box::pin(async move { body.map(Bytes::from) })
+        }
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    /// Security review finding 16: the wall clock is read at each check, not once at start
+    /// and moved on by a monotonic clock: a token valid now is refused once the clock says it
+    /// expired, though no tokio time passed, and one not yet valid is taken once it is.
+    #[tokio::test]
+    async fn each_check_reads_the_wall_clock() {
+        let signing = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
+        let jwks = json!({"keys":[{"kty":"OKP","crv":"Ed25519","use":"sig","alg":"EdDSA","kid":"k1",
+            "x": b64(signing.verifying_key().as_bytes())}]});
+        // PKCS#8 v1 for Ed25519: a fixed prefix, then the 32-byte seed.
+        let mut der = vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ];
+        der.extend_from_slice(signing.as_bytes());
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+        header.kid = Some("k1".into());
+        header.typ = Some("at+jwt".into());
+        let token = |nbf: u64, exp: u64| {
+            let claims = json!({"iss": ISSUER, "sub": "agent", "aud": RESOURCE, "nbf": nbf, "exp": exp, "scope": "mcp"});
+            let t = jsonwebtoken::encode(
+                &header,
+                &claims,
+                &jsonwebtoken::EncodingKey::from_ed_der(&der),
+            )
+            .unwrap();
+            format!("Bearer {t}")
+        };
+        let clock = Arc::new(HandClock(Mutex::new(at(NOW))));
+        let config = OAuthConfig::new(RESOURCE, vec![ISSUER.into()], vec![]).unwrap();
+        let leeway = config.leeway.as_secs();
+        let rs = ResourceServer::new(
+            Some(&config),
+            OAuthOptions {
+                fetch: Arc::new(Documents(jwks.to_string())),
+                clock: Arc::new(clock.clone()),
+                ..OAuthOptions::default()
+            },
+        );
+        let valid = |t: &AccessToken| matches!(t, AccessToken::Valid(_));
+        let expiring = token(NOW - 10, NOW + 60);
+        assert!(valid(&rs.check(Some(&expiring)).await));
+        *clock.0.lock().unwrap() = at(NOW + 60 + leeway);
+        assert_eq!(rs.check(Some(&expiring)).await, AccessToken::Invalid);
+        let later = token(NOW + 3600, NOW + 7200);
+        assert_eq!(rs.check(Some(&later)).await, AccessToken::Invalid);
+        *clock.0.lock().unwrap() = at(NOW + 3600);
+        assert!(valid(&rs.check(Some(&later)).await));
+    }
+
+    #[test]
+    fn the_default_clock_is_the_systems() {
+        let before = SystemTime::now();
+        let read = OAuthOptions::default().clock.now();
+        assert!(read >= before && read <= SystemTime::now());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_simulations_clock_moves_with_tokio_time() {
+        let clock = TokioClock::starting_at(at(NOW));
+        assert_eq!(clock.now(), at(NOW));
+        tokio::time::advance(Duration::from_secs(90)).await;
+        assert_eq!(clock.now(), at(NOW + 90));
+    }
 }

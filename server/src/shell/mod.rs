@@ -238,8 +238,9 @@ fn help_footer() -> String {
     )
 }
 
-/// Where the gateway is, who we are, how to print: from flags, then the environment.
-#[derive(Debug, Clone)]
+/// Where the gateway is, who we are, how to print: from flags, then the environment. Its
+/// `Debug` names where the token came from, never the token.
+#[derive(Clone)]
 pub(crate) struct Settings {
     /// The MCP endpoint.
     pub(crate) url: String,
@@ -254,6 +255,20 @@ pub(crate) struct Settings {
     pub(crate) agent_file_from: String,
     /// Print JSON rather than tables.
     pub(crate) json: bool,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("url", &self.url)
+            .field("url_from", &self.url_from)
+            .field("token_from", &self.token.as_ref().map(|(_, from)| from))
+            .field("trust", &self.trust)
+            .field("agent_file", &self.agent_file)
+            .field("agent_file_from", &self.agent_file_from)
+            .field("json", &self.json)
+            .finish()
+    }
 }
 
 /// The bearer token and where it came from: the file `--token-file` names (trimmed; empty is an
@@ -528,6 +543,34 @@ mod tests {
     fn server_commands_are_not_the_shells() {
         let m = parse(&["gateway", "demo"]).unwrap();
         assert!(dispatch(&m).is_none());
+    }
+
+    /// Security review finding 16: the shell's settings hold the bearer token; their `Debug`
+    /// names its source only. So do the stdio bridge's.
+    #[test]
+    fn debug_shows_no_token() {
+        let secret = "Sup3rSecretToken-0123456789";
+        let m = parse(&["gateway", "list-projects"]).unwrap();
+        let env = |k: &str| (k == TOKEN_ENV).then(|| secret.to_owned());
+        let s = Settings::resolve(m.subcommand().unwrap().1, &env).unwrap();
+        assert_eq!(s.token.as_ref().map(|(t, _)| t.as_str()), Some(secret));
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains(secret) && shown.contains(TOKEN_ENV),
+            "{shown}"
+        );
+        let bridge = gateway_server::stdio::BridgeOptions {
+            token: Some(gateway_server::stdio::BridgeToken {
+                token: secret.into(),
+                from: TOKEN_ENV.into(),
+            }),
+            ..gateway_server::stdio::BridgeOptions::default()
+        };
+        let shown = format!("{bridge:?}");
+        assert!(
+            !shown.contains(secret) && shown.contains(TOKEN_ENV),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -87,13 +87,17 @@ impl Gateway {
         let Some(cutoff) = now.checked_sub(self.config.session_idle_ttl) else {
             return;
         };
+        #[cfg(feature = "planted-bugs")]
+        let leases_count = self.config.planted != Some(PlantedBug::HandleExpiryIgnoresLeases);
+        #[cfg(not(feature = "planted-bugs"))]
+        let leases_count = true;
         let c = &self.coordination;
         let stale: Vec<String> = c
             .handle_use
             .iter()
             .filter(|(name, u)| {
                 u.last_used < cutoff
-                    && !c.coord.holds_leases(now, name)
+                    && !(leases_count && c.coord.holds_leases(now, name))
                     && c.coord.present_in(now, name).is_empty()
             })
             .map(|(name, _)| name.clone())

@@ -77,6 +77,10 @@ pub(super) struct Parked {
     streamed: bool,
     next_progress: Instant,
     sent_progress: u64,
+    /// Who waits, and in which projects: a reload that takes one of them away ends the wait
+    /// (security review finding 14).
+    holder: crate::auth::Holder,
+    projects: Vec<String>,
 }
 
 impl Coordination {

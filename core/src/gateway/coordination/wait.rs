@@ -42,6 +42,7 @@ impl Gateway {
         let timeout = seconds(WAIT, arguments, "timeout_s")?
             .unwrap_or(limit)
             .min(limit);
+        let covers = projects.clone();
         // In a cluster, projects held by other replicas are waited in there.
         let (projects, elsewhere) = self.wait_places(req, projects, named_any);
         if projects.is_empty() && elsewhere.is_empty() {
@@ -90,6 +91,8 @@ impl Gateway {
                         streamed: false,
                         next_progress: now + WAIT_PROGRESS_EVERY,
                         sent_progress: 0,
+                        holder: crate::auth::Holder::of(req.principal, &self.registry),
+                        projects: covers,
                     },
                 );
                 if !elsewhere.is_empty() {
@@ -126,6 +129,14 @@ impl Gateway {
             let Some(session) = self.coordination.sessions.get(&agent).cloned() else {
                 continue;
             };
+            // Only to a session that still sees the project (a reload may have taken it).
+            let sees = self
+                .sessions
+                .get(&session)
+                .is_some_and(|s| self.holder_sees(&s.holder, &project));
+            if !sees {
+                continue;
+            }
             let data = json!({
                 "jsonrpc": "2.0",
                 "method": COORDINATION_NOTIFICATION,
@@ -146,6 +157,37 @@ impl Gateway {
             let result = self.wait_result(now, &parked.agent, project.as_deref(), &ready);
             self.answer_parked(parked, &result);
             self.wait_ended(wait);
+        }
+    }
+
+    /// After a reload: the parked waits whose holder no longer sees one of their projects end
+    /// at once, answered `woke: false` with `ended` saying why (security review finding 14):
+    /// nothing of that project reaches them. Waiting again is decided on the rules in force.
+    pub(in crate::gateway) fn end_revoked_waits(&mut self) {
+        let mut revoked: Vec<WaitToken> = self
+            .coordination
+            .parked
+            .iter()
+            .filter(|(_, p)| p.projects.iter().any(|pr| !self.holder_sees(&p.holder, pr)))
+            .map(|(w, _)| *w)
+            .collect();
+        revoked.sort();
+        if !revoked.is_empty() {
+            tracing::info!(
+                waits = revoked.len(),
+                "parked waits ended: their callers no longer see one of the projects"
+            );
+        }
+        for wait in revoked {
+            self.coordination.coord.cancel_wait(wait);
+            self.wait_ended(wait);
+            if let Some(parked) = self.coordination.unpark(wait) {
+                let result = basics::tool_result(json!({
+                    "woke": false, "reasons": [],
+                    "ended": "the rights in force changed: call wait again",
+                }));
+                self.answer_parked(parked, &result);
+            }
         }
     }
 

@@ -19,6 +19,8 @@ pub(in crate::gateway) struct Fanout {
     per_sled: Duration,
     parts: BTreeMap<String, Part>,
     waiting: usize,
+    /// The identity it counts for (`max_fanouts_per_identity`), with authentication on.
+    owner: Option<String>,
 }
 
 #[derive(Debug)]
@@ -99,6 +101,25 @@ impl Gateway {
             self.config.fanout_sled_timeout.min(overall),
         )?
         .min(overall);
+        // One fan-out asks every visible sled: an identity may have only a few running
+        // (security review finding 15).
+        let owner = req.principal.session_owner(&self.registry);
+        if let Some(o) = owner.as_deref() {
+            let running = self
+                .fanouts
+                .values()
+                .filter(|(f, _)| f.owner.as_deref() == Some(o))
+                .count();
+            let max = self.config.max_fanouts_per_identity;
+            if running >= max {
+                self.counters.calls_refused += 1;
+                tracing::debug!(max, "aggregate_pipeline_status refused by a limit");
+                return Err(RpcError::TooManyFanouts {
+                    max,
+                    retry_after: self.config.retry_after,
+                });
+            }
+        }
         let fanout_id = self.next_fanout;
         self.next_fanout += 1;
         let mut parts = BTreeMap::new();
@@ -121,6 +142,7 @@ impl Gateway {
             per_sled,
             parts,
             waiting,
+            owner,
         };
         if waiting == 0 {
             return Ok(Served::Now(fanout_result(now, fanout, overall)));
