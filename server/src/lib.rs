@@ -77,6 +77,7 @@ mod ops;
 pub mod otlp;
 mod reload;
 pub mod stdio;
+pub mod store;
 pub mod tls;
 mod uplink;
 
