@@ -3,7 +3,7 @@
 //! ([`crate::cluster::Engine`] is a [`Store`] with messaging beside it), and a single gateway
 //! keeps what must outlive it through the same interface.
 //!
-//! Its engines: the embedded one on redb (`redb::RedbStore`, one file in the gateway's state
+//! Its engines: the embedded one on redb ([`redb::RedbStore`], one file in the gateway's state
 //! directory, the default of a single gateway), NATS JetStream in a cluster
 //! ([`crate::cluster::nats::NatsEngine`]), and the simulation's model
 //! (`gateway_tests::engine_model`). The operations:
@@ -60,6 +60,8 @@
 //! (`project.alpha`); in a watch's key filter a token may be `*` (any one token), and the last
 //! may be `>` (one or more tokens). Anything else is [`EngineError::Invalid`], checked here,
 //! before any engine sees it.
+
+pub mod redb;
 
 use std::fmt;
 use std::pin::Pin;
