@@ -16,6 +16,7 @@ mod news;
 mod reload;
 mod rights;
 mod spread;
+mod store;
 mod streams;
 mod surface;
 mod trace;
