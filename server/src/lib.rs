@@ -141,6 +141,11 @@ pub struct ServerOptions {
     /// Join a cluster of replicas through its engine (see [`cluster::replica`]); `None` (the
     /// default): a single-process gateway, no engine.
     pub cluster: Option<cluster::replica::ClusterOptions>,
+    /// Where a single gateway keeps its sessions across restarts (see [`store::records`];
+    /// `gateway serve` gives the embedded store of its `--state-dir`), opened and closed by
+    /// the caller. `None` (the default): sessions live in memory only. A replica of a cluster
+    /// keeps them in the cluster's engine instead, and [`serve`] refuses both at once.
+    pub store: Option<Arc<dyn store::Store>>,
     /// Connection caps and the body read deadline, which hold before authentication.
     pub limits: limits::Limits,
     /// Serve HTTPS and WSS with this certificate and key, on every listener, reloaded on SIGHUP
@@ -164,6 +169,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
             .field("cluster", &self.cluster)
+            .field("store", &self.store.as_ref().map(|_| "dyn Store"))
             .field("limits", &self.limits)
             .field("tls", &self.tls)
             .finish()
@@ -187,6 +193,7 @@ impl ServerOptions {
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
             cluster: None,
+            store: None,
             limits: limits::Limits::default(),
             tls: None,
         }
@@ -244,9 +251,17 @@ where
         oauth,
         otlp,
         cluster,
+        store,
         limits,
         tls,
     } = opts;
+    if cluster.is_some() && store.is_some() {
+        return Err(std::io::Error::other(
+            "a replica of a cluster keeps its sessions in the cluster's engine: give no store",
+        ));
+    }
+    // A single gateway with a store keeps its sessions there.
+    core.store_sessions = store.is_some();
     if let Some(c) = &cluster {
         let key = cluster::replica::agent_key(c, gateway_core::agents::AgentKey::derive(&seed))
             .await
@@ -317,12 +332,24 @@ where
         }
         None => (None, None),
     };
+    // A single gateway's sessions: the bucket is made before the driver takes any event; a
+    // store that cannot be written stops the start.
+    let (records_io, records_task) = match store {
+        Some(store) => {
+            let (io, task) = store::records::start(store, session_ttl, cmd_tx.downgrade())
+                .await
+                .map_err(|e| std::io::Error::other(format!("opening the session store: {e}")))?;
+            (Some(io), Some(task))
+        }
+        None => (None, None),
+    };
     let fleet_io = driver::FleetIo {
         prober,
         commands: cmd_tx.downgrade(),
         pins,
         spans: spans.clone(),
         cluster: cluster_io,
+        records: records_io,
     };
 
     // Dropped when the driver task ends, whichever way: a driver that died before shutdown
@@ -456,6 +483,14 @@ where
         {
             tracing::warn!("cluster actions still in flight after the linger; not waiting");
             executor_abort.abort();
+        }
+    }
+    // The driver is gone: the store's executor finishes the session writes it was handed.
+    if let Some(task) = records_task {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_LINGER, task).await.is_err() {
+            tracing::warn!("session writes still in flight after the linger; not waiting");
+            abort.abort();
         }
     }
     // The driver is gone: the spans it handed over (the last ones from the core's shutdown

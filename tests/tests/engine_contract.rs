@@ -408,7 +408,10 @@ async fn redb_acknowledges_after_a_sync_and_a_burst_shares_its_syncs() {
     e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
     let before = disk.syncs();
     e.put(BUCKET, "one", v("x")).await.unwrap();
-    assert!(disk.syncs() > before, "a write is acknowledged after a sync");
+    assert!(
+        disk.syncs() > before,
+        "a write is acknowledged after a sync"
+    );
     let before = disk.syncs();
     let burst = (0..BURST).map(|i| e.put(BUCKET, &format!("k{i}"), v("x")));
     for r in futures_util::future::join_all(burst).await {

@@ -29,7 +29,8 @@ impl Gateway {
             event,
             ClusterEvent::SessionLoaded { .. } | ClusterEvent::SessionStored { .. }
         );
-        if !self.clustered() && !(a_store_answer && self.keeps_sessions()) {
+        let heard = self.clustered() || (a_store_answer && self.keeps_sessions());
+        if !heard {
             tracing::debug!(?event, "a cluster event for a gateway outside any cluster");
             return;
         }

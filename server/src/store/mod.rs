@@ -61,6 +61,7 @@
 //! may be `>` (one or more tokens). Anything else is [`EngineError::Invalid`], checked here,
 //! before any engine sees it.
 
+pub mod records;
 pub mod redb;
 
 use std::fmt;
