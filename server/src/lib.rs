@@ -31,7 +31,9 @@
 //! 4. the driver keeps answering (the core refuses new requests) until every connection task has
 //!    ended, and [`serve`] returns. Should a peer hold a connection open past
 //!    `shutdown_grace` + [`SHUTDOWN_LINGER`], `serve` stops waiting for it and returns anyway.
-//! 5. with a pin file, the last pins the core asked to save are written before `serve` returns.
+//! 5. with a pin file, the last pins the core asked to save are written before `serve` returns;
+//!    with a store ([`ServerOptions::store`]), so are the last session writes (the caller then
+//!    closes the store).
 //!
 //! # Fleet
 //!
