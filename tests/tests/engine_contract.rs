@@ -425,6 +425,37 @@ async fn redb_acknowledges_after_a_sync_and_a_burst_shares_its_syncs() {
     );
 }
 
+/// A disk that fails under the embedded store (here: the power is gone): every write is
+/// refused `Unavailable`, at once, the expiries that fall due meanwhile too; nothing panics.
+#[tokio::test(start_paused = true)]
+async fn redb_refuses_writes_it_cannot_sync_as_unavailable() {
+    let mut b = RedbBackend::on_crash_disk(RedbOptions::default());
+    let disk = b.disk.clone().expect("a crash disk");
+    let e = b.store("r1").await;
+    e.ensure_bucket(BucketConfig::with_max_age(BUCKET, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    e.ensure_bucket(BucketConfig::new("kept")).await.unwrap();
+    e.put(BUCKET, "k", v("x")).await.unwrap();
+    let r = e.put("kept", "k", v("x")).await.unwrap();
+    disk.power_cut();
+    for _ in 0..3 {
+        let w = within("a write on a dead disk", e.put("kept", "k", v("y"))).await;
+        assert!(matches!(w, Err(EngineError::Unavailable(_))), "{w:?}");
+    }
+    // An expiry falls due meanwhile, cannot be written, and is tried again later.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let w = within("a create on a dead disk", e.create(BUCKET, "k", v("z"))).await;
+    assert!(matches!(w, Err(EngineError::Unavailable(_))), "{w:?}");
+    b.restart().await;
+    let e = b.store("r1").await;
+    assert_eq!(
+        e.get("kept", "k").await,
+        Ok(entry("k", "x", r)),
+        "what was refused left nothing"
+    );
+}
+
 const BUCKET: &str = "directory";
 
 fn v(s: &str) -> Bytes {

@@ -63,6 +63,8 @@ const MAX_BATCH: usize = 512;
 const WATCH_QUEUE: usize = 1024;
 /// The most reads on the blocking pool at once.
 const READS: usize = 8;
+/// How long expiries wait after a transaction that could not be written.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// Why the state file could not be opened. Its message names the file.
 #[derive(Debug, thiserror::Error)]
@@ -592,8 +594,12 @@ async fn run_writer(
     mut index: Expiries,
 ) {
     let mut closing = None;
+    // After a transaction that failed, expiries wait a moment before they are tried again.
+    let mut not_before = Instant::now();
     loop {
-        let next = index.next().map(|due| shared.clock.instant_of(due + 1));
+        let next = index
+            .next()
+            .map(|due| shared.clock.instant_of(due + 1).max(not_before));
         let woke = tokio::select! {
             m = rx.recv() => Woke::Message(m),
             () = sleep_until(next) => Woke::Timer,
@@ -631,9 +637,13 @@ async fn run_writer(
                 }
                 Ok(Err(e)) => {
                     tracing::error!(file = %shared.name, error = %e, "the state file could not be written; the writes were refused");
+                    not_before = Instant::now() + RETRY_AFTER_FAILURE;
                     vec![Err(e); n]
                 }
-                Err(e) => vec![Err(EngineError::Other(e.to_string())); n],
+                Err(e) => {
+                    not_before = Instant::now() + RETRY_AFTER_FAILURE;
+                    vec![Err(EngineError::Other(e.to_string())); n]
+                }
             };
             for (answer, result) in answers.into_iter().zip(results) {
                 let _ = answer.send(result);
@@ -808,13 +818,23 @@ impl Batch<'_> {
     fn expire(&mut self, due: Vec<(u64, String, Revision, String)>) -> Io<()> {
         let mut work: BTreeSet<(u64, String, Revision, String)> = due.into_iter().collect();
         while let Some((at, bucket, revision, key)) = work.pop_first() {
-            let Some(meta) = self.meta(&bucket)? else {
-                continue;
-            };
-            let Some(Ok(record)) = self.record(&bucket, &key)? else {
+            // The index follows the file; should it not, it is put right, never left to fire
+            // again.
+            let (Some(meta), Some(Ok(record))) = (self.meta(&bucket)?, self.record(&bucket, &key)?)
+            else {
+                self.applied.index.push(IndexUpdate::Remove { bucket, key });
                 continue;
             };
             if record.revision != revision {
+                self.applied.index.push(match meta.max_age() {
+                    Some(age) => IndexUpdate::Set {
+                        due: record.at.saturating_add(age),
+                        revision: record.revision,
+                        bucket,
+                        key,
+                    },
+                    None => IndexUpdate::Remove { bucket, key },
+                });
                 continue;
             }
             match record.kind {
