@@ -3,7 +3,8 @@
 //!
 //! The gateway owns a `Replica` (`replica.rs`) and a `Records` (`records.rs`) when
 //! [`crate::Config::cluster`] is set, and nothing of them otherwise: a single-process gateway
-//! needs no engine. The decisions are those machines' (and the
+//! needs no engine. (A single gateway with [`crate::Config::store_sessions`] owns a `Records`
+//! alone, whose session actions and answers travel as these too.) The decisions are those machines' (and the
 //! [`crate::directory::Directory`]'s, which the
 //! replica machine owns); this module holds their vocabulary:
 //!

@@ -61,23 +61,13 @@ pub(crate) struct WaitGather {
     pub(crate) error: Option<Box<RawValue>>,
 }
 
-/// The credentials of the request being served, which the parts it needs are made with: the
+/// Who the request being served comes from, which the parts it needs are made with: the
 /// other replica answers what the caller may see, no more. They travel in the request
-/// context, never in the gateway's state. Its `Debug` shows no credential.
-#[derive(Clone, Default)]
+/// context, never in the gateway's state. They hold no credential.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Credentials {
     access_token: AccessToken,
     origin: Option<String>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("authorization", &self.authorization.as_ref().map(|_| ".."))
-            .field("access_token", &self.access_token)
-            .field("origin", &self.origin)
-            .finish()
-    }
 }
 
 impl Credentials {

@@ -1,5 +1,6 @@
-//! What the gateway keeps in the engine: session records and first-use pins (issue 15), the
-//! seam through which issue 25's store will keep them on one gateway too.
+//! What the gateway keeps outside the process: session records and first-use pins in the
+//! engine of a cluster (issue 15), and session records in the store of a single gateway with
+//! a state directory (issue 25, `Config::store_sessions`), through the same actions.
 //!
 //! It is sans-IO and separate from the replica machine ([`crate::replica::Replica`]), which
 //! decides only where projects are served: persistence is not a cluster feature. The gateway

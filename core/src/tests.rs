@@ -17,6 +17,7 @@ mod reload;
 mod revocation;
 mod rights;
 mod spread;
+mod store;
 mod streams;
 mod surface;
 mod trace;

@@ -249,6 +249,16 @@ pub(crate) async fn run(
     opts.core.probe_interval = DEMO_PROBE_INTERVAL;
     opts.core.relay_stale_after = DEMO_RELAY_STALE_AFTER;
     opts.pin_file = faults.pin_file.clone();
+    // Sessions outlive nothing but the demo's own run: a temporary state directory.
+    let state_dir = std::env::temp_dir().join(format!(
+        "mcp-gateway-demo-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let store = crate::state_flags::open(&state_dir).await?;
+    tracing::info!(dir = %state_dir.display(),
+        "the demo keeps its sessions in a temporary state directory, removed when it stops");
+    opts.store = Some(store.clone());
     let server = tokio::spawn(gateway_server::serve(listener, opts, async {
         let _ = stop_rx.await;
     }));
@@ -316,6 +326,10 @@ pub(crate) async fn run(
         Ok(r) => r.map_err(|e| e.to_string()),
         Err(e) => Err(format!("the gateway task failed: {e}")),
     };
+    store.close().await;
+    if let Err(e) = std::fs::remove_dir_all(&state_dir) {
+        tracing::warn!(dir = %state_dir.display(), error = %e, "the demo's state directory was not removed");
+    }
     if let Some(task) = impostor_fleet {
         if task.is_finished() {
             if let Ok(f) = task.await {

@@ -86,6 +86,8 @@ pub(crate) struct FleetIo {
     pub(crate) spans: Option<Arc<crate::otlp::SpanExport>>,
     /// The replica's tasks, in a cluster.
     pub(crate) cluster: Option<crate::cluster::replica::ClusterIo>,
+    /// A single gateway's session store (`store/records.rs`).
+    pub(crate) records: Option<crate::store::records::RecordsIo>,
 }
 
 /// What the driver sends an HTTP handler: one whole answer, or a stream of events.
@@ -389,9 +391,12 @@ impl Driver {
                     }
                     None => tracing::debug!("a span with no exporter; dropped"),
                 },
-                Output::Cluster(action) => match &self.fleet.cluster {
-                    Some(cluster) => cluster.act(action),
-                    None => tracing::error!(?action, "a cluster action outside any cluster"),
+                Output::Cluster(action) => match (&self.fleet.cluster, &self.fleet.records) {
+                    (Some(cluster), _) => cluster.act(action),
+                    (None, Some(records)) => records.act(action),
+                    (None, None) => {
+                        tracing::error!(?action, "a cluster action outside any cluster")
+                    }
                 },
             }
         }

@@ -31,7 +31,9 @@
 //! 4. the driver keeps answering (the core refuses new requests) until every connection task has
 //!    ended, and [`serve`] returns. Should a peer hold a connection open past
 //!    `shutdown_grace` + [`SHUTDOWN_LINGER`], `serve` stops waiting for it and returns anyway.
-//! 5. with a pin file, the last pins the core asked to save are written before `serve` returns.
+//! 5. with a pin file, the last pins the core asked to save are written before `serve` returns;
+//!    with a store ([`ServerOptions::store`]), so are the last session writes (the caller then
+//!    closes the store).
 //!
 //! # Fleet
 //!
@@ -77,6 +79,7 @@ mod ops;
 pub mod otlp;
 mod reload;
 pub mod stdio;
+pub mod store;
 pub mod tls;
 mod uplink;
 
@@ -140,6 +143,11 @@ pub struct ServerOptions {
     /// Join a cluster of replicas through its engine (see [`cluster::replica`]); `None` (the
     /// default): a single-process gateway, no engine.
     pub cluster: Option<cluster::replica::ClusterOptions>,
+    /// Where a single gateway keeps its sessions across restarts (see [`store::records`];
+    /// `gateway serve` gives the embedded store of its `--state-dir`), opened and closed by
+    /// the caller. `None` (the default): sessions live in memory only. A replica of a cluster
+    /// keeps them in the cluster's engine instead, and [`serve`] refuses both at once.
+    pub store: Option<Arc<dyn store::Store>>,
     /// Connection caps and the body read deadline, which hold before authentication.
     pub limits: limits::Limits,
     /// Serve HTTPS and WSS with this certificate and key, on every listener, reloaded on SIGHUP
@@ -163,6 +171,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
             .field("cluster", &self.cluster)
+            .field("store", &self.store.as_ref().map(|_| "dyn Store"))
             .field("limits", &self.limits)
             .field("tls", &self.tls)
             .finish()
@@ -186,6 +195,7 @@ impl ServerOptions {
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
             cluster: None,
+            store: None,
             limits: limits::Limits::default(),
             tls: None,
         }
@@ -243,9 +253,17 @@ where
         oauth,
         otlp,
         cluster,
+        store,
         limits,
         tls,
     } = opts;
+    if cluster.is_some() && store.is_some() {
+        return Err(std::io::Error::other(
+            "a replica of a cluster keeps its sessions in the cluster's engine: give no store",
+        ));
+    }
+    // A single gateway with a store keeps its sessions there.
+    core.store_sessions = store.is_some();
     if let Some(c) = &cluster {
         core.cluster = Some(c.core_config());
     }
@@ -327,12 +345,24 @@ where
         }
         None => (None, None),
     };
+    // A single gateway's sessions: the bucket is made before the driver takes any event; a
+    // store that cannot be written stops the start.
+    let (records_io, records_task) = match store {
+        Some(store) => {
+            let (io, task) = store::records::start(store, session_ttl, cmd_tx.downgrade())
+                .await
+                .map_err(|e| std::io::Error::other(format!("opening the session store: {e}")))?;
+            (Some(io), Some(task))
+        }
+        None => (None, None),
+    };
     let fleet_io = driver::FleetIo {
         prober,
         commands: cmd_tx.downgrade(),
         pins,
         spans: spans.clone(),
         cluster: cluster_io,
+        records: records_io,
     };
 
     // Dropped when the driver task ends, whichever way: a driver that died before shutdown
@@ -466,6 +496,14 @@ where
         {
             tracing::warn!("cluster actions still in flight after the linger; not waiting");
             executor_abort.abort();
+        }
+    }
+    // The driver is gone: the store's executor finishes the session writes it was handed.
+    if let Some(task) = records_task {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_LINGER, task).await.is_err() {
+            tracing::warn!("session writes still in flight after the linger; not waiting");
+            abort.abort();
         }
     }
     // The driver is gone: the spans it handed over (the last ones from the core's shutdown

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 mod demo;
 mod demo_replicas;
 mod shell;
+mod state_flags;
 mod tls_flags;
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
@@ -69,8 +70,9 @@ enum Command {
     /// Point MCP clients at http://LISTEN/mcp and each project's sled at ws://LISTEN/uplink
     /// (https:// and wss:// with --tls-cert and --tls-key).
     /// Sleds' identity keys are pinned on first use in pins.toml beside the config file
-    /// (--pin-file). Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s to
-    /// finish.
+    /// (--pin-file); sessions are kept in gateway-state/ beside it (--state-dir), so a restart
+    /// does not end them. Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s
+    /// to finish.
     #[command(verbatim_doc_comment)]
     Serve {
         /// The projects.toml to load.
@@ -100,6 +102,8 @@ enum Command {
         cluster: ClusterFlags,
         #[command(flatten)]
         tls: tls_flags::TlsFlags,
+        #[command(flatten)]
+        state: state_flags::StateFlags,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -484,6 +488,7 @@ fn main() -> ExitCode {
             otlp_endpoint,
             cluster,
             tls,
+            state,
         } => {
             let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
@@ -516,7 +521,7 @@ fn main() -> ExitCode {
                     (config, text),
                     (listen, metrics_listen),
                     mcp,
-                    fleet,
+                    (fleet, state),
                     otlp,
                     (cluster, tls, public_name),
                 ),
@@ -683,7 +688,8 @@ async fn serve(
     reload_from: (std::path::PathBuf, String),
     listen: (SocketAddr, Option<SocketAddr>),
     mcp: McpFlags,
-    fleet: FleetFlags,
+    // What is kept across restarts: the pin file and the state directory.
+    (fleet, state): (FleetFlags, state_flags::StateFlags),
     otlp: Option<OtlpConfig>,
     (cluster, tls, public_name): (
         ClusterFlags,
@@ -695,6 +701,11 @@ async fn serve(
     // again when it starts).
     gateway_server::fleet::load_pins(&fleet.pin_path(&reload_from.0)).map_err(|e| e.to_string())?;
     let cluster = cluster.connect().await?;
+    // A single gateway's state file is opened (or refused, naming it) before anything listens.
+    let store = match &cluster {
+        Some(_) => None,
+        None => Some(state_flags::open(&state.dir(&reload_from.0)).await?),
+    };
     let (listener, addr) = bind(listen.0).await?;
     let metrics_listener = match listen.1 {
         Some(at) => {
@@ -732,6 +743,9 @@ async fn serve(
         tracing::info!(replica = c.replica, namespace = c.namespace, claim_ttl = ?c.claim_ttl, "joining a cluster");
     }
     opts.cluster = cluster;
+    opts.store = store
+        .clone()
+        .map(|s| s as std::sync::Arc<dyn gateway_server::store::Store>);
     opts.tls = tls;
     match &public_name {
         Some(name) => tracing::info!(public_name = %name,
@@ -744,9 +758,15 @@ async fn serve(
     opts.core.public_name = public_name;
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
-    gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())
-        .await
-        .map_err(|e| e.to_string())
+    let served =
+        gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())
+            .await
+            .map_err(|e| e.to_string());
+    // The last session writes are in; the file is closed before the process ends.
+    if let Some(store) = store {
+        store.close().await;
+    }
+    served
 }
 
 fn log_registry(registry: &Registry) {
@@ -967,6 +987,37 @@ mod tests {
             Some(Duration::from_secs(5))
         );
         assert_eq!(opts_for(&["--http-idle-timeout-secs", "0"]), None);
+    }
+
+    #[test]
+    fn the_state_directory_defaults_beside_the_config_and_is_not_for_a_replica() {
+        let state = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["gateway", "serve"][..], args].concat()).unwrap();
+            let Command::Serve { config, state, .. } = cli.command else {
+                panic!("not serve");
+            };
+            state.dir(&config)
+        };
+        assert_eq!(
+            state(&["--config", "etc/gw/projects.toml"]),
+            std::path::Path::new("etc/gw/gateway-state")
+        );
+        assert_eq!(
+            state(&["--config", "projects.toml", "--state-dir", "/var/lib/gw"]),
+            std::path::Path::new("/var/lib/gw")
+        );
+        let e = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "p.toml",
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--state-dir",
+            "s",
+        ])
+        .unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

@@ -39,7 +39,7 @@ use futures_util::future::BoxFuture;
 use gateway_server::cluster::{
     check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern,
     subject_matches, BucketConfig, Change, ChangeKind, Engine, EngineError, Entry, Incoming,
-    Revision, Subscription, Watch,
+    Revision, Store, Subscription, Watch,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -721,7 +721,7 @@ fn expect(bucket: &Bucket, key: &str, expected: Option<Revision>) -> Result<(), 
 }
 
 /// Each operation runs when its future is first polled, as NATS's is sent then.
-impl Engine for ModelEngine {
+impl Store for ModelEngine {
     fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
         let client = self.client.clone();
         Box::pin(async move { client.ensure_bucket(config) })
@@ -799,7 +799,9 @@ impl Engine for ModelEngine {
         let (client, bucket, filter) = (self.client.clone(), bucket.to_owned(), filter.to_owned());
         Box::pin(async move { client.watch(&bucket, &filter) })
     }
+}
 
+impl Engine for ModelEngine {
     fn publish(
         &self,
         subject: &str,

@@ -72,7 +72,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use gateway_server::cluster::{
     check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern, BucketConfig,
-    Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Subscription, Watch,
+    Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Store, Subscription, Watch,
 };
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -848,7 +848,7 @@ impl Drop for SlotGuard {
     }
 }
 
-impl Engine for NetEngine {
+impl Store for NetEngine {
     fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
         if let Err(e) = config.validate() {
             return Box::pin(async move { Err(e) });
@@ -961,7 +961,9 @@ impl Engine for NetEngine {
             )))
         })
     }
+}
 
+impl Engine for NetEngine {
     fn publish(
         &self,
         subject: &str,

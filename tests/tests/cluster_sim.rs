@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError};
+use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError, Store};
 use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{

@@ -1,8 +1,18 @@
-//! The cluster engine's contract (`gateway_server::cluster`), run twice: against the model the
-//! simulation uses (`gateway_tests::engine_model`, on tokio's paused clock) and against a real
-//! nats-server (installed on first use into `target/`, one per test on a free loopback port;
-//! skipped with a note when it cannot be installed, failing when `CI` is set). Every test body
-//! is generic over the [`Backend`], so the model cannot drift from the engine unnoticed.
+//! The store's and the cluster engine's contracts (`gateway_server::store`,
+//! `gateway_server::cluster`), each test body generic over where it runs, so that no engine can
+//! drift from the others unnoticed:
+//!
+//! - the store's tests against the model the simulation uses (`gateway_tests::engine_model`, on
+//!   tokio's paused clock), a real nats-server (installed on first use into `target/`, one per
+//!   test on a free loopback port; skipped with a note when it cannot be installed, failing
+//!   when `CI` is set), the embedded redb engine on a file (paused clock too; a restart closes
+//!   and reopens the file), and the redb engine on a disk that loses power
+//!   (`gateway_tests::crash_disk`: a restart is a power cut, which drops every write not yet
+//!   synced);
+//! - the engine's messaging tests against the model and nats-server.
+//!
+//! The planted bug "acknowledge before durable" (`StoreBug::AckBeforeDurable`) fails the
+//! durability test on the disk that loses power.
 
 #[path = "support/nats.rs"]
 mod nats;
@@ -14,8 +24,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use gateway_server::cluster::nats::{NatsEngine, NatsOptions};
 use gateway_server::cluster::{
-    BucketConfig, Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Watch,
+    BucketConfig, Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Store, Watch,
 };
+use gateway_server::store::redb::{RedbOptions, RedbStore, StoreBug};
+use gateway_tests::crash_disk::CrashDisk;
 use gateway_tests::engine_model::{Model, ModelEngine};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +42,17 @@ trait Backend {
     /// The engine crashes (the process is killed; its clients see the connection drop).
     fn crash(&mut self) -> impl Future<Output = ()>;
     /// The engine starts again with the data it had.
+    fn restart(&mut self) -> impl Future<Output = ()>;
+}
+
+/// Where the store's tests run.
+trait StoreBackend {
+    /// A client of the store (a replica's connection; an embedded store is one, the same
+    /// for every name).
+    fn store(&mut self, name: &str) -> impl Future<Output = Arc<dyn Store>>;
+    /// The engine stops without warning (a power cut where the backend can model one) and
+    /// starts again with what it had made durable. Clients made before may be gone (an
+    /// embedded store's are): take new ones.
     fn restart(&mut self) -> impl Future<Output = ()>;
 }
 
@@ -77,6 +100,17 @@ impl Backend for ModelBackend {
     }
 }
 
+impl StoreBackend for ModelBackend {
+    async fn store(&mut self, name: &str) -> Arc<dyn Store> {
+        Arc::new(self.0.client(name))
+    }
+
+    async fn restart(&mut self) {
+        self.0.stop();
+        self.0.start();
+    }
+}
+
 struct NatsBackend {
     server: nats::NatsServer,
     /// The links' proxies, kept until the test ends.
@@ -119,6 +153,94 @@ impl Backend for NatsBackend {
     async fn restart(&mut self) {
         self.server.resume().await;
     }
+}
+
+impl StoreBackend for NatsBackend {
+    async fn store(&mut self, name: &str) -> Arc<dyn Store> {
+        self.connect(name).await
+    }
+
+    /// `kill -9` of nats-server (whose page cache survives: its `sync_interval: always` is
+    /// what the README promises, not what this shows), and a start on the same store.
+    async fn restart(&mut self) {
+        self.server.kill().await;
+        self.server.resume().await;
+    }
+}
+
+/// The embedded engine on a file in a scratch directory, or on a [`CrashDisk`].
+struct RedbBackend {
+    dir: std::path::PathBuf,
+    /// With a disk that loses power: a restart is a power cut.
+    disk: Option<CrashDisk>,
+    options: RedbOptions,
+    open: Option<Arc<RedbStore>>,
+}
+
+impl RedbBackend {
+    fn on_file() -> RedbBackend {
+        RedbBackend {
+            dir: scratch("redb"),
+            disk: None,
+            options: RedbOptions::default(),
+            open: None,
+        }
+    }
+
+    fn on_crash_disk(options: RedbOptions) -> RedbBackend {
+        let dir = scratch("redb-crash");
+        RedbBackend {
+            disk: Some(CrashDisk::new(&dir.join("state.redb"))),
+            dir,
+            options,
+            open: None,
+        }
+    }
+
+    async fn open(&mut self) -> Arc<RedbStore> {
+        if let Some(open) = &self.open {
+            return open.clone();
+        }
+        let store = match &self.disk {
+            None => RedbStore::open(&self.dir).await,
+            Some(disk) => {
+                let backend = disk.backend().expect("the disk's file opens");
+                let name = disk.path().display().to_string();
+                RedbStore::open_with_backend(backend, name, self.options.clone()).await
+            }
+        };
+        let store = Arc::new(store.expect("the state file opens"));
+        self.open = Some(store.clone());
+        store
+    }
+}
+
+impl StoreBackend for RedbBackend {
+    async fn store(&mut self, _name: &str) -> Arc<dyn Store> {
+        self.open().await
+    }
+
+    async fn restart(&mut self) {
+        if let Some(disk) = &self.disk {
+            disk.power_cut();
+        }
+        if let Some(open) = self.open.take() {
+            open.close().await;
+        }
+    }
+}
+
+/// A directory of its own under the system's temporary directory, emptied first.
+fn scratch(what: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gateway-contract-{what}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a scratch directory can be made");
+    dir
 }
 
 /// A TCP proxy in front of nats-server whose link can be cut: open connections are closed, new
@@ -171,25 +293,58 @@ impl Drop for Proxy {
     }
 }
 
-/// Each test body, once against the model and once against nats-server.
+/// Each store test body against the model, nats-server, redb on a file and redb on a disk
+/// that loses power; each engine test body against the model and nats-server.
 macro_rules! contract {
-    ($($name:ident),* $(,)?) => {
+    (store: $($store:ident),* $(,)?; engine: $($engine:ident),* $(,)?) => {
         mod model {
             $(
                 #[tokio::test(start_paused = true)]
-                async fn $name() {
-                    super::$name(&mut super::ModelBackend(super::Model::new())).await;
+                async fn $store() {
+                    super::$store(&mut super::ModelBackend(super::Model::new())).await;
+                }
+            )*
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $engine() {
+                    super::$engine(&mut super::ModelBackend(super::Model::new())).await;
                 }
             )*
         }
         mod nats_server {
             $(
                 #[tokio::test]
-                async fn $name() {
+                async fn $store() {
                     let Some(mut backend) = super::NatsBackend::start().await else {
                         return;
                     };
-                    super::$name(&mut backend).await;
+                    super::$store(&mut backend).await;
+                }
+            )*
+            $(
+                #[tokio::test]
+                async fn $engine() {
+                    let Some(mut backend) = super::NatsBackend::start().await else {
+                        return;
+                    };
+                    super::$engine(&mut backend).await;
+                }
+            )*
+        }
+        mod redb {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $store() {
+                    super::$store(&mut super::RedbBackend::on_file()).await;
+                }
+            )*
+        }
+        mod redb_power_cut {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $store() {
+                    let options = super::RedbOptions::default();
+                    super::$store(&mut super::RedbBackend::on_crash_disk(options)).await;
                 }
             )*
         }
@@ -197,6 +352,7 @@ macro_rules! contract {
 }
 
 contract!(
+    store:
     create_fails_while_the_key_holds_a_value,
     one_of_many_concurrent_claims_wins,
     update_is_compare_and_set_on_the_revision,
@@ -204,7 +360,11 @@ contract!(
     every_write_takes_the_next_revision_of_its_bucket,
     delete_compares_and_is_a_write_of_its_own,
     watch_gives_the_latest_of_each_key_then_every_change_in_order,
+    a_watcher_that_falls_behind_reaches_the_latest_in_order,
     keys_expire_after_max_age_unless_written_again,
+    acknowledged_writes_survive_a_restart_and_revisions_go_on,
+    keys_are_checked_before_anything_is_written;
+    engine:
     requests_reach_a_subscriber_and_come_back,
     a_request_nobody_subscribes_to_fails_at_once,
     a_request_nobody_answers_times_out,
@@ -212,8 +372,89 @@ contract!(
     a_crashed_engine_is_unavailable_and_comes_back_with_everything,
     a_request_lost_after_it_went_out_is_not_unavailable,
     a_client_cut_off_misses_messages_but_its_watch_catches_up,
-    names_are_checked_before_anything_is_sent,
+    subjects_are_checked_before_anything_is_sent,
 );
+
+/// The planted bug "acknowledge before durable" loses acknowledged writes at a power cut, and
+/// the durability test says which.
+#[tokio::test(start_paused = true)]
+async fn redb_acknowledging_before_durable_fails_the_durability_test() {
+    let planted = RedbOptions {
+        planted: Some(StoreBug::AckBeforeDurable),
+        ..RedbOptions::default()
+    };
+    let lost = lost_across_a_restart(&mut RedbBackend::on_crash_disk(planted)).await;
+    assert!(
+        !lost.is_empty(),
+        "the planted bug went unnoticed: every acknowledged write survived the power cut"
+    );
+    eprintln!("the planted bug is caught: {lost:?}");
+    // The same writes, acknowledged only once synced, all survive the same power cut.
+    let mut honest = RedbBackend::on_crash_disk(RedbOptions::default());
+    assert_eq!(
+        lost_across_a_restart(&mut honest).await,
+        Vec::<String>::new()
+    );
+}
+
+/// Group commit: every acknowledgement waits for a sync, and a burst of concurrent writes
+/// shares a few.
+#[tokio::test(start_paused = true)]
+async fn redb_acknowledges_after_a_sync_and_a_burst_shares_its_syncs() {
+    const BURST: usize = 200;
+    let mut b = RedbBackend::on_crash_disk(RedbOptions::default());
+    let disk = b.disk.clone().expect("a crash disk");
+    let e = b.store("r1").await;
+    e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
+    let before = disk.syncs();
+    e.put(BUCKET, "one", v("x")).await.unwrap();
+    assert!(
+        disk.syncs() > before,
+        "a write is acknowledged after a sync"
+    );
+    let before = disk.syncs();
+    let burst = (0..BURST).map(|i| e.put(BUCKET, &format!("k{i}"), v("x")));
+    for r in futures_util::future::join_all(burst).await {
+        r.expect("written");
+    }
+    let syncs = disk.syncs() - before;
+    eprintln!("{BURST} concurrent writes: {syncs} syncs");
+    assert!(
+        (1..=4).contains(&syncs),
+        "{BURST} concurrent writes took {syncs} syncs"
+    );
+}
+
+/// A disk that fails under the embedded store (here: the power is gone): every write is
+/// refused `Unavailable`, at once, the expiries that fall due meanwhile too; nothing panics.
+#[tokio::test(start_paused = true)]
+async fn redb_refuses_writes_it_cannot_sync_as_unavailable() {
+    let mut b = RedbBackend::on_crash_disk(RedbOptions::default());
+    let disk = b.disk.clone().expect("a crash disk");
+    let e = b.store("r1").await;
+    e.ensure_bucket(BucketConfig::with_max_age(BUCKET, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    e.ensure_bucket(BucketConfig::new("kept")).await.unwrap();
+    e.put(BUCKET, "k", v("x")).await.unwrap();
+    let r = e.put("kept", "k", v("x")).await.unwrap();
+    disk.power_cut();
+    for _ in 0..3 {
+        let w = within("a write on a dead disk", e.put("kept", "k", v("y"))).await;
+        assert!(matches!(w, Err(EngineError::Unavailable(_))), "{w:?}");
+    }
+    // An expiry falls due meanwhile, cannot be written, and is tried again later.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let w = within("a create on a dead disk", e.create(BUCKET, "k", v("z"))).await;
+    assert!(matches!(w, Err(EngineError::Unavailable(_))), "{w:?}");
+    b.restart().await;
+    let e = b.store("r1").await;
+    assert_eq!(
+        e.get("kept", "k").await,
+        Ok(entry("k", "x", r)),
+        "what was refused left nothing"
+    );
+}
 
 const BUCKET: &str = "directory";
 
@@ -326,8 +567,8 @@ async fn responder(engine: &Arc<dyn Engine>, subject: &str) -> tokio::task::Join
 
 // The tests.
 
-async fn create_fails_while_the_key_holds_a_value(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn create_fails_while_the_key_holds_a_value(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     let missing = EngineError::BucketNotFound("nowhere".into());
     assert_eq!(e.create("nowhere", "k", v("x")).await, Err(missing.clone()));
     assert_eq!(e.get("nowhere", "k").await, Err(missing));
@@ -343,7 +584,7 @@ async fn create_fails_while_the_key_holds_a_value(b: &mut impl Backend) {
         Err(conflict(r1))
     );
 
-    let other = b.connect("r2").await;
+    let other = b.store("r2").await;
     assert_eq!(
         other.create(BUCKET, "project.alpha", v("r2")).await,
         Err(conflict(r1))
@@ -354,11 +595,11 @@ async fn create_fails_while_the_key_holds_a_value(b: &mut impl Backend) {
     );
 }
 
-async fn one_of_many_concurrent_claims_wins(b: &mut impl Backend) {
+async fn one_of_many_concurrent_claims_wins(b: &mut impl StoreBackend) {
     let replicas = [
-        b.connect("r1").await,
-        b.connect("r2").await,
-        b.connect("r3").await,
+        b.store("r1").await,
+        b.store("r2").await,
+        b.store("r3").await,
     ];
     replicas[0]
         .ensure_bucket(BucketConfig::new(BUCKET))
@@ -394,8 +635,8 @@ async fn one_of_many_concurrent_claims_wins(b: &mut impl Backend) {
     assert!(*won[0] > epoch, "a new epoch is above the old one");
 }
 
-async fn update_is_compare_and_set_on_the_revision(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn update_is_compare_and_set_on_the_revision(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
     let r1 = e.create(BUCKET, "session.s1", v("alpha")).await.unwrap();
     let r2 = e.update(BUCKET, "session.s1", v("beta"), r1).await.unwrap();
@@ -423,8 +664,8 @@ async fn update_is_compare_and_set_on_the_revision(b: &mut impl Backend) {
     assert_eq!(r3, r2 + 1, "expecting 0 writes a key never written");
 }
 
-async fn put_writes_whatever_the_key_holds(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn put_writes_whatever_the_key_holds(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
     let r1 = e.put(BUCKET, "session.s1", v("alpha")).await.unwrap();
     let r2 = e.put(BUCKET, "session.s1", v("beta")).await.unwrap();
@@ -447,8 +688,8 @@ async fn put_writes_whatever_the_key_holds(b: &mut impl Backend) {
     );
 }
 
-async fn every_write_takes_the_next_revision_of_its_bucket(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn every_write_takes_the_next_revision_of_its_bucket(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     e.ensure_bucket(BucketConfig::new("one")).await.unwrap();
     e.ensure_bucket(BucketConfig::new("two")).await.unwrap();
     assert_eq!(e.create("one", "a", v("1")).await, Ok(1));
@@ -469,8 +710,8 @@ async fn every_write_takes_the_next_revision_of_its_bucket(b: &mut impl Backend)
     assert_eq!(e.create("one", "c", v("1")).await, Ok(5));
 }
 
-async fn delete_compares_and_is_a_write_of_its_own(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn delete_compares_and_is_a_write_of_its_own(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
     let r1 = e.create(BUCKET, "project.alpha", v("r1")).await.unwrap();
     assert_eq!(
@@ -506,9 +747,9 @@ async fn delete_compares_and_is_a_write_of_its_own(b: &mut impl Backend) {
     );
 }
 
-async fn watch_gives_the_latest_of_each_key_then_every_change_in_order(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
-    let other = b.connect("r2").await;
+async fn watch_gives_the_latest_of_each_key_then_every_change_in_order(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
+    let other = b.store("r2").await;
     e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
     assert_eq!(
         e.watch("nowhere", ">").await.err(),
@@ -565,8 +806,8 @@ async fn watch_gives_the_latest_of_each_key_then_every_change_in_order(b: &mut i
     quiet(&mut one).await;
 }
 
-async fn keys_expire_after_max_age_unless_written_again(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn keys_expire_after_max_age_unless_written_again(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     // The key must be written again within its age. A loaded machine can stall past that
     // between two writes, and then the test cannot tell: it runs again in a fresh bucket
     // (each bucket has revisions of its own), at most three times.
@@ -581,7 +822,7 @@ async fn keys_expire_after_max_age_unless_written_again(b: &mut impl Backend) {
 
 /// [`keys_expire_after_max_age_unless_written_again`] in `bucket`; `false` when the machine
 /// stalled.
-async fn expiry_in(e: &dyn Engine, bucket: &str) -> bool {
+async fn expiry_in(e: &dyn Store, bucket: &str) -> bool {
     const AGE: Duration = Duration::from_secs(1);
     // NATS expires on a timer of its own: up to this much late (the model is exact).
     const LATE: Duration = Duration::from_millis(2500);
@@ -941,8 +1182,8 @@ async fn a_client_cut_off_misses_messages_but_its_watch_catches_up(b: &mut impl 
     );
 }
 
-async fn names_are_checked_before_anything_is_sent(b: &mut impl Backend) {
-    let e = b.connect("r1").await;
+async fn keys_are_checked_before_anything_is_written(b: &mut impl StoreBackend) {
+    let e = b.store("r1").await;
     let invalid = |r: Result<Revision, EngineError>| matches!(r, Err(EngineError::Invalid(_)));
     assert!(matches!(
         e.ensure_bucket(BucketConfig::new("a.b")).await,
@@ -951,11 +1192,20 @@ async fn names_are_checked_before_anything_is_sent(b: &mut impl Backend) {
     e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
     for key in ["", ".a", "a.", "a..b", "a b", "a*", "a.>", "ünï"] {
         assert!(invalid(e.create(BUCKET, key, v("x")).await), "{key:?}");
+        assert!(invalid(e.put(BUCKET, key, v("x")).await), "{key:?}");
     }
     assert!(matches!(
         e.watch(BUCKET, "a.>.b").await.err(),
         Some(EngineError::Invalid(_))
     ));
+    // Everything the rules allow, the engine takes.
+    let key = "Project-1/x=y_z.alpha.9";
+    let r = e.create(BUCKET, key, v("x")).await.unwrap();
+    assert_eq!(e.get(BUCKET, key).await, Ok(entry(key, "x", r)));
+}
+
+async fn subjects_are_checked_before_anything_is_sent(b: &mut impl Backend) {
+    let e = b.connect("r1").await;
     for subject in ["", "a.*", "a.>", "a b", "a..b"] {
         assert!(
             matches!(
@@ -964,9 +1214,150 @@ async fn names_are_checked_before_anything_is_sent(b: &mut impl Backend) {
             ),
             "{subject:?}"
         );
+        assert!(
+            matches!(
+                e.request(subject, v("x"), Duration::from_secs(1)).await,
+                Err(EngineError::Invalid(_))
+            ),
+            "{subject:?}"
+        );
     }
-    // Everything the rules allow, the engine takes.
-    let key = "Project-1/x=y_z.alpha.9";
-    let r = e.create(BUCKET, key, v("x")).await.unwrap();
-    assert_eq!(e.get(BUCKET, key).await, Ok(entry(key, "x", r)));
+    assert!(matches!(
+        e.subscribe("a.>.b").await.err(),
+        Some(EngineError::Invalid(_))
+    ));
+}
+
+/// A watcher that reads nothing while many writes happen: when it reads, it sees revisions
+/// in increasing order only, ending with the latest write of every key.
+async fn a_watcher_that_falls_behind_reaches_the_latest_in_order(b: &mut impl StoreBackend) {
+    const KEYS: usize = 40;
+    const WRITES: usize = 2500;
+    let e = b.store("r1").await;
+    e.ensure_bucket(BucketConfig::new(BUCKET)).await.unwrap();
+    let mut watch = e.watch(BUCKET, "k.>").await.unwrap();
+    let mut latest = std::collections::BTreeMap::new();
+    // In rounds of concurrent writes (one key each), so that the embedded engine commits
+    // several per sync and the run stays short.
+    for round in 0..WRITES / KEYS {
+        let writes = (0..KEYS).map(|k| {
+            let key = format!("k.{k}");
+            let value = format!("{round}");
+            let write = e.put(BUCKET, &key, v(&value));
+            async move { (key, value, write.await.expect("written")) }
+        });
+        for (key, value, revision) in futures_util::future::join_all(writes).await {
+            latest.insert(key, (value, revision));
+        }
+    }
+    // A write to a key the watch does not match does not show.
+    e.put(BUCKET, "other", v("x")).await.unwrap();
+    let last = latest.values().map(|(_, r)| *r).max().expect("written");
+    let mut seen = std::collections::BTreeMap::new();
+    let mut previous = 0;
+    while seen.len() < KEYS
+        || seen
+            .values()
+            .any(|(_, r)| !latest.values().any(|(_, l)| l == r))
+    {
+        let change = within("the watch catches up", watch.next())
+            .await
+            .expect("the watch goes on");
+        assert!(
+            change.revision > previous,
+            "revision {} after {previous}: out of order",
+            change.revision
+        );
+        previous = change.revision;
+        let ChangeKind::Put(value) = change.kind else {
+            panic!("only puts were written: {change:?}");
+        };
+        seen.insert(
+            change.key,
+            (
+                String::from_utf8_lossy(&value).into_owned(),
+                change.revision,
+            ),
+        );
+        if previous == last {
+            break;
+        }
+    }
+    assert_eq!(
+        seen, latest,
+        "the latest write of every key, with its revision"
+    );
+    quiet(&mut watch).await;
+}
+
+async fn acknowledged_writes_survive_a_restart_and_revisions_go_on(b: &mut impl StoreBackend) {
+    assert_eq!(lost_across_a_restart(b).await, Vec::<String>::new());
+}
+
+/// Writes (a burst of concurrent ones, then single ones, in two buckets, one of them with a
+/// `max_age`), a restart, and then what is missing or wrong: every acknowledged write must be
+/// there, each key at its revision, and new writes must go on above them.
+async fn lost_across_a_restart(b: &mut impl StoreBackend) -> Vec<String> {
+    let e = b.store("r1").await;
+    e.ensure_bucket(BucketConfig::new("one")).await.unwrap();
+    e.ensure_bucket(BucketConfig::with_max_age("two", Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let burst = (0..32).map(|i| e.put("one", &format!("k{i}"), v(&format!("v{i}"))));
+    let revisions: Vec<Revision> = within("the burst", futures_util::future::join_all(burst))
+        .await
+        .into_iter()
+        .map(|r| r.expect("written"))
+        .collect();
+    let mut sorted = revisions.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=32).collect::<Vec<_>>(), "one revision each");
+    // What each key must hold after the restart: a value at a revision, or nothing.
+    let mut expected: std::collections::BTreeMap<(&str, String), Option<(String, Revision)>> = (0
+        ..32)
+        .map(|i| {
+            let key = ("one", format!("k{i}"));
+            (key, Some((format!("v{i}"), revisions[i])))
+        })
+        .collect();
+    let r = e
+        .update("one", "k0", v("again"), revisions[0])
+        .await
+        .unwrap();
+    expected.insert(("one", "k0".into()), Some(("again".into(), r)));
+    e.delete("one", "k1", None).await.unwrap();
+    expected.insert(("one", "k1".into()), None);
+    let r = e.create("two", "a", v("kept")).await.unwrap();
+    expected.insert(("two", "a".into()), Some(("kept".into(), r)));
+    let last_one = 34;
+    let last_two = r;
+    drop(e);
+
+    b.restart().await;
+    let mut lost = Vec::new();
+    let e = b.store("r1").await;
+    for ((bucket, key), want) in &expected {
+        let got = within("a read after the restart", e.get(bucket, key)).await;
+        let want = want
+            .as_ref()
+            .map(|(value, revision)| entry(key, value, *revision).expect("an entry"));
+        if got != Ok(want.clone()) {
+            lost.push(format!("{bucket}/{key}: {got:?}, not {want:?}"));
+        }
+    }
+    match within("a write after the restart", e.put("one", "k1", v("back"))).await {
+        Ok(r) if r == last_one + 1 => {}
+        other => lost.push(format!(
+            "a write after the restart is {other:?}: not revision {}",
+            last_one + 1
+        )),
+    }
+    match within("a create after the restart", e.create("two", "b", v("new"))).await {
+        Ok(r) if r == last_two + 1 => {}
+        other => lost.push(format!(
+            "a create in the other bucket is {other:?}: not revision {}",
+            last_two + 1
+        )),
+    }
+    lost
 }

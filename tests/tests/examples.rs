@@ -52,9 +52,12 @@ async fn examples_projects_toml_serves_and_doctor_passes() {
             "--config",
         ])
         .arg(root().join("examples/projects.toml"))
-        // The pin file would default to beside the config, in the repository: kept apart.
+        // The pin file and the state directory would default to beside the config, in the
+        // repository: kept apart.
         .arg("--pin-file")
         .arg(dir.join("pins.toml"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

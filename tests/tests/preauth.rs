@@ -48,6 +48,8 @@ impl Served {
             .arg(&config)
             .arg("--pin-file")
             .arg(dir.join("pins.toml"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

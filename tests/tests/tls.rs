@@ -58,6 +58,8 @@ impl TlsGateway {
             .args(["--probe-interval-ms", "0", "--public-name", "localhost"])
             .arg("--pin-file")
             .arg(dir.join("pins.toml"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -24,7 +24,13 @@ impl Gateway {
     // ---- events in ----
 
     pub(super) fn on_cluster(&mut self, now: Instant, event: ClusterEvent) {
-        if !self.clustered() {
+        // A single gateway that keeps its sessions in a store hears of its reads and writes.
+        let a_store_answer = matches!(
+            event,
+            ClusterEvent::SessionLoaded { .. } | ClusterEvent::SessionStored { .. }
+        );
+        let heard = self.clustered() || (a_store_answer && self.keeps_sessions());
+        if !heard {
             tracing::debug!(?event, "a cluster event for a gateway outside any cluster");
             return;
         }

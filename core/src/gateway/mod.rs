@@ -140,6 +140,13 @@ pub struct Config {
     pub export_spans: bool,
     /// Join a cluster of replicas as this one (`None`: a single-process gateway).
     pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// Keep sessions in a store outside the process, through the records machine
+    /// (`crate::records`): a single gateway with a state directory (issue 25). Each change of a
+    /// session goes out as a [`crate::cluster::ClusterAction::StoreSession`] (its answer waits
+    /// for the write), and a request naming a session this gateway does not know waits for a
+    /// [`crate::cluster::ClusterAction::LoadSession`] (it was made before a restart). In a
+    /// cluster the engine keeps sessions whatever this says.
+    pub store_sessions: bool,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -234,6 +241,7 @@ impl Default for Config {
             coordination: crate::coord::Limits::default(),
             export_spans: false,
             cluster: None,
+            store_sessions: false,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -346,8 +354,8 @@ pub struct Gateway {
     /// The replica machine, in a cluster (`None`: a single-process gateway); only
     /// `cluster.rs` and this file touch it.
     cluster: Option<crate::replica::Replica>,
-    /// Sessions and pins kept in the engine, in a cluster; only `records.rs` and this file
-    /// touch it.
+    /// Sessions and pins kept in the engine, in a cluster, and sessions kept in the store of a
+    /// single gateway ([`Config::store_sessions`]); only `records.rs` and this file touch it.
     records: Option<crate::records::Records>,
     /// Fleet tools' parts asked of other replicas (`gather.rs`, `spread.rs`).
     gathers: crate::gather::Gathers,
@@ -647,10 +655,8 @@ impl Gateway {
                 replica
             }),
             again: VecDeque::new(),
-            records: config
-                .cluster
-                .as_ref()
-                .map(|_| crate::records::Records::default()),
+            records: (config.cluster.is_some() || config.store_sessions)
+                .then(crate::records::Records::default),
             gathers: crate::gather::Gathers::default(),
             remote_tools: BTreeMap::new(),
             registry,

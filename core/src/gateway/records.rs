@@ -1,8 +1,9 @@
 //! The gateway's side of the records machine ([`crate::records::Records`]): sessions and
-//! first-use pins kept in the engine. A request naming a session this gateway does not know
-//! waits while the session is read; every change of a session is written; a pin is created
-//! once, by whichever gateway first sees the sled's key. Only this file and `mod.rs` touch
-//! the machine.
+//! first-use pins kept in the engine of a cluster, and sessions kept in the store of a single
+//! gateway ([`crate::Config::store_sessions`]). A request naming a session this gateway does
+//! not know waits while the session is read; every change of a session is written; a pin is
+//! created once, by whichever gateway first sees the sled's key (in a cluster). Only this
+//! file and `mod.rs` touch the machine.
 
 use std::time::Instant;
 
@@ -163,9 +164,16 @@ impl Gateway {
         }
     }
 
-    /// Whether pins are created in the engine (in a cluster) rather than here alone.
-    pub(super) fn pins_shared(&self) -> bool {
+    /// Whether sessions are kept outside the process (in a cluster's engine, or a single
+    /// gateway's store).
+    pub(super) fn keeps_sessions(&self) -> bool {
         self.records.is_some()
+    }
+
+    /// Whether pins are created in the engine (in a cluster) rather than here alone. A single
+    /// gateway keeps its pins in its pin file.
+    pub(super) fn pins_shared(&self) -> bool {
+        self.clustered()
     }
 
     /// A sled proved a key for a project with no pin: the pin is created in the engine (the

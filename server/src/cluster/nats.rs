@@ -25,7 +25,7 @@ use futures_util::stream::StreamExt;
 pub use super::nats_auth::NatsAuth;
 use super::{
     check_bucket, check_key, check_key_filter, check_subject, check_subject_pattern, BucketConfig,
-    Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Subscription, Watch,
+    Change, ChangeKind, Engine, EngineError, Entry, Incoming, Revision, Store, Subscription, Watch,
 };
 
 /// How to reach NATS. Its `Debug` shows no secret.
@@ -309,7 +309,7 @@ impl NatsEngine {
     }
 }
 
-impl Engine for NatsEngine {
+impl Store for NatsEngine {
     fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
         let this = self.clone();
         Box::pin(async move {
@@ -453,7 +453,9 @@ impl Engine for NatsEngine {
             Ok(Watch::new(changes))
         })
     }
+}
 
+impl Engine for NatsEngine {
     fn publish(
         &self,
         subject: &str,

@@ -236,6 +236,123 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// One `gateway serve` process, not in a cluster, with a state directory of its own (every
+/// test that spawns a gateway gives it one, so that nothing is written beside the config).
+pub struct SingleGateway {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl SingleGateway {
+    /// Writes `projects_toml` into a scratch directory and starts `gateway serve` on it, with
+    /// `--state-dir` and `--pin-file` in that directory; waits until it is healthy.
+    pub async fn start(projects_toml: &str) -> Self {
+        let dir = scratch("single");
+        std::fs::write(dir.join("projects.toml"), projects_toml).expect("the config is written");
+        let mut g = SingleGateway {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        g.restart().await;
+        g
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The directory holding its config, its log and its state directory (`state/`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    /// The `gateway serve` command line, for a test that runs it itself.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(workspace_bin("gateway"));
+        command
+            .args(["serve", "--config"])
+            .arg(self.dir.join("projects.toml"))
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--pin-file")
+            .arg(self.dir.join("pins.toml"))
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .env("RUST_LOG", "info");
+        command
+    }
+
+    /// Starts it (again) on the same port and state directory.
+    pub async fn restart(&mut self) {
+        assert!(self.child.is_none(), "the gateway is running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("gateway.log"))
+            .expect("the log can be opened");
+        let child = self
+            .command()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the gateway starts");
+        self.child = Some(child);
+        assert!(
+            wait_healthy(self.port, Duration::from_secs(20)).await,
+            "the gateway did not become healthy:\n{}",
+            self.log()
+        );
+    }
+
+    /// `kill -9`: no goodbye.
+    pub async fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// SIGTERM, then waits (up to 30 s) for a graceful exit, which must be a success.
+    pub async fn terminate(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let pid = c.id().expect("running").to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), c.wait())
+            .await
+            .expect("the gateway exits within 30 s of SIGTERM")
+            .expect("waitable");
+        assert!(status.success(), "exited with {status}:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for SingleGateway {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
 /// The uplink token [`sled_sim_with`]'s sleds present (`$SLED_UPLINK_TOKEN`): a test's
 /// projects.toml gives it to its projects (uplinks are closed by default); a project without
 /// a token ignores it.

@@ -1,0 +1,194 @@
+//! A single gateway that keeps its sessions in a store (`Config::store_sessions`, a state
+//! directory): each change of a session is written before it is confirmed, a session made
+//! before a restart is read back when named, and a plain `tools/call` writes nothing.
+
+use serde_json::json;
+
+use super::Harness;
+use crate::cluster::{ClusterAction, ClusterEvent, EngineDown, SessionRecord};
+use crate::{Config, HttpMethod, Input};
+
+fn single(store_sessions: bool) -> Harness {
+    let config = Config {
+        store_sessions,
+        ..Config::default()
+    };
+    Harness::with_config(&["alpha", "beta"], Some("alpha"), config, [3; 32])
+}
+
+fn stored(h: &mut Harness, session: &str) {
+    h.handle(Input::Cluster(ClusterEvent::SessionStored {
+        session: session.into(),
+        written: true,
+    }));
+}
+
+fn writes(h: &mut Harness) -> Vec<(String, Option<SessionRecord>)> {
+    std::mem::take(&mut h.cluster)
+        .into_iter()
+        .map(|a| match a {
+            ClusterAction::StoreSession { session, record } => (session, record),
+            other => panic!("a single gateway asks its store only for sessions: {other:?}"),
+        })
+        .collect()
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"t","version":"0"}}}"#;
+
+/// `initialize`, answered once its write is done; the session's id.
+fn initialize(h: &mut Harness) -> String {
+    let t = h.send(HttpMethod::Post, None, INITIALIZE);
+    assert!(
+        !h.replies.contains_key(&t),
+        "not before the session is stored"
+    );
+    let written = writes(h);
+    let [(session, Some(record))] = written.as_slice() else {
+        panic!("one write of the new session: {written:?}");
+    };
+    assert_eq!(record.default_project.as_deref(), Some("alpha"));
+    assert_eq!(record.client_capabilities, json!({"sampling":{}}));
+    let session = session.clone();
+    stored(h, &session);
+    let r = h.replies.remove(&t).expect("answered once stored");
+    assert!(r
+        .headers
+        .iter()
+        .any(|(n, v)| *n == "Mcp-Session-Id" && *v == session));
+    session
+}
+
+#[test]
+fn a_session_is_written_when_it_changes_and_confirmed_after() {
+    let mut h = single(true);
+    let s = initialize(&mut h);
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    assert!(!h.replies.contains_key(&t), "a switch waits for its write");
+    let w = writes(&mut h);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(
+        w[0].1.as_ref().and_then(|r| r.default_project.as_deref()),
+        Some("beta")
+    );
+    stored(&mut h, &s);
+    assert!(h.reply_json(t).is_some());
+    // A switch to where it is already: nothing changes, nothing is written.
+    let t = h.call(
+        Some(&s),
+        json!(2),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    assert!(h.reply_json(t).is_some());
+    assert_eq!(writes(&mut h), []);
+    let t = h.send(HttpMethod::Delete, Some(&s), "");
+    assert_eq!(h.replies[&t].status, 204);
+    assert_eq!(writes(&mut h), [(s, None)]);
+}
+
+#[test]
+fn a_session_made_before_a_restart_is_read_back_when_named() {
+    let mut h = single(true);
+    let s = initialize(&mut h);
+    h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    let record = writes(&mut h).pop().and_then(|(_, r)| r).expect("written");
+    stored(&mut h, &s);
+
+    // Another process, the same store.
+    let mut h = single(true);
+    let body = Harness::call_body(json!(2), "list_projects", json!({}));
+    let t1 = h.send(HttpMethod::Post, Some(&s), &body);
+    let t2 = h.send(HttpMethod::Post, Some(&s), &body);
+    assert!(h.replies.is_empty(), "both wait for the read");
+    assert_eq!(
+        std::mem::take(&mut h.cluster),
+        [ClusterAction::LoadSession { session: s.clone() }],
+        "read once"
+    );
+    h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
+        session: s.clone(),
+        record: Ok(Some(record)),
+    }));
+    for t in [t1, t2] {
+        let r = h.reply_json(t).expect("answered");
+        assert_eq!(r["result"]["structuredContent"]["active"], "beta", "{r}");
+    }
+    // An id the store never had is unknown; a store that cannot be read is not a 404.
+    let t = h.send(HttpMethod::Post, Some("s-never"), &body);
+    h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
+        session: "s-never".into(),
+        record: Ok(None),
+    }));
+    assert_eq!(h.replies[&t].status, 404);
+    let t = h.send(HttpMethod::Post, Some("s-unreadable"), &body);
+    h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
+        session: "s-unreadable".into(),
+        record: Err(EngineDown),
+    }));
+    assert_eq!(h.replies[&t].status, 503);
+}
+
+/// The hot path stays off the disk: calls to a sled, in a session and without one, write
+/// nothing (the session's refresh, a third of the idle TTL after its last write, aside).
+#[test]
+fn a_plain_tools_call_writes_nothing() {
+    let mut h = single(true);
+    let u = h.connect_sled("alpha");
+    let s = initialize(&mut h);
+    for i in 0..50 {
+        let t = h.call(Some(&s), json!(i), "show", json!({"story_id":"alpha-1"}));
+        h.sled_answers_all(u, "alpha");
+        assert!(h.reply_json(t).is_some(), "call {i} answered");
+        let t = h.call(
+            None,
+            json!(i),
+            "show",
+            json!({"story_id":"alpha-1","project":"alpha"}),
+        );
+        h.sled_answers_all(u, "alpha");
+        assert!(h.reply_json(t).is_some(), "sessionless call {i} answered");
+    }
+    assert_eq!(writes(&mut h), [], "no store write for 100 tools/call");
+    // Used a third of the idle TTL after its last write, the session is written again, so
+    // that the store's max_age ends only idle sessions.
+    h.advance(h.gw.config().session_idle_ttl / 3);
+    let t = h.call(Some(&s), json!(99), "show", json!({"story_id":"alpha-1"}));
+    h.sled_answers_all(u, "alpha");
+    assert_eq!(writes(&mut h).len(), 1, "the refresh");
+    stored(&mut h, &s);
+    assert!(h.reply_json(t).is_some());
+}
+
+#[test]
+fn without_a_store_nothing_is_asked_and_an_unknown_session_is_404_at_once() {
+    let mut h = single(false);
+    let s = h.initialize();
+    h.call(
+        Some(&s),
+        json!(1),
+        "switch_project",
+        json!({"project":"beta"}),
+    );
+    let t = h.send(
+        HttpMethod::Post,
+        Some("s-never"),
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+    );
+    assert_eq!(h.replies[&t].status, 404);
+    assert_eq!(h.cluster, []);
+    // Store answers for a gateway without a store are ignored.
+    h.handle(Input::Cluster(ClusterEvent::SessionStored {
+        session: s,
+        written: true,
+    }));
+}

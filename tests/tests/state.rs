@@ -1,0 +1,275 @@
+//! A single gateway's state directory (issue 25), over the real binaries: `gateway serve`
+//! keeps its sessions in `--state-dir` (the embedded store), so a session survives a restart,
+//! graceful (SIGTERM) or not (`kill -9`); a state file it cannot use stops it at start, naming
+//! the file; and the hot path stays off the disk (a plain `tools/call` writes nothing), counted
+//! on the real store in process.
+//!
+//! `kill -9` leaves the page cache to the kernel, so these tests cannot tell a store that
+//! syncs from one that does not; `engine_contract.rs`'s power cut on a simulated disk does.
+
+#[path = "support/processes.rs"]
+mod processes;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use gateway_client::{ClientError, McpClient, TokioConnect};
+use gateway_server::store::redb::RedbStore;
+use gateway_server::store::{BucketConfig, EngineError, Entry, Revision, Store, Watch};
+use gateway_server::ServerOptions;
+use processes::{SingleGateway, SLED_TOKEN};
+use serde_json::{json, Value};
+
+fn projects_toml() -> String {
+    format!(
+        "default = \"alpha\"\n\
+         [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{SLED_TOKEN}\"\n\
+         [[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{SLED_TOKEN}\"\n"
+    )
+}
+
+/// The session's default project, as `list_projects` says (a gateway tool: no sled needed).
+async fn active(client: &mut McpClient<TokioConnect>) -> Result<Value, ClientError> {
+    let r = client
+        .tools_call(json!(1), "list_projects", json!({}))
+        .await?;
+    Ok(r["result"]["structuredContent"]["active"].clone())
+}
+
+/// `whoami` without `project` (the session's default's sled), until its sled is back after a
+/// restart: the project that answered.
+async fn whoami(client: &mut McpClient<TokioConnect>, gw: &SingleGateway) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = client.tools_call(json!(2), "whoami", json!({})).await;
+        if let Ok(r) = &r {
+            if r["result"]["structuredContent"]["project"].is_string() {
+                return r["result"]["structuredContent"]["project"].clone();
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "whoami never answered: {r:?}\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn switch(client: &mut McpClient<TokioConnect>, project: &str) {
+    let r = client
+        .tools_call(json!(3), "switch_project", json!({ "project": project }))
+        .await
+        .expect("switched");
+    assert!(r.get("error").is_none(), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_survives_sigterm_and_kill_9_of_a_single_gateway() {
+    let mut gw = SingleGateway::start(&projects_toml()).await;
+    let _sleds = processes::sled_sim(&gw.url(), &["alpha", "beta"], 0);
+    let mut client = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+        .await
+        .expect("connects");
+    client.initialize().await.expect("a session");
+    let session = client.session_id().expect("a session id").to_owned();
+    switch(&mut client, "beta").await;
+    assert_eq!(whoami(&mut client, &gw).await, "beta");
+
+    // Graceful: SIGTERM, and the same session carries on where it was, with no initialize.
+    gw.terminate().await;
+    gw.restart().await;
+    assert_eq!(client.session_id(), Some(session.as_str()));
+    assert_eq!(
+        active(&mut client).await.expect("the session is known"),
+        "beta",
+        "{}",
+        gw.log()
+    );
+    assert_eq!(whoami(&mut client, &gw).await, "beta");
+
+    // Not graceful: a switch acknowledged, then kill -9 at once.
+    switch(&mut client, "alpha").await;
+    gw.kill9().await;
+    gw.restart().await;
+    assert_eq!(
+        active(&mut client).await.expect("the session is known"),
+        "alpha",
+        "{}",
+        gw.log()
+    );
+    assert_eq!(whoami(&mut client, &gw).await, "alpha");
+
+    // What kept it is the state directory: a session it never had is unknown, and one ended
+    // stays ended across a restart.
+    let mut stranger = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+        .await
+        .expect("connects");
+    stranger.set_session_id(Some("0123456789abcdef0123456789abcdef".into()));
+    assert!(
+        matches!(
+            active(&mut stranger).await,
+            Err(ClientError::Http { status: 404, .. })
+        ),
+        "an id the gateway never made"
+    );
+    assert_eq!(client.delete_session().await.expect("deleted"), 204);
+    gw.terminate().await;
+    gw.restart().await;
+    client.set_session_id(Some(session));
+    assert!(
+        matches!(
+            active(&mut client).await,
+            Err(ClientError::Http { status: 404, .. })
+        ),
+        "an ended session stays ended"
+    );
+    assert!(gw.state_dir().join("state.redb").is_file());
+}
+
+#[tokio::test]
+async fn a_state_file_it_cannot_use_stops_the_gateway_naming_the_file() {
+    let mut gw = SingleGateway::start(&projects_toml()).await;
+    gw.terminate().await;
+    let file = gw.state_dir().join("state.redb");
+    std::fs::write(&file, vec![0x5a; 20_000]).expect("the file is overwritten");
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        gw.command()
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("it stops at once")
+    .expect("it runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&file.display().to_string()) && stderr.contains("refusing to start"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read(&file).expect("kept"),
+        vec![0x5a; 20_000],
+        "never replaced"
+    );
+}
+
+/// A store that counts the writes it is asked for.
+struct Counting {
+    inner: Arc<RedbStore>,
+    writes: AtomicU64,
+}
+
+impl Counting {
+    fn count(&self) -> u64 {
+        self.writes.load(Ordering::SeqCst)
+    }
+}
+
+impl Store for Counting {
+    fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
+        self.inner.ensure_bucket(config)
+    }
+
+    fn get(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> BoxFuture<'static, Result<Option<Entry>, EngineError>> {
+        self.inner.get(bucket, key)
+    }
+
+    fn create(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.create(bucket, key, value)
+    }
+
+    fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.put(bucket, key, value)
+    }
+
+    fn update(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.update(bucket, key, value, expected)
+    }
+
+    fn delete(
+        &self,
+        bucket: &str,
+        key: &str,
+        expected: Option<Revision>,
+    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.delete(bucket, key, expected)
+    }
+
+    fn watch(&self, bucket: &str, filter: &str) -> BoxFuture<'static, Result<Watch, EngineError>> {
+        self.inner.watch(bucket, filter)
+    }
+}
+
+/// The hot path stays off the disk: on a gateway keeping its sessions in the embedded store,
+/// `initialize` and a switch are written, and 200 plain `tools/call`s (in the session and
+/// without one) write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_tools_call_does_no_store_write() {
+    let dir = processes::scratch("hot-path");
+    let store = Arc::new(Counting {
+        inner: Arc::new(RedbStore::open(&dir).await.expect("opens")),
+        writes: AtomicU64::new(0),
+    });
+    let registry = gateway_tests::registry(&["alpha", "beta"], Some("alpha"));
+    let mut opts = ServerOptions::new(registry, [9; 32]);
+    opts.store = Some(store.clone());
+    let stack = gateway_tests::Stack::start_with(opts, &["alpha"], Default::default()).await;
+    stack.wait_live(&["alpha"]).await;
+    let mut client = McpClient::connect(TokioConnect, &stack.url())
+        .await
+        .expect("connects");
+    client.initialize().await.expect("a session");
+    assert_eq!(store.count(), 1, "initialize writes the new session");
+    switch(&mut client, "beta").await;
+    switch(&mut client, "alpha").await;
+    assert_eq!(store.count(), 3, "each switch is written");
+
+    let mut sessionless = McpClient::connect(TokioConnect, &stack.url())
+        .await
+        .expect("connects");
+    for i in 0..100 {
+        let r = client
+            .tools_call(json!(i), "whoami", json!({}))
+            .await
+            .expect("answered");
+        assert_eq!(r["result"]["structuredContent"]["project"], "alpha", "{r}");
+        let r = sessionless
+            .tools_call(json!(i), "whoami", json!({"project": "alpha"}))
+            .await
+            .expect("answered");
+        assert_eq!(r["result"]["structuredContent"]["project"], "alpha", "{r}");
+    }
+    assert_eq!(store.count(), 3, "200 tools/call wrote nothing");
+    stack.stop().await;
+    store.inner.close().await;
+}
