@@ -30,7 +30,7 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::agents::AgentKey;
+use crate::agents::{hex, unhex, AgentKey};
 
 /// How long a sealed message is valid after it is made: the longest a replica's clock may be
 /// off from another's plus the longest a message may take. A replica keeps the nonces it has
@@ -502,20 +502,6 @@ fn tag_of(text: &str) -> Result<[u8; 32], Refusal> {
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     use subtle::ConstantTimeEq;
     a.ct_eq(b).into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
