@@ -91,6 +91,9 @@ pub enum ClusterEvent {
     PinChanged {
         project: String,
         pin: Option<crate::Pin>,
+        /// Sealed under the previous cluster secret (a roll is under way): the replica
+        /// holding the project's sled writes it again under the current one.
+        under_previous_secret: bool,
     },
     /// A message of the answer to a relayed request ([`ClusterAction::Relay`]).
     Relayed {
@@ -106,6 +109,9 @@ pub enum ClusterEvent {
     ToolsChanged {
         project: String,
         listing: Option<String>,
+        /// Sealed under the previous cluster secret: written again under the current one
+        /// by the replica holding the project's sled.
+        under_previous_secret: bool,
     },
 }
 

@@ -244,6 +244,19 @@ impl KeyRing {
             .find(|k| k.id.0 == id)
     }
 
+    /// Whether `sealed` names the previous secret's key id: during a roll, a value that
+    /// verified under the previous secret, which its writer is to write again under the
+    /// current one before the previous secret is dropped.
+    pub fn under_previous(&self, sealed: &[u8]) -> bool {
+        let Some(previous) = &self.previous else {
+            return false;
+        };
+        header(sealed, 3)
+            .ok()
+            .and_then(|(fields, _)| unhex(fields[0]))
+            .is_some_and(|id| id == previous.id.0)
+    }
+
     /// `payload` sealed for `key` of `bucket` at `version`.
     pub fn seal_value(&self, bucket: &str, key: &str, version: u64, payload: &[u8]) -> Vec<u8> {
         let k = &self.current;
@@ -507,6 +520,22 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_under_the_previous_secret_is_known_as_such() {
+        let (old, new) = (secret(1), secret(2));
+        let before = KeyRing::new(&old, None);
+        let during = KeyRing::new(&new, Some(&old));
+        let v = before.seal_value("pins", "p.alpha", 1, b"{}");
+        assert!(during.open_value("pins", "p.alpha", &v).is_ok());
+        assert!(during.under_previous(&v));
+        assert!(!during.under_previous(&during.seal_value("pins", "p.alpha", 2, b"{}")));
+        assert!(
+            !before.under_previous(&v),
+            "no previous secret: nothing is under it"
+        );
+        assert!(!during.under_previous(b"not sealed"));
+    }
 
     fn secret(b: u8) -> GatewaySecret {
         let mut bytes = [b; 32];

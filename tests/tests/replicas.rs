@@ -340,6 +340,138 @@ async fn rolling_restarts_and_an_engine_restart_keep_sessions_and_uplinks() {
     assert_eq!(r["result"]["structuredContent"]["active"], "alpha", "{r}");
 }
 
+/// A roll of the cluster secret (issue 24) while a client calls both projects through the
+/// balancer, in the three rounds ARCHITECTURE.md describes, each a rolling restart: the new
+/// secret accepted (as the previous one), then sealing with the new one and accepting the old,
+/// then the old one dropped. No call fails, the session lives on, both sleds stay pinned and
+/// serving, and once the old secret is gone nothing in the engine sealed under it is left to
+/// refuse: every replica's `/metrics` counts no unverified item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_secret_roll_under_calls_fails_no_call_and_leaves_nothing_unreadable() {
+    use gateway_server::cluster::seal::{PREVIOUS_SECRET_ENV, SECRET_ENV};
+    let Some(mut cluster) = Cluster::start(10).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
+    wait_live(&lb, &["alpha", "beta"]).await;
+    let mut c = client(&lb, None).await;
+    c.initialize().await.unwrap();
+    let session = c.session_id().unwrap().to_owned();
+    let fleet = c
+        .tools_call(json!(1), "fleet_identity", json!({}))
+        .await
+        .unwrap();
+    let pins = |fleet: &Value| -> Vec<(Value, Value, Value, Value)> {
+        fleet["result"]["structuredContent"]["projects"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter(|r| r["project"] != "delta")
+            .map(|r| {
+                (
+                    r["project"].clone(),
+                    r["status"].clone(),
+                    r["pinned"].clone(),
+                    r["live"].clone(),
+                )
+            })
+            .collect()
+    };
+    let pinned_before = pins(&fleet);
+    assert!(
+        pinned_before
+            .iter()
+            .all(|(_, status, pinned, _)| status == "verified" && pinned.is_string()),
+        "{fleet}"
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let caller = {
+        let (lb, session, stop) = (lb.clone(), session.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut c = client(&lb, Some(&session)).await;
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let project = ["alpha", "beta"][i % 2];
+                i += 1;
+                let r = c
+                    .tools_call(json!(i), "whoami", json!({"project": project}))
+                    .await;
+                match r {
+                    Ok(r) if r.get("result").is_some() && r["result"]["isError"] != true => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            (ok, failed)
+        })
+    };
+    let old = gateway_tests::TEST_CLUSTER_SECRET.to_owned();
+    let new = "7e".repeat(32);
+    let rounds: [(&str, &[(&str, &str)]); 3] = [
+        (
+            "the new secret accepted",
+            &[(SECRET_ENV, &old), (PREVIOUS_SECRET_ENV, &new)],
+        ),
+        (
+            "sealing with the new one",
+            &[(SECRET_ENV, &new), (PREVIOUS_SECRET_ENV, &old)],
+        ),
+        ("the old one dropped", &[(SECRET_ENV, &new)]),
+    ];
+    for (round, env) in rounds {
+        for name in ["r1", "r2", "r3"] {
+            let r = cluster.replica(name);
+            r.terminate().await;
+            r.launch.env = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), std::ffi::OsString::from(v)))
+                .collect();
+            r.restart().await;
+            wait_live(&lb, &["alpha", "beta"]).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        println!("secret roll: {round}: done");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = within(Duration::from_secs(30), "the caller ends", caller)
+        .await
+        .unwrap();
+    println!(
+        "secret roll (9 restarts): {ok} calls answered, {} failed",
+        failed.len()
+    );
+    assert!(ok > 20, "the caller kept calling: {ok}");
+    assert!(
+        failed.is_empty(),
+        "calls failed during the roll: {failed:#?}"
+    );
+
+    // Under the new secret alone: the session, both sleds and their pins as before.
+    let mut c = client(&lb, Some(&session)).await;
+    let fleet = c
+        .tools_call(json!(2), "fleet_identity", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(pins(&fleet), pinned_before, "{fleet}");
+    // A value sealed under the old secret would be refused and counted by a replica that
+    // reads it (each read every bucket when it started): none is.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for name in ["r1", "r2", "r3"] {
+        let addr = cluster.replica(name).addr();
+        let (_, body) = gateway_tests::scrape_metrics(addr).await;
+        let refused: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("gateway_cluster_unverified_total{"))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "{name} refused items after the roll: {refused:?}"
+        );
+    }
+}
+
 /// NATS stopped for 5 s under a call loop through the balancer (issue 31): a call to a project
 /// whose sled the replica it lands on holds goes on as before; one held elsewhere cannot be
 /// relayed, waits for the engine (at most its call's timeout) and succeeds once it is back, or

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::cluster::{ClusterEvent, PinOutcome, RelayMessage, RelaySent};
+use crate::cluster::{ClusterAction, ClusterEvent, PinOutcome, RelayMessage, RelaySent};
 use crate::directory::Loss;
 use crate::error::{HttpError, RpcError, UplinkLoss};
 use crate::gather::Gathers;
@@ -72,9 +72,29 @@ impl Gateway {
             ClusterEvent::PinCreated { project, outcome } => {
                 self.pin_created(now, project, outcome)
             }
-            ClusterEvent::PinChanged { project, pin } => self.pin_changed(now, project, pin),
+            ClusterEvent::PinChanged {
+                project,
+                pin,
+                under_previous_secret,
+            } => {
+                let present = pin.is_some();
+                self.pin_changed(now, project.clone(), pin);
+                if under_previous_secret && present {
+                    self.pins_under_previous.insert(project.clone());
+                } else {
+                    self.pins_under_previous.remove(&project);
+                }
+                self.reseal_pin(&project);
+            }
             ClusterEvent::Announced(news) => self.announced(news),
-            ClusterEvent::ToolsChanged { project, listing } => {
+            ClusterEvent::ToolsChanged {
+                project,
+                listing,
+                under_previous_secret,
+            } => {
+                if under_previous_secret && self.is_live(&project) {
+                    self.reseal_tools(&project, listing.as_deref());
+                }
                 self.tools_changed_elsewhere(&project, listing)
             }
         }
@@ -94,14 +114,17 @@ impl Gateway {
                 project,
                 epoch,
                 waiting,
-            } => self.go_live(
-                now,
-                waiting.uplink,
-                project,
-                waiting.sled,
-                waiting.key,
-                Some(epoch),
-            ),
+            } => {
+                self.go_live(
+                    now,
+                    waiting.uplink,
+                    project.clone(),
+                    waiting.sled,
+                    waiting.key,
+                    Some(epoch),
+                );
+                self.reseal_pin(&project);
+            }
             ReplicaEvent::StopServing {
                 project,
                 waiting,
@@ -262,6 +285,26 @@ impl Gateway {
     }
 
     /// Another replica pinned (or re-pinned) a project: this one follows.
+    /// During a roll of the cluster secret, what the holder of a project's sled keeps in the
+    /// engine for it and wrote under the previous secret (its tool listing and its pin: values
+    /// nothing else writes again) is written again under the current one, so that dropping
+    /// the previous secret afterwards leaves nothing unreadable. Only the holder does it, so
+    /// replicas on either side of the roll never write a value back and forth.
+    fn reseal_pin(&mut self, project: &str) {
+        if self.is_live(project) && self.pins_under_previous.remove(project) {
+            self.store_pin(project);
+        }
+    }
+
+    fn reseal_tools(&mut self, project: &str, listing: Option<&str>) {
+        if let Some(listing) = listing {
+            self.cluster_output(ClusterAction::StoreTools {
+                project: project.to_owned(),
+                listing: listing.to_owned(),
+            });
+        }
+    }
+
     pub(super) fn pin_changed(&mut self, now: Instant, project: String, pin: Option<crate::Pin>) {
         let changed = match &pin {
             Some(p) => self.pins.pins.get(&project) != Some(p),

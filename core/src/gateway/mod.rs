@@ -334,6 +334,9 @@ pub struct Gateway {
     pins: crate::identity::Pins,
     /// When the pins changed since the last `SavePins` are due to be saved.
     pins_save_at: Option<Instant>,
+    /// The projects whose pin in the engine is sealed under the previous cluster secret: the
+    /// replica that comes to hold the sled writes it again under the current one.
+    pins_under_previous: BTreeSet<String>,
     /// Challenge nonces (a stream of its own from the seed).
     rng: rand_chacha::ChaCha20Rng,
     /// Whether the probe round timer is armed.
@@ -684,6 +687,7 @@ impl Gateway {
             call_metrics: crate::metrics::CallMetrics::default(),
             pins: crate::identity::Pins::default(),
             pins_save_at: None,
+            pins_under_previous: BTreeSet::new(),
             rng: {
                 use rand_chacha::rand_core::SeedableRng;
                 let mut rng = rand_chacha::ChaCha20Rng::from_seed(seed);

@@ -129,11 +129,13 @@ impl Gateway {
                 }
             }
             Announcement::ToSessions { sessions, data } => {
-                // One SSE event's data: one line of JSON.
+                // One SSE event's data: one line of JSON, and a notification: an announcement
+                // never carries a request (whose answer would go to whoever made it up) nor an
+                // answer (to a request the session never made).
                 let one_line = !data.contains(['\n', '\r']);
-                if !one_line || serde_json::from_str::<serde::de::IgnoredAny>(&data).is_err() {
+                if !one_line || !is_notification(&data) {
                     tracing::debug!(
-                        "an announced notification that is not one line of JSON; ignored"
+                        "an announced message that is not a notification on one line; ignored"
                     );
                     return;
                 }
@@ -144,5 +146,15 @@ impl Gateway {
                 }
             }
         }
+    }
+}
+
+/// Whether `data` is a JSON-RPC notification: an object with a `method` and no `id` at all.
+fn is_notification(data: &str) -> bool {
+    match serde_json::from_str::<serde_json::Value>(data) {
+        Ok(serde_json::Value::Object(m)) => {
+            m.get("method").is_some_and(|v| v.is_string()) && !m.contains_key("id")
+        }
+        _ => false,
     }
 }

@@ -831,6 +831,106 @@ fn a_first_use_pin_is_one_create_in_the_engine_and_the_first_replica_wins() {
 }
 
 #[test]
+fn during_a_secret_roll_the_holder_writes_its_pin_and_tools_again_and_nobody_else_does() {
+    use crate::cluster::PinOutcome;
+    use crate::identity::encode_key;
+    let k = ed25519_dalek::SigningKey::from_bytes(&[4; 32]);
+    let pin = crate::Pin {
+        key: encode_key(&k.verifying_key()),
+        sled: "s".into(),
+    };
+    let listing = serde_json::to_string(&sled_tools()).unwrap();
+    let news = |previous: bool| {
+        [
+            ClusterEvent::PinChanged {
+                project: "beta".into(),
+                pin: Some(pin.clone()),
+                under_previous_secret: previous,
+            },
+            ClusterEvent::ToolsChanged {
+                project: "beta".into(),
+                listing: Some(listing.clone()),
+                under_previous_secret: previous,
+            },
+        ]
+    };
+    let mut h = replica("r1");
+    // Not the holder (beta's sled is on r2): read, never written back.
+    owned_by(&mut h, "beta", "r2", 3);
+    take_actions(&mut h);
+    for e in news(true) {
+        event(&mut h, e);
+    }
+    assert_eq!(take_actions(&mut h), []);
+    // The holder: under the current secret nothing is written; under the previous one the
+    // pin and the listing are written again as they are.
+    let mut h = replica("r1");
+    let (u, _) = hello_with_key(&mut h, "beta", &k);
+    take_actions(&mut h);
+    event(
+        &mut h,
+        ClusterEvent::PinCreated {
+            project: "beta".into(),
+            outcome: PinOutcome::Created,
+        },
+    );
+    event(
+        &mut h,
+        ClusterEvent::Claimed {
+            project: "beta".into(),
+            outcome: ClaimOutcome::Won(5),
+        },
+    );
+    assert!(h.gw.is_live("beta"), "{:?}", h.closed.get(&u));
+    take_actions(&mut h);
+    for e in news(false) {
+        event(&mut h, e);
+    }
+    assert_eq!(take_actions(&mut h), []);
+    for e in news(true) {
+        event(&mut h, e);
+    }
+    assert_eq!(
+        take_actions(&mut h),
+        [
+            ClusterAction::StorePin {
+                project: "beta".into(),
+                pin: pin.clone(),
+            },
+            ClusterAction::StoreTools {
+                project: "beta".into(),
+                listing: listing.clone(),
+            },
+        ]
+    );
+
+    // A replica that learnt the pin under the previous secret before it held the sled (a
+    // restart in the roll: its watch reads every pin at once) writes it when it comes to.
+    let mut h = replica("r1");
+    let [pin_news, _] = news(true);
+    event(&mut h, pin_news);
+    assert_eq!(take_actions(&mut h), []);
+    hello_with_key(&mut h, "beta", &k);
+    take_actions(&mut h);
+    event(
+        &mut h,
+        ClusterEvent::Claimed {
+            project: "beta".into(),
+            outcome: ClaimOutcome::Won(6),
+        },
+    );
+    assert!(h.gw.is_live("beta"));
+    let actions = take_actions(&mut h);
+    assert!(
+        actions.contains(&ClusterAction::StorePin {
+            project: "beta".into(),
+            pin: pin.clone(),
+        }),
+        "{actions:?}"
+    );
+}
+
+#[test]
 fn a_pin_created_here_serves_and_the_engine_down_sends_the_sled_away() {
     use crate::cluster::PinOutcome;
     let k = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
@@ -879,6 +979,7 @@ fn pins_made_elsewhere_are_followed_here() {
         ClusterEvent::PinChanged {
             project: "alpha".into(),
             pin: Some(pin.clone()),
+            under_previous_secret: false,
         },
     );
     assert_eq!(h.gw.pins().get("alpha"), Some(&pin));

@@ -31,6 +31,7 @@ fn tools_changed(project: &str, tools: &[Value]) -> ClusterEvent {
     ClusterEvent::ToolsChanged {
         project: project.into(),
         listing: Some(serde_json::to_string(tools).unwrap()),
+        under_previous_secret: false,
     }
 }
 
@@ -102,6 +103,7 @@ fn the_stateless_list_names_tools_held_elsewhere_while_their_sled_is() {
         ClusterEvent::ToolsChanged {
             project: "alpha".into(),
             listing: Some("{not json".into()),
+            under_previous_secret: false,
         },
     );
     assert_eq!(methods(&h, g).len(), 2);
@@ -204,13 +206,24 @@ fn a_notification_for_a_session_whose_stream_is_elsewhere_goes_there() {
     assert_eq!(methods(&h, g), ["notifications/resources/updated"]);
 
     // The replica holding a stream sends what is announced for it; a session without a
-    // stream here, and data that is not one line of JSON, get nothing.
+    // stream here, and data that is not a notification on one line of JSON (a request, an
+    // answer), get nothing.
     let mut h = replica("r1");
     let a = initialize(&mut h);
     take_actions(&mut h);
     let b = initialize(&mut h);
     let g = get_stream(&mut h, &a);
-    for data in [data.clone(), "not json".into(), "{\n}".into()] {
+    let request =
+        r#"{"jsonrpc":"2.0","id":7,"method":"sampling/createMessage","params":{"messages":[]}}"#;
+    let answer = r#"{"jsonrpc":"2.0","id":7,"result":{}}"#;
+    for data in [
+        data.clone(),
+        "not json".into(),
+        "{\n}".into(),
+        request.into(),
+        answer.into(),
+        r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#.into(),
+    ] {
         event(
             &mut h,
             ClusterEvent::Announced(Announcement::ToSessions {

@@ -428,8 +428,10 @@ async fn watch_pins(mut watch: super::Watch, bucket: Bucket, commands: mpsc::Wea
         let Some(project) = key_project(&change.key) else {
             continue;
         };
+        let mut under_previous_secret = false;
         let pin = match change.kind {
             ChangeKind::Put(value) => {
+                under_previous_secret = bucket.seal.keys().under_previous(&value);
                 let Some(value) = bucket.open(&change.key, &value) else {
                     continue;
                 };
@@ -443,7 +445,16 @@ async fn watch_pins(mut watch: super::Watch, bucket: Bucket, commands: mpsc::Wea
             }
             ChangeKind::Deleted | ChangeKind::Expired => None,
         };
-        if !tell(&commands, ClusterEvent::PinChanged { project, pin }).await {
+        if !tell(
+            &commands,
+            ClusterEvent::PinChanged {
+                project,
+                pin,
+                under_previous_secret,
+            },
+        )
+        .await
+        {
             return;
         }
     }
@@ -454,8 +465,10 @@ async fn watch_tools(mut watch: super::Watch, bucket: Bucket, commands: mpsc::We
         let Some(project) = key_project(&change.key) else {
             continue;
         };
+        let mut under_previous_secret = false;
         let listing = match change.kind {
             ChangeKind::Put(value) => {
+                under_previous_secret = bucket.seal.keys().under_previous(&value);
                 let Some(value) = bucket.open(&change.key, &value) else {
                     continue;
                 };
@@ -469,7 +482,16 @@ async fn watch_tools(mut watch: super::Watch, bucket: Bucket, commands: mpsc::We
             }
             ChangeKind::Deleted | ChangeKind::Expired => None,
         };
-        if !tell(&commands, ClusterEvent::ToolsChanged { project, listing }).await {
+        if !tell(
+            &commands,
+            ClusterEvent::ToolsChanged {
+                project,
+                listing,
+                under_previous_secret,
+            },
+        )
+        .await
+        {
             return;
         }
     }

@@ -255,7 +255,7 @@ pub const SECRET_ENV: &str = "MCP_GATEWAY_CLUSTER_SECRET";
 pub const PREVIOUS_SECRET_ENV: &str = "MCP_GATEWAY_PREVIOUS_CLUSTER_SECRET";
 
 /// What a replica refuses to start without, and how to make it.
-const HOW_TO_MAKE: &str = "every replica of a cluster needs the same cluster secret: make one     with `openssl rand -hex 32 > cluster.secret && chmod 600 cluster.secret`, copy it to each     replica, and name it with --cluster-secret-file (or put the 64 hex digits in     MCP_GATEWAY_CLUSTER_SECRET)";
+const HOW_TO_MAKE: &str = "every replica of a cluster needs the same cluster secret: make one with `openssl rand -hex 32 > cluster.secret && chmod 600 cluster.secret`, copy it to each replica, and name it with --cluster-secret-file (or put the 64 hex digits in MCP_GATEWAY_CLUSTER_SECRET)";
 
 /// The cluster's keys from `--cluster-secret-file` (else [`SECRET_ENV`]) and, during a roll,
 /// `--previous-cluster-secret-file` (else [`PREVIOUS_SECRET_ENV`]). An error is a line to

@@ -94,8 +94,10 @@ pub struct GatewayProcess {
     dir: PathBuf,
     child: Option<Child>,
     claim_ttl_secs: u64,
-    /// More of `gateway serve`'s arguments, and its environment beside `RUST_LOG=info`.
-    launch: Launch,
+    /// More of `gateway serve`'s arguments, and its environment beside `RUST_LOG=info` (and
+    /// the tests' cluster secret in `MCP_GATEWAY_CLUSTER_SECRET`, which `env` may replace);
+    /// changed between a stop and [`GatewayProcess::restart`] to restart it otherwise.
+    pub launch: Launch,
 }
 
 /// How a replica is started beyond its cluster and name: more arguments, environment
