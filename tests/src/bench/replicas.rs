@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{
-    bin_path, client::Conn, cpu_secs, new_hist, procs, registered, start_gateway, start_sleds_with,
-    vm_kib, Args, Proc, Res, Targets, TempDir,
+    bin_path, client::Conn, cpu_secs, new_hist, procs, registered, start_gateway,
+    start_gateway_bin, start_sleds_with, vm_kib, Args, Proc, Res, Targets, TempDir,
 };
 
 fn nats_binary(args: &Args) -> Res<PathBuf> {
@@ -304,6 +304,126 @@ pub(super) async fn replicas(args: &Args, tmp: &TempDir, targets: &mut Targets) 
 
     // 3. Scale: many sleds over three replicas behind nginx.
     scale(args, tmp, &nats, targets).await
+}
+
+/// `--run sealed-relay` (issue 24's budget): a relayed call with the cluster secret (every
+/// envelope and answer sealed and verified) against one through replicas of
+/// `--baseline-gateway-bin` (the gateway before the cluster secret), side by side: one
+/// nats-server, two pairs of replicas in namespaces of their own, each pair's sleds on its
+/// first replica, calls through each pair's owner and through its other replica alternated
+/// in blocks of 50. Latency, and CPU per call of the pair's two gateways.
+pub(super) async fn sealed_relay(args: &Args, tmp: &TempDir, targets: &mut Targets) -> Res<()> {
+    println!("\n## The sealed relay against the unsealed one\n");
+    let baseline = args.baseline_gateway_bin.as_deref().ok_or(
+        "--run sealed-relay needs --baseline-gateway-bin: a gateway built before the cluster secret (commit ac52bae)",
+    )?;
+    let (_nats, nats) = start_nats(args, tmp)?;
+    let names = sled_sim::demo_project_names(2);
+    let projects = registered(&names);
+    let zero = ["--latency-ms".to_owned(), "0".to_owned()];
+    let in_namespace = |mut a: Vec<String>, ns: &str| {
+        a.extend(["--cluster-namespace".into(), ns.into()]);
+        a
+    };
+    let sealed = |r: &str| in_namespace(cluster_args(tmp, &nats, r), "sealed");
+    let plain = |r: &str| {
+        let mut a = cluster_args(tmp, &nats, r);
+        let at = a
+            .iter()
+            .position(|x| x == "--cluster-secret-file")
+            .expect("cluster_args names the secret");
+        a.drain(at..at + 2);
+        in_namespace(a, "plain")
+    };
+    let (mut s1, as1) = start_gateway(args, tmp, "s1", &projects, &sealed("s1"))?;
+    let (mut s2, as2) = start_gateway(args, tmp, "s2", &projects, &sealed("s2"))?;
+    let (mut p1, ap1) =
+        start_gateway_bin(args, tmp, "p1", &projects, &plain("p1"), Some(baseline))?;
+    let (mut p2, ap2) =
+        start_gateway_bin(args, tmp, "p2", &projects, &plain("p2"), Some(baseline))?;
+    let mut ss = start_sleds_with(args, tmp, "sealed", as1, 2, None, &zero)?;
+    let mut sp = start_sleds_with(args, tmp, "plain", ap1, 2, None, &zero)?;
+    let limit = Duration::from_secs(60);
+    wait_held(
+        as2,
+        2,
+        |r| r == "s1",
+        limit,
+        &mut [&mut s1, &mut s2, &mut ss],
+    )
+    .await?;
+    wait_held(
+        ap2,
+        2,
+        |r| r == "p1",
+        limit,
+        &mut [&mut p1, &mut p2, &mut sp],
+    )
+    .await?;
+    let mut conns = Vec::new();
+    for a in [as1, as2, ap1, ap2] {
+        conns.push(Conn::connect(a).await.map_err(|e| e.to_string())?);
+    }
+    let project = &names[0];
+    let n = args.coord_calls;
+    let mut hists = [new_hist(), new_hist(), new_hist(), new_hist()];
+    let mut cpu = [0.0f64; 4];
+    let pids = [[s1.pid(), s2.pid()], [p1.pid(), p2.pid()]];
+    let block = 50;
+    let mut id = 0;
+    for round in 0..(n + n / 10).div_ceil(block) {
+        let measured = round * block >= n / 10;
+        for (i, c) in conns.iter_mut().enumerate() {
+            let pair = pids[i / 2];
+            let before: f64 = pair.iter().map(|p| cpu_secs(*p)).sum();
+            for _ in 0..block {
+                id += 1;
+                let took = call(c, id, project).await?;
+                if measured {
+                    hists[i].saturating_record(took.as_nanos() as u64);
+                }
+            }
+            if measured {
+                cpu[i] += pair.iter().map(|p| cpu_secs(*p)).sum::<f64>() - before;
+            }
+        }
+    }
+    let per = |i: usize| cpu[i] * 1e6 / hists[i].len().max(1) as f64;
+    println!(
+        "| one `whoami` call ({} each, interleaved in blocks of {block}) | p50 µs | p99 µs | gateways' CPU µs/call |",
+        hists[0].len()
+    );
+    println!("|---|---|---|---|");
+    for (i, what) in [
+        "sealed: the owner",
+        "sealed: relayed",
+        "baseline: the owner",
+        "baseline: relayed",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!(
+            "| {what} | {:.1} | {:.1} | {:.1} |",
+            us(&hists[i], 0.5),
+            us(&hists[i], 0.99),
+            per(i)
+        );
+    }
+    let added = |relay: usize, owner: usize| us(&hists[relay], 0.5) - us(&hists[owner], 0.5);
+    let (added_sealed, added_plain) = (added(1, 0), added(3, 2));
+    let latency = us(&hists[1], 0.5) / us(&hists[3], 0.5).max(1e-9);
+    let cpu_ratio = per(1) / per(3).max(1e-9);
+    println!(
+        "\nthe relay adds {added_sealed:.1} µs at p50 sealed, {added_plain:.1} µs unsealed; the sealed relayed call takes {latency:.2}× the unsealed one's p50 and {cpu_ratio:.2}× its CPU (budget: 1.10×)"
+    );
+    targets.lines.push((
+        "a sealed relay against an unsealed one (≤ 1.10×)".into(),
+        Some(latency <= 1.10 && cpu_ratio <= 1.10),
+        format!("{latency:.2}× p50, {cpu_ratio:.2}× CPU"),
+    ));
+    drop((conns, ss, sp, s1, s2, p1, p2));
+    Ok(())
 }
 
 /// A session's `tools/call` of `tool` on `c`: its structured content.

@@ -61,6 +61,9 @@ enum Run {
     /// single-process gateway; two replicas' throughput against one; --replica-sleds sleds
     /// over three replicas behind nginx, and a replica killed.
     Replicas,
+    /// A relayed call sealed under the cluster secret against one through replicas of
+    /// --baseline-gateway-bin (built before the cluster secret), side by side.
+    SealedRelay,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -150,6 +153,10 @@ struct Args {
     /// The gateway binary (default: next to this one).
     #[arg(long)]
     gateway_bin: Option<PathBuf>,
+    /// `--run sealed-relay`: the gateway to compare with, built from a commit before the
+    /// cluster secret (ac52bae), which takes no --cluster-secret-file.
+    #[arg(long)]
+    baseline_gateway_bin: Option<PathBuf>,
     /// The nats-server for `--run replicas` (default: PATH, then the tests' install in
     /// target/clients/nats-server/).
     #[arg(long)]
@@ -238,6 +245,9 @@ async fn run(args: &Args) -> Res<()> {
     if args.run.contains(&Run::Replicas) {
         replicas::replicas(args, &tmp, &mut targets).await?;
     }
+    if args.run.contains(&Run::SealedRelay) {
+        replicas::sealed_relay(args, &tmp, &mut targets).await?;
+    }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
         let verdict = match met {
@@ -292,7 +302,23 @@ fn start_gateway(
     projects: &[(String, String)],
     extra: &[String],
 ) -> Res<(Proc, SocketAddr)> {
-    let mut toml = format!("default = \"{}\"\n", projects[0].0);
+    start_gateway_bin(args, tmp, tag, projects, extra, None)
+}
+
+/// [`start_gateway`] with another gateway binary than `--gateway-bin`'s.
+fn start_gateway_bin(
+    args: &Args,
+    tmp: &TempDir,
+    tag: &str,
+    projects: &[(String, String)],
+    extra: &[String],
+    bin: Option<&std::path::Path>,
+) -> Res<(Proc, SocketAddr)> {
+    // The emulated sleds present no uplink token: on loopback, for a benchmark only.
+    let mut toml = format!(
+        "default = \"{}\"\nallow_unauthenticated_uplinks = true\n",
+        projects[0].0
+    );
     for (name, url) in projects {
         toml.push_str(&format!(
             "\n[[project]]\nname = \"{name}\"\nurl = \"{url}\"\n"
@@ -311,9 +337,12 @@ fn start_gateway(
         .collect();
     let wrapped = !argv.is_empty();
     argv.extend([
-        bin_path(&args.gateway_bin, "gateway")?
-            .display()
-            .to_string(),
+        match bin {
+            Some(b) => b.to_owned(),
+            None => bin_path(&args.gateway_bin, "gateway")?,
+        }
+        .display()
+        .to_string(),
         "serve".into(),
         "--config".into(),
         config.display().to_string(),
