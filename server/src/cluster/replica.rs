@@ -8,7 +8,8 @@
 //!
 //! - bucket `N_directory` (`max_age` the claim TTL): key `p.<project>` (a `.` in the project's
 //!   name is written `=`), value a [`ClaimValue`];
-//! - bucket `N_sessions` (`max_age` the session idle TTL): key `<session id>`, value a
+//! - bucket `N_sessions` (`max_age` the session idle TTL): key `s.<SHA-256 of the session id>`
+//!   ([`session_key`]: whoever reads the bucket learns no session id to act with), value a
 //!   [`SessionRecord`];
 //! - bucket `N_pins`: key `p.<project>`, value a sled identity [`gateway_core::Pin`] (made by
 //!   `create` on first use, so the first replica wins; replaced by a re-pin);
@@ -204,6 +205,50 @@ pub fn project_key(project: &str) -> String {
     format!("p.{}", project.replace('.', "="))
 }
 
+/// The key of a session's record in the sessions bucket: a hash of its id, so that the id, which
+/// is what a client presents to act in the session, is never written to the engine. A replica
+/// knows the ids of the sessions it has made or read ([`SessionNames`]), which is all it needs
+/// to follow their records.
+pub fn session_key(session: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"mcp-gateway v1 session key\0");
+    h.update(session.as_bytes());
+    let digest = h.finalize();
+    let mut key = String::with_capacity(66);
+    key.push_str("s.");
+    for b in digest {
+        key.push_str(&format!("{b:02x}"));
+    }
+    key
+}
+
+/// The ids of the sessions this replica made or read, by their key in the engine: the sessions
+/// watch tells the driver of changes to these only (the driver knows no other session). An
+/// entry goes when its record is deleted or expires.
+#[derive(Debug, Default)]
+struct SessionNames(Mutex<HashMap<String, String>>);
+
+impl SessionNames {
+    /// The engine's key of `session`, remembered.
+    fn key_of(&self, session: &str) -> String {
+        let key = session_key(session);
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .insert(key.clone(), session.to_owned());
+        key
+    }
+
+    fn session(&self, key: &str) -> Option<String> {
+        self.0.lock().expect("not poisoned").get(key).cloned()
+    }
+
+    fn forget(&self, key: &str) {
+        self.0.lock().expect("not poisoned").remove(key);
+    }
+}
+
 /// The project of a directory key, `None` for a key that is not one.
 pub fn key_project(key: &str) -> Option<String> {
     key.strip_prefix("p.").map(|p| p.replace('=', "."))
@@ -264,6 +309,7 @@ pub(crate) async fn start(
         .subscribe(&format!("{}.>", inbox_prefix(opts, &run)))
         .await?;
     let inboxes: Inboxes = Arc::default();
+    let names: Arc<SessionNames> = Arc::default();
     let directory = engine.watch(&opts.directory(), "p.>").await?;
     let sessions = engine.watch(&opts.sessions(), ">").await?;
     let pins = engine.watch(&opts.pins(), "p.>").await?;
@@ -285,6 +331,7 @@ pub(crate) async fn start(
         tokio::spawn(watch_sessions(
             sessions,
             bucket(opts.sessions(), Some(session_ttl)),
+            names.clone(),
             commands.clone(),
         )),
         tokio::spawn(watch_pins(
@@ -314,7 +361,15 @@ pub(crate) async fn start(
             draining,
         )),
     ];
-    let executor = tokio::spawn(execute(opts, seal, session_ttl, run, rx, commands, inboxes));
+    let executor = tokio::spawn(execute(
+        opts,
+        seal,
+        session_ttl,
+        run,
+        rx,
+        commands,
+        (inboxes, names),
+    ));
     Ok((ClusterIo { actions: tx }, Running { executor, others }))
 }
 
@@ -395,9 +450,14 @@ async fn watch_directory(
 async fn watch_sessions(
     mut watch: super::Watch,
     bucket: Bucket,
+    names: Arc<SessionNames>,
     commands: mpsc::WeakSender<Command>,
 ) {
     while let Some(change) = watch.next().await {
+        let Some(session) = names.session(&change.key) else {
+            // A session this replica never made nor read: nothing here to change.
+            continue;
+        };
         let record = match change.kind {
             ChangeKind::Put(value) => {
                 let Some(value) = bucket.open(&change.key, &value) else {
@@ -411,12 +471,12 @@ async fn watch_sessions(
                     }
                 }
             }
-            ChangeKind::Deleted | ChangeKind::Expired => None,
+            ChangeKind::Deleted | ChangeKind::Expired => {
+                names.forget(&change.key);
+                None
+            }
         };
-        let event = ClusterEvent::SessionChanged {
-            session: change.key,
-            record,
-        };
+        let event = ClusterEvent::SessionChanged { session, record };
         if !tell(&commands, event).await {
             return;
         }
@@ -556,7 +616,7 @@ async fn execute(
     run: String,
     mut actions: mpsc::UnboundedReceiver<ClusterAction>,
     commands: mpsc::WeakSender<Command>,
-    inboxes: Inboxes,
+    (inboxes, names): (Inboxes, Arc<SessionNames>),
 ) {
     let bucket = |name: String, max_age| {
         Arc::new(Bucket {
@@ -576,6 +636,7 @@ async fn execute(
     tasks.spawn(store_sessions(
         opts.clone(),
         sessions.clone(),
+        names.clone(),
         store_rx,
         commands.clone(),
     ));
@@ -640,21 +701,22 @@ async fn execute(
             }
             ClusterAction::LoadSession { session } => {
                 let (bucket, sealed) = (opts.sessions(), sessions.clone());
+                let key = names.key_of(&session);
                 tasks.spawn(async move {
                     // A request waits on this read: a passing hiccup of the engine (a
                     // JetStream request timing out while it settles) is tried again before
                     // the client is told to retry.
-                    let mut read = engine.get(&bucket, &session).await;
+                    let mut read = engine.get(&bucket, &key).await;
                     for pause in SESSION_READ_RETRIES {
                         if read.is_ok() {
                             break;
                         }
                         tokio::time::sleep(pause).await;
-                        read = engine.get(&bucket, &session).await;
+                        read = engine.get(&bucket, &key).await;
                     }
                     let record = match read {
                         Ok(None) => Ok(None),
-                        Ok(Some(entry)) => match sealed.open(&session, &entry.value) {
+                        Ok(Some(entry)) => match sealed.open(&key, &entry.value) {
                             Some(value) => match SessionRecord::parse(&value) {
                                 Ok(r) => Ok(Some(r)),
                                 Err(e) => {
@@ -767,22 +829,20 @@ async fn execute(
 async fn store_sessions(
     opts: Arc<ClusterOptions>,
     sealed: Arc<Bucket>,
+    names: Arc<SessionNames>,
     mut stores: mpsc::UnboundedReceiver<(String, Option<SessionRecord>)>,
     commands: mpsc::WeakSender<Command>,
 ) -> Option<HttpToken> {
     let bucket = opts.sessions();
     while let Some((session, record)) = stores.recv().await {
+        let key = names.key_of(&session);
         let written = match &record {
             Some(r) => opts
                 .engine
-                .put(
-                    &bucket,
-                    &session,
-                    sealed.seal(&session, r.to_json().as_bytes()),
-                )
+                .put(&bucket, &key, sealed.seal(&key, r.to_json().as_bytes()))
                 .await
                 .map(drop),
-            None => opts.engine.delete(&bucket, &session, None).await.map(drop),
+            None => opts.engine.delete(&bucket, &key, None).await.map(drop),
         };
         if let Err(e) = &written {
             tracing::warn!(error = %e, "writing a session to the engine");
