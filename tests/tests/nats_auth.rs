@@ -20,14 +20,16 @@
 mod nats;
 #[path = "support/processes.rs"]
 mod processes;
+#[path = "support/shipped_nats.rs"]
+mod shipped_nats;
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use processes::{GatewayProcess, Launch};
 use serde_json::{json, Value};
-use sled_sim::{McpClient, TokioConnect};
+use shipped_nats::Ca;
 
 const PROJECTS: &str = r#"default = "alpha"
 call_timeout_ms = 10000
@@ -182,25 +184,8 @@ async fn serving(
     (replica, sled)
 }
 
-/// The replica holding `project` as `base` lists it, once it is live (within 20 s).
 async fn holder(base: &str, project: &str) -> String {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = call_tool(base, "list_projects", json!({})).await;
-        if let Some(projects) = r["result"]["structuredContent"]["projects"].as_array() {
-            if let Some(p) = projects
-                .iter()
-                .find(|p| p["name"] == project && p["live"] == true)
-            {
-                return p["replica"].as_str().unwrap_or_default().to_owned();
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{project} not live at {base}: {r}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    processes::holder(base, None, project).await
 }
 
 async fn call(base: &str, tool: &str) -> Value {
@@ -213,81 +198,8 @@ async fn call(base: &str, tool: &str) -> Value {
 }
 
 async fn call_tool(base: &str, tool: &str, arguments: Value) -> Value {
-    let mut c = McpClient::connect(TokioConnect, &format!("{base}/mcp"))
-        .await
-        .unwrap();
-    c.tools_call(json!(1), tool, arguments).await.unwrap()
+    processes::call_tool(base, None, tool, arguments).await
 }
-
-// ---------------------------------------------------------------------------------------
-// Certificates, made here for each run (nothing committed expires).
-
-struct Ca {
-    cert_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        Ca {
-            cert_pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `names` (DNS names or IP addresses) and its key, in PEM.
-    fn issue(&self, names: &[&str], usage: rcgen::ExtendedKeyUsagePurpose) -> (String, String) {
-        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-        let mut params = rcgen::CertificateParams::new(names.clone()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, names[0].clone());
-        params.extended_key_usages = vec![usage];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    /// Writes the CA and a server certificate for loopback into `dir/tls/` under the names
-    /// `examples/nats-server.conf` uses.
-    fn write_server_files(&self, dir: &Path) {
-        let tls = dir.join("tls");
-        std::fs::create_dir_all(&tls).unwrap();
-        let (cert, key) = self.issue(
-            &["localhost", "127.0.0.1"],
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        std::fs::write(tls.join("ca.pem"), &self.cert_pem).unwrap();
-        std::fs::write(tls.join("nats-server.pem"), cert).unwrap();
-        std::fs::write(tls.join("nats-server-key.pem"), key).unwrap();
-    }
-
-    /// A client certificate for `name` written into `dir` as NAME.pem and NAME-key.pem.
-    fn write_client(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-        let (cert, key) = self.issue(&[name], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
-        let (c, k) = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}-key.pem")),
-        );
-        std::fs::write(&c, cert).unwrap();
-        std::fs::write(&k, key).unwrap();
-        (c, k)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_and_password() {
@@ -705,17 +617,10 @@ async fn tls_required_is_never_clear_text() {
 /// NATS user, and each replica's subjects are its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_with_the_shipped_configuration() {
-    let ca = Ca::new("mcp-gateway cluster CA");
-    let dir = processes::scratch("nats-auth-shipped");
-    ca.write_server_files(&dir);
-    let certs = dir.join("clients");
-    std::fs::create_dir_all(&certs).unwrap();
-    let (r1_cert, r1_key) = ca.write_client(&certs, "r1");
-    let (r2_cert, r2_key) = ca.write_client(&certs, "r2");
-    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/nats-server.conf");
-    let Some(nats) = nats::NatsServer::start_with_config(&shipped, dir).await else {
+    let Some(shipped) = shipped_nats::ShippedNats::start(&["r1", "r2"]).await else {
         return;
     };
+    let nats = &shipped.nats;
     assert!(
         nats.log().contains("TLS required for client connections")
             && nats.log().contains("127.0.0.1"),
@@ -723,18 +628,10 @@ async fn mutual_tls_with_the_shipped_configuration() {
         nats.log()
     );
     let scene = Scene::new("shipped");
-    let ca_file = nats.dir().join("tls/ca.pem");
-    let r1 = Launch {
-        args: args([
-            &"--nats-ca-file",
-            &ca_file,
-            &"--nats-client-cert",
-            &r1_cert,
-            &"--nats-client-key",
-            &r1_key,
-        ]),
-        ..Launch::default()
-    };
+    let ca_file = shipped.ca_file.clone();
+    let (r1_cert, r1_key) = shipped.client("r1");
+    let (r2_cert, r2_key) = shipped.client("r2");
+    let r1 = shipped.replica_launch("r1");
     let (replica1, _sled) = serving(&scene, &nats.url(), "r1", r1).await;
     let r2 = Launch {
         env: vec![
@@ -843,23 +740,7 @@ async fn mutual_tls_with_the_shipped_configuration() {
 
     // With r1's certificate, a process can take none of r2's subjects, nor delete or purge a
     // bucket: the server refuses each, and r2's traffic is not delivered to it.
-    let (refusals_tx, mut refusals) = tokio::sync::mpsc::unbounded_channel();
-    let spy = async_nats::ConnectOptions::new()
-        .custom_inbox_prefix("_INBOX.mcpgw.r1.spy")
-        .add_root_certificates(ca_file.clone())
-        .add_client_certificate(r1_cert.clone(), r1_key.clone())
-        .require_tls(true)
-        .event_callback(move |event| {
-            let tx = refusals_tx.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    let _ = tx.send(e.to_string());
-                }
-            }
-        })
-        .connect(nats.url())
-        .await
-        .unwrap();
+    let (spy, mut refusals) = shipped.client_as("r1", "_INBOX.mcpgw.r1.spy").await;
     let (mut taps, mut taps_allowed) = (Vec::new(), Vec::new());
     for subject in [
         "mcpgw.relay.r2",
@@ -928,7 +809,7 @@ async fn mutual_tls_with_the_shipped_configuration() {
     }
     let mut delete = async_nats::HeaderMap::new();
     delete.insert("KV-Operation", "DEL");
-    for bucket in ["cluster", "directory", "sessions", "pins", "tools"] {
+    for bucket in ["directory", "sessions", "pins", "tools"] {
         spy.publish_with_headers(
             format!("$KV.mcpgw_{bucket}.permission-probe"),
             delete.clone(),

@@ -28,9 +28,11 @@
 //! a relay envelope or an announcement for the subject it came on, once, before its expiry;
 //! an owner's reply for the envelope it answers; a streamed answer's messages for their inbox,
 //! each number once and in order. The agent-handle key is derived from the secret, never kept
-//! in the engine. Whoever can write to NATS without the secret can still delete or overwrite
-//! keys (a replica then loses a claim and claims again, or a sled is sent away to try again):
-//! that is denial of service, which NATS's own permissions guard against, not forgery.
+//! in the engine. A claim meets a value that does not verify (a forged claim over its own) by
+//! writing over it, so that the holder keeps its sled. Whoever can write to NATS without the
+//! secret can still delete keys (a replica then loses a claim and claims again), or put a pin
+//! no replica wrote where none was (a first sled is sent away to try again): that is denial
+//! of service, which NATS's own permissions guard against, not forgery.
 //!
 //! # Tasks
 //!
@@ -71,6 +73,9 @@ pub const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(10);
 /// The default of [`ClusterOptions::move_grace`]: a sled's reconnect (sled-sim backs off up
 /// to a few seconds) and a claim.
 pub const DEFAULT_MOVE_GRACE: Duration = Duration::from_secs(5);
+
+/// How many times in a row a claim is written over a directory value that does not verify.
+const OVERWRITES_OF_FORGED_CLAIMS: usize = 3;
 
 /// How often the engine is probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -670,11 +675,33 @@ async fn execute(
             } => {
                 let (bucket, key) = (opts.directory(), project_key(&project));
                 let value = directory.seal(&key, value.to_json().as_bytes());
+                let sealed = directory.clone();
                 tasks.spawn(async move {
-                    let written = match expected_revision {
-                        None => engine.create(&bucket, &key, value).await,
-                        Some(r) => engine.update(&bucket, &key, value, r).await,
+                    let mut written = match expected_revision {
+                        None => engine.create(&bucket, &key, value.clone()).await,
+                        Some(r) => engine.update(&bucket, &key, value.clone(), r).await,
                     };
+                    // What beat the write may be a value no replica wrote (it does not verify
+                    // under the cluster secret): no claim, as the watch ignores it. It is
+                    // written over at its revision, so that a forged value cannot take a
+                    // project from its holder (a few times at most; a stale read, or a value
+                    // that verifies, is the conflict it says).
+                    for _ in 0..OVERWRITES_OF_FORGED_CLAIMS {
+                        let Err(EngineError::Conflict { current_revision }) = written else {
+                            break;
+                        };
+                        let forged = matches!(
+                            engine.get(&bucket, &key).await,
+                            Ok(Some(e)) if e.revision == current_revision
+                                && sealed.open(&key, &e.value).is_none()
+                        );
+                        if !forged {
+                            break;
+                        }
+                        written = engine
+                            .update(&bucket, &key, value.clone(), current_revision)
+                            .await;
+                    }
                     let outcome = match written {
                         Ok(revision) => ClaimOutcome::Won(revision),
                         Err(EngineError::Conflict { current_revision }) => {

@@ -65,6 +65,11 @@ pub struct Seal {
     versions: Mutex<HashMap<String, Versions>>,
     unverified: Arc<Unverified>,
     logged: Mutex<HashSet<(Source, &'static str)>>,
+    /// When this seal was made, on its clock. A message sealed before it (on the sender's
+    /// clock) may have been taken by this replica's previous run, whose nonces went with it:
+    /// it is refused as a replay. (Clocks in step, no honest message is: this replica was not
+    /// listening yet.)
+    started_ms: u64,
     /// A planted bug for the simulation: nothing is verified.
     trusting: bool,
     /// A planted bug for the simulation: no nonce is kept.
@@ -81,9 +86,11 @@ impl std::fmt::Debug for Seal {
 
 impl Seal {
     pub fn new(keys: KeyRing, clock: WallClock, unverified: Arc<Unverified>) -> Seal {
+        let started_ms = clock();
         Seal {
             keys,
             clock,
+            started_ms,
             replays: Mutex::default(),
             versions: Mutex::default(),
             unverified,
@@ -210,8 +217,8 @@ impl Seal {
     }
 
     /// The nonce and payload of a message heard for `context`, when it verifies, has not
-    /// expired and (with `once`) its nonce was not heard before. `None` (counted, logged once)
-    /// otherwise.
+    /// expired and (with `once`) its nonce was not heard before, nor was it sealed before this
+    /// seal was made. `None` (counted, logged once) otherwise.
     pub fn open_message(
         &self,
         source: Source,
@@ -232,6 +239,10 @@ impl Seal {
             .open_message(context, now, message)
             .and_then(|o: Opened<'_>| {
                 if once && !self.forgetful {
+                    let lifetime = gateway_core::keys::MESSAGE_LIFETIME.as_millis() as u64;
+                    if o.expires_ms.saturating_sub(lifetime) < self.started_ms {
+                        return Err(Refusal::Replayed);
+                    }
                     self.replays
                         .lock()
                         .expect("not poisoned")
@@ -388,6 +399,30 @@ mod tests {
                 .map(|m| m.1),
             Some(Bytes::from_static(b"forged"))
         );
+    }
+
+    #[test]
+    fn a_message_sealed_before_a_replica_started_is_a_replay_to_it() {
+        let clock = Arc::new(AtomicU64::new(1_800_000_000_000));
+        let (a, _) = seal(1, clock.clone());
+        let m = a.seal_message("ns.relay.r1", b"call");
+        clock.fetch_add(2_000, Ordering::Relaxed);
+        // r1 starts again 2 s later: its previous run may have taken the message.
+        let (r1, unverified) = seal(1, clock.clone());
+        assert!(r1.open_message("relay", "ns.relay.r1", &m, true).is_none());
+        assert_eq!(
+            unverified.snapshot(),
+            vec![(("relay", Refusal::Replayed.as_str()), 1)]
+        );
+        // What is sealed from then on is taken, once; answers (not `once`) are not its to
+        // refuse.
+        let later = a.seal_message("ns.relay.r1", b"call");
+        assert!(r1
+            .open_message("relay", "ns.relay.r1", &later, true)
+            .is_some());
+        assert!(r1
+            .open_message("handoff", "ns.relay.r1", &m, false)
+            .is_some());
     }
 
     #[test]

@@ -225,6 +225,11 @@ impl GatewayProcess {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
     }
+
+    /// Its `--pin-file`: its copy of the cluster's pins.
+    pub fn pin_file(&self) -> PathBuf {
+        self.dir.join("pins.toml")
+    }
 }
 
 impl Drop for GatewayProcess {
@@ -352,6 +357,45 @@ impl Drop for SingleGateway {
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// A `tools/call` of `tool` with `arguments` through the gateway at `base` (`http://…`), as
+/// the client token `bearer` if one is given: the JSON-RPC response.
+pub async fn call_tool(
+    base: &str,
+    bearer: Option<&str>,
+    tool: &str,
+    arguments: serde_json::Value,
+) -> serde_json::Value {
+    let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &format!("{base}/mcp"))
+        .await
+        .unwrap();
+    c.set_bearer_token(bearer.map(str::to_owned));
+    c.tools_call(serde_json::json!(1), tool, arguments)
+        .await
+        .unwrap()
+}
+
+/// The replica holding `project` as the gateway at `base` lists it to `bearer`, once it is
+/// live (within 20 s).
+pub async fn holder(base: &str, bearer: Option<&str>, project: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = call_tool(base, bearer, "list_projects", serde_json::json!({})).await;
+        if let Some(projects) = r["result"]["structuredContent"]["projects"].as_array() {
+            if let Some(p) = projects
+                .iter()
+                .find(|p| p["name"] == project && p["live"] == true)
+            {
+                return p["replica"].as_str().unwrap_or_default().to_owned();
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{project} not live at {base}: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

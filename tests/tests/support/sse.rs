@@ -27,8 +27,18 @@ async fn open(addr: SocketAddr, head: String, body: &str) -> Events {
 
 /// Opens a session's GET stream.
 pub(crate) async fn open_get_stream(addr: SocketAddr, session: &str) -> Events {
+    open_get_stream_as(addr, session, None).await
+}
+
+/// Opens a session's GET stream as the client token `bearer`, if one is given.
+pub(crate) async fn open_get_stream_as(
+    addr: SocketAddr,
+    session: &str,
+    bearer: Option<&str>,
+) -> Events {
+    let authorization = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     let head = format!(
-        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n"
+        "GET /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n{authorization}\r\n"
     );
     open(addr, head, "").await
 }
@@ -68,6 +78,30 @@ pub(crate) async fn next_event_with(events: &mut Events, needle: &str) -> String
             );
             if line.starts_with("data:") && line.contains(needle) {
                 return line;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no event with {needle:?} within 20 s"))
+}
+
+/// Reads SSE `data:` lines until one holds `needle` (20 s at most); returns every `data:` line
+/// read, that one last.
+pub(crate) async fn data_until(events: &mut Events, needle: &str) -> Vec<String> {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let mut data = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(
+                events.read_line(&mut line).await.unwrap() > 0,
+                "the stream ended"
+            );
+            if line.starts_with("data:") {
+                let last = line.contains(needle);
+                data.push(line);
+                if last {
+                    return data;
+                }
             }
         }
     })
