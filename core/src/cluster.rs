@@ -73,6 +73,9 @@ pub enum ClusterEvent {
     SessionLoaded {
         session: String,
         record: Result<Option<SessionRecord>, EngineDown>,
+        /// Sealed under the previous cluster secret (a roll is under way): written again
+        /// under the current one.
+        under_previous_secret: bool,
     },
     /// The sessions bucket's watch reported a write (`None`: deleted or expired).
     SessionChanged {

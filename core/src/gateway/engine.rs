@@ -58,10 +58,20 @@ impl Gateway {
                     self.replica_news(|r| r.handle_relay_failed(now, token, sent));
                 }
             }
-            ClusterEvent::SessionLoaded { session, record } => {
+            ClusterEvent::SessionLoaded {
+                session,
+                record,
+                under_previous_secret,
+            } => {
+                let found = matches!(record, Ok(Some(_)));
                 // Handled again, now with the session known (or refused).
-                let parked = self.session_loaded(now, session, record);
+                let parked = self.session_loaded(now, session.clone(), record);
                 self.again.extend(parked);
+                // During a roll of the cluster secret, a session in use is written again
+                // under the current one where it is read (see `reseal_tools`).
+                if found && under_previous_secret {
+                    self.store_session(now, &session);
+                }
             }
             ClusterEvent::SessionChanged { session, record } => {
                 self.session_changed_elsewhere(session, record)

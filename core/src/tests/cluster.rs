@@ -436,12 +436,48 @@ fn a_session_made_on_another_replica_is_read_from_the_engine_first() {
         ClusterEvent::SessionLoaded {
             session: "s-from-r2".into(),
             record: Ok(Some(record("beta"))),
+            under_previous_secret: false,
         },
     );
     for t in [t1, t2] {
         let r = h.reply_json(t).unwrap();
         assert_eq!(r["result"]["structuredContent"]["active"], "beta");
     }
+    assert!(
+        !take_actions(&mut h)
+            .iter()
+            .any(|a| matches!(a, ClusterAction::StoreSession { .. })),
+        "a record just read is not written again"
+    );
+    // Read under the previous cluster secret (a roll): written again, as it was.
+    let t3 = h.send(HttpMethod::Post, Some("s-rolled"), &body);
+    take_actions(&mut h);
+    event(
+        &mut h,
+        ClusterEvent::SessionLoaded {
+            session: "s-rolled".into(),
+            record: Ok(Some(record("beta"))),
+            under_previous_secret: true,
+        },
+    );
+    let actions = take_actions(&mut h);
+    assert!(
+        actions.iter().any(|a| matches!(
+            a,
+            ClusterAction::StoreSession { session, record: Some(r) }
+                if session == "s-rolled" && r.default_project.as_deref() == Some("beta")
+        )),
+        "written again under the current secret: {actions:?}"
+    );
+    // Answered once written, as after any write of a session.
+    event(
+        &mut h,
+        ClusterEvent::SessionStored {
+            session: "s-rolled".into(),
+            written: true,
+        },
+    );
+    assert!(h.replies.contains_key(&t3), "answered");
     // Another replica switches it; this one follows.
     event(
         &mut h,
@@ -470,6 +506,7 @@ fn a_session_made_on_another_replica_is_read_from_the_engine_first() {
         ClusterEvent::SessionLoaded {
             session: "s-from-r2".into(),
             record: Ok(None),
+            under_previous_secret: false,
         },
     );
     assert_eq!(h.replies[&t].status, 404);
@@ -488,6 +525,7 @@ fn a_session_the_engine_cannot_be_asked_about_is_not_declared_lost() {
         ClusterEvent::SessionLoaded {
             session: "s9".into(),
             record: Err(EngineDown),
+            under_previous_secret: false,
         },
     );
     let reply = &h.replies[&t];

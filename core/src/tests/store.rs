@@ -118,6 +118,7 @@ fn a_session_made_before_a_restart_is_read_back_when_named() {
     h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
         session: s.clone(),
         record: Ok(Some(record)),
+        under_previous_secret: false,
     }));
     for t in [t1, t2] {
         let r = h.reply_json(t).expect("answered");
@@ -128,12 +129,14 @@ fn a_session_made_before_a_restart_is_read_back_when_named() {
     h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
         session: "s-never".into(),
         record: Ok(None),
+        under_previous_secret: false,
     }));
     assert_eq!(h.replies[&t].status, 404);
     let t = h.send(HttpMethod::Post, Some("s-unreadable"), &body);
     h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
         session: "s-unreadable".into(),
         record: Err(EngineDown),
+        under_previous_secret: false,
     }));
     assert_eq!(h.replies[&t].status, 503);
 }

@@ -741,11 +741,16 @@ async fn execute(
                         tokio::time::sleep(pause).await;
                         read = engine.get(&bucket, &key).await;
                     }
+                    let mut under_previous_secret = false;
                     let record = match read {
                         Ok(None) => Ok(None),
                         Ok(Some(entry)) => match sealed.open(&key, &entry.value) {
                             Some(value) => match SessionRecord::parse(&value) {
-                                Ok(r) => Ok(Some(r)),
+                                Ok(r) => {
+                                    under_previous_secret =
+                                        sealed.seal.keys().under_previous(&entry.value);
+                                    Ok(Some(r))
+                                }
                                 Err(e) => {
                                     tracing::warn!(error = %e, "an unreadable session record");
                                     Ok(None)
@@ -759,7 +764,12 @@ async fn execute(
                             Err(EngineDown)
                         }
                     };
-                    tell(&commands, ClusterEvent::SessionLoaded { session, record }).await;
+                    let loaded = ClusterEvent::SessionLoaded {
+                        session,
+                        record,
+                        under_previous_secret,
+                    };
+                    tell(&commands, loaded).await;
                     None
                 });
             }

@@ -97,7 +97,16 @@ async fn execute(
                             Err(EngineDown)
                         }
                     };
-                    tell(&commands, ClusterEvent::SessionLoaded { session, record }).await;
+                    let under_previous_secret = false;
+                    tell(
+                        &commands,
+                        ClusterEvent::SessionLoaded {
+                            session,
+                            record,
+                            under_previous_secret,
+                        },
+                    )
+                    .await;
                 });
             }
             other => tracing::error!(
