@@ -12,7 +12,8 @@
 //!   is a forgery);
 //! - a message that opens has the context, nonce, expiry and payload of one sealed under an
 //!   accepted secret, and is not expired and not made too far ahead;
-//! - `Replays` accepts each nonce once (the clock only moves forward);
+//! - `Replays` accepts each message (nonce and expiry) once, the clock only moving forward (an
+//!   honest sealer never makes a nonce twice; the fuzzer may, once the first has expired);
 //! - `Versions` never accepts a version of a key below one it accepted.
 #![no_main]
 
@@ -108,7 +109,7 @@ struct World {
     values: HashSet<(String, String, u64, Vec<u8>)>,
     messages: HashSet<(String, [u8; 16], u64, Vec<u8>)>,
     replays: Replays,
-    accepted_nonces: HashSet<[u8; 16]>,
+    accepted: HashSet<([u8; 16], u64)>,
     versions: HashMap<String, Versions>,
     highest: HashMap<(String, String), u64>,
 }
@@ -130,7 +131,7 @@ impl World {
             values: HashSet::new(),
             messages: HashSet::new(),
             replays: Replays::new(),
-            accepted_nonces: HashSet::new(),
+            accepted: HashSet::new(),
             versions: HashMap::new(),
             highest: HashMap::new(),
         }
@@ -182,8 +183,8 @@ impl World {
             );
             if self.replays.handle_message(self.now_ms, &opened).is_ok() {
                 assert!(
-                    self.accepted_nonces.insert(opened.nonce),
-                    "nonce {:?} accepted twice",
+                    self.accepted.insert((opened.nonce, opened.expires_ms)),
+                    "message with nonce {:?} accepted twice",
                     opened.nonce
                 );
             }
