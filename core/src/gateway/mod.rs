@@ -209,6 +209,10 @@ pub enum PlantedBug {
     /// Agent-handle expiry forgets a handle unused for the session TTL though its agent still
     /// holds a lease, so the holder can no longer renew, release or write under it.
     HandleExpiryIgnoresLeases,
+    /// A handle issued here is the agent of whoever presents it, not only of the identity it
+    /// was issued to: a leaked handle lets another caller claim, write and release as its
+    /// agent.
+    HandleAcrossIdentities,
 }
 
 impl Default for Config {

@@ -893,6 +893,96 @@ fn planted_handle_expiry_ignoring_leases_is_caught() {
     handle_expiry_check(Config::default()).unwrap();
 }
 
+/// An agent handle is its caller's alone: another identity presenting it (a leaked or stolen
+/// handle) is answered `unknown_agent` for every use (claim, release, roster: the same lookup
+/// a project call's `_meta` handle takes), exactly as for a handle never issued, and touches
+/// nothing; its own
+/// identity goes on using it. `Err` says which rule broke.
+fn handle_owner_check(config: Config) -> Result<(), String> {
+    const OPS: &str = "ops-token-0123456789";
+    const CAROL: &str = "carol-token-0123456789";
+    let registry = Registry::parse(
+        "projects.toml",
+        &format!(
+            "client_tokens = [{{ name = \"ops\", token = \"{OPS}\" }}, {{ name = \"carol\", token = \"{CAROL}\" }}]\n\
+             [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n"
+        ),
+    )
+    .unwrap();
+    let mut h = Harness::new();
+    h.gw = Gateway::new(registry, config, [1; 32]);
+    let tool = |h: &mut Harness, token: &str, name: &str, arguments: serde_json::Value| {
+        let call = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":name,"arguments":arguments}});
+        let r = send_with(h, None, Some(&bearer(token)), AccessToken::Unchecked, call);
+        serde_json::from_str::<serde_json::Value>(r.body.as_deref().unwrap()).unwrap()
+    };
+    let r = tool(
+        &mut h,
+        OPS,
+        "checkin",
+        json!({"project":"alpha","ttl_s":60}),
+    );
+    let handle = r["result"]["structuredContent"]["handle"]
+        .as_str()
+        .ok_or_else(|| format!("no handle: {r}"))?
+        .to_owned();
+    let r = tool(
+        &mut h,
+        OPS,
+        "claim",
+        json!({"project":"alpha","resource":"story:alpha-1","ttl_s":60,"agent":handle}),
+    );
+    if r["result"]["structuredContent"]["acquired"] != true {
+        return Err(format!("its own identity got no lease: {r}"));
+    }
+    for (name, arguments) in [
+        ("roster", json!({"project":"alpha","agent":handle})),
+        (
+            "release",
+            json!({"project":"alpha","resource":"story:alpha-1","agent":handle}),
+        ),
+        (
+            "claim",
+            json!({"project":"alpha","resource":"story:alpha-2","ttl_s":60,"agent":handle}),
+        ),
+    ] {
+        let r = tool(&mut h, CAROL, name, arguments);
+        if r["error"]["data"]["kind"] != "unknown_agent" {
+            return Err(format!("another identity used the handle for {name}: {r}"));
+        }
+    }
+    // Nothing was touched: the lease is still its holder's, who renews it.
+    let r = tool(
+        &mut h,
+        OPS,
+        "renew",
+        json!({"project":"alpha","resource":"story:alpha-1","ttl_s":60,"agent":handle}),
+    );
+    if r["result"].is_null() || r["result"]["isError"] == true {
+        return Err(format!("the holder lost its lease: {r}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn an_agent_handle_serves_only_the_identity_it_was_issued_to() {
+    handle_owner_check(Config::default()).unwrap();
+}
+
+#[cfg(feature = "planted-bugs")]
+#[test]
+fn planted_handle_across_identities_is_caught() {
+    let planted = Config {
+        planted: Some(crate::PlantedBug::HandleAcrossIdentities),
+        ..Config::default()
+    };
+    let caught = handle_owner_check(planted).unwrap_err();
+    assert!(
+        caught.contains("another identity used the handle"),
+        "{caught}"
+    );
+}
+
 /// Security review finding 16: nothing the core holds a credential in shows it in `Debug`:
 /// a request's `Authorization`, the credentials a fleet tool's parts are asked with, the
 /// registry's client and uplink tokens, a hello's uplink token (which is written only into

@@ -26,7 +26,7 @@ impl Gateway {
                 use rand_chacha::rand_core::RngCore;
                 let mut bytes = [0u8; 16];
                 self.rng.fill_bytes(&mut bytes);
-                let handle = crate::agents::issue(bytes, self.agent_key());
+                let handle = crate::agents::issue(bytes, self.agent_key(), owner.as_deref());
                 let name = self.coordination.name_of(&handle);
                 self.coordination
                     .handles
@@ -115,24 +115,37 @@ impl Gateway {
         self.config.cluster.as_ref()?.agent_key.as_ref()
     }
 
-    /// Whether another replica issued `handle` under the cluster's key (or, during a roll of
-    /// the cluster secret, under the previous one).
-    fn issued_in_the_cluster(&self, handle: &str) -> bool {
+    /// Whether another replica issued `handle` to the identity `owner` under the cluster's key
+    /// (or, during a roll of the cluster secret, under the previous one).
+    fn issued_in_the_cluster(&self, handle: &str, owner: Option<&str>) -> bool {
         let Some(c) = self.config.cluster.as_ref() else {
             return false;
         };
         [c.agent_key.as_ref(), c.previous_agent_key.as_ref()]
             .into_iter()
             .flatten()
-            .any(|k| crate::agents::verify(handle, k))
+            .any(|k| crate::agents::verify(handle, k, owner))
     }
 
-    /// The public name of the agent behind a handle: one issued here, or (in a cluster) by
-    /// another replica under the cluster's key, which is then known here too. `None`: a
-    /// handle nobody issued, or one forgotten after it went unused.
+    /// The public name of the agent behind a handle its caller presents: one issued here to
+    /// the caller's identity, or (in a cluster) one another replica issued to it under the
+    /// cluster's key, which is then known here too. `None`: a handle nobody issued, one
+    /// forgotten after it went unused, or one issued to another identity (answered alike, so
+    /// a caller learns nothing of another's handles).
     fn handle_agent(&mut self, req: &Req<'_>, handle: &str) -> Result<Option<String>, RpcError> {
+        let owner = req.principal.session_owner(&self.registry);
         if let Some(name) = self.coordination.known_name(handle) {
-            let issued = self.coordination.handles.get(name).map(String::as_str) == Some(handle);
+            #[cfg(feature = "planted-bugs")]
+            let owner_counts = self.config.planted != Some(PlantedBug::HandleAcrossIdentities);
+            #[cfg(not(feature = "planted-bugs"))]
+            let owner_counts = true;
+            let issued = self.coordination.handles.get(name).map(String::as_str) == Some(handle)
+                && (!owner_counts
+                    || self
+                        .coordination
+                        .handle_use
+                        .get(name)
+                        .is_some_and(|u| u.owner == owner));
             let name = name.to_owned();
             if issued {
                 if let Some(u) = self.coordination.handle_use.get_mut(&name) {
@@ -141,10 +154,9 @@ impl Gateway {
             }
             return Ok(issued.then_some(name));
         }
-        if !self.issued_in_the_cluster(handle) {
+        if !self.issued_in_the_cluster(handle, owner.as_deref()) {
             return Ok(None);
         }
-        let owner = req.principal.session_owner(&self.registry);
         self.room_for_handle(req.now, &owner)?;
         let name = self.coordination.name_of(handle);
         self.coordination
