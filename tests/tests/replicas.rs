@@ -134,6 +134,87 @@ fn holder_of(h: &[(String, String)], project: &str) -> String {
 
 /// A create_story that must succeed, retried while the project is between replicas (a sled
 /// reconnecting after its replica died): returns the answer and how many attempts failed.
+/// A client of one session calling both projects through the balancer without a pause, until
+/// stopped: what a deploy must not disturb. `call` makes the i-th call's tool and arguments
+/// for a project, `answered` says whether its answer is the success it should be.
+struct CallLoop {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<CallTally>,
+}
+
+/// What a [`CallLoop`] saw.
+struct CallTally {
+    ok: u32,
+    /// Every other answer or failure, but nginx's own 502 page.
+    failed: Vec<String>,
+    /// Calls nginx refused with its own 502 page: they reached no gateway (a replica
+    /// stopping refused nginx's connection).
+    balancer: u32,
+}
+
+impl CallLoop {
+    fn start(
+        lb: &str,
+        session: &str,
+        call: fn(usize, &str) -> (&'static str, Value),
+        answered: fn(&Value, &str) -> bool,
+    ) -> CallLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (lb, session, flag) = (lb.to_owned(), session.to_owned(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut c = client(&lb, Some(&session)).await;
+            let mut t = CallTally {
+                ok: 0,
+                failed: Vec::new(),
+                balancer: 0,
+            };
+            let mut i = 0;
+            while !flag.load(Ordering::Relaxed) {
+                let project = ["alpha", "beta"][i % 2];
+                i += 1;
+                let (tool, arguments) = call(i, project);
+                match c.tools_call(json!(i), tool, arguments).await {
+                    Ok(r) if answered(&r, project) => t.ok += 1,
+                    Err(sled_sim::ClientError::Http { status: 502, body })
+                        if body.contains("<center>nginx") =>
+                    {
+                        t.balancer += 1
+                    }
+                    other => t.failed.push(format!("{other:?}")),
+                }
+            }
+            t
+        });
+        CallLoop { stop, task }
+    }
+
+    async fn stop(self) -> CallTally {
+        self.stop.store(true, Ordering::Relaxed);
+        within(Duration::from_secs(30), "the caller ends", self.task)
+            .await
+            .unwrap()
+    }
+}
+
+/// Each replica in turn stopped gracefully and started again (with `env`, when given), as an
+/// operator would: the next one only once both sleds are live again and a moment has passed.
+async fn rolling_restart(cluster: &mut Cluster, env: Option<&[(&str, &str)]>) {
+    let lb = cluster.nginx.url();
+    for name in ["r1", "r2", "r3"] {
+        let r = cluster.replica(name);
+        r.terminate().await;
+        if let Some(env) = env {
+            r.launch.env = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), std::ffi::OsString::from(v)))
+                .collect();
+        }
+        r.restart().await;
+        wait_live(&lb, &["alpha", "beta"]).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn create_story_eventually(c: &mut McpClient<TokioConnect>, project: &str) -> (Value, u32) {
     let mut failed = 0;
     within(Duration::from_secs(30), "a call succeeds", async {
@@ -287,50 +368,32 @@ async fn rolling_restarts_and_an_engine_restart_keep_sessions_and_uplinks() {
     // Each replica in turn is stopped gracefully and started again, while a client calls
     // both projects through the balancer without a pause: no call fails, and the session
     // lives on.
-    let stop = Arc::new(AtomicBool::new(false));
-    let caller = {
-        let (lb, session, stop) = (lb.clone(), session.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut c = client(&lb, Some(&session)).await;
-            let (mut ok, mut failed) = (0u32, Vec::new());
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let project = ["alpha", "beta"][i % 2];
-                i += 1;
-                let r = c
-                    .tools_call(
-                        json!(i),
-                        "create_story",
-                        json!({"name": format!("rolling {i}"), "acceptance_criteria": [], "project": project}),
-                    )
-                    .await;
-                match r {
-                    Ok(r) if r["result"]["structuredContent"]["project"] == project => ok += 1,
-                    other => failed.push(format!("{other:?}")),
-                }
-            }
-            (ok, failed)
-        })
-    };
-    for name in ["r1", "r2", "r3"] {
-        cluster.replica(name).terminate().await;
-        cluster.replica(name).restart().await;
-        wait_live(&lb, &["alpha", "beta"]).await;
-        // As an operator would: the next replica only once this one has settled.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    stop.store(true, Ordering::Relaxed);
-    let (ok, failed) = within(Duration::from_secs(30), "the caller ends", caller)
-        .await
-        .unwrap();
-    println!(
-        "rolling restart of 3 replicas: {ok} calls answered, {} failed",
-        failed.len()
+    let calls = CallLoop::start(
+        &lb,
+        &session,
+        |i, project| {
+            let name = format!("rolling {i}");
+            (
+                "create_story",
+                json!({"name": name, "acceptance_criteria": [], "project": project}),
+            )
+        },
+        |r, project| r["result"]["structuredContent"]["project"] == project,
     );
-    assert!(ok > 20, "the caller kept calling: {ok}");
+    rolling_restart(&mut cluster, None).await;
+    let t = calls.stop().await;
+    println!(
+        "rolling restart of 3 replicas: {} calls answered, {} failed, {} refused by nginx before any gateway",
+        t.ok,
+        t.failed.len(),
+        t.balancer
+    );
+    assert!(t.ok > 20, "the caller kept calling: {}", t.ok);
     assert!(
-        failed.is_empty(),
-        "calls failed during the rolling restart: {failed:#?}"
+        t.failed.is_empty() && t.balancer == 0,
+        "calls failed during the rolling restart ({} refused by nginx): {:#?}",
+        t.balancer,
+        t.failed
     );
     let mut c = client(&lb, Some(&session)).await;
     let r = c
@@ -386,34 +449,14 @@ async fn a_cluster_secret_roll_under_calls_fails_no_call_and_leaves_nothing_unre
         "{fleet}"
     );
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let caller = {
-        let (lb, session, stop) = (lb.clone(), session.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut c = client(&lb, Some(&session)).await;
-            let (mut ok, mut failed, mut balancer) = (0u32, Vec::new(), 0u32);
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let project = ["alpha", "beta"][i % 2];
-                i += 1;
-                let r = c
-                    .tools_call(json!(i), "whoami", json!({"project": project}))
-                    .await;
-                match r {
-                    Ok(r) if r.get("result").is_some() && r["result"]["isError"] != true => ok += 1,
-                    // nginx's own page: the call reached no gateway (a replica stopping
-                    // refused nginx's connection; issue 30's, not the secret's).
-                    Err(sled_sim::ClientError::Http { status: 502, body })
-                        if body.contains("<center>nginx") =>
-                    {
-                        balancer += 1
-                    }
-                    other => failed.push(format!("{other:?}")),
-                }
-            }
-            (ok, failed, balancer)
-        })
-    };
+    // nginx's own 502 page is counted apart: such a call reached no gateway (a replica
+    // stopping refused nginx's connection; issue 30's, not the secret's).
+    let calls = CallLoop::start(
+        &lb,
+        &session,
+        |_, project| ("whoami", json!({"project": project})),
+        |r, _| r.get("result").is_some() && r["result"]["isError"] != true,
+    );
     let old = gateway_tests::TEST_CLUSTER_SECRET.to_owned();
     let new = "0123456789abcdef".repeat(4);
     let rounds: [(&str, &[(&str, &str)]); 3] = [
@@ -428,31 +471,21 @@ async fn a_cluster_secret_roll_under_calls_fails_no_call_and_leaves_nothing_unre
         ("the old one dropped", &[(SECRET_ENV, &new)]),
     ];
     for (round, env) in rounds {
-        for name in ["r1", "r2", "r3"] {
-            let r = cluster.replica(name);
-            r.terminate().await;
-            r.launch.env = env
-                .iter()
-                .map(|(k, v)| (k.to_string(), std::ffi::OsString::from(v)))
-                .collect();
-            r.restart().await;
-            wait_live(&lb, &["alpha", "beta"]).await;
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        rolling_restart(&mut cluster, Some(env)).await;
         println!("secret roll: {round}: done");
     }
-    stop.store(true, Ordering::Relaxed);
-    let (ok, failed, balancer) = within(Duration::from_secs(30), "the caller ends", caller)
-        .await
-        .unwrap();
+    let t = calls.stop().await;
     println!(
-        "secret roll (9 restarts): {ok} calls answered, {} failed, {balancer} refused by nginx before any gateway",
-        failed.len()
+        "secret roll (9 restarts): {} calls answered, {} failed, {} refused by nginx before any gateway",
+        t.ok,
+        t.failed.len(),
+        t.balancer
     );
-    assert!(ok > 20, "the caller kept calling: {ok}");
+    assert!(t.ok > 20, "the caller kept calling: {}", t.ok);
     assert!(
-        failed.is_empty(),
-        "calls failed during the roll: {failed:#?}"
+        t.failed.is_empty(),
+        "calls failed during the roll: {:#?}",
+        t.failed
     );
 
     // Under the new secret alone: the session, both sleds and their pins as before.

@@ -450,70 +450,38 @@ pub struct Nginx {
 }
 
 impl Nginx {
+    /// nginx run from the shipped `examples/nginx.conf` (the README's), with only its ports
+    /// changed: the three replicas' for `upstreams`, and a free one to listen on.
     pub async fn start(binary: &Path, upstreams: &[u16]) -> Nginx {
         let dir = scratch("nginx");
-        for sub in ["body", "proxy", "fastcgi", "uwsgi", "scgi"] {
-            std::fs::create_dir_all(dir.join(sub)).expect("nginx's temp dirs can be made");
-        }
         let port = free_port();
-        let servers: String = upstreams
-            .iter()
-            // max_fails=0: a refused connection moves the request to the next server but does
-            // not mark the refusing one down; with the default (1 in 10 s), three replicas
-            // restarted in a row within a second are all "down" at once, and nginx answers 502
-            // ("no live upstreams") until the marks lapse.
-            .map(|p| format!("    server 127.0.0.1:{p} max_fails=0;\n"))
-            .collect();
-        let d = dir.display();
-        let user = if running_as_root() {
-            "user root;\n"
-        } else {
-            ""
-        };
-        let conf = format!(
-            "{user}worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log {d}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-  access_log {d}/access.log;
-  client_body_temp_path {d}/body;
-  proxy_temp_path {d}/proxy;
-  fastcgi_temp_path {d}/fastcgi;
-  uwsgi_temp_path {d}/uwsgi;
-  scgi_temp_path {d}/scgi;
-  map $http_upgrade $connection_upgrade {{ default upgrade; '' close; }}
-  upstream gateways {{
-{servers}  }}
-  server {{
-    listen 127.0.0.1:{port};
-    location /mcp {{
-      proxy_pass http://gateways;
-      proxy_http_version 1.1;
-      proxy_set_header Connection \"\";
-      proxy_buffering off;
-      proxy_read_timeout 3600s;
-    }}
-    location /uplink {{
-      proxy_pass http://gateways;
-      proxy_http_version 1.1;
-      proxy_set_header Upgrade $http_upgrade;
-      proxy_set_header Connection $connection_upgrade;
-      proxy_read_timeout 3600s;
-    }}
-  }}
-}}
-"
+        let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/nginx.conf");
+        let mut conf = std::fs::read_to_string(&shipped).expect("examples/nginx.conf");
+        let listen = port.to_string();
+        let ports: Vec<String> = upstreams.iter().map(u16::to_string).collect();
+        let shipped_ports = ["7001", "7002", "7003"];
+        assert_eq!(
+            ports.len(),
+            shipped_ports.len(),
+            "examples/nginx.conf balances three replicas"
         );
+        for (from, to) in shipped_ports.iter().zip(&ports).chain([(&"8080", &listen)]) {
+            let from = format!("127.0.0.1:{from}");
+            assert_eq!(
+                conf.matches(&from).count(),
+                1,
+                "examples/nginx.conf names {from} once"
+            );
+            conf = conf.replace(&from, &format!("127.0.0.1:{to}"));
+        }
         std::fs::write(dir.join("nginx.conf"), conf).expect("the config can be written");
         let child = Command::new(binary)
             .arg("-p")
             .arg(&dir)
             .arg("-c")
-            .arg(dir.join("nginx.conf"))
+            .arg("nginx.conf")
             .arg("-e")
-            .arg(dir.join("error.log"))
+            .arg("error.log")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -635,12 +603,4 @@ impl Drop for Nginx {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn running_as_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
