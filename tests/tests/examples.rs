@@ -158,6 +158,7 @@ async fn examples_replicas_sh_runs_as_shipped() {
     let signal = |sig: &str| {
         let _ = std::process::Command::new("kill")
             .args([sig, "--", &format!("-{group}")])
+            .stderr(Stdio::null())
             .status();
     };
     let log_text = || std::fs::read_to_string(dir.join("replicas.log")).unwrap_or_default();
