@@ -588,9 +588,15 @@ fn cluster_adversary_changes_nothing() {
     for r in &reports {
         let n = |k: &str| r.coverage.get(k).copied().unwrap_or(0);
         assert!(
-            ["forged relays", "replays", "forged news", "forged tools"]
-                .iter()
-                .all(|k| n(&format!("mallory {k}")) > 0),
+            [
+                "forged relays",
+                "replays",
+                "forged news",
+                "forged tools",
+                "forged claims"
+            ]
+            .iter()
+            .all(|k| n(&format!("mallory {k}")) > 0),
             "seed {}: mallory did not forge and replay: {:?}",
             r.seed,
             r.coverage

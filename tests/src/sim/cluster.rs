@@ -29,7 +29,8 @@
 //!   forges relay envelopes asking for stories named [`FORGED_PREFIX`]`…` (on the model of one
 //!   it heard), announcements, tool listings (listing a tool of its own) and directory claims
 //!   (naming itself the holder): unsealed, sealed under a secret of its own, and under the
-//!   cluster's key id with a tag of its own.
+//!   cluster's key id with a tag of its own; and it writes genuine claims it read back once
+//!   newer ones are there.
 //!
 //! Faults, drawn from the seed in disjoint windows: a replica loses power mid-traffic (every
 //! link cut, then crashed; repaired and restarted later), a replica is cut off from the engine
@@ -97,7 +98,7 @@
 //!   mallory is done, each replica's `/metrics` counts in
 //!   `gateway_cluster_unverified_total{source,reason}` at least as many refusals of each
 //!   source (`relay`, `news`, `tools`, `directory`) and reason (`malformed`, `unknown_key`,
-//!   `bad_tag`, `replayed`) as mallory sent it items to refuse so: a forgery or a replay
+//!   `bad_tag`, `replayed`, `rolled_back`) as mallory sent it items to refuse so: a forgery or a replay
 //!   silently accepted fails the run.
 //! - **(h3) nothing mallory sent is answered.** A replica answers the relays it takes; it must
 //!   answer none of mallory's.

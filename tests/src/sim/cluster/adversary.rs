@@ -21,10 +21,13 @@
 //! - every 3–5 s, writes a forged tool listing of alpha or beta (listing [`FORGED_TOOL`]) to
 //!   the tools bucket, and every 4–6 s a forged directory claim of alpha or beta naming
 //!   itself as the holder at a high epoch, both sealed the same three ways (a value under its
-//!   own secret or its own tag is sealed at a version above any).
+//!   own secret or its own tag is sealed at a version above any);
+//! - every 2–3 s, reads a project's genuine directory claim, or writes the one it read back
+//!   once a newer genuine claim is there (an old value put back: `rolled_back`).
 //!
 //! It keeps, per replica, how many of each it sent and for which reason the replica must
-//! refuse it (`malformed`, `unknown_key`, `bad_tag`, `replayed`) and from which source
+//! refuse it (`malformed`, `unknown_key`, `bad_tag`, `replayed`, `rolled_back`) and from
+//! which source
 //! (`relay`, `news`, `tools`, `directory`: a value is heard by every replica's watch). Once
 //! its last requests have timed out it reads each replica's `/metrics` and judges:
 //!
@@ -109,6 +112,8 @@ struct Ledger {
     forged_news: usize,
     forged_tools: usize,
     forged_claims: usize,
+    /// Genuine claims read and written back once a newer one was there.
+    claims_put_back: usize,
     replays: usize,
     misdirected: usize,
     news_replays: usize,
@@ -164,6 +169,15 @@ fn with_key_id(item: Vec<u8>, key_id: &str) -> Vec<u8> {
     format!("{}\n{rest}", fields.join(" ")).into_bytes()
 }
 
+/// The version a sealed value's header names.
+fn version_of(item: &[u8]) -> Option<u64> {
+    let end = item.iter().position(|b| *b == b'\n')?;
+    let header = std::str::from_utf8(&item[..end]).ok()?;
+    let fields: Vec<&str> = header.split(' ').collect();
+    (fields.len() == 4 && fields[0] == "mgw1").then_some(())?;
+    u64::from_str_radix(fields[2], 16).ok()
+}
+
 /// The key id a sealed item names.
 fn key_id_of(item: &[u8]) -> Option<String> {
     let end = item.iter().position(|b| *b == b'\n')?;
@@ -184,6 +198,9 @@ struct Mallory {
     /// The cluster's key id, as sealed items name it.
     key_id: Option<String>,
     pending: Vec<Replay>,
+    /// A genuine claim read from the directory (its key, value and version), to be written
+    /// back once a newer one is there.
+    old_claim: Option<(String, Bytes, u64)>,
     relays_heard: usize,
     news_heard: usize,
     requests: tokio::task::JoinSet<()>,
@@ -200,6 +217,7 @@ impl Mallory {
             template: None,
             key_id: None,
             pending: Vec::new(),
+            old_claim: None,
             relays_heard: 0,
             news_heard: 0,
             requests: tokio::task::JoinSet::new(),
@@ -240,13 +258,21 @@ impl Mallory {
         let mut next_news = now() + ms(&mut self.rng, 2_000, 4_000);
         let mut next_tools = now() + ms(&mut self.rng, 3_000, 5_000);
         let mut next_claim = now() + ms(&mut self.rng, 4_000, 6_000);
+        let mut next_put_back = now() + ms(&mut self.rng, 2_000, 3_000);
         let (mut relays_open, mut news_open) = (true, true);
         while now() < stop_at {
             let deadline = self
                 .pending
                 .iter()
                 .map(|r| r.at)
-                .chain([next_forgery, next_news, next_tools, next_claim, stop_at])
+                .chain([
+                    next_forgery,
+                    next_news,
+                    next_tools,
+                    next_claim,
+                    next_put_back,
+                    stop_at,
+                ])
                 .min()
                 .unwrap_or(stop_at);
             tokio::select! {
@@ -288,6 +314,10 @@ impl Mallory {
             if t >= next_claim {
                 self.forge_claim().await;
                 next_claim = t + ms(&mut self.rng, 4_000, 6_000);
+            }
+            if t >= next_put_back {
+                self.put_back_claim().await;
+                next_put_back = t + ms(&mut self.rng, 2_000, 3_000);
             }
         }
         // From here on the engine treats the replicas as before (mallory no longer listens).
@@ -500,6 +530,51 @@ impl Mallory {
             .await;
     }
 
+    /// Reads a project's genuine claim, and at a later turn, once a newer genuine claim is
+    /// there (claims are refreshed every third of the claim TTL), writes the old one back:
+    /// every replica has seen a newer version of the key, and must refuse it as rolled back.
+    async fn put_back_claim(&mut self) {
+        let engine = self.engine.clone().expect("connected");
+        let bucket = format!("{NAMESPACE}_directory");
+        let key = match &self.old_claim {
+            Some((key, _, _)) => key.clone(),
+            None => format!("p.{}", PROJECTS[self.rng.random_range(0..PROJECTS.len())]),
+        };
+        let current = match engine.get(&bucket, &key).await {
+            Ok(Some(e)) => e.value,
+            Ok(None) => return,
+            Err(e) => {
+                self.violation(format!("(h) mallory could not read {key}: {e}"));
+                return;
+            }
+        };
+        // Only a genuine value: one sealed under the cluster's key id, and none of mallory's.
+        let genuine = self.key_id.is_some()
+            && key_id_of(&current) == self.key_id
+            && !self.seen.contains(current.as_ref());
+        let Some(version) = version_of(&current).filter(|_| genuine) else {
+            return;
+        };
+        match self.old_claim.take() {
+            None => self.old_claim = Some((key, current, version)),
+            Some((key, old, old_version)) if version > old_version => {
+                self.seen.insert(old.to_vec());
+                match engine.put(&bucket, &key, old).await {
+                    Ok(_) => {
+                        let mut l = lock(&self.ledger);
+                        l.claims_put_back += 1;
+                        for replica in 0..REPLICAS.len() {
+                            l.expect(replica, "directory", "rolled_back");
+                        }
+                    }
+                    Err(e) => self.violation(format!("(h) mallory could not write {key}: {e}")),
+                }
+            }
+            // Not refreshed yet: try again at the next turn.
+            Some(old) => self.old_claim = Some(old),
+        }
+    }
+
     /// Writes `payload` to `key` of `bucket`, sealed as `forgery` says; each replica must
     /// refuse it (counted under `source`).
     async fn write_forged(
@@ -577,11 +652,12 @@ impl Mallory {
         }
         let ledger = lock(&self.ledger);
         self.log.note(format!(
-            "mallory sent {} forged relays (to each replica), {} forged announcements, {} forged tool listings, {} forged claims, {} genuine relays again ({} to another replica), {} announcements again; refusals counted {:?}",
+            "mallory sent {} forged relays (to each replica), {} forged announcements, {} forged tool listings, {} forged claims, {} genuine claims put back, {} genuine relays again ({} to another replica), {} announcements again; refusals counted {:?}",
             ledger.forged_relays,
             ledger.forged_news,
             ledger.forged_tools,
             ledger.forged_claims,
+            ledger.claims_put_back,
             ledger.replays,
             ledger.misdirected,
             ledger.news_replays,
@@ -594,6 +670,7 @@ impl Mallory {
             add("mallory forged news", ledger.forged_news);
             add("mallory forged tools", ledger.forged_tools);
             add("mallory forged claims", ledger.forged_claims);
+            add("mallory claims put back", ledger.claims_put_back);
             add("mallory replays", ledger.replays);
             add("mallory misdirected replays", ledger.misdirected);
             add("mallory news replays", ledger.news_replays);
