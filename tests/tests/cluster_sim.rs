@@ -16,6 +16,16 @@
 //!   it had to see ((w), `DST_SEEDS` seeds, default 6).
 //! - `cluster_planted_wait_here_only_is_caught`: with `PlantedBug::WaitHereOnly`, (w) must
 //!   fail some seeds, and the first failing seed must fail again.
+//! - `cluster_adversary_changes_nothing`: mallory (NATS credentials, no cluster secret)
+//!   replays what it hears and forges relays and news beside the sweep's workload (no faults);
+//!   every seed passes ((h1)–(h4) among the rest), and mallory did forge and replay in each
+//!   (`DST_SEEDS` seeds, default 8).
+//! - `cluster_adversary_same_seed_same_trace`: one adversary's seed run twice gives the same
+//!   trace (mallory's forgeries and replays included).
+//! - `cluster_planted_trust_the_engine_is_caught`, `cluster_planted_forget_nonces_is_caught`:
+//!   with `PlantedBug::TrustTheEngine` (nothing verified) and `PlantedBug::ForgetNonces` (a
+//!   message heard again is taken again), most of 6 seeds must fail with the expected
+//!   violations ((h1)/(h2), and (b)/(h2)), and the first failing seed must fail again.
 //!
 //! Guarding the gateway bugs this simulation found (each failed before its fix):
 //! `cluster_quick_switches_through_two_replicas_keep_the_last`,
@@ -34,8 +44,8 @@ use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError, Sto
 use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{
-    run_cluster, run_failed_session_write, run_relays_while_cut, run_spread_waits, run_switch_race,
-    ClusterReport, ClusterScenario,
+    run_adversary, run_cluster, run_failed_session_write, run_relays_while_cut, run_spread_waits,
+    run_switch_race, ClusterReport, ClusterScenario,
 };
 use gateway_tests::sim::runner::{
     self, assert_same_run, env_u64, replay_command, run_parallel, seeds, summary, sweep_seeds,
@@ -561,4 +571,126 @@ fn cluster_planted_ignore_remote_tools_is_caught() {
         );
     };
     println!("{}", describe(test, first));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The adversary (`gateway_tests::sim::cluster::adversary`): mallory, with NATS credentials and
+// no cluster secret.
+
+#[test]
+fn cluster_adversary_changes_nothing() {
+    let test = "cluster_adversary_changes_nothing";
+    let seeds = sweep_seeds(8);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_adversary(*seed, None));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    assert_all_passed(test, &reports);
+    for r in &reports {
+        let n = |k: &str| r.coverage.get(k).copied().unwrap_or(0);
+        assert!(
+            [
+                "forged relays",
+                "replays",
+                "forged news",
+                "forged tools",
+                "forged claims"
+            ]
+            .iter()
+            .all(|k| n(&format!("mallory {k}")) > 0),
+            "seed {}: mallory did not forge and replay: {:?}",
+            r.seed,
+            r.coverage
+        );
+    }
+}
+
+#[test]
+fn cluster_adversary_same_seed_same_trace() {
+    let seed = env_u64("DST_SEED").unwrap_or(1);
+    let runs = run_parallel(&[0, 1], |_| run_adversary(seed, None));
+    let (x, y) = (&runs[0], &runs[1]);
+    assert_same_run(
+        &format!("seed {seed}"),
+        &replay_command(
+            "cluster_sim",
+            "cluster_adversary_same_seed_same_trace",
+            seed,
+        ),
+        x.run_trace(),
+        y.run_trace(),
+    );
+}
+
+/// Runs the adversary's scenario with `bug` over 6 seeds (or `DST_SEED`): most must fail with
+/// a violation starting with one of `expected`, and some with `must_see`; the first caught
+/// seed must fail again.
+fn planted_adversary(test: &str, bug: gateway_core::PlantedBug, expected: &[&str], must_see: &str) {
+    let seeds = seeds(6, false);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_adversary(*seed, Some(bug)));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let has = |r: &ClusterReport, prefix: &str| r.violations.iter().any(|v| v.starts_with(prefix));
+    let caught: Vec<&ClusterReport> = reports
+        .iter()
+        .filter(|r| expected.iter().any(|p| has(r, p)))
+        .collect();
+    let by_class: Vec<String> = expected
+        .iter()
+        .map(|p| format!("{p} {}", reports.iter().filter(|r| has(r, p)).count()))
+        .collect();
+    println!(
+        "{bug:?}: caught by {}/{} seeds (seeds per violation: {})",
+        caught.len(),
+        reports.len(),
+        by_class.join(", ")
+    );
+    let Some(first) = caught.first() else {
+        panic!("{bug:?} was not caught by any of {} seeds", reports.len());
+    };
+    println!("{}", describe(test, first));
+    assert!(
+        caught.len() * 4 >= reports.len() * 3,
+        "{bug:?} was caught by only {}/{} seeds",
+        caught.len(),
+        reports.len()
+    );
+    assert!(
+        reports.iter().any(|r| has(r, must_see)),
+        "{bug:?}: no seed failed with {must_see}"
+    );
+    let again = run_adversary(first.seed, Some(bug));
+    println!(
+        "seed {} replayed {}",
+        first.seed,
+        if (&again.violations, again.trace_hash) == (&first.violations, first.trace_hash) {
+            "to the same failure"
+        } else {
+            "to a failure, not the same one"
+        }
+    );
+    assert!(
+        expected.iter().any(|p| has(&again, p)),
+        "seed {} does not replay to a failure",
+        first.seed
+    );
+}
+
+#[test]
+fn cluster_planted_trust_the_engine_is_caught() {
+    planted_adversary(
+        "cluster_planted_trust_the_engine_is_caught",
+        gateway_core::PlantedBug::TrustTheEngine,
+        &["(h1)", "(h2)", "(h4)"],
+        "(h1)",
+    );
+}
+
+#[test]
+fn cluster_planted_forget_nonces_is_caught() {
+    planted_adversary(
+        "cluster_planted_forget_nonces_is_caught",
+        gateway_core::PlantedBug::ForgetNonces,
+        &["(b) call", "(h2)"],
+        "(b) call",
+    );
 }

@@ -20,6 +20,17 @@
 //!   `create_story` naming a project or not, `switch_project`, `list_projects`; each session
 //!   lives 6–10 s, then the client starts another. Every story name is unique, so each call
 //!   can be followed to the sled that executed it.
+//! - host `mallory`, in the adversary's runs only ([`run_adversary`]: the sweep's scenario of
+//!   the seed without its faults; the code is `cluster/adversary.rs`): it holds NATS
+//!   credentials but not the cluster secret. It reaches the engine with a [`NetEngine`] of its
+//!   own, listens on every replica's relay subject and on the news, sends again the genuine
+//!   relay envelopes of clients' `create_story` calls it hears (to the same subject, within
+//!   their lifetime, and some to another replica's) and the announcements it hears, and
+//!   forges relay envelopes asking for stories named [`FORGED_PREFIX`]`…` (on the model of one
+//!   it heard), announcements, tool listings (listing a tool of its own) and directory claims
+//!   (naming itself the holder): unsealed, sealed under a secret of its own, and under the
+//!   cluster's key id with a tag of its own; and it writes genuine claims it read back once
+//!   newer ones are there.
 //!
 //! Faults, drawn from the seed in disjoint windows: a replica loses power mid-traffic (every
 //! link cut, then crashed; repaired and restarted later), a replica is cut off from the engine
@@ -80,6 +91,23 @@
 //!   stateless `tools/list` lists the tool only alpha's sled lists and the one only beta's
 //!   lists, wherever their sleds are (the tools bucket). `PlantedBug::IgnoreRemoteTools`
 //!   (replicas do not follow it) is caught by (f).
+//! - **(h1) nothing executed that no client asked for.** Every story a sled executed was
+//!   named by a client's `create_story` (a session's or a probe's): mallory's forged stories
+//!   never are. With (b), a genuine relay mallory sent again is never executed a second time.
+//! - **(h2) every forgery and replay refused and counted.** In the adversary's runs, once
+//!   mallory is done, each replica's `/metrics` counts in
+//!   `gateway_cluster_unverified_total{source,reason}` at least as many refusals of each
+//!   source (`relay`, `news`, `tools`, `directory`) and reason (`malformed`, `unknown_key`,
+//!   `bad_tag`, `replayed`, `rolled_back`) as mallory sent it items to refuse so: a forgery or a replay
+//!   silently accepted fails the run.
+//! - **(h3) nothing mallory sent is answered.** A replica answers the relays it takes; it must
+//!   answer none of mallory's.
+//! - **(h4) no forged tool is listed.** No replica's stateless `tools/list` (read by (f)'s
+//!   probes) lists the tool of mallory's forged listings.
+//!
+//! `PlantedBug::TrustTheEngine` (a replica verifies nothing) is caught by (h1), (h2) and (h4),
+//! `PlantedBug::ForgetNonces` (a message heard again is taken again) by (b) and (h2)
+//! (`cluster_planted_trust_the_engine_is_caught`, `cluster_planted_forget_nonces_is_caught`).
 //!
 //! # Bugs this simulation found (fixed), and the runs that guard them
 //!
@@ -127,7 +155,9 @@ use super::{Fnv, TurmoilConnect, TurmoilListener};
 use crate::engine_model::Model;
 use crate::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 
+mod adversary;
 mod wait;
+pub use adversary::{run_adversary, FORGED_PREFIX};
 pub use wait::run_spread_waits;
 
 pub const PROJECTS: [&str; 2] = ["alpha", "beta"];
@@ -258,6 +288,8 @@ pub struct ClusterScenario {
     /// replicas for a reason the sweep does not judge (see the module docs); only the tests of
     /// those reasons set it.
     pub strict_sessions: bool,
+    /// Whether mallory, the adversary, runs beside the workload ([`run_adversary`]).
+    pub adversary: bool,
 }
 
 fn ms(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> Duration {
@@ -361,6 +393,7 @@ impl ClusterScenario {
             faults,
             long_cut,
             strict_sessions: true,
+            adversary: false,
         }
     }
 
@@ -442,7 +475,11 @@ impl fmt::Display for ClusterScenario {
             self.planted,
             self.twins,
             self.faults
-        )
+        )?;
+        if self.adversary {
+            write!(f, ", adversary mallory, bug {:?}", self.bug)?;
+        }
+        Ok(())
     }
 }
 
@@ -578,6 +615,8 @@ struct Log {
     calls: Mutex<Vec<Call>>,
     notes: Mutex<Vec<(Duration, String)>>,
     violations: Mutex<Vec<String>>,
+    /// What a host counted, for the report's coverage.
+    coverage: Mutex<BTreeMap<String, usize>>,
 }
 
 impl Log {
@@ -1120,7 +1159,20 @@ async fn probe_routable(replica: usize, deadline: Duration, log: Arc<Log>) {
             log.note(format!("(e) {} routes every project", REPLICAS[replica]));
         }
         // (f) Its stateless tools/list lists every project's tools, wherever its sled is.
-        match stateless_tools(c, attempt).await {
+        let listed = stateless_tools(c, attempt).await;
+        // (h4) and never a tool of mallory's forged listings.
+        if let Some(forged) = listed
+            .as_ref()
+            .ok()
+            .and_then(|tools| tools.iter().find(|t| *t == adversary::FORGED_TOOL))
+        {
+            lock(&log.violations).push(format!(
+                "(h4) {}'s stateless tools/list lists {forged}, from a tool listing mallory forged",
+                REPLICAS[replica]
+            ));
+            return;
+        }
+        match listed {
             Ok(tools) if ONLY_TOOLS.iter().all(|t| tools.iter().any(|n| n == t)) => {
                 log.note(format!(
                     "(f) {} lists every project's tools",
@@ -1194,6 +1246,7 @@ fn scripted(seed: u64, run_for: Duration, faults: Vec<Fault>) -> ClusterScenario
         faults,
         long_cut: false,
         strict_sessions: true,
+        adversary: false,
     }
 }
 
@@ -1335,7 +1388,7 @@ fn run_with(
     let execs = std::mem::take(&mut *lock(&log.execs));
     let calls = std::mem::take(&mut *lock(&log.calls));
     let notes = std::mem::take(&mut *lock(&log.notes));
-    let mut coverage = BTreeMap::new();
+    let mut coverage = std::mem::take(&mut *lock(&log.coverage));
     violations.extend(judge(s, &execs, &calls, &mut coverage));
     // Everything in time order (a call at its answer), so that the first difference between
     // two runs is the first thing that went otherwise.
@@ -1368,7 +1421,11 @@ type SimResult = Result<Duration, (Duration, String)>;
 type FaultAction = Box<dyn FnOnce(&mut turmoil::Sim<'_>, &mut Vec<String>)>;
 
 fn simulate(s: &ClusterScenario, log: &Arc<Log>) -> SimResult {
-    let (mut sim, switch, hosts) = build(s, log);
+    let (mut sim, switch, mut hosts) = build(s, log);
+    if s.adversary {
+        adversary::add(&mut sim, s, log);
+        hosts.push(adversary::MALLORY_HOST.to_owned());
+    }
     let client_log = log.clone();
     let (seed, sessions, end) = (s.seed, s.sessions, s.run_for);
     let (routable_by, strict) = (s.routable_by(), s.strict_sessions);
@@ -1638,6 +1695,26 @@ fn judge(
             f.push(
                 "(b) executed twice",
                 format!("(b) call {name} was executed {} times: {lines:?}", es.len()),
+            );
+        }
+    }
+
+    // (h1) every story executed was asked for by a client.
+    let asked: BTreeSet<&str> = calls
+        .iter()
+        .filter_map(|c| match &c.op {
+            Op::Create { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    for e in execs {
+        if !asked.contains(e.name.as_str()) {
+            f.push(
+                "(h1) never asked for",
+                format!(
+                    "(h1) a sled executed a story no client asked for: {}",
+                    e.line()
+                ),
             );
         }
     }
