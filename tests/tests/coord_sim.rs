@@ -9,6 +9,12 @@
 //! - `coord_planted_*_is_caught`: the gateway with a bug planted (`CoordBug`s, and
 //!   `PlantedBug::ToolsPendingAfterListing`) must fail some of its fixed seeds (not sized by
 //!   `DST_SEEDS`), and the first failing seed must replay to the same violations.
+//! - `coord_adversary_changes_nothing`: 6 fixed seeds with an adversarial agent (another
+//!   client identity; see the harness's module doc): all pass, and its refusals of each kind
+//!   were met. `coord_adversary_same_seed_same_trace`: determinism with the adversary.
+//!   `coord_planted_{release_by_anyone,client_fence_trusted,handle_across_identities}_is_caught`
+//!   (`CoordBug::ReleaseByAnyone`, `CoordBug::ClientFenceTrusted`,
+//!   `PlantedBug::HandleAcrossIdentities`): 4 adversary seeds each, some must fail.
 //!
 //! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
 //! that seed and prints its scenario and trace; `DST_LOG=debug` adds every host's logs.
@@ -151,4 +157,97 @@ fn coord_planted_lease_expiry_inclusive_is_caught() {
         CoordBug::LeaseExpiryInclusive,
         16,
     );
+}
+
+/// The adversary's seeds: the fixed first seeds (not sized by `DST_SEEDS`, unless
+/// `DST_SEED` replays one), with `bug` or `gateway_bug` planted.
+fn adversary_scenarios(
+    n: u64,
+    bug: Option<CoordBug>,
+    gateway_bug: Option<PlantedBug>,
+) -> Vec<CoordScenario> {
+    seeds(n, false)
+        .into_iter()
+        .map(|seed| CoordScenario::draw_adversary(seed, bug, gateway_bug))
+        .collect()
+}
+
+/// An adversarial agent (another client identity) releases, renews and writes what honest
+/// agents hold, sends fences of its own, and replays the handles of honest agents that act
+/// without a session: every one of its requests is refused with a typed error, and nothing an
+/// honest agent holds or a sled accepts changes.
+#[test]
+fn coord_adversary_changes_nothing() {
+    let test = "coord_adversary_changes_nothing";
+    let scenarios = adversary_scenarios(6, None, None);
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run_coord);
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    assert_all_passed("coord_sim", test, &reports);
+    if !replaying() {
+        let tried = |prefix: &str| -> usize {
+            reports
+                .iter()
+                .flat_map(|r| r.coverage.iter())
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(_, n)| *n)
+                .sum()
+        };
+        for kind in [
+            "adversary release not_holder",
+            "adversary renew not_holder",
+            "adversary write lease_held",
+            "adversary replayed claim unknown_agent",
+            "adversary replayed release unknown_agent",
+            "adversary replayed renew unknown_agent",
+            "adversary replayed write unknown_agent",
+        ] {
+            assert!(tried(kind) > 0, "no seed met `{kind}`");
+        }
+    }
+}
+
+/// An adversary seed run twice gives the same trace (the adversary draws from the seed and
+/// reads what the honest agents recorded, on turmoil's clock).
+#[test]
+fn coord_adversary_same_seed_same_trace() {
+    let seed = env_u64("DST_SEED").unwrap_or(3);
+    let s = CoordScenario::draw_adversary(seed, None, None);
+    let runs = run_parallel(&[0, 1], |_| run_coord(&s));
+    let (x, y) = (&runs[0], &runs[1]);
+    assert_same_run(
+        &format!("seed {seed}"),
+        &replay_command("coord_sim", "coord_adversary_same_seed_same_trace", seed),
+        x.run_trace(),
+        y.run_trace(),
+    );
+    assert_eq!(
+        x.violations, y.violations,
+        "seed {seed}: same trace, different verdicts"
+    );
+}
+
+/// A release by anyone ends the holder's lease: the adversary's release of an honest agent's
+/// lease succeeds.
+#[test]
+fn coord_planted_release_by_anyone_is_caught() {
+    let test = "coord_planted_release_by_anyone_is_caught";
+    let scenarios = adversary_scenarios(4, Some(CoordBug::ReleaseByAnyone), None);
+    caught(test, &scenarios, "ReleaseByAnyone");
+}
+
+/// The gateway passes a client's own `_meta` fence on to the sled.
+#[test]
+fn coord_planted_client_fence_trusted_is_caught() {
+    let test = "coord_planted_client_fence_trusted_is_caught";
+    let scenarios = adversary_scenarios(4, Some(CoordBug::ClientFenceTrusted), None);
+    caught(test, &scenarios, "ClientFenceTrusted");
+}
+
+/// A handle works for any identity: the adversary's replays of leaked handles succeed.
+#[test]
+fn coord_planted_handle_across_identities_is_caught() {
+    let test = "coord_planted_handle_across_identities_is_caught";
+    let scenarios = adversary_scenarios(4, None, Some(PlantedBug::HandleAcrossIdentities));
+    caught(test, &scenarios, "HandleAcrossIdentities");
 }

@@ -144,6 +144,13 @@ pub enum CoordBug {
     /// The lost wakeup: `wait` looks, then registers, and what was committed in between (here:
     /// what is already pending) does not wake it.
     WaitLooksThenRegisters,
+    /// `release` checks only that a live lease exists, not who holds it: anyone's release
+    /// ends another agent's lease (caught by `coord_planted_release_by_anyone_is_caught`).
+    ReleaseByAnyone,
+    /// The gateway leaves a client's own `_meta` fence on a write it does not fence itself
+    /// (instead of stripping it), so a fence the client chose reaches the sled (caught by
+    /// `coord_planted_client_fence_trusted_is_caught`).
+    ClientFenceTrusted,
 }
 
 impl Default for Limits {

@@ -135,8 +135,15 @@ impl Gateway {
         // The fence is the gateway's to give: a client's is never passed on. An agent handle
         // (callers without a session) says who writes, and is never passed on either.
         let mut handle = None;
+        #[cfg(feature = "planted-bugs")]
+        let strip_fence =
+            self.config.coordination.planted != Some(crate::coord::CoordBug::ClientFenceTrusted);
+        #[cfg(not(feature = "planted-bugs"))]
+        let strip_fence = true;
         if let Some(Value::Object(m)) = meta.as_mut() {
-            m.remove(FENCE_META);
+            if strip_fence {
+                m.remove(FENCE_META);
+            }
             handle = m.remove(coordination::AGENT_META);
             if m.is_empty() {
                 meta = None;

@@ -39,6 +39,31 @@
 //! - no lost wakeup: a `wait` sent after another agent's channel message was acknowledged, by
 //!   an agent that has not read its inbox since, returns `woke: true`.
 //!
+//! **The adversary** (seeds from [`CoordScenario::draw_adversary`] only, so the sweeps' seeds
+//! replay as before): the registry has two client tokens, both with write rights, one for the
+//! honest agents and one for an [`Adversary`] on its own client host. The even-numbered honest
+//! agents act without a session: `checkin` issues them an agent handle, which they name as the
+//! `agent` argument of every coordination call and in `_meta["io.mcp-gateway/agent"]` on their
+//! writes; the simulation "leaks" each handle to the adversary (as a log line would). At random
+//! moments the adversary releases, renews and writes resources honest agents were granted,
+//! puts a fence of its own choosing in `_meta["io.mcp-gateway/fence"]` on its writes, and
+//! replays the leaked handles (claim, renew, release, write; with or without a session of its
+//! own). It never claims under its own identity. (The coordination tools make no
+//! multi-round-trip calls, so there is no `requestState` for it to guess or replay.) The
+//! oracle then also checks that:
+//!
+//! - every adversary request is refused with its typed error: a replayed handle is
+//!   `unknown_agent`, a renew or release of what it does not hold `not_holder` or `no_lease`, a
+//!   write to what another holds `lease_held` (a write to what nobody holds may pass,
+//!   unfenced; so may one with a replayed handle when the gateway checks no lease on it, before
+//!   the project's first tool listing with no lease alive there: the handle is looked at only
+//!   for a leased write); the answers' kinds are counted in the coverage as
+//!   `adversary [replayed ]<op> <kind>`;
+//! - no adversary write reaches a sled with a fence (the one it chose, or anyone's), and none
+//!   is applied while an honest agent certainly holds the lease;
+//! - an honest agent's renew or release while it certainly holds its lease is never refused
+//!   `not_holder` or `no_lease` (its leases stay its own until it releases them or they expire).
+//!
 //! The trace (every request and answer with its instants, every sled write) is hashed to check
 //! determinism.
 
@@ -121,15 +146,20 @@ pub struct CoordScenario {
     pub planted: Option<CoordBug>,
     /// A gateway bug planted beside (or instead of) a coordination one.
     pub gateway_bug: Option<PlantedBug>,
+    /// An adversarial agent runs beside the honest ones ([`CoordScenario::draw_adversary`]):
+    /// honest agents and the adversary then use two client tokens, and the even-numbered
+    /// honest agents act without a session, by agent handle.
+    pub adversary: bool,
 }
 
 impl fmt::Debug for CoordScenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "coord seed {}: {} agents for {:?}, net {:?}..={:?}, listing {:?}, planted {:?} {:?}, faults {:?}",
+            "coord seed {}: {} agents{} for {:?}, net {:?}..={:?}, listing {:?}, planted {:?} {:?}, faults {:?}",
             self.seed,
             self.clients,
+            if self.adversary { " and an adversary" } else { "" },
             self.run_for,
             self.net_latency_min,
             self.net_latency_max,
@@ -198,7 +228,21 @@ impl CoordScenario {
             listing_delay,
             planted,
             gateway_bug: None,
+            adversary: false,
         }
+    }
+
+    /// A seed with an adversarial agent among the honest ones (the same faults as
+    /// [`CoordScenario::draw`]), with `planted` (a coordination bug) or `gateway_bug` planted.
+    pub fn draw_adversary(
+        seed: u64,
+        planted: Option<CoordBug>,
+        gateway_bug: Option<PlantedBug>,
+    ) -> CoordScenario {
+        let mut s = CoordScenario::draw(seed, planted);
+        s.adversary = true;
+        s.gateway_bug = gateway_bug;
+        s
     }
 
     /// A seed that meets the listing window: the gateway restarts, and the sleds take
@@ -351,6 +395,18 @@ struct Ev {
     /// When the answer (or failure) came.
     done: Duration,
     answer: Answer,
+    /// The adversary's requests only: what it tried.
+    adv: Option<Adv>,
+}
+
+/// What one of the adversary's requests tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Adv {
+    /// The honest agent whose leaked handle it presented (as the `agent` argument, or in
+    /// `_meta` on a write).
+    as_agent: Option<AgentKey>,
+    /// The fence it put in `_meta` itself (a write).
+    fence: Option<u64>,
 }
 
 impl Ev {
@@ -415,8 +471,18 @@ impl Ev {
             Answer::TimedOut => "timed out".to_owned(),
             Answer::Failed { status, why } => format!("failed {status:?} {why}"),
         };
+        let adv = match self.adv {
+            None => String::new(),
+            Some(a) => format!(
+                " adversary{}{}",
+                a.as_agent
+                    .map(|k| format!(" as {}", agent_name(k)))
+                    .unwrap_or_default(),
+                a.fence.map(|f| format!(" fence {f}")).unwrap_or_default()
+            ),
+        };
         format!(
-            "{:>6}..{:>6} ms {} {:?} -> {answer}",
+            "{:>6}..{:>6} ms {}{adv} {:?} -> {answer}",
             self.sent.as_millis(),
             self.done.as_millis(),
             agent_name(self.agent),
@@ -456,6 +522,8 @@ struct Log {
     sled_requests: Mutex<Vec<(String, Duration)>>,
     /// When each project's sled sent a `tools/list` answer.
     listings: Mutex<Vec<(String, Duration)>>,
+    /// Agent handles honest agents were issued, "leaked" to the adversary as a log line would.
+    leaked: Mutex<Vec<(AgentKey, String)>>,
     violations: Mutex<Vec<String>>,
 }
 
@@ -599,7 +667,19 @@ struct Agent {
     end: Duration,
     /// The network's one-way latency, when it is always the same.
     exact: Option<Duration>,
+    /// The client token it presents (adversary seeds only).
+    token: Option<String>,
+    /// It acts without a session, by the agent handle `checkin` issued it.
+    sessionless: bool,
+    handle: Option<String>,
 }
+
+/// The honest agents' client token in adversary seeds, and the adversary's.
+const HONEST_TOKEN: &str = "sim-client-token-honest";
+const ADVERSARY_TOKEN: &str = "sim-client-token-adversary";
+/// The `_meta` keys of a client's fence (the gateway's to give) and agent handle.
+const FENCE_META: &str = "io.mcp-gateway/fence";
+const AGENT_META: &str = "io.mcp-gateway/agent";
 
 fn resource_of(project: &str, n: usize) -> String {
     format!("story:{project}-{n}")
@@ -675,17 +755,78 @@ impl Agent {
                 }
             }
         }
+        if self.sessionless && answer.rpc_kind() == Some("unknown_agent") {
+            // Its handle is gone (a gateway restart): check in again for a new one.
+            self.needs_init = true;
+            self.held.clear();
+            self.handle = None;
+        }
         self.record(Ev {
             agent: self.key(),
             op,
             sent,
             done: now(),
             answer: answer.clone(),
+            adv: None,
         });
         answer
     }
 
-    async fn tool(&mut self, op: Op, name: &str, arguments: Value) -> Answer {
+    /// A sessionless agent's start: `checkin` without a handle issues one (a new agent); it
+    /// names it in every call from then on. The handle leaks to the adversary.
+    async fn init_sessionless(&mut self) {
+        let session = self.session + 1;
+        self.record(Ev {
+            agent: (self.client, session),
+            op: Op::Init,
+            sent: now(),
+            done: now(),
+            answer: Answer::Ok(json!({ "session": session, "sessionless": true })),
+            adv: None,
+        });
+        self.session = session;
+        self.held.clear();
+        self.handle = None;
+        let name = agent_name(self.key());
+        let p = PROJECTS[0];
+        let answer = self
+            .tool(
+                Op::Checkin { project: p.into() },
+                "checkin",
+                json!({ "project": p, "name": name }),
+            )
+            .await;
+        let Some(handle) = answer
+            .ok_value()
+            .and_then(|v| v["handle"].as_str())
+            .map(str::to_owned)
+        else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return;
+        };
+        self.log
+            .leaked
+            .lock()
+            .expect("no poisoned lock")
+            .push((self.key(), handle.clone()));
+        self.handle = Some(handle);
+        self.needs_init = false;
+        for p in &PROJECTS[1..] {
+            self.tool(
+                Op::Checkin {
+                    project: (*p).into(),
+                },
+                "checkin",
+                json!({ "project": p, "name": name }),
+            )
+            .await;
+        }
+    }
+
+    async fn tool(&mut self, op: Op, name: &str, mut arguments: Value) -> Answer {
+        if let Some(h) = &self.handle {
+            arguments["agent"] = json!(h);
+        }
         let params = json!({ "name": name, "arguments": arguments });
         self.request(op, "tools/call", params).await
     }
@@ -696,6 +837,7 @@ impl Agent {
                 match McpClient::connect(TurmoilConnect, MCP_URL).await {
                     Ok(mut mcp) => {
                         mcp.set_timeout(Some(CLIENT_TIMEOUT));
+                        mcp.set_bearer_token(self.token.clone());
                         self.mcp = Some(mcp);
                     }
                     Err(_) => {
@@ -715,6 +857,9 @@ impl Agent {
     }
 
     async fn init(&mut self) {
+        if self.sessionless {
+            return self.init_sessionless().await;
+        }
         let sent = now();
         let Some(mcp) = self.mcp.as_mut() else { return };
         let result = mcp.initialize().await;
@@ -736,6 +881,7 @@ impl Agent {
             sent,
             done: now(),
             answer,
+            adv: None,
         });
         if result.is_err() {
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -795,11 +941,14 @@ impl Agent {
             nonce: n.clone(),
             kind,
         };
-        let params = json!({
+        let mut params = json!({
             "name": "move_story",
             "arguments": { "project": project, "story_id": story_of(resource), "stage": stage },
             "_meta": { NONCE_KEY: n },
         });
+        if let Some(h) = &self.handle {
+            params["_meta"][AGENT_META] = json!(h);
+        }
         self.request(op, "tools/call", params).await;
     }
 
@@ -1003,6 +1152,305 @@ impl Answer {
     fn is_acquired(&self) -> bool {
         matches!(self, Answer::Ok(v) if v["acquired"] == true)
     }
+
+    fn ok_value(&self) -> Option<&Value> {
+        match self {
+            Answer::Ok(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn rpc_kind(&self) -> Option<&str> {
+        match self {
+            Answer::Rpc(k, _) => Some(k),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The adversary.
+
+/// The adversarial agent (adversary seeds): another client identity (its own token), on host
+/// `client-<n>` after the `n` honest agents. It never claims under its own identity; at random
+/// moments it releases, renews and writes resources honest agents hold (picked from what they
+/// were granted lately), puts a fence of its own choosing in `_meta` on its writes (one far
+/// above any granted, a small one, or the highest granted so far), and replays the handles
+/// honest agents leaked (claim, renew, release, write; as the `agent` argument or in `_meta`,
+/// with or without a session of its own). Every request is recorded with what it tried.
+struct Adversary {
+    client: usize,
+    session: u32,
+    /// Its session: its own identity's agent.
+    mcp: Option<McpClient<TurmoilConnect>>,
+    /// Calls without a session (handle replays).
+    bare: Option<McpClient<TurmoilConnect>>,
+    needs_init: bool,
+    rng: ChaCha8Rng,
+    next_id: u64,
+    writes: u64,
+    log: Arc<Log>,
+    end: Duration,
+}
+
+/// The fences far above any the gateway grants, from which the adversary picks.
+const FORGED_FENCE: u64 = 1 << 40;
+
+impl Adversary {
+    fn key(&self) -> AgentKey {
+        (self.client, self.session)
+    }
+
+    async fn connect() -> Option<McpClient<TurmoilConnect>> {
+        let mut mcp = McpClient::connect(TurmoilConnect, MCP_URL).await.ok()?;
+        mcp.set_timeout(Some(CLIENT_TIMEOUT));
+        mcp.set_bearer_token(Some(ADVERSARY_TOKEN.to_owned()));
+        Some(mcp)
+    }
+
+    async fn run(&mut self) {
+        while now() < self.end {
+            if self.mcp.is_none() {
+                self.mcp = Adversary::connect().await;
+            }
+            if self.bare.is_none() {
+                self.bare = Adversary::connect().await;
+            }
+            if self.mcp.is_none() || self.bare.is_none() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            if self.needs_init {
+                self.init().await;
+                continue;
+            }
+            self.step().await;
+            let pause = Duration::from_millis(self.rng.random_range(50..=400));
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    async fn init(&mut self) {
+        let sent = now();
+        let Some(mcp) = self.mcp.as_mut() else { return };
+        let result = mcp.initialize().await;
+        let session = self.session + 1;
+        let answer = match &result {
+            Ok(_) => Answer::Ok(json!({"session": session})),
+            Err(ClientError::Timeout(_)) => Answer::TimedOut,
+            Err(e) => Answer::Failed {
+                status: None,
+                why: e.to_string().chars().take(80).collect(),
+            },
+        };
+        self.log.events.lock().expect("no poisoned lock").push(Ev {
+            agent: (self.client, session),
+            op: Op::Init,
+            sent,
+            done: now(),
+            answer,
+            adv: Some(Adv {
+                as_agent: None,
+                fence: None,
+            }),
+        });
+        if result.is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return;
+        }
+        self.session = session;
+        self.needs_init = false;
+        for p in PROJECTS {
+            let name = format!("adversary{}", self.session);
+            let adv = Adv {
+                as_agent: None,
+                fence: None,
+            };
+            let params = json!({ "name": "checkin", "arguments": { "project": p, "name": name } });
+            self.call(Op::Checkin { project: p.into() }, params, adv, false)
+                .await;
+        }
+    }
+
+    /// One request, on its session or without one; recorded with what it tried.
+    async fn call(&mut self, op: Op, params: Value, adv: Adv, bare: bool) -> Answer {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        let sent = now();
+        let client = if bare {
+            self.bare.as_mut()
+        } else {
+            self.mcp.as_mut()
+        };
+        let result = match client {
+            Some(mcp) => mcp.request(id, "tools/call", params).await,
+            None => Err(ClientError::Protocol("not connected".into())),
+        };
+        let answer = match result {
+            Ok(v) => {
+                if let Some(e) = v.get("error") {
+                    let kind = e["data"]["kind"].as_str().unwrap_or("").to_owned();
+                    Answer::Rpc(kind, e.clone())
+                } else if v["result"]["isError"] == true {
+                    Answer::IsError(v["result"]["structuredContent"].clone())
+                } else {
+                    Answer::Ok(v["result"]["structuredContent"].clone())
+                }
+            }
+            Err(ClientError::Timeout(_)) => Answer::TimedOut,
+            Err(ClientError::Http { status, body }) => {
+                if status == 404 && !bare {
+                    self.needs_init = true;
+                }
+                Answer::Failed {
+                    status: Some(status),
+                    why: body.chars().take(80).collect(),
+                }
+            }
+            Err(e) => Answer::Failed {
+                status: None,
+                why: e.to_string().chars().take(80).collect(),
+            },
+        };
+        self.log.events.lock().expect("no poisoned lock").push(Ev {
+            agent: self.key(),
+            op,
+            sent,
+            done: now(),
+            answer: answer.clone(),
+            adv: Some(adv),
+        });
+        answer
+    }
+
+    /// A resource an honest agent (`of`, or any) was granted lately, else any.
+    fn target(&mut self, of: Option<AgentKey>) -> (String, String) {
+        let t = now();
+        let recent: Vec<(String, String)> = {
+            let events = self.log.events.lock().expect("no poisoned lock");
+            events
+                .iter()
+                .filter(|e| e.adv.is_none() && of.is_none_or(|k| e.agent == k))
+                .filter(|e| e.fresh_grant().is_some_and(|(_, exp)| e.done + exp > t))
+                .filter_map(|e| e.op.resource())
+                .map(|(p, r)| (p.to_owned(), r.to_owned()))
+                .collect()
+        };
+        if !recent.is_empty() && self.rng.random_bool(0.85) {
+            return recent[self.rng.random_range(0..recent.len())].clone();
+        }
+        let p = PROJECTS[self.rng.random_range(0..PROJECTS.len())].to_owned();
+        let r = resource_of(&p, self.rng.random_range(1..=STORIES));
+        (p, r)
+    }
+
+    /// A fence of its own choosing.
+    fn forged_fence(&mut self) -> u64 {
+        match self.rng.random_range(0..3) {
+            0 => FORGED_FENCE + self.rng.random_range(0..1_000),
+            1 => self.rng.random_range(1..=30),
+            _ => {
+                let events = self.log.events.lock().expect("no poisoned lock");
+                let top = events
+                    .iter()
+                    .filter_map(|e| e.fresh_grant().map(|(f, _)| f))
+                    .max()
+                    .unwrap_or(1);
+                top + u64::from(self.rng.random_bool(0.5))
+            }
+        }
+    }
+
+    async fn write(&mut self, project: &str, resource: &str, handle: Option<(AgentKey, String)>) {
+        self.writes += 1;
+        let n = nonce(self.key(), self.writes, 0);
+        let fence = self.rng.random_bool(0.7).then(|| self.forged_fence());
+        let mut meta = json!({ NONCE_KEY: n });
+        if let Some(f) = fence {
+            meta[FENCE_META] = json!({ "resource": resource, "fence": f });
+        }
+        if let Some((_, h)) = &handle {
+            meta[AGENT_META] = json!(h);
+        }
+        let params = json!({
+            "name": "move_story",
+            "arguments": { "project": project, "story_id": story_of(resource), "stage": "done" },
+            "_meta": meta,
+        });
+        let op = Op::Write {
+            project: project.into(),
+            resource: resource.into(),
+            nonce: n,
+            kind: WriteKind::Unheld,
+        };
+        let adv = Adv {
+            as_agent: handle.as_ref().map(|(k, _)| *k),
+            fence,
+        };
+        let bare = handle.is_some() && self.rng.random_bool(0.6);
+        self.call(op, params, adv, bare).await;
+    }
+
+    async fn step(&mut self) {
+        let leaked = {
+            let leaked = self.log.leaked.lock().expect("no poisoned lock");
+            // The handles leaked lately (the older ones are likely gone with a restart).
+            let recent = &leaked[leaked.len().saturating_sub(4)..];
+            (!recent.is_empty()).then(|| recent[self.rng.random_range(0..recent.len())].clone())
+        };
+        let roll = self.rng.random_range(0..100);
+        let handle = leaked.filter(|_| roll >= 55);
+        let (p, r) = self.target(handle.as_ref().map(|(k, _)| *k));
+        let adv = Adv {
+            as_agent: handle.as_ref().map(|(k, _)| *k),
+            fence: None,
+        };
+        let mut arguments = json!({ "project": p, "resource": r });
+        if let Some((_, h)) = &handle {
+            arguments["agent"] = json!(h);
+        }
+        let bare = handle.is_some() && self.rng.random_bool(0.6);
+        // 0 release, 1 renew, 2 claim (only as another agent), 3 write.
+        let what = match (&handle, roll) {
+            (Some(_), _) => self.rng.random_range(0..4),
+            (None, 0..=14) => 0,
+            (None, 15..=29) => 1,
+            (None, _) => 3,
+        };
+        match what {
+            0 => {
+                let op = Op::Release {
+                    project: p.clone(),
+                    resource: r.clone(),
+                };
+                let params = json!({ "name": "release", "arguments": arguments });
+                self.call(op, params, adv, bare).await;
+            }
+            1 => {
+                let ttl = Duration::from_secs(self.rng.random_range(2..=10));
+                arguments["ttl_s"] = json!(ttl.as_secs());
+                let op = Op::Renew {
+                    project: p.clone(),
+                    resource: r.clone(),
+                    ttl,
+                };
+                let params = json!({ "name": "renew", "arguments": arguments });
+                self.call(op, params, adv, bare).await;
+            }
+            2 => {
+                let ttl = Duration::from_secs(self.rng.random_range(2..=10));
+                arguments["ttl_s"] = json!(ttl.as_secs());
+                let op = Op::Claim {
+                    project: p.clone(),
+                    resource: r.clone(),
+                    ttl,
+                };
+                let params = json!({ "name": "claim", "arguments": arguments });
+                self.call(op, params, adv, bare).await;
+            }
+            _ => self.write(&p, &r, handle).await,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1018,7 +1466,13 @@ fn server_options(s: &CoordScenario, incarnation: u64) -> ServerOptions {
             spec
         })
         .collect();
-    let registry = Registry::from_projects(specs, Some(PROJECTS[0])).expect("a valid sim registry");
+    let registry = if s.adversary {
+        let text = adversary_projects_toml();
+        Registry::parse("projects.toml", &text)
+            .unwrap_or_else(|e| panic!("a valid sim registry: {e}\n{text}"))
+    } else {
+        Registry::from_projects(specs, Some(PROJECTS[0])).expect("a valid sim registry")
+    };
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&s.seed.to_le_bytes());
     // A restarted gateway draws other session ids, as a real one (seeded from the OS) would.
@@ -1042,6 +1496,28 @@ fn server_options(s: &CoordScenario, incarnation: u64) -> ServerOptions {
         ..Config::default()
     };
     opts
+}
+
+/// The registry of an adversary seed: the same projects, and two client tokens (the honest
+/// agents' and the adversary's, two identities), both with write rights everywhere.
+fn adversary_projects_toml() -> String {
+    let mut text = format!(
+        "default = \"{}\"\ncall_timeout_ms = {}\nclient_tokens = [\n  {{ name = \"honest\", token = \"{HONEST_TOKEN}\" }},\n  {{ name = \"adversary\", token = \"{ADVERSARY_TOKEN}\" }},\n]\n",
+        PROJECTS[0],
+        CALL_TIMEOUT.as_millis()
+    );
+    for p in PROJECTS {
+        text.push_str(&format!(
+            "\n[[project]]\nname = \"{p}\"\nurl = \"http://sled-{p}:9000\"\ntoken = \"{}\"\n",
+            super::uplink_token(p).expose()
+        ));
+    }
+    for who in ["honest", "adversary"] {
+        text.push_str(&format!(
+            "\n[[access]]\ntoken = \"{who}\"\nprojects = [\"*\"]\nright = \"write\"\n"
+        ));
+    }
+    text
 }
 
 /// A story sled for `project` with [`STORIES`] stories in the backlog.
@@ -1204,6 +1680,7 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
         let seed = s.seed;
         let end = s.run_for;
         let exact = s.exact_latency();
+        let adversary = s.adversary;
         sim.client(format!("client-{c}"), async move {
             // Each agent starts a little apart.
             tokio::time::sleep(Duration::from_millis(20 * c as u64)).await;
@@ -1219,8 +1696,34 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
                 needs_init: true,
                 end,
                 exact,
+                token: adversary.then(|| HONEST_TOKEN.to_owned()),
+                sessionless: adversary && c % 2 == 0,
+                handle: None,
             };
             agent.run().await;
+            Ok(())
+        });
+    }
+
+    if s.adversary {
+        let log = log.clone();
+        let (seed, end, client) = (s.seed, s.run_for, s.clients);
+        sim.client(format!("client-{client}"), async move {
+            // It starts once the honest agents have checked in.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut adversary = Adversary {
+                client,
+                session: 0,
+                mcp: None,
+                bare: None,
+                needs_init: true,
+                rng: ChaCha8Rng::seed_from_u64(seed ^ 0xad5e_0000_0000_0003),
+                next_id: 0,
+                writes: 0,
+                log,
+                end,
+            };
+            adversary.run().await;
             Ok(())
         });
     }
@@ -1269,7 +1772,8 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
                 // (A plain crash makes the peers' FINs depend on the order the runtime drops
                 // its sockets, which is not the same from run to run in one process.)
                 let mut peers: Vec<String> = PROJECTS.iter().map(|p| format!("sled-{p}")).collect();
-                peers.extend((0..s.clients).map(|c| format!("client-{c}")));
+                let clients = s.clients + usize::from(s.adversary);
+                peers.extend((0..clients).map(|c| format!("client-{c}")));
                 let p2 = peers.clone();
                 actions.push((
                     at,
@@ -1405,6 +1909,9 @@ fn judge(
     coverage: &mut BTreeMap<String, usize>,
 ) -> Vec<String> {
     let mut out = Vec::new();
+    // The honest agents' requests, and the adversary's (judged apart, in 8).
+    let all = events;
+    let (adv_events, events): (Vec<&Ev>, Vec<&Ev>) = all.iter().partition(|e| e.adv.is_some());
     // No message arrives sooner: a request is processed in [sent + lat, done - lat].
     let lat = s.net_latency_min;
     let mut cover = |k: &str| *coverage.entry(k.to_owned()).or_insert(0) += 1;
@@ -1420,7 +1927,7 @@ fn judge(
 
     // Each agent's events, in order.
     let mut by_agent: BTreeMap<AgentKey, Vec<&Ev>> = BTreeMap::new();
-    for e in events {
+    for &e in &events {
         by_agent.entry(e.agent).or_default().push(e);
         match (&e.op, &e.answer) {
             (Op::Init, Answer::Ok(_)) if e.agent.1 > 1 => cover("re-initialized"),
@@ -1519,6 +2026,17 @@ fn judge(
                     certain = later.sent + exp;
                 }
                 if matches!(later.rpc_kind(), Some("not_holder" | "no_lease")) {
+                    // With an adversary about: what an agent certainly holds stays its own,
+                    // its renewals and releases succeed.
+                    if s.adversary
+                        && later.done.saturating_sub(lat) < certain
+                        && !s.restart_between(e.sent, later.done)
+                    {
+                        out.push(format!(
+                            "{}'s {:?} sent at {:?} was refused {:?} though it certainly held {resource} (fence {fence}, granted at {:?}) until at least {certain:?}",
+                            agent_name(*agent), later.op, later.sent, later.rpc_kind(), e.done
+                        ));
+                    }
                     break;
                 }
             }
@@ -1763,7 +2281,7 @@ fn judge(
             .iter()
             .any(|(at, until)| *at <= b + FAULT_SLACK && *until + FAULT_SLACK >= a)
     };
-    for e in events {
+    for e in all {
         let client = e.agent.0;
         match &e.answer {
             Answer::TimedOut => {
@@ -1794,6 +2312,14 @@ fn judge(
                     ));
                 }
             }
+            // The adversary's refusals are judged in 8.
+            _ if e.adv.is_some() => {}
+            // A sessionless agent's handle is gone with a gateway restart.
+            Answer::Rpc(kind, _)
+                if kind == "unknown_agent"
+                    && s.adversary
+                    && client % 2 == 0
+                    && s.gateway_bounces().iter().any(|(at, _)| *at <= e.done) => {}
             Answer::Rpc(kind, err) if kind == "tools_pending" => {
                 if let Some(why) = tools_pending_wrong(s, e, listings) {
                     out.push(format!(
@@ -1880,6 +2406,110 @@ fn judge(
                     agent_name(*agent), w.sent, w.done, agent_name(m.agent), m.done
                 ));
             }
+        }
+    }
+
+    // 8. The adversary changes nothing: every request of its is refused with a typed error
+    // (a handle it replays is `unknown_agent`, a renew or release of what it does not hold
+    // `not_holder`/`no_lease`, a write to what another holds `lease_held`); a write of its
+    // that passes reaches the sled unfenced (no fence it chose, none of another's), and not
+    // while an honest agent certainly held the lease.
+    for e in &adv_events {
+        let a = e.adv.expect("the adversary's request");
+        let what = match a.as_agent {
+            Some(k) => format!(
+                "the adversary's {:?} (sent at {:?}) with {}'s leaked handle",
+                e.op,
+                e.sent,
+                agent_name(k)
+            ),
+            None => format!("the adversary's {:?} (sent at {:?})", e.op, e.sent),
+        };
+        let at_sled = match &e.op {
+            Op::Write { nonce, .. } => by_nonce.get(nonce.as_str()).copied(),
+            _ => None,
+        };
+        if let Some(x) = at_sled {
+            if let Some(f) = x.fence {
+                out.push(format!(
+                    "{what} reached the {} sled with fence {f}{} ({})",
+                    x.project,
+                    if a.fence == Some(f) {
+                        ", the one it chose"
+                    } else {
+                        ""
+                    },
+                    x.outcome
+                ));
+            }
+            if x.outcome == "applied" {
+                let checked_by = x.at.min(e.done);
+                if let Some(h) = holdings.iter().find(|h| {
+                    h.project == x.project
+                        && h.resource == x.resource
+                        && e.sent >= h.got
+                        && checked_by < h.certain_until
+                        && !s.restart_between(h.sent, checked_by)
+                }) {
+                    out.push(format!(
+                        "{what} was applied by the sled at {:?} while {} certainly held {} (fence {}, until at least {:?})",
+                        x.at, agent_name(h.agent), h.resource, h.fence, h.certain_until
+                    ));
+                }
+            }
+        }
+        let op_name = match &e.op {
+            Op::Init => "init",
+            Op::Checkin { .. } => "checkin",
+            Op::Claim { .. } => "claim",
+            Op::Renew { .. } => "renew",
+            Op::Release { .. } => "release",
+            Op::Write { .. } => "write",
+            _ => "other",
+        };
+        let kind = match &e.answer {
+            Answer::Ok(_) => "ok".to_owned(),
+            Answer::IsError(v) => v["kind"].as_str().unwrap_or("isError").to_owned(),
+            Answer::Rpc(k, _) => k.clone(),
+            Answer::TimedOut => "timed out".to_owned(),
+            Answer::Failed { .. } => "failed".to_owned(),
+        };
+        let replay = a.as_agent.is_some();
+        cover(&format!(
+            "adversary {}{op_name} {kind}",
+            if replay { "replayed " } else { "" }
+        ));
+        let write = matches!(e.op, Op::Write { .. });
+        let fine = match &e.answer {
+            Answer::Ok(_) => match &e.op {
+                Op::Init | Op::Checkin { .. } => !replay,
+                // Not leased by anyone: it passes, unfenced (checked above). So does one with
+                // a replayed handle when the gateway does not check the write against leases
+                // at all (the handle is looked at only for a leased write): before the
+                // project's first tool listing while no lease lives in it.
+                Op::Write { .. } => at_sled.is_some_and(|x| x.fence.is_none()),
+                _ => false,
+            },
+            Answer::Rpc(k, _) => match k.as_str() {
+                "unknown_agent" => replay,
+                "not_holder" | "no_lease" => {
+                    !replay && matches!(e.op, Op::Renew { .. } | Op::Release { .. })
+                }
+                "lease_held" => !replay && write,
+                // Refused before the handle is looked at, or the sled's answer lost.
+                "tools_pending" | "sled_not_connected" => write,
+                "uplink_lost" | "timeout" => write && !replay,
+                _ => false,
+            },
+            // Timing is judged in 6.
+            Answer::TimedOut | Answer::Failed { .. } => true,
+            Answer::IsError(_) => false,
+        };
+        if !fine {
+            out.push(format!(
+                "{what} was not refused as it must be: {:?}",
+                e.answer
+            ));
         }
     }
     cover("seeds");
