@@ -149,6 +149,12 @@ impl Gateway {
                 meta = None;
             }
         }
+        // A handle is checked whether or not the write turns out to be leased: one this
+        // gateway did not issue to the caller is `unknown_agent`, never ignored.
+        let named = match handle.as_ref() {
+            Some(_) => Some(self.writer_of(req, handle.as_ref())?),
+            None => None,
+        };
         // A write to a resource the sled declared leasable: refused if another agent holds
         // it, fenced if the caller does.
         let leased = lease.as_ref().and_then(|(property, kind)| {
@@ -157,7 +163,10 @@ impl Gateway {
             Some(format!("{kind}:{value}"))
         });
         if let Some(resource) = leased {
-            let agent = self.writer_of(req, handle.as_ref())?;
+            let agent = match named {
+                Some(agent) => agent,
+                None => self.writer_of(req, None)?,
+            };
             if let Some(fence) =
                 self.check_lease(now, agent.as_deref(), &route.project, &resource)?
             {

@@ -454,6 +454,17 @@ fn a_caller_without_a_session_writes_as_its_agent_handle() {
         "_meta":{"io.mcp-gateway/agent":"ah-forged"}}});
     let t = h.send(HttpMethod::Post, None, &body.to_string());
     assert_eq!(kind(&h.reply_json(t).unwrap()), "unknown_agent");
+    // So it is on a tool that writes no leased resource: the handle is never ignored, and
+    // nothing reaches the sled.
+    let body = json!({"jsonrpc":"2.0","id":6,"method":"tools/call","params":{
+        "name":"create_story","arguments":{"project":"beta","name":"x"},
+        "_meta":{"io.mcp-gateway/agent":"ah-forged"}}});
+    let t = h.send(HttpMethod::Post, None, &body.to_string());
+    assert_eq!(kind(&h.reply_json(t).unwrap()), "unknown_agent");
+    assert!(
+        h.take_frames(beta).is_empty(),
+        "nothing was sent to the sled"
+    );
 }
 
 #[test]

@@ -55,9 +55,8 @@
 //! - every adversary request is refused with its typed error: a replayed handle is
 //!   `unknown_agent`, a renew or release of what it does not hold `not_holder` or `no_lease`, a
 //!   write to what another holds `lease_held` (a write to what nobody holds may pass,
-//!   unfenced; so may one with a replayed handle when the gateway checks no lease on it, before
-//!   the project's first tool listing with no lease alive there: the handle is looked at only
-//!   for a leased write); the answers' kinds are counted in the coverage as
+//!   unfenced; one with a replayed handle never does: the gateway checks the handle of every
+//!   write, leased or not); the answers' kinds are counted in the coverage as
 //!   `adversary [replayed ]<op> <kind>`;
 //! - no adversary write reaches a sled with a fence (the one it chose, or anyone's), and none
 //!   is applied while an honest agent certainly holds the lease;
@@ -2483,11 +2482,10 @@ fn judge(
         let fine = match &e.answer {
             Answer::Ok(_) => match &e.op {
                 Op::Init | Op::Checkin { .. } => !replay,
-                // Not leased by anyone: it passes, unfenced (checked above). So does one with
-                // a replayed handle when the gateway does not check the write against leases
-                // at all (the handle is looked at only for a leased write): before the
-                // project's first tool listing while no lease lives in it.
-                Op::Write { .. } => at_sled.is_some_and(|x| x.fence.is_none()),
+                // Not leased by anyone: it passes, unfenced (checked above). One with a
+                // replayed handle never does: the handle is checked on every write, leased or
+                // not.
+                Op::Write { .. } => !replay && at_sled.is_some_and(|x| x.fence.is_none()),
                 _ => false,
             },
             Answer::Rpc(k, _) => match k.as_str() {
