@@ -41,6 +41,32 @@ fn the_readme_shows_every_example_as_shipped() {
     }
 }
 
+/// `gateway doctor --url mcp` again and again until it passes (sleds dial with a backoff);
+/// `Err` with its last output when it has not passed within `limit`.
+async fn doctor_passes(mcp: &str, limit: Duration) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let out = Command::new(processes::workspace_bin("gateway"))
+            .args(["doctor", "--url", mcp])
+            .env_remove("MCP_GATEWAY_TOKEN")
+            .env_remove("MCP_GATEWAY_URL")
+            .output()
+            .await
+            .expect("gateway doctor runs");
+        if out.status.success() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// Three consecutive free loopback ports (the replicas' in `examples/replicas.sh`).
 fn three_free_ports() -> u16 {
     loop {
@@ -164,28 +190,12 @@ async fn examples_replicas_sh_runs_as_shipped() {
     let log_text = || std::fs::read_to_string(dir.join("replicas.log")).unwrap_or_default();
     // Doctor through the balancer until both sleds are up, then it must pass.
     let mcp = format!("http://{}/mcp", lb_addr.1);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        let out = Command::new(processes::workspace_bin("gateway"))
-            .args(["doctor", "--url", &mcp])
-            .env_remove("MCP_GATEWAY_TOKEN")
-            .env_remove("MCP_GATEWAY_URL")
-            .output()
-            .await
-            .expect("gateway doctor runs");
-        if out.status.success() {
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            signal("-KILL");
-            panic!(
-                "gateway doctor failed through the balancer of examples/replicas.sh:\n{}{}\nthe script's output:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr),
-                log_text()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    if let Err(out) = doctor_passes(&mcp, Duration::from_secs(90)).await {
+        signal("-KILL");
+        panic!(
+            "gateway doctor failed through the balancer of examples/replicas.sh:\n{out}\nthe script's output:\n{}",
+            log_text()
+        );
     }
     // A session's calls reach both projects, whichever replica each lands on.
     let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
@@ -295,25 +305,8 @@ async fn examples_projects_toml_serves_and_doctor_passes() {
         ],
     );
     // Doctor until both sleds are up (they dial with a backoff), then it must pass.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let out = Command::new(processes::workspace_bin("gateway"))
-            .args(["doctor", "--url", &format!("{base}/mcp")])
-            .env_remove("MCP_GATEWAY_TOKEN")
-            .env_remove("MCP_GATEWAY_URL")
-            .output()
-            .await
-            .expect("gateway doctor runs");
-        if out.status.success() {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gateway doctor failed against examples/projects.toml:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Err(out) = doctor_passes(&format!("{base}/mcp"), Duration::from_secs(30)).await {
+        panic!("gateway doctor failed against examples/projects.toml:\n{out}");
     }
     let _ = gateway.kill().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -720,33 +720,11 @@ impl Agent {
             Some(mcp) => mcp.request(id, method, params).await,
             None => Err(ClientError::Protocol("not connected".into())),
         };
-        let answer = match result {
-            Ok(v) => {
-                if let Some(e) = v.get("error") {
-                    let kind = e["data"]["kind"].as_str().unwrap_or("").to_owned();
-                    Answer::Rpc(kind, e.clone())
-                } else if v["result"]["isError"] == true {
-                    Answer::IsError(v["result"]["structuredContent"].clone())
-                } else {
-                    Answer::Ok(v["result"]["structuredContent"].clone())
-                }
-            }
-            Err(ClientError::Timeout(_)) => Answer::TimedOut,
-            Err(ClientError::Http { status, body }) => {
-                if status == 404 {
-                    self.needs_init = true;
-                    self.held.clear();
-                }
-                Answer::Failed {
-                    status: Some(status),
-                    why: body.chars().take(80).collect(),
-                }
-            }
-            Err(e) => Answer::Failed {
-                status: None,
-                why: e.to_string().chars().take(80).collect(),
-            },
-        };
+        if matches!(result, Err(ClientError::Http { status: 404, .. })) {
+            self.needs_init = true;
+            self.held.clear();
+        }
+        let answer = Answer::of(result);
         if let Answer::Ok(v) = &answer {
             for lost in v["lost"].as_array().into_iter().flatten() {
                 if let Some(r) = lost["resource"].as_str() {
@@ -1148,6 +1126,31 @@ impl Agent {
 }
 
 impl Answer {
+    /// What a request's result says, as the oracle judges it.
+    fn of(result: Result<Value, ClientError>) -> Answer {
+        match result {
+            Ok(v) => {
+                if let Some(e) = v.get("error") {
+                    let kind = e["data"]["kind"].as_str().unwrap_or("").to_owned();
+                    Answer::Rpc(kind, e.clone())
+                } else if v["result"]["isError"] == true {
+                    Answer::IsError(v["result"]["structuredContent"].clone())
+                } else {
+                    Answer::Ok(v["result"]["structuredContent"].clone())
+                }
+            }
+            Err(ClientError::Timeout(_)) => Answer::TimedOut,
+            Err(ClientError::Http { status, body }) => Answer::Failed {
+                status: Some(status),
+                why: body.chars().take(80).collect(),
+            },
+            Err(e) => Answer::Failed {
+                status: None,
+                why: e.to_string().chars().take(80).collect(),
+            },
+        }
+    }
+
     fn is_acquired(&self) -> bool {
         matches!(self, Answer::Ok(v) if v["acquired"] == true)
     }
@@ -1285,32 +1288,10 @@ impl Adversary {
             Some(mcp) => mcp.request(id, "tools/call", params).await,
             None => Err(ClientError::Protocol("not connected".into())),
         };
-        let answer = match result {
-            Ok(v) => {
-                if let Some(e) = v.get("error") {
-                    let kind = e["data"]["kind"].as_str().unwrap_or("").to_owned();
-                    Answer::Rpc(kind, e.clone())
-                } else if v["result"]["isError"] == true {
-                    Answer::IsError(v["result"]["structuredContent"].clone())
-                } else {
-                    Answer::Ok(v["result"]["structuredContent"].clone())
-                }
-            }
-            Err(ClientError::Timeout(_)) => Answer::TimedOut,
-            Err(ClientError::Http { status, body }) => {
-                if status == 404 && !bare {
-                    self.needs_init = true;
-                }
-                Answer::Failed {
-                    status: Some(status),
-                    why: body.chars().take(80).collect(),
-                }
-            }
-            Err(e) => Answer::Failed {
-                status: None,
-                why: e.to_string().chars().take(80).collect(),
-            },
-        };
+        if !bare && matches!(result, Err(ClientError::Http { status: 404, .. })) {
+            self.needs_init = true;
+        }
+        let answer = Answer::of(result);
         self.log.events.lock().expect("no poisoned lock").push(Ev {
             agent: self.key(),
             op,
