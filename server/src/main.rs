@@ -155,9 +155,10 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Stdio {
         /// The gateway's MCP endpoint, e.g. http://127.0.0.1:7878/mcp or
-        /// https://gateway.example/mcp.
+        /// https://gateway.example/mcp [else env MCP_GATEWAY_URL, else the demo's,
+        /// http://127.0.0.1:7878/mcp].
         #[arg(long, value_name = "URL", value_parser = parse_mcp_url)]
-        url: String,
+        url: Option<String>,
         /// A file holding the bearer token to send [else env MCP_GATEWAY_TOKEN, the token itself].
         #[arg(long = "token-file", value_name = "FILE")]
         token_file: Option<String>,
@@ -460,6 +461,23 @@ fn main() -> ExitCode {
         return code;
     }
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The shell's common flags may come before the command; `serve` and `demo` take none of
+    // them, `stdio` three.
+    let command = matches.subcommand_name().unwrap_or_default();
+    let misplaced = shell::misplaced_common_flags(&matches, command);
+    if !misplaced.is_empty() {
+        eprintln!(
+            "gateway: {} {} for the shell's commands; `gateway {command}` does not take {}",
+            misplaced.join(", "),
+            if misplaced.len() == 1 {
+                "is a client option"
+            } else {
+                "are client options"
+            },
+            if misplaced.len() == 1 { "it" } else { "them" },
+        );
+        return ExitCode::from(2);
+    }
     // The stdio bridge's stderr usually lands in an MCP client's log: quieter, no colours.
     let stdio = matches!(cli.command, Command::Stdio { .. });
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -478,7 +496,16 @@ fn main() -> ExitCode {
             url,
             token_file,
             ca_file,
-        } => run_stdio(&url, token_file.as_ref(), ca_file.as_deref()),
+        } => {
+            // Given after `stdio`, else before it (`gateway --url U stdio`).
+            let top = |id: &str| matches.try_get_one::<String>(id).ok().flatten().cloned();
+            let ca_file = ca_file.or_else(|| top("ca-file").map(PathBuf::from));
+            run_stdio(
+                url.or_else(|| top("url")).as_ref(),
+                token_file.or_else(|| top("token-file")).as_ref(),
+                ca_file.as_deref(),
+            )
+        }
         Command::Serve {
             config,
             listen,
@@ -553,11 +580,16 @@ fn main() -> ExitCode {
 /// environment's, or the system's). A bad URL, token or CA file exits 2, a broken stdin or
 /// stdout 1.
 fn run_stdio(
-    url: &str,
+    url: Option<&String>,
     token_file: Option<&String>,
     ca_file: Option<&std::path::Path>,
 ) -> ExitCode {
     let env = |k: &str| std::env::var(k).ok();
+    let (url, url_from) = shell::pick_url(url, &|k| env(k).filter(|v| !v.is_empty()));
+    if let Err(e) = gateway_client::HttpUrl::parse(&url) {
+        eprintln!("gateway: {} ({url_from})", e.reason);
+        return ExitCode::from(2);
+    }
     let token = match shell::read_token(token_file, &env) {
         Ok(token) => token.map(|(token, from)| gateway_server::stdio::BridgeToken { token, from }),
         Err(e) => {
@@ -587,7 +619,7 @@ fn run_stdio(
     };
     let result = rt.block_on(gateway_server::stdio::bridge_with(
         gateway_client::TokioConnect,
-        url,
+        &url,
         stdin,
         tokio::io::stdout(),
         opts,

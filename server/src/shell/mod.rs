@@ -75,6 +75,7 @@ pub(crate) fn augment(cmd: Command) -> Command {
     let footer = help_footer();
     let mut cmd = cmd
         .after_help(after)
+        .args(common_args().map(|a| a.help_heading(CLIENT_HEADING)))
         .allow_external_subcommands(true)
         .external_subcommand_value_parser(clap::value_parser!(String));
     for def in tools::shell_tools() {
@@ -138,7 +139,7 @@ pub(crate) fn dispatch(matches: &ArgMatches) -> Option<ExitCode> {
     let m = match &job {
         Job::Named(_, m) | Job::Tool(_, m) | Job::External(_, m) => m,
     };
-    let settings = match Settings::resolve(m, &env) {
+    let settings = match Settings::resolve(matches, m, &env) {
         Ok(s) => s,
         Err(line) => {
             eprintln!("gateway: {line}");
@@ -189,8 +190,12 @@ fn init_logs() {
         .try_init();
 }
 
-/// The flags every shell command takes: where the gateway is, how to authenticate, the agent
-/// identity file, and the output format.
+/// The heading of the common flags given before the command (`gateway --url U list-projects`).
+const CLIENT_HEADING: &str =
+    "Client options (the shell's commands and stdio; here or after the command)";
+
+/// The flags every shell command takes, after the command or before it: where the gateway is,
+/// how to authenticate, the agent identity file, and the output format.
 fn common_args() -> [Arg; 5] {
     [
         Arg::new("url").long("url").value_name("URL").help(format!(
@@ -295,8 +300,36 @@ pub(crate) fn read_token(
     }
 }
 
+/// A common flag's value: given after the command, else before it
+/// (`gateway --token-file F list-projects`, as `gateway list-projects --token-file F`).
+pub(crate) fn common_flag<'a>(
+    top: &'a ArgMatches,
+    sub: &'a ArgMatches,
+    id: &str,
+) -> Option<&'a String> {
+    let get = |m: &'a ArgMatches| m.try_get_one::<String>(id).ok().flatten();
+    get(sub).or_else(|| get(top))
+}
+
+/// The common flags given before a command that does not take them (`serve`, `demo`; `stdio`
+/// takes `--url`, `--token-file` and `--ca-file`), by their names: a mistake to refuse, not to
+/// ignore.
+pub(crate) fn misplaced_common_flags(top: &ArgMatches, command: &str) -> Vec<String> {
+    let stdio_takes = ["url", "token-file", "ca-file"];
+    common_args()
+        .iter()
+        .map(|a| a.get_id().as_str().to_owned())
+        .filter(|id| top.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        .filter(|id| command != "stdio" || !stdio_takes.contains(&id.as_str()))
+        .map(|id| format!("--{id}"))
+        .collect()
+}
+
 /// The URL and the phrase that says where it came from.
-fn pick_url(flag: Option<&String>, env: &dyn Fn(&str) -> Option<String>) -> (String, String) {
+pub(crate) fn pick_url(
+    flag: Option<&String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> (String, String) {
     match (flag, env(URL_ENV)) {
         (Some(u), _) => (u.clone(), "from --url".to_owned()),
         (None, Some(u)) => (u, format!("from {URL_ENV}")),
@@ -308,17 +341,19 @@ fn pick_url(flag: Option<&String>, env: &dyn Fn(&str) -> Option<String>) -> (Str
 }
 
 impl Settings {
-    /// Reads the common flags of `m`, then `env`. An error is a line to print (exit 2).
+    /// Reads the common flags of the command's matches `m`, then those given before the
+    /// command (`top`), then `env`. An error is a line to print (exit 2).
     pub(crate) fn resolve(
+        top: &ArgMatches,
         m: &ArgMatches,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Settings, String> {
-        let (url, url_from) = pick_url(m.get_one::<String>("url"), env);
+        let (url, url_from) = pick_url(common_flag(top, m, "url"), env);
         HttpUrl::parse(&url).map_err(|e| format!("{e} ({url_from})"))?;
-        let token = read_token(m.get_one::<String>("token-file"), env)?;
-        let ca_file = m.get_one::<String>("ca-file").map(std::path::Path::new);
+        let token = read_token(common_flag(top, m, "token-file"), env)?;
+        let ca_file = common_flag(top, m, "ca-file").map(std::path::Path::new);
         let trust = TlsTrust::from_flag_or_env(ca_file, env).map_err(|e| e.to_string())?;
-        let (agent_file, agent_file_from) = match m.get_one::<String>("agent-file") {
+        let (agent_file, agent_file_from) = match common_flag(top, m, "agent-file") {
             Some(f) => (PathBuf::from(f), "from --agent-file".to_owned()),
             None => agent::default_path(&url, env),
         };
@@ -329,7 +364,10 @@ impl Settings {
             trust,
             agent_file,
             agent_file_from,
-            json: m.get_flag("json") || !std::io::stdout().is_terminal(),
+            json: [m, top]
+                .iter()
+                .any(|m| m.try_get_one::<bool>("json").ok().flatten() == Some(&true))
+                || !std::io::stdout().is_terminal(),
         })
     }
 }
@@ -552,7 +590,7 @@ mod tests {
         let secret = "Sup3rSecretToken-0123456789";
         let m = parse(&["gateway", "list-projects"]).unwrap();
         let env = |k: &str| (k == TOKEN_ENV).then(|| secret.to_owned());
-        let s = Settings::resolve(m.subcommand().unwrap().1, &env).unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &env).unwrap();
         assert_eq!(s.token.as_ref().map(|(t, _)| t.as_str()), Some(secret));
         let shown = format!("{s:?}");
         assert!(
@@ -577,7 +615,7 @@ mod tests {
     fn settings_come_from_flags_then_the_environment_then_defaults() {
         let m = parse(&["gateway", "list-projects"]).unwrap();
         let none = |_: &str| None;
-        let s = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap();
         assert_eq!(s.url, DEFAULT_URL);
         assert!(s.url_from.contains("default"), "{}", s.url_from);
         assert!(s.token.is_none());
@@ -588,24 +626,24 @@ mod tests {
             AGENT_FILE_ENV => Some("/tmp/agent-x".to_owned()),
             _ => None,
         };
-        let s = Settings::resolve(m.subcommand().unwrap().1, &env).unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &env).unwrap();
         assert_eq!(s.url, "http://10.0.0.1:9/mcp");
         assert_eq!(s.url_from, format!("from {URL_ENV}"));
         assert_eq!(s.token.as_ref().unwrap().1, TOKEN_ENV);
         assert_eq!(s.agent_file, PathBuf::from("/tmp/agent-x"));
 
         let m = parse(&["gateway", "list-projects", "--url", "http://h:1/mcp"]).unwrap();
-        let s = Settings::resolve(m.subcommand().unwrap().1, &env).unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &env).unwrap();
         assert_eq!(
             (s.url.as_str(), s.url_from.as_str()),
             ("http://h:1/mcp", "from --url")
         );
 
         let m = parse(&["gateway", "list-projects", "--url", "https://h/mcp"]).unwrap();
-        let s = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap();
         assert_eq!(s.url, "https://h/mcp");
         let m = parse(&["gateway", "list-projects", "--url", "wss://h/mcp"]).unwrap();
-        let e = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap_err();
+        let e = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap_err();
         assert!(e.contains("wss://h/mcp") && e.contains("--url"), "{e}");
         let m = parse(&[
             "gateway",
@@ -614,8 +652,46 @@ mod tests {
             "/nonexistent/ca.pem",
         ])
         .unwrap();
-        let e = Settings::resolve(m.subcommand().unwrap().1, &none).unwrap_err();
+        let e = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap_err();
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+    }
+
+    /// Issue 31: the common flags work before the command too; after it, they win.
+    #[test]
+    fn common_flags_before_the_command() {
+        let none = |_: &str| None;
+        let m = parse(&[
+            "gateway",
+            "--url",
+            "http://a:1/mcp",
+            "--json",
+            "list-projects",
+        ])
+        .unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap();
+        assert_eq!((s.url.as_str(), s.json), ("http://a:1/mcp", true));
+        let m = parse(&[
+            "gateway",
+            "--url",
+            "http://a:1/mcp",
+            "call",
+            "show",
+            "--url",
+            "http://b:2/mcp",
+        ])
+        .unwrap();
+        let s = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap();
+        assert_eq!(s.url, "http://b:2/mcp");
+        let m = parse(&["gateway", "--token-file", "/nonexistent/tok", "health"]).unwrap();
+        let e = Settings::resolve(&m, m.subcommand().unwrap().1, &none).unwrap_err();
+        assert!(e.contains("/nonexistent/tok"), "{e}");
+
+        let m = parse(&["gateway", "--url", "http://a:1/mcp", "--json", "stdio"]).unwrap();
+        assert_eq!(misplaced_common_flags(&m, "stdio"), ["--json"]);
+        let m = parse(&["gateway", "--token-file", "t", "serve", "--config", "p"]).unwrap();
+        assert_eq!(misplaced_common_flags(&m, "serve"), ["--token-file"]);
+        let m = parse(&["gateway", "list-projects", "--url", "http://a:1/mcp"]).unwrap();
+        assert!(misplaced_common_flags(&m, "list-projects").is_empty());
     }
 
     #[test]
