@@ -31,7 +31,14 @@ fn readme_block(marker: &str) -> String {
 
 #[test]
 fn the_readme_shows_every_example_as_shipped() {
-    for file in ["projects.toml", "replicas.sh", "nginx.conf"] {
+    for file in [
+        "projects.toml",
+        "replicas.sh",
+        "nginx.conf",
+        "curl-session.sh",
+        "leases.sh",
+        "shell.sh",
+    ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(
             readme_block(&format!("`examples/{file}`, as shipped")),
@@ -310,4 +317,197 @@ async fn examples_projects_toml_serves_and_doctor_passes() {
     }
     let _ = gateway.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `gateway demo` on a port of its own, once every emulated sled is live (doctor passes).
+async fn demo() -> (tokio::process::Child, String) {
+    let port = processes::free_port();
+    let child = Command::new(processes::workspace_bin("gateway"))
+        .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("gateway demo starts");
+    assert!(
+        processes::wait_healthy(port, Duration::from_secs(20)).await,
+        "gateway demo did not come up"
+    );
+    let mcp = format!("http://127.0.0.1:{port}/mcp");
+    if let Err(out) = doctor_passes(&mcp, Duration::from_secs(30)).await {
+        panic!("the demo's sleds did not come up:\n{out}");
+    }
+    (child, mcp)
+}
+
+/// Runs `examples/<file>` as shipped against the gateway at `mcp`, in a scratch directory, with
+/// the workspace's `gateway` first on PATH and a fresh agent identity. Its stdout, line by line;
+/// it must exit 0.
+async fn run_example(file: &str, mcp: &str) -> Vec<String> {
+    let dir = processes::scratch("example");
+    let bin = processes::workspace_bin("gateway");
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(root().join("examples").join(file))
+            .current_dir(&dir)
+            .env("MCP_GATEWAY_URL", mcp)
+            .env("PATH", path)
+            .env("XDG_STATE_HOME", dir.join("state"))
+            .env("TMPDIR", &dir)
+            .env_remove("MCP_GATEWAY_TOKEN")
+            .env_remove("MCP_GATEWAY_AGENT_FILE")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("examples/{file} did not end within 120 s"))
+    .unwrap_or_else(|e| panic!("examples/{file} cannot run: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "examples/{file} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    stdout.lines().map(str::to_owned).collect()
+}
+
+/// One line of an example's output as JSON.
+fn json_line(file: &str, lines: &[String], i: usize) -> serde_json::Value {
+    let line = lines.get(i).unwrap_or_else(|| {
+        panic!(
+            "examples/{file} printed only {} lines: {lines:#?}",
+            lines.len()
+        )
+    });
+    serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("examples/{file}'s line {i} is not JSON ({e}): {line}"))
+}
+
+/// `examples/curl-session.sh` against the demo: each step answers what the README says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_curl_session_sh_runs_as_shipped() {
+    let (_demo, mcp) = demo().await;
+    let file = "curl-session.sh";
+    let lines = run_example(file, &mcp).await;
+    let at = |i| json_line(file, &lines, i);
+    assert_eq!(at(0)["result"]["protocolVersion"], "2025-11-25");
+    // The gateway's 18 tools, then alpha's, each with a `project` property.
+    let tools = at(1)["result"]["tools"].as_array().cloned().unwrap();
+    let gateway: Vec<String> = gateway_core::gateway_tool_definitions()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(gateway.len(), 18, "the README's comment counts 18");
+    let (ours, alpha): (Vec<_>, Vec<_>) = tools
+        .iter()
+        .partition(|t| gateway.iter().any(|g| t["name"] == g.as_str()));
+    assert_eq!(ours.len(), 18, "{tools:#?}");
+    assert!(!alpha.is_empty(), "no project tools listed");
+    for t in &alpha {
+        assert!(t["inputSchema"]["properties"]["project"].is_object(), "{t}");
+    }
+    let story = &at(2)["result"]["structuredContent"];
+    assert_eq!(story["project"], "beta");
+    assert!(
+        story["story"]["id"].as_str().unwrap().starts_with("beta-"),
+        "{story}"
+    );
+    let unknown = &at(3)["error"];
+    assert_eq!(unknown["code"], -32602);
+    assert_eq!(
+        unknown["message"],
+        "Unknown project 'zeta'; registered projects: alpha, beta, gamma"
+    );
+    assert_eq!(unknown["data"]["kind"], "unknown_project");
+    assert_eq!(
+        unknown["data"]["registered"],
+        serde_json::json!(["alpha", "beta", "gamma"])
+    );
+    assert_eq!(at(4)["result"]["structuredContent"]["project"], "beta");
+    assert_eq!(at(5)["result"]["structuredContent"]["project"], "beta");
+    assert_eq!(lines.get(6).map(String::as_str), Some("204"), "{lines:#?}");
+}
+
+/// `examples/leases.sh` against the demo: A's claim, B's refused write naming A, A's release,
+/// and B's wait woken by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_leases_sh_runs_as_shipped() {
+    let (_demo, mcp) = demo().await;
+    let file = "leases.sh";
+    let lines = run_example(file, &mcp).await;
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    let claim = &json_line(file, &lines, 0)["result"]["structuredContent"];
+    // Fence 1 on a fresh demo; doctor (which waited for the sleds) may have taken some.
+    assert!(
+        claim["acquired"] == true && claim["fence"].as_u64().is_some_and(|f| f >= 1),
+        "{claim}"
+    );
+    let refused = &json_line(file, &lines, 1)["error"];
+    assert_eq!(refused["code"], -32000);
+    assert_eq!(refused["data"]["kind"], "lease_held");
+    assert!(refused["data"]["holder"].is_string(), "{refused}");
+    // The release and the woken wait come in either order.
+    let (mut released, mut woke) = (false, false);
+    for i in 2..4 {
+        let r = &json_line(file, &lines, i)["result"]["structuredContent"];
+        released |= r["released"] == true;
+        woke |= r["woke"] == true
+            && r["reasons"][0]
+                == serde_json::json!({"kind": "released", "resource": "story:beta-1"});
+    }
+    assert!(released && woke, "{lines:#?}");
+}
+
+/// `examples/shell.sh` against the demo: every command answers, the other agent's write is
+/// refused, `listen` wakes on its message, and doctor passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_shell_sh_runs_as_shipped() {
+    let (_demo, mcp) = demo().await;
+    let file = "shell.sh";
+    let lines = run_example(file, &mcp).await;
+    let (json, text): (Vec<_>, Vec<_>) = lines.iter().partition(|l| l.starts_with('{'));
+    let json: Vec<serde_json::Value> = json
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let find = |what: &str, f: &dyn Fn(&serde_json::Value) -> bool| {
+        json.iter()
+            .find(|v| f(v))
+            .cloned()
+            .unwrap_or_else(|| panic!("examples/{file} printed no {what}: {lines:#?}"))
+    };
+    let projects = find("list-projects", &|v| v["projects"].is_array());
+    assert_eq!(projects["projects"].as_array().unwrap().len(), 3);
+    find("health", &|v| v["heartbeat_ms"].is_number());
+    find("story", &|v| v["story"]["id"] == "beta-1");
+    find("claim", &|v| v["acquired"] == true);
+    find("release", &|v| v["released"] == true);
+    find("board-set", &|v| {
+        v["key"] == "release/v2" && v["revision"] == 1
+    });
+    let woke = find("listen", &|v| v["woke"] == true);
+    assert_eq!(woke["reasons"][0]["kind"], "message", "{woke}");
+    let inbox = find("inbox", &|v| v["messages"].is_array());
+    assert_eq!(inbox["messages"][0]["body"], "deployed", "{inbox}");
+    assert!(
+        text.iter().any(|l| l.starts_with("refused (exit 1)")),
+        "the other agent's move-story was not refused: {lines:#?}"
+    );
+    let doctor: Vec<_> = text
+        .iter()
+        .filter(|l| l.starts_with("ok ") || l.starts_with("FAIL"))
+        .collect();
+    assert!(
+        doctor.len() >= 10 && doctor.iter().all(|l| l.starts_with("ok ")),
+        "{doctor:#?}"
+    );
 }
