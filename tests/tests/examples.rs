@@ -38,6 +38,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "curl-session.sh",
         "leases.sh",
         "shell.sh",
+        "oauth_client.py",
     ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(

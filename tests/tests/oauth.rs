@@ -559,6 +559,37 @@ async fn the_python_sdk_goes_from_the_401_to_a_token_by_client_credentials() {
     )
     .await;
 
+    // The README's example, `examples/oauth_client.py` as shipped, its secret in a file.
+    let dir = processes::scratch("oauth-example");
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, OPS_AGENT.1).unwrap();
+    let run = tokio::process::Command::new(&python)
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/oauth_client.py"))
+        .env("GATEWAY_URL", &resource)
+        .env("OAUTH_ISSUER", &provider.issuer)
+        .env("OAUTH_CLIENT_ID", OPS_AGENT.0)
+        .env("OAUTH_CLIENT_SECRET_FILE", &secret_file)
+        .env_remove("OAUTH_CLIENT_SECRET")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("examples/oauth_client.py finished within 120 s")
+        .expect("examples/oauth_client.py ran");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "examples/oauth_client.py failed:\n{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tools: Vec<&str> = printed.lines().collect();
+    assert!(
+        tools.contains(&"list_projects") && tools.contains(&"whoami"),
+        "examples/oauth_client.py did not list the gateway's and the projects' tools: {tools:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
     gw.stop().await;
     provider.stop().await;
 }
