@@ -39,6 +39,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "leases.sh",
         "shell.sh",
         "oauth_client.py",
+        "access.toml",
     ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(
@@ -510,5 +511,60 @@ async fn examples_shell_sh_runs_as_shipped() {
     assert!(
         doctor.len() >= 10 && doctor.iter().all(|l| l.starts_with("ok ")),
         "{doctor:#?}"
+    );
+}
+
+/// `gateway serve` with `examples/access.toml` as shipped: the named token `ops` sees and may
+/// do everything; the plain token is let in, sees only beta (the `anyone` rule) and may only
+/// read there; alpha is not there for it at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_access_toml_gives_each_token_its_rights() {
+    let toml = std::fs::read_to_string(root().join("examples/access.toml")).unwrap();
+    let gw = processes::SingleGateway::start(&toml).await;
+    let base = gw.url();
+    let (plain, ops) = (
+        Some("plain-token-at-least-16-chars"),
+        Some("ops-token-at-least-16-chars"),
+    );
+    let names = |r: &serde_json::Value| -> Vec<String> {
+        r["result"]["structuredContent"]["projects"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"))
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let listed = processes::call_tool(&base, ops, "list_projects", serde_json::json!({})).await;
+    assert_eq!(names(&listed), ["alpha", "beta"]);
+    let listed = processes::call_tool(&base, plain, "list_projects", serde_json::json!({})).await;
+    assert_eq!(names(&listed), ["beta"]);
+    // A write on beta: plain may only read there (refused at once, naming the right); ops may
+    // write (the lease is granted: no sled is needed for it).
+    let claim = serde_json::json!({"project": "beta", "resource": "story:beta-1"});
+    let refused = processes::call_tool(&base, plain, "claim", claim.clone()).await;
+    assert_eq!(refused["error"]["data"]["kind"], "forbidden", "{refused}");
+    let checkin = processes::call_tool(&base, ops, "checkin", serde_json::json!({})).await;
+    let mut claim = claim;
+    claim["agent"] = checkin["result"]["structuredContent"]["handle"].clone();
+    let granted = processes::call_tool(&base, ops, "claim", claim).await;
+    assert_eq!(
+        granted["result"]["structuredContent"]["acquired"], true,
+        "{granted}"
+    );
+    // Alpha is not there for plain: as if it were not registered.
+    let hidden = processes::call_tool(
+        &base,
+        plain,
+        "show",
+        serde_json::json!({"project": "alpha", "story_id": "alpha-1"}),
+    )
+    .await;
+    assert_eq!(
+        hidden["error"]["data"]["kind"], "unknown_project",
+        "{hidden}"
+    );
+    assert_eq!(
+        hidden["error"]["data"]["registered"],
+        serde_json::json!(["beta"])
     );
 }
