@@ -33,14 +33,15 @@ sleep 1 && cd ..                    # (a replica that finds no NATS at start exi
 # share through NATS is sealed under it; a replica does not start without it.
 [ -f cluster.secret ] || (umask 077 && openssl rand -hex 32 > cluster.secret)
 
-# Each replica has a name (its NATS user), a port and a pin file of its own.
+# Each replica has a name (its NATS user), a port and a pin file of its own. At a stop it
+# serves 1.5 s more, telling nginx to let go of its connections (see nginx.conf).
 port=7001
 for r in r1 r2 r3; do
   gateway serve --config projects.toml --listen "127.0.0.1:$port" \
     --cluster nats://127.0.0.1:4222 --replica "$r" --cluster-secret-file cluster.secret \
     --nats-ca-file nats/tls/ca.pem --nats-client-cert "nats/tls/$r.pem" \
     --nats-client-key "nats/tls/$r-key.pem" \
-    --pin-file "pins-$r.toml" --trusted-proxy 127.0.0.1 &
+    --pin-file "pins-$r.toml" --trusted-proxy 127.0.0.1 --drain-settle-ms 1500 &
   port=$((port + 1))
 done
 

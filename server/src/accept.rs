@@ -18,10 +18,15 @@
 //! Shutdown, when `signal` resolves (see [`Drain`]): the connections the kernel has already
 //! completed (the accept backlog) are accepted and served, so that none is reset when the
 //! listener closes; the listener is dropped, so new connections are refused (a load balancer
-//! tries another server; nothing was sent); then, `settle` later (time for what was just
-//! accepted to reach the driver), `then` runs (the server's drain starts), every connection is
-//! told to finish the request it is serving and close, and [`serve_http`] returns once they
-//! all have.
+//! tries another server; nothing was sent); from then on every answer but an upgrade's says
+//! `Connection: close`, so a balancer's keep-alive pool drops each connection after its next
+//! answer; then, `settle` later (time for what was just accepted to reach the driver, and for
+//! a balancer to close the pooled connections it did not use: nginx's upstream
+//! `keepalive_timeout` shorter than `settle`), `then` runs (the server's drain starts), every
+//! connection is told to finish the request it is serving and close, and [`serve_http`]
+//! returns once they all have. A connection closed while idle can cross a request the balancer
+//! just sent on it; the balancer cannot tell whether a POST reached us and answers 502, so the
+//! settle is what keeps keep-alive from costing a deploy calls.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -105,6 +110,8 @@ pub(crate) async fn serve_http<L, S, T>(
     // `stop_tx` is dropped when shutdown starts: each connection then finishes gracefully.
     // Each connection task holds a `done_rx`; `done_tx.closed()` resolves when all are gone.
     let (stop_tx, stop_rx) = watch::channel(());
+    // Set when shutdown starts: answers from then on close their connection.
+    let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (done_tx, done_rx) = watch::channel(());
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -154,6 +161,24 @@ pub(crate) async fn serve_http<L, S, T>(
             move |mut request: hyper::Request<hyper::body::Incoming>| {
                 request.extensions_mut().insert(connection.clone());
                 request
+            },
+        );
+        // Once shutdown has started, every answer (but an upgrade's) says `Connection: close`,
+        // and hyper closes the connection after it: a balancer's keep-alive pool lets go of
+        // this server's connections while it still serves (see the module docs).
+        let closing = closing.clone();
+        let service = tower::ServiceExt::map_response(
+            service,
+            move |mut response: axum::response::Response| {
+                if closing.load(Ordering::Relaxed)
+                    && response.status() != hyper::StatusCode::SWITCHING_PROTOCOLS
+                {
+                    response.headers_mut().insert(
+                        hyper::header::CONNECTION,
+                        hyper::header::HeaderValue::from_static("close"),
+                    );
+                }
+                response
             },
         );
         let builder = builder.clone();
@@ -232,6 +257,7 @@ pub(crate) async fn serve_http<L, S, T>(
         };
         serve_one(io, peer);
     }
+    closing.store(true, Ordering::Relaxed);
     // What the kernel completed and nobody accepted yet would be reset when the listener
     // closes: taken and served first. The listener is closed then.
     let backlog = listener.take_backlog();
@@ -305,5 +331,65 @@ mod tests {
                 .unwrap()
                 .unwrap();
         }
+    }
+
+    /// A keep-alive connection (a balancer's pooled one) is served as before once shutdown
+    /// has started, for the whole settle, but its answer then says `Connection: close` and the
+    /// server closes it: the balancer lets go of it before the drain closes anything.
+    #[tokio::test]
+    async fn after_shutdown_starts_answers_close_their_keep_alive_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (then_tx, mut then_rx) = tokio::sync::oneshot::channel();
+        let drain = Drain {
+            signal: async move {
+                let _ = stop_rx.await;
+            },
+            settle: Duration::from_millis(500),
+            then: async move {
+                let _ = then_tx.send(());
+            },
+        };
+        let server = tokio::spawn(serve_http(
+            listener,
+            app,
+            None,
+            Arc::new(ServerCounters::default()),
+            crate::limits::Gate::new(crate::limits::Limits::default()),
+            None,
+            drain,
+        ));
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        let mut buf = vec![0u8; 4096];
+        s.write_all(request).await.unwrap();
+        let n = s.read(&mut buf).await.unwrap();
+        let first = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+        assert!(
+            first.starts_with("http/1.1 200") && !first.contains("connection: close"),
+            "{first}"
+        );
+
+        stop_tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Within the settle: served, and told to close.
+        s.write_all(request).await.unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.unwrap();
+        let answer = answer.to_lowercase();
+        assert!(
+            answer.starts_with("http/1.1 200") && answer.contains("connection: close"),
+            "{answer}"
+        );
+        assert!(
+            then_rx.try_recv().is_err(),
+            "the drain started before the settle ended"
+        );
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

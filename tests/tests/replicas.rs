@@ -403,6 +403,51 @@ async fn rolling_restarts_and_an_engine_restart_keep_sessions_and_uplinks() {
     assert_eq!(r["result"]["structuredContent"]["active"], "alpha", "{r}");
 }
 
+/// A rolling restart under 16 concurrent callers through the shipped nginx.conf (issue 30's
+/// load): each caller has a session of its own and calls both projects without a pause while
+/// every replica in turn is stopped with SIGTERM and started again. No call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_16_callers_fails_no_call() {
+    let Some(mut cluster) = Cluster::start(10).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
+    wait_live(&lb, &["alpha", "beta"]).await;
+    let mut loops = Vec::new();
+    for _ in 0..16 {
+        let mut c = client(&lb, None).await;
+        c.initialize().await.unwrap();
+        let session = c.session_id().unwrap().to_owned();
+        loops.push(CallLoop::start(
+            &lb,
+            &session,
+            |_, project| ("pipeline_status", json!({"project": project})),
+            |r, project| r["result"]["structuredContent"]["project"] == project,
+        ));
+    }
+    let started = Instant::now();
+    rolling_restart(&mut cluster, None).await;
+    let (mut ok, mut failed, mut balancer) = (0, Vec::new(), 0);
+    for l in loops {
+        let t = l.stop().await;
+        ok += t.ok;
+        failed.extend(t.failed);
+        balancer += t.balancer;
+    }
+    println!(
+        "rolling restart of 3 replicas under 16 callers: {ok} calls answered in {} ms, {} failed, {balancer} refused by nginx before any gateway",
+        started.elapsed().as_millis(),
+        failed.len(),
+    );
+    assert!(ok > 16 * 20, "the callers kept calling: {ok}");
+    assert!(
+        failed.is_empty() && balancer == 0,
+        "calls failed during the rolling restart ({balancer} refused by nginx): {:#?}",
+        &failed[..failed.len().min(20)]
+    );
+}
+
 /// A roll of the cluster secret (issue 24) while a client calls both projects through the
 /// balancer, in the three rounds ARCHITECTURE.md describes, each a rolling restart: the new
 /// secret accepted (as the previous one), then sealing with the new one and accepting the old,

@@ -169,6 +169,8 @@ impl GatewayProcess {
             .args(["--claim-ttl-secs", &self.claim_ttl_secs.to_string()])
             .arg("--pin-file")
             .arg(self.dir.join("pins.toml"))
+            // As examples/replicas.sh: longer than nginx.conf's upstream keepalive_timeout.
+            .args(["--drain-settle-ms", "1500"])
             .args(&self.launch.args)
             .env("RUST_LOG", "info")
             .env(
