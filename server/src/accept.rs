@@ -284,6 +284,37 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A server of `/healthz` on `listener` that stops on `signal` and settles for `settle`;
+    /// the receiver hears when the drain starts.
+    fn healthz_server(
+        listener: tokio::net::TcpListener,
+        signal: impl Future<Output = ()> + Send + 'static,
+        settle: Duration,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let (then_tx, then_rx) = tokio::sync::oneshot::channel();
+        let drain = Drain {
+            signal,
+            settle,
+            then: async move {
+                let _ = then_tx.send(());
+            },
+        };
+        let server = tokio::spawn(serve_http(
+            listener,
+            app,
+            None,
+            Arc::new(ServerCounters::default()),
+            crate::limits::Gate::new(crate::limits::Limits::default()),
+            None,
+            drain,
+        ));
+        (server, then_rx)
+    }
+
     /// Connections the kernel completed before shutdown (the backlog) are served, not reset,
     /// and a connection after it is refused. Several rounds: the accept loop's `select!`
     /// picks between a ready accept and the ready signal at random.
@@ -292,7 +323,6 @@ mod tests {
         for _ in 0..4 {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
-            let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
             // Completed by the kernel before the server runs at all.
             let mut waiting = Vec::new();
             for _ in 0..5 {
@@ -302,23 +332,8 @@ mod tests {
                     .unwrap();
                 waiting.push(s);
             }
-            let (then_tx, then_rx) = tokio::sync::oneshot::channel();
-            let drain = Drain {
-                signal: std::future::ready(()),
-                settle: Duration::from_millis(20),
-                then: async move {
-                    let _ = then_tx.send(());
-                },
-            };
-            let server = tokio::spawn(serve_http(
-                listener,
-                app,
-                None,
-                Arc::new(ServerCounters::default()),
-                crate::limits::Gate::new(crate::limits::Limits::default()),
-                None,
-                drain,
-            ));
+            let (server, then_rx) =
+                healthz_server(listener, std::future::ready(()), Duration::from_millis(20));
             for mut s in waiting {
                 let mut answer = String::new();
                 s.read_to_string(&mut answer).await.unwrap();
@@ -340,27 +355,11 @@ mod tests {
     async fn after_shutdown_starts_answers_close_their_keep_alive_connection() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (then_tx, mut then_rx) = tokio::sync::oneshot::channel();
-        let drain = Drain {
-            signal: async move {
-                let _ = stop_rx.await;
-            },
-            settle: Duration::from_millis(500),
-            then: async move {
-                let _ = then_tx.send(());
-            },
+        let signal = async move {
+            let _ = stop_rx.await;
         };
-        let server = tokio::spawn(serve_http(
-            listener,
-            app,
-            None,
-            Arc::new(ServerCounters::default()),
-            crate::limits::Gate::new(crate::limits::Limits::default()),
-            None,
-            drain,
-        ));
+        let (server, mut then_rx) = healthz_server(listener, signal, Duration::from_millis(500));
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
         let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
         let mut buf = vec![0u8; 4096];
