@@ -102,6 +102,11 @@ pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long past the grace period [`serve`] waits for connections that will not close.
 pub const SHUTDOWN_LINGER: Duration = Duration::from_secs(5);
 
+/// How long a stopping replica goes on refusing relays once its claims are released: the other
+/// replicas hear of the releases within it, and hold their requests for the projects' next
+/// holders instead.
+const RELAY_REFUSAL_LINGER: Duration = Duration::from_millis(500);
+
 /// How many commands connection tasks may queue for the driver before they wait.
 const COMMAND_QUEUE: usize = 1024;
 
@@ -367,10 +372,18 @@ where
 
     // Dropped when the driver task ends, whichever way: a driver that died before shutdown
     // (a bug in the core) takes the server down with it instead of leaving it answering 503.
+    // How long a stopping gateway lets its calls in flight finish before it closes its
+    // uplinks (none, with the planted bug).
+    let drain_grace = shutdown_grace;
+    #[cfg(feature = "planted-bugs")]
+    let drain_grace = match core_planted {
+        Some(gateway_core::PlantedBug::StopWithoutDrain) => Duration::ZERO,
+        _ => drain_grace,
+    };
     let (driver_alive, driver_gone) = oneshot::channel::<()>();
     let driver = tokio::spawn(async move {
         let _alive = driver_alive;
-        driver::run(gateway, cmd_rx, shutdown_grace, fleet_io).await;
+        driver::run(gateway, cmd_rx, drain_grace, fleet_io).await;
     });
     // The watcher holds a sender of the driver's: it is stopped when shutdown starts, so the
     // driver can end once the connections have.
@@ -484,11 +497,10 @@ where
         }
     };
     // The driver is gone: the cluster's executor finishes what it was handed (the releases of
-    // the claims among them), and the watches stop.
+    // the claims among them). The relays other replicas send before they hear of the releases
+    // are refused for a moment more (they wait for the projects' next holders: a relay dropped
+    // unanswered would end `unknown`); then the watches and the relay subscription stop.
     if let Some(running) = cluster_tasks {
-        for task in &running.others {
-            task.abort();
-        }
         let executor_abort = running.executor.abort_handle();
         if tokio::time::timeout(SHUTDOWN_LINGER, running.executor)
             .await
@@ -496,6 +508,10 @@ where
         {
             tracing::warn!("cluster actions still in flight after the linger; not waiting");
             executor_abort.abort();
+        }
+        tokio::time::sleep(RELAY_REFUSAL_LINGER).await;
+        for task in &running.others {
+            task.abort();
         }
     }
     // The driver is gone: the store's executor finishes the session writes it was handed.

@@ -44,8 +44,8 @@ use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError, Sto
 use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{
-    run_adversary, run_cluster, run_failed_session_write, run_relays_while_cut, run_spread_waits,
-    run_switch_race, ClusterReport, ClusterScenario,
+    run_adversary, run_cluster, run_failed_session_write, run_graceful_stop, run_relays_while_cut,
+    run_spread_waits, run_switch_race, ClusterReport, ClusterScenario,
 };
 use gateway_tests::sim::runner::{
     self, assert_same_run, env_u64, replay_command, run_parallel, seeds, summary, sweep_seeds,
@@ -489,6 +489,64 @@ fn cluster_planted_unknown_when_not_sent_is_caught() {
     };
     println!("{}", describe(test, first));
     let again = run_relays_while_cut(first.seed, bug);
+    assert!(
+        !again.passed(),
+        "seed {} does not replay to a failure",
+        first.seed
+    );
+    assert_eq!(again.trace_hash, first.trace_hash, "the same run again");
+}
+
+/// Rounds of graceful stops per run of [`run_graceful_stop`].
+const STOP_ROUNDS: u32 = 3;
+
+/// Issue 30: a replica stopped gracefully (as a rolling deploy's SIGTERM) while calls are
+/// relayed to its sled fails none of them: (i).
+#[test]
+fn cluster_graceful_stops_fail_no_call() {
+    let test = "cluster_graceful_stops_fail_no_call";
+    let seeds = sweep_seeds(4);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_graceful_stop(*seed, STOP_ROUNDS, None));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    for r in &reports {
+        assert!(
+            r.coverage.get("(i) judged").copied().unwrap_or(0) > 20,
+            "seed {}: too few calls judged by (i): {:?}",
+            r.seed,
+            r.coverage
+        );
+    }
+    assert_all_passed(test, &reports);
+}
+
+/// `PlantedBug::StopWithoutDrain` (a stopping replica closes its uplinks with calls on them)
+/// is caught by (i).
+#[test]
+fn cluster_planted_stop_without_drain_is_caught() {
+    let test = "cluster_planted_stop_without_drain_is_caught";
+    let bug = Some(gateway_core::PlantedBug::StopWithoutDrain);
+    let seeds = seeds(4, false);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_graceful_stop(*seed, STOP_ROUNDS, bug));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let caught: Vec<&ClusterReport> = reports
+        .iter()
+        .filter(|r| r.violations.iter().any(|v| v.starts_with("(i)")))
+        .collect();
+    println!(
+        "StopWithoutDrain: caught by (i) in {}/{} seeds",
+        caught.len(),
+        reports.len()
+    );
+    let Some(first) = caught.first() else {
+        panic!(
+            "StopWithoutDrain was not caught by any of {} seeds",
+            reports.len()
+        );
+    };
+    println!("{}", describe(test, first));
+    let again = run_graceful_stop(first.seed, STOP_ROUNDS, bug);
     assert!(
         !again.passed(),
         "seed {} does not replay to a failure",

@@ -213,6 +213,10 @@ pub enum PlantedBug {
     /// was issued to: a leaked handle lets another caller claim, write and release as its
     /// agent.
     HandleAcrossIdentities,
+    /// A gateway asked to stop does not wait for its calls in flight: its uplinks close at
+    /// once, cutting the calls running on them (issue 30: a graceful stop fails no call).
+    /// Planted in the server's driver.
+    StopWithoutDrain,
 }
 
 impl Default for Config {

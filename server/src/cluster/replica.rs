@@ -1230,9 +1230,8 @@ async fn serve_relays(
     // The relays being served, by inbox: an abort names its inbox.
     let serving: Arc<Mutex<HashMap<String, HttpToken>>> = Arc::default();
     while let Some(message) = incoming.next().await {
-        let Some(tx) = commands.upgrade() else {
-            return;
-        };
+        // Gone once the driver is: from then on every relay is refused (see below).
+        let tx = commands.upgrade();
         let Some((nonce, payload)) = seal.open_message("relay", &subject, &message.payload, true)
         else {
             continue;
@@ -1253,15 +1252,19 @@ async fn serve_relays(
             }
             Ok((inbox, None)) => {
                 let token = serving.lock().expect("not poisoned").remove(&inbox);
-                if let Some(token) = token {
+                if let (Some(token), Some(tx)) = (token, &tx) {
                     let _ = tx.send(Command::HttpAborted { token }).await;
                 }
                 continue;
             }
             // Shutting down: the relaying replica holds the request for the project's next
-            // holder (its sled is about to move), rather than have it refused here.
-            Ok(_) if draining.load(Ordering::Relaxed) => "this replica is shutting down".into(),
+            // holder (its sled is about to move), rather than have it refused here. Said even
+            // after the driver has stopped: a relay dropped unanswered would end `unknown`.
+            Ok(_) if draining.load(Ordering::Relaxed) || tx.is_none() => {
+                "this replica is shutting down".into()
+            }
             Ok((inbox, Some(request))) => {
+                let Some(tx) = tx else { continue };
                 let Some(reply_to) = message.reply else {
                     tracing::warn!("a relayed request with nowhere to answer; dropped");
                     continue;

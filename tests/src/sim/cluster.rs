@@ -91,6 +91,14 @@
 //!   stateless `tools/list` lists the tool only alpha's sled lists and the one only beta's
 //!   lists, wherever their sleds are (the tools bucket). `PlantedBug::IgnoreRemoteTools`
 //!   (replicas do not follow it) is caught by (f).
+//! - **(i) a graceful stop fails no call.** In the graceful-stop runs ([`run_graceful_stop`]:
+//!   the sleds dial host `lb`, a balancer that passes each connection to the next replica
+//!   that takes it; a script asks the replica holding a project to stop, as an operator's
+//!   SIGTERM, and to start again), every `create_story` succeeds: the stopping replica answers
+//!   the calls running on its uplinks before it closes them, the sled moves through the
+//!   balancer, and the calls that arrive meanwhile wait for its next holder.
+//!   `PlantedBug::StopWithoutDrain` (the uplinks closed at once) is caught by (i)
+//!   (`cluster_planted_stop_without_drain_is_caught`).
 //! - **(h1) nothing executed that no client asked for.** Every story a sled executed was
 //!   named by a client's `create_story` (a session's or a probe's): mallory's forged stories
 //!   never are. With (b), a genuine relay mallory sent again is never executed a second time.
@@ -166,6 +174,8 @@ const ONLY_TOOLS: [&str; 2] = ["block_story", "unblock_story"];
 pub const REPLICAS: [&str; 3] = ["r1", "r2", "r3"];
 const ENGINE_HOST: &str = "engine";
 const CLIENT_HOST: &str = "client";
+/// The balancer's host, in the graceful-stop runs ([`run_graceful_stop`]).
+const LB_HOST: &str = "lb";
 const NAMESPACE: &str = "sim";
 const GATEWAY_PORT: u16 = 80;
 /// The directory's claim TTL (the bucket's `max_age`).
@@ -290,6 +300,9 @@ pub struct ClusterScenario {
     pub strict_sessions: bool,
     /// Whether mallory, the adversary, runs beside the workload ([`run_adversary`]).
     pub adversary: bool,
+    /// Whether the sleds dial the balancer, a script stops replicas gracefully, and (i) holds
+    /// every call to succeed ([`run_graceful_stop`]).
+    pub graceful_stops: bool,
 }
 
 fn ms(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> Duration {
@@ -394,6 +407,7 @@ impl ClusterScenario {
             long_cut,
             strict_sessions: true,
             adversary: false,
+            graceful_stops: false,
         }
     }
 
@@ -617,9 +631,25 @@ struct Log {
     violations: Mutex<Vec<String>>,
     /// What a host counted, for the report's coverage.
     coverage: Mutex<BTreeMap<String, usize>>,
+    /// Per replica, how many graceful stops and how many starts after one a script asked for.
+    stops: Mutex<BTreeMap<usize, (u32, u32)>>,
 }
 
 impl Log {
+    /// Asks `replica` to stop gracefully (its shutdown signal), as an operator's SIGTERM.
+    fn ask_stop(&self, replica: usize) {
+        lock(&self.stops).entry(replica).or_default().0 += 1;
+    }
+
+    /// Asks `replica`, stopped, to start again.
+    fn ask_start(&self, replica: usize) {
+        lock(&self.stops).entry(replica).or_default().1 += 1;
+    }
+
+    fn stops_asked(&self, replica: usize) -> (u32, u32) {
+        lock(&self.stops).get(&replica).copied().unwrap_or_default()
+    }
+
     fn note(&self, line: String) {
         let at = now();
         lock(&self.notes).push((at, format!("{:>6} ms {line}", at.as_millis())));
@@ -699,6 +729,7 @@ fn sled_software(
     latency: Duration,
     seed: u64,
     log: Arc<Log>,
+    via_lb: bool,
 ) -> Software {
     let incarnation = AtomicU64::new(0);
     Box::new(move || {
@@ -735,7 +766,8 @@ fn sled_software(
             stall_relay: false,
             tls: Default::default(),
         };
-        let gateway = GatewayAddr::parse(&format!("http://{}:{GATEWAY_PORT}", REPLICAS[replica]))
+        let host = if via_lb { LB_HOST } else { REPLICAS[replica] };
+        let gateway = GatewayAddr::parse(&format!("http://{host}:{GATEWAY_PORT}"))
             .expect("a valid replica address");
         Box::pin(async move {
             run_uplink_fenced(
@@ -750,6 +782,31 @@ fn sled_software(
             Ok(())
         })
     })
+}
+
+/// The balancer of the graceful-stop runs: each connection goes to the next replica in turn,
+/// or to the one after when that one refuses it (it is stopping: nothing was sent), and its
+/// bytes are copied both ways until either side closes. The sleds dial it, as a project's
+/// container dials nginx.
+async fn balancer() -> turmoil::Result {
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", GATEWAY_PORT)).await?;
+    let mut next = 0;
+    loop {
+        let (mut inbound, _) = listener.accept().await?;
+        let first = next;
+        next = (next + 1) % REPLICAS.len();
+        tokio::spawn(async move {
+            for i in 0..REPLICAS.len() {
+                let replica = REPLICAS[(first + i) % REPLICAS.len()];
+                if let Ok(mut outbound) =
+                    turmoil::net::TcpStream::connect((replica, GATEWAY_PORT)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    return;
+                }
+            }
+        });
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -796,10 +853,15 @@ fn server_options(s: &ClusterScenario, replica: usize, incarnation: u64) -> Serv
 fn replica_software(s: &ClusterScenario, replica: usize, log: Arc<Log>) -> Software {
     let scenario = s.clone();
     let incarnation = AtomicU64::new(0);
+    let incarnation = Arc::new(incarnation);
     Box::new(move || {
-        let n = incarnation.fetch_add(1, Ordering::Relaxed);
-        let opts = server_options(&scenario, replica, n);
-        let log = log.clone();
+        let incarnation = incarnation.clone();
+        let mut opts = server_options(
+            &scenario,
+            replica,
+            incarnation.fetch_add(1, Ordering::Relaxed),
+        );
+        let (scenario, log) = (scenario.clone(), log.clone());
         Box::pin(async move {
             let name = REPLICAS[replica];
             let engine = Arc::new(NetEngine::new(format!("{ENGINE_HOST}:{ENGINE_PORT}"), name));
@@ -811,11 +873,35 @@ fn replica_software(s: &ClusterScenario, replica: usize, log: Arc<Log>) -> Softw
                 cluster.clock = super::sim_wall_clock();
                 cluster.namespace = NAMESPACE.to_owned();
                 cluster.claim_ttl = CLAIM_TTL;
-                let mut opts = opts.clone();
-                opts.cluster = Some(cluster);
-                match gateway_server::serve(TurmoilListener(listener), opts, std::future::pending())
-                    .await
-                {
+                let mut run = opts.clone();
+                run.cluster = Some(cluster);
+                // A graceful stop is the shutdown signal, when a script asks for one.
+                let (stops, _) = log.stops_asked(replica);
+                let asked = {
+                    let log = log.clone();
+                    let watched = scenario.graceful_stops;
+                    async move {
+                        if !watched {
+                            return std::future::pending().await;
+                        }
+                        while log.stops_asked(replica).0 == stops {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                };
+                match gateway_server::serve(TurmoilListener(listener), run, asked).await {
+                    Ok(()) if log.stops_asked(replica).0 > stops => {
+                        log.note(format!("{name} stopped gracefully"));
+                        while log.stops_asked(replica).1 <= stops {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        log.note(format!("{name} starts again"));
+                        opts = server_options(
+                            &scenario,
+                            replica,
+                            incarnation.fetch_add(1, Ordering::Relaxed),
+                        );
+                    }
                     Ok(()) => return Ok(()),
                     Err(e) => {
                         log.note(format!("{name} did not start: {e}"));
@@ -1247,6 +1333,7 @@ fn scripted(seed: u64, run_for: Duration, faults: Vec<Fault>) -> ClusterScenario
         long_cut: false,
         strict_sessions: true,
         adversary: false,
+        graceful_stops: false,
     }
 }
 
@@ -1285,6 +1372,76 @@ impl Session {
             self.request(r, Op::List, "tools/call", args).await;
         }
         tokio::time::sleep(PROPAGATION).await;
+    }
+}
+
+/// Rolling graceful stops under calls (issue 30): the sleds dial the balancer ([`balancer`]);
+/// one session calls `create_story` on beta without a pause through the replicas that do not
+/// hold it (their calls are relayed to the holder, sled latency 60 ms, so one is nearly always
+/// running on its uplink), while the replica holding beta is asked to stop gracefully, as an
+/// operator's SIGTERM, and to start again 3 s later; `rounds` times, each round stopping
+/// whichever replica holds beta then. (i): every call succeeds.
+/// `PlantedBug::StopWithoutDrain` (a stopping replica closes its uplinks at once) is caught by
+/// (i).
+pub fn run_graceful_stop(seed: u64, rounds: u32, bug: Option<PlantedBug>) -> ClusterReport {
+    let round = Duration::from_secs(6);
+    let mut s = scripted(
+        seed,
+        WARMUP + Duration::from_secs(4) + round * rounds,
+        Vec::new(),
+    );
+    s.graceful_stops = true;
+    s.sled_latency = vec![Duration::from_millis(60); PROJECTS.len()];
+    s.bug = bug;
+    run_script(&s, move |mut session| async move {
+        until(WARMUP).await;
+        session.start(0).await;
+        for _ in 0..rounds {
+            let holder = session.holder_of(PROJECTS[1]).await;
+            let others: Vec<usize> = (0..REPLICAS.len()).filter(|r| *r != holder).collect();
+            let log = session.log.clone();
+            let t0 = now();
+            session
+                .log
+                .note(format!("stopping {}, beta's holder", REPLICAS[holder]));
+            tokio::spawn(async move {
+                until(t0 + Duration::from_millis(700)).await;
+                log.ask_stop(holder);
+                until(t0 + Duration::from_millis(3_700)).await;
+                log.ask_start(holder);
+            });
+            let mut i = 0;
+            while now() < t0 + round {
+                session
+                    .create(others[i % others.len()], Some(PROJECTS[1].to_owned()))
+                    .await;
+                i += 1;
+            }
+        }
+    })
+}
+
+impl Session {
+    /// The replica holding `project`, as `list_projects` says (through the first replica that
+    /// answers), once it is live somewhere.
+    async fn holder_of(&mut self, project: &str) -> usize {
+        loop {
+            for r in 0..REPLICAS.len() {
+                let args = json!({"name": "list_projects", "arguments": {}});
+                if let Outcome::Ok(v) = self.request(r, Op::List, "tools/call", args).await {
+                    let held = v["projects"].as_array().and_then(|ps| {
+                        ps.iter()
+                            .find(|p| p["name"] == project && p["live"] == true)
+                            .and_then(|p| p["replica"].as_str())
+                            .and_then(|name| REPLICAS.iter().position(|n| *n == name))
+                    });
+                    if let Some(h) = held {
+                        return h;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 
@@ -1488,9 +1645,14 @@ fn build<'a>(s: &ClusterScenario, log: &Arc<Log>) -> (turmoil::Sim<'a>, EngineSw
                 s.sled_latency[i],
                 s.seed ^ (i as u64 + 1),
                 log.clone(),
+                s.graceful_stops,
             ),
         );
         hosts.push(host);
+    }
+    if s.graceful_stops {
+        sim.host(LB_HOST, balancer);
+        hosts.push(LB_HOST.to_owned());
     }
     hosts.push(CLIENT_HOST.to_owned());
     (sim, switch, hosts)
@@ -1514,6 +1676,7 @@ fn drive(
             s.sled_latency[t.project],
             s.seed ^ 0x7717,
             log.clone(),
+            false,
         );
         let h2 = host.clone();
         let replica = REPLICAS[t.replica];
@@ -1789,6 +1952,19 @@ fn judge(
     let mut defaults_checked = 0;
     let mut unreachable_checked = 0;
     for c in calls {
+        // (i) a graceful stop fails no call.
+        if s.graceful_stops && matches!(c.op, Op::Create { .. }) {
+            cover("(i) judged", 1);
+            if !matches!(c.outcome, Outcome::Ok(_)) {
+                f.push(
+                    "(i) failed in a graceful stop",
+                    format!(
+                        "(i) a call failed while replicas only stopped gracefully: {}",
+                        c.line()
+                    ),
+                );
+            }
+        }
         let global = s.any_impaired(c.sent, c.done);
         // (c) answered in time, properly.
         match &c.outcome {
