@@ -12,6 +12,7 @@ mod processes;
 #[path = "support/python.rs"]
 mod python;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,6 +151,8 @@ struct CallTally {
     /// Calls nginx refused with its own 502 page: they reached no gateway (a replica
     /// stopping refused nginx's connection).
     balancer: u32,
+    /// The longest a call took.
+    slowest: Duration,
 }
 
 impl CallLoop {
@@ -167,13 +170,17 @@ impl CallLoop {
                 ok: 0,
                 failed: Vec::new(),
                 balancer: 0,
+                slowest: Duration::ZERO,
             };
             let mut i = 0;
             while !flag.load(Ordering::Relaxed) {
                 let project = ["alpha", "beta"][i % 2];
                 i += 1;
                 let (tool, arguments) = call(i, project);
-                match c.tools_call(json!(i), tool, arguments).await {
+                let started = Instant::now();
+                let answer = c.tools_call(json!(i), tool, arguments).await;
+                t.slowest = t.slowest.max(started.elapsed());
+                match answer {
                     Ok(r) if answered(&r, project) => t.ok += 1,
                     Err(sled_sim::ClientError::Http { status: 502, body })
                         if body.contains("<center>nginx") =>
@@ -446,6 +453,84 @@ async fn a_rolling_restart_under_16_callers_fails_no_call() {
         "calls failed during the rolling restart ({balancer} refused by nginx): {:#?}",
         &failed[..failed.len().min(20)]
     );
+}
+
+/// `kill -9` of the replica holding beta under 16 concurrent callers through the shipped
+/// nginx.conf (issue 30): only the calls in flight on it may fail (at most one per caller),
+/// each with a typed answer (a JSON-RPC error naming its kind, or nginx's 502 for a call cut
+/// off inside the dead replica), and none hangs; the sled moves and the calls go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_under_16_callers_fails_only_calls_in_flight_each_typed() {
+    let Some(mut cluster) = Cluster::start(10).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    // A sled that takes 20 ms a call, so that calls are in flight when the replica dies.
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 20);
+    let h = wait_live(&lb, &["alpha", "beta"]).await;
+    let victim = holder_of(&h, "beta");
+    let mut loops = Vec::new();
+    for _ in 0..16 {
+        let mut c = client(&lb, None).await;
+        c.initialize().await.unwrap();
+        let session = c.session_id().unwrap().to_owned();
+        loops.push(CallLoop::start(
+            &lb,
+            &session,
+            |_, project| ("pipeline_status", json!({"project": project})),
+            |r, project| r["result"]["structuredContent"]["project"] == project,
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.replica(&victim).kill9().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.replica(&victim).restart().await;
+    wait_live(&lb, &["alpha", "beta"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut ok, mut failed, mut balancer, mut slowest) = (0, Vec::new(), 0, Duration::ZERO);
+    for l in loops {
+        let t = l.stop().await;
+        ok += t.ok;
+        failed.extend(t.failed);
+        balancer += t.balancer;
+        slowest = slowest.max(t.slowest);
+    }
+    let mut kinds: BTreeMap<String, u32> = BTreeMap::new();
+    for f in &failed {
+        *kinds.entry(failure_kind(f)).or_default() += 1;
+    }
+    println!(
+        "kill -9 of {victim} (holding beta) under 16 callers: {ok} calls answered, {} failed {kinds:?}, {balancer} cut off inside it (nginx 502), the slowest call {} ms",
+        failed.len(),
+        slowest.as_millis()
+    );
+    assert!(ok > 16 * 20, "the callers kept calling: {ok}");
+    assert!(
+        failed.len() + balancer as usize <= 16,
+        "more failures than calls in flight: {kinds:?} and {balancer} nginx 502: {failed:#?}"
+    );
+    assert!(
+        kinds.keys().all(|k| k.starts_with("kind ")),
+        "a failure without a kind: {failed:#?}"
+    );
+    assert!(
+        slowest < Duration::from_secs(30),
+        "a call hung: {slowest:?}"
+    );
+}
+
+/// A failed call's kind, from [`CallTally::failed`]'s line: `kind <data.kind>` for a
+/// JSON-RPC error, else the line's start.
+fn failure_kind(line: &str) -> String {
+    // The line is a `Debug` of the answer: `"kind": String("uplink_lost")`.
+    let kind = line
+        .split("\"kind\": String(\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next());
+    match kind {
+        Some(k) => format!("kind {k}"),
+        None => line.chars().take(60).collect(),
+    }
 }
 
 /// A roll of the cluster secret (issue 24) while a client calls both projects through the
