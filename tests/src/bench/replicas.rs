@@ -44,7 +44,7 @@ fn nats_binary(args: &Args) -> Res<PathBuf> {
         })
 }
 
-fn start_nats(args: &Args, tmp: &TempDir) -> Res<(Proc, String)> {
+pub(super) fn start_nats(args: &Args, tmp: &TempDir) -> Res<(Proc, String)> {
     let bin = nats_binary(args)?;
     let port = procs::free_port()?;
     let store = tmp.path.join("nats-store");
@@ -70,7 +70,7 @@ fn start_nats(args: &Args, tmp: &TempDir) -> Res<(Proc, String)> {
     Ok((p, format!("nats://127.0.0.1:{port}")))
 }
 
-fn cluster_args(tmp: &TempDir, nats: &str, replica: &str) -> Vec<String> {
+pub(super) fn cluster_args(tmp: &TempDir, nats: &str, replica: &str) -> Vec<String> {
     // Every replica reads the same cluster secret from a file, as a deployment does.
     let secret = tmp.path.join("cluster.secret");
     std::fs::write(&secret, gateway_tests::TEST_CLUSTER_SECRET)

@@ -37,6 +37,8 @@ mod coord;
 mod procs;
 #[path = "../bench/replicas.rs"]
 mod replicas;
+#[path = "../bench/rolling.rs"]
+mod rolling;
 #[path = "../bench/widesled.rs"]
 mod widesled;
 
@@ -64,6 +66,10 @@ enum Run {
     /// A relayed call sealed under the cluster secret against one through replicas of
     /// --baseline-gateway-bin (built before the cluster secret), side by side.
     SealedRelay,
+    /// A rolling SIGTERM restart of three replicas behind the shipped examples/nginx.conf
+    /// under --replica-clients callers: failures and latency during each move against the
+    /// steady run.
+    Rolling,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -247,6 +253,9 @@ async fn run(args: &Args) -> Res<()> {
     }
     if args.run.contains(&Run::SealedRelay) {
         replicas::sealed_relay(args, &tmp, &mut targets).await?;
+    }
+    if args.run.contains(&Run::Rolling) {
+        rolling::rolling(args, &tmp, &mut targets).await?;
     }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
