@@ -212,6 +212,10 @@ impl RightsGateway {
     /// seen by `token`, which must have a right on every project.
     async fn wait_live(&self, token: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        // Each project's own tools, by a session switched to it: the stateless list is a union
+        // in which one project's tools stand for another's (alpha's and beta's have the same
+        // names), so it cannot tell that each sled's list has arrived.
+        let mut c = self.session(token).await;
         loop {
             let (_, listed) = self
                 .post(Some(token), tool("list_projects", json!({})))
@@ -221,11 +225,19 @@ impl RightsGateway {
                 .is_some_and(|ps| {
                     ps.iter().filter(|p| p["live"] == true).count() == PROJECTS.len()
                 });
-            let tools = tool_names(&self.post_stateless(token, tools_list()).await);
-            if live
-                && tools.iter().any(|t| t == "whoami")
-                && tools.iter().any(|t| t == "test_simple_text")
-            {
+            let mut listed_all = live;
+            for (i, project) in PROJECTS.iter().enumerate() {
+                if !listed_all {
+                    break;
+                }
+                let id = json!(1000 + i);
+                c.tools_call(id.clone(), "switch_project", json!({ "project": project }))
+                    .await
+                    .expect("switch_project");
+                let tools = tool_names(&c.tools_list(id, None).await.expect("tools/list"));
+                listed_all = tools.len() > gateway_core::GATEWAY_TOOLS.len();
+            }
+            if listed_all {
                 return;
             }
             assert!(
