@@ -315,33 +315,28 @@ async fn forged_relays(r1: &Replica, attacker: &mut Attacker, heard: &WireReques
 /// 2: claims of alpha for r3, over r1's: r1's own claim with another owner, the same unsealed,
 /// and under the attacker's own secret.
 async fn forged_claim(r1: &Replica, r2: &Replica, attacker: &mut Attacker, claim: &Entry) {
-    let (before1, before2) = (r1.unverified().await, r2.unverified().await);
     let ours = claim.claim.clone().expect("r1's claim");
     let theirs = ClaimValue {
         owner: "r3".into(),
         epoch: ours.epoch.map(|e| e + 1000),
     }
     .to_json();
+    let at = ("mcpgw_directory", "p.alpha");
     let mut revisions = vec![
         attacker
-            .put(
-                "mcpgw_directory",
-                "p.alpha",
+            .put_refused(
+                &[r2, r1],
+                at,
                 replace(&claim.sealed, "\"owner\":\"r1\"", "\"owner\":\"r3\""),
+                ("directory", "bad_tag"),
             )
             .await,
     ];
     for forgery in [Forgery::Unsealed, Forgery::OwnSecret] {
-        let value = attacker.forge_value(forgery, "mcpgw_directory", "p.alpha", theirs.as_bytes());
-        revisions.push(attacker.put("mcpgw_directory", "p.alpha", value).await);
+        let value = attacker.forge_value(forgery, at.0, at.1, theirs.as_bytes());
+        let refused = ("directory", forgery.reason());
+        revisions.push(attacker.put_refused(&[r2, r1], at, value, refused).await);
     }
-    let refused = [
-        ("directory", "bad_tag", 1),
-        ("directory", "malformed", 1),
-        ("directory", "unknown_key", 1),
-    ];
-    r2.counted(&before2, &refused).await;
-    r1.counted(&before1, &refused).await;
     // Calls for alpha through r2 go on to its real sled, on r1.
     assert_eq!(holder(&r2.url(), Some(VIEWER), "alpha").await, "r1");
     let r = create_story(&r2.url(), VIEWER, "alpha", "after-a-forged-claim").await;
@@ -384,25 +379,21 @@ async fn forged_pins(r1: &Replica, r2: &Replica, attacker: &mut Attacker) {
     for r in [r1, r2] {
         r.wait_for_pin(&pin.key).await;
     }
-    let (before1, before2) = (r1.unverified().await, r2.unverified().await);
+    let at = ("mcpgw_pins", "p.alpha");
     let altered = replace(&genuine, &pin.key, &impostor);
-    attacker.put("mcpgw_pins", "p.alpha", altered).await;
+    attacker
+        .put_refused(&[r1, r2], at, altered, ("pins", "bad_tag"))
+        .await;
     let theirs = serde_json::to_vec(&gateway_core::Pin {
         key: impostor.clone(),
         sled: "attacker".into(),
     })
     .unwrap();
     for forgery in [Forgery::Unsealed, Forgery::OwnSecret] {
-        let value = attacker.forge_value(forgery, "mcpgw_pins", "p.alpha", &theirs);
-        attacker.put("mcpgw_pins", "p.alpha", value).await;
+        let value = attacker.forge_value(forgery, at.0, at.1, &theirs);
+        let refused = ("pins", forgery.reason());
+        attacker.put_refused(&[r1, r2], at, value, refused).await;
     }
-    let refused = [
-        ("pins", "bad_tag", 1),
-        ("pins", "malformed", 1),
-        ("pins", "unknown_key", 1),
-    ];
-    r1.counted(&before1, &refused).await;
-    r2.counted(&before2, &refused).await;
     // alpha's sled is still r1's (a re-pin closes it), and neither copy of the pins changed.
     let r = create_story(&r2.url(), VIEWER, "alpha", "after-a-forged-pin").await;
     assert_eq!(r["result"]["structuredContent"]["project"], "alpha", "{r}");
@@ -431,14 +422,12 @@ async fn forged_tools(r1: &Replica, r2: &Replica, attacker: &mut Attacker) {
     }));
     let listing = serde_json::to_vec(&tools).unwrap();
     attacker.poisoned_tools = listing.clone();
-    let (before1, before2) = (r1.unverified().await, r2.unverified().await);
     for forgery in [Forgery::Unsealed, Forgery::GuessedTag] {
         let value = attacker.forge_value(forgery, "mcpgw_tools", "p.alpha", &listing);
-        attacker.put("mcpgw_tools", "p.alpha", value).await;
+        let at = ("mcpgw_tools", "p.alpha");
+        let refused = ("tools", forgery.reason());
+        attacker.put_refused(&[r1, r2], at, value, refused).await;
     }
-    let refused = [("tools", "malformed", 1), ("tools", "bad_tag", 1)];
-    r1.counted(&before1, &refused).await;
-    r2.counted(&before2, &refused).await;
     // r2's stateless tools/list (alpha's tools from the bucket), and a session's on each
     // replica (alpha's default there: listed at r1, which holds its sled).
     let listed = stateless_tools(&r2.url()).await;
@@ -897,6 +886,28 @@ impl Attacker {
     }
 
     /// Writes `value` to `key` of `bucket`: JetStream acknowledges it (its revision).
+    /// Writes `value` and waits until each of `replicas` counted it refused as `refused`
+    /// (source, reason): one forgery at a time, for a replica's watch promises the latest
+    /// value of a key, not every one (a value written over before the watch read it, as when
+    /// it resumes after a pause on a loaded machine, is skipped).
+    async fn put_refused(
+        &self,
+        replicas: &[&Replica],
+        (bucket, key): (&str, &str),
+        value: Vec<u8>,
+        (source, reason): (&str, &str),
+    ) -> u64 {
+        let mut before = Vec::new();
+        for r in replicas {
+            before.push(r.unverified().await);
+        }
+        let revision = self.put(bucket, key, value).await;
+        for (r, before) in replicas.iter().zip(&before) {
+            r.counted(before, &[(source, reason, 1)]).await;
+        }
+        revision
+    }
+
     async fn put(&self, bucket: &str, key: &str, value: Vec<u8>) -> u64 {
         let kv = self.js.get_key_value(bucket).await.unwrap();
         kv.put(key, value.into())
