@@ -25,7 +25,9 @@
 //! - A relay that could not be sent because the engine was out of reach waits for the engine,
 //!   at most its call's timeout: served again when the engine is back, else answered
 //!   `not_sent` (`engine_unreachable`). `outcome: "unknown"` is only ever said of a relay the
-//!   owner may have taken.
+//!   owner may have taken and cannot account for: a relay lost in flight is asked after by the
+//!   server's replica (`server/src/cluster/outcomes.rs`), which reports its owner's answer, or
+//!   `RelaySent::EngineDown` when the owner never took it (so it is sent again here).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};

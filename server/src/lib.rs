@@ -330,6 +330,11 @@ where
                 Some(gateway_core::PlantedBug::ForgetNonces) => seal.forgetting_nonces(),
                 _ => seal,
             };
+            #[cfg(feature = "planted-bugs")]
+            let c = &cluster::replica::ClusterOptions {
+                planted: core_planted,
+                ..c.clone()
+            };
             let (io, running) = cluster::replica::start(
                 c,
                 Arc::new(seal),

@@ -44,8 +44,9 @@ use gateway_server::cluster::{BucketConfig, ChangeKind, Engine, EngineError, Sto
 use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{
-    run_adversary, run_cluster, run_failed_session_write, run_graceful_stop, run_relays_while_cut,
-    run_spread_waits, run_switch_race, ClusterReport, ClusterScenario,
+    run_adversary, run_cluster, run_failed_session_write, run_graceful_stop,
+    run_relay_cut_in_flight, run_relays_while_cut, run_spread_waits, run_switch_race,
+    ClusterReport, ClusterScenario,
 };
 use gateway_tests::sim::runner::{
     self, assert_same_run, env_u64, replay_command, run_parallel, seeds, summary, sweep_seeds,
@@ -464,31 +465,40 @@ fn cluster_relays_wait_out_an_engine_cut() {
 
 #[test]
 fn cluster_planted_unknown_when_not_sent_is_caught() {
-    let test = "cluster_planted_unknown_when_not_sent_is_caught";
-    let bug = Some(gateway_core::PlantedBug::UnknownWhenNotSent);
+    planted_caught(
+        "cluster_planted_unknown_when_not_sent_is_caught",
+        gateway_core::PlantedBug::UnknownWhenNotSent,
+        "(g)",
+        run_relays_while_cut,
+    );
+}
+
+/// Runs `run` with `bug` planted over 4 seeds (`DST_SEEDS`): some must fail with a violation of
+/// `oracle`, and the first of them must fail again, the same run.
+fn planted_caught(
+    test: &str,
+    bug: gateway_core::PlantedBug,
+    oracle: &str,
+    run: impl Fn(u64, Option<gateway_core::PlantedBug>) -> ClusterReport + Sync,
+) {
     let seeds = seeds(4, false);
     let started = Instant::now();
-    let reports = run_parallel(&seeds, |seed| run_relays_while_cut(*seed, bug));
+    let reports = run_parallel(&seeds, |seed| run(*seed, Some(bug)));
     summary(test, &reports, started.elapsed().as_secs_f64());
-    let caught = reports
+    let caught: Vec<&ClusterReport> = reports
         .iter()
-        .filter(|r| r.violations.iter().any(|v| v.starts_with("(g)")))
-        .count();
+        .filter(|r| r.violations.iter().any(|v| v.starts_with(oracle)))
+        .collect();
     println!(
-        "UnknownWhenNotSent: caught by (g) in {caught}/{} seeds",
+        "{bug:?}: caught by {oracle} in {}/{} seeds",
+        caught.len(),
         reports.len()
     );
-    let Some(first) = reports
-        .iter()
-        .find(|r| r.violations.iter().any(|v| v.starts_with("(g)")))
-    else {
-        panic!(
-            "UnknownWhenNotSent was not caught by any of {} seeds",
-            reports.len()
-        );
+    let Some(first) = caught.first() else {
+        panic!("{bug:?} was not caught by any of {} seeds", reports.len());
     };
     println!("{}", describe(test, first));
-    let again = run_relays_while_cut(first.seed, bug);
+    let again = run(first.seed, Some(bug));
     assert!(
         !again.passed(),
         "seed {} does not replay to a failure",
@@ -524,35 +534,65 @@ fn cluster_graceful_stops_fail_no_call() {
 /// is caught by (i).
 #[test]
 fn cluster_planted_stop_without_drain_is_caught() {
-    let test = "cluster_planted_stop_without_drain_is_caught";
-    let bug = Some(gateway_core::PlantedBug::StopWithoutDrain);
-    let seeds = seeds(4, false);
+    planted_caught(
+        "cluster_planted_stop_without_drain_is_caught",
+        gateway_core::PlantedBug::StopWithoutDrain,
+        "(i)",
+        |seed, bug| run_graceful_stop(seed, STOP_ROUNDS, bug),
+    );
+}
+
+/// Rounds of cuts per run of [`run_relay_cut_in_flight`].
+const CUT_ROUNDS: u32 = 3;
+
+/// Issue 31: a replica cut off from the engine with relays in flight answers none of them
+/// `unknown`: it asks their owner once the engine is back ((j)).
+#[test]
+fn cluster_relays_cut_off_in_flight_are_recovered() {
+    let test = "cluster_relays_cut_off_in_flight_are_recovered";
+    let seeds = sweep_seeds(4);
     let started = Instant::now();
-    let reports = run_parallel(&seeds, |seed| run_graceful_stop(*seed, STOP_ROUNDS, bug));
+    let reports = run_parallel(&seeds, |seed| {
+        run_relay_cut_in_flight(*seed, CUT_ROUNDS, None)
+    });
     summary(test, &reports, started.elapsed().as_secs_f64());
-    let caught: Vec<&ClusterReport> = reports
-        .iter()
-        .filter(|r| r.violations.iter().any(|v| v.starts_with("(i)")))
-        .collect();
-    println!(
-        "StopWithoutDrain: caught by (i) in {}/{} seeds",
-        caught.len(),
-        reports.len()
-    );
-    let Some(first) = caught.first() else {
-        panic!(
-            "StopWithoutDrain was not caught by any of {} seeds",
-            reports.len()
+    for r in &reports {
+        assert!(
+            r.coverage
+                .get("(j) judged across a cut")
+                .copied()
+                .unwrap_or(0)
+                >= CUT_ROUNDS as usize,
+            "seed {}: too few calls judged across a cut by (j): {:?}",
+            r.seed,
+            r.coverage
         );
-    };
-    println!("{}", describe(test, first));
-    let again = run_graceful_stop(first.seed, STOP_ROUNDS, bug);
-    assert!(
-        !again.passed(),
-        "seed {} does not replay to a failure",
-        first.seed
+    }
+    assert_all_passed(test, &reports);
+}
+
+/// `PlantedBug::NoOutcomeRecovery` (a relay lost with the engine is answered `unknown` at once)
+/// is caught by (j).
+#[test]
+fn cluster_planted_no_outcome_recovery_is_caught() {
+    planted_caught(
+        "cluster_planted_no_outcome_recovery_is_caught",
+        gateway_core::PlantedBug::NoOutcomeRecovery,
+        "(j)",
+        |seed, bug| run_relay_cut_in_flight(seed, CUT_ROUNDS, bug),
     );
-    assert_eq!(again.trace_hash, first.trace_hash, "the same run again");
+}
+
+/// `PlantedBug::ForgetOutcomes` (an owner says "never seen" of a relay it served, so it is sent
+/// again) is caught by (b).
+#[test]
+fn cluster_planted_forget_outcomes_is_caught() {
+    planted_caught(
+        "cluster_planted_forget_outcomes_is_caught",
+        gateway_core::PlantedBug::ForgetOutcomes,
+        "(b)",
+        |seed, bug| run_relay_cut_in_flight(seed, CUT_ROUNDS, bug),
+    );
 }
 
 /// How long each run of the waits' scenario lasts (simulated).

@@ -177,8 +177,8 @@ pub enum PlantedBug {
     /// In a cluster: a replica believes whatever the engine gives it, sealed or not, as the
     /// gateway did before the cluster secret (the server's `cluster::seal`).
     TrustTheEngine,
-    /// In a cluster: a replica keeps no nonces, so a relay envelope or an announcement heard
-    /// again is acted on again.
+    /// In a cluster: a replica keeps no nonces (neither its seal's nor its record of the relays
+    /// it served), so a relay envelope or an announcement heard again is acted on again.
     ForgetNonces,
     /// In a cluster: a replica that loses a project's claim keeps its uplink and goes on
     /// sending it calls (only a sled's epoch fence, if the same sled, would stop them).
@@ -217,6 +217,14 @@ pub enum PlantedBug {
     /// once, cutting the calls running on them (issue 30: a graceful stop fails no call).
     /// Planted in the server's driver.
     StopWithoutDrain,
+    /// In a cluster: a replica that loses the engine with a relay in flight answers its client
+    /// `outcome: "unknown"` at once, without asking the owner what became of it once the
+    /// engine is back (issue 31). Planted in the server's replica.
+    NoOutcomeRecovery,
+    /// In a cluster: a replica keeps no record of the relays it served, and answers every
+    /// question about one "never seen", so the relaying replica sends a call that ran there
+    /// again. Planted in the server's replica.
+    ForgetOutcomes,
 }
 
 impl Default for Config {

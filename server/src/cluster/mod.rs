@@ -37,6 +37,7 @@
 
 pub mod nats;
 pub mod nats_auth;
+pub mod outcomes;
 pub mod relay;
 pub mod replica;
 pub mod seal;

@@ -20,6 +20,14 @@
 //! the sled's answer or its own timeout error); past that the owner is taken for lost. The
 //! relaying core also fails a relay at once when the directory shows that the owner lost the
 //! project. A client that goes away sends `abort` for its inbox.
+//!
+//! When the relaying replica loses the engine with a relay in flight (its owner falls silent,
+//! or the request fails once it may have gone out), it does not answer `unknown` at once: it
+//! asks the owner, every [`RECOVER_EVERY`] until the relay's deadline, with an `outcome`
+//! envelope naming the request's nonce, what became of it ([`super::outcomes`]): the answer
+//! it gave (passed on as if just heard), `running` (ask again), or `unseen` (never taken, and
+//! refused if it comes late: the core sends it again once the engine is back). Only an owner
+//! that is gone for good, or that cannot say, leaves the outcome unknown.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -38,6 +46,15 @@ pub const SILENT_AFTER: Duration = Duration::from_secs(4);
 /// How long past the project's call timeout the relaying replica waits for the owner's reply.
 pub const RELAY_MARGIN: Duration = Duration::from_secs(5);
 
+/// How often a relaying replica asks the owner of a relay it lost what became of it.
+pub const RECOVER_EVERY: Duration = Duration::from_millis(250);
+
+/// How long it waits for each answer to that question.
+pub const RECOVER_ASK: Duration = Duration::from_secs(2);
+
+/// How many times in a row nobody may take that question before the owner is taken for gone.
+pub const RECOVER_NO_RESPONDERS: u32 = 8;
+
 /// A message on a replica's relay subject.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -49,6 +66,26 @@ pub enum Envelope {
     },
     /// The client of the request answered at `inbox` went away.
     Abort { inbox: String },
+    /// What became of the request whose envelope had this nonce (hex), sealed at `sealed_ms`?
+    /// Answered with a [`super::outcomes::Recovered`] by the replica asked.
+    Outcome { nonce: String, sealed_ms: u64 },
+}
+
+/// A nonce as an [`Envelope::Outcome`] names it.
+pub fn nonce_hex(nonce: &[u8; 16]) -> String {
+    nonce.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The nonce an [`Envelope::Outcome`] names; `None` for anything but 32 hex digits.
+pub fn nonce_of_hex(hex: &str) -> Option<[u8; 16]> {
+    if hex.len() != 32 || !hex.is_ascii() {
+        return None;
+    }
+    let mut nonce = [0u8; 16];
+    for (i, b) in nonce.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(nonce)
 }
 
 /// The owner's reply to a relayed request (the engine request's reply).
@@ -373,5 +410,14 @@ mod tests {
             ..WireRequest::from_request(&HttpRequest::default())
         };
         assert!(bad.into_request().is_err());
+    }
+
+    #[test]
+    fn nonces_name_themselves_in_hex() {
+        let nonce: [u8; 16] = std::array::from_fn(|i| (i * 17) as u8);
+        assert_eq!(nonce_of_hex(&nonce_hex(&nonce)), Some(nonce));
+        for bad in ["", "zz", &"0".repeat(31), &"g".repeat(32), &"é".repeat(16)] {
+            assert_eq!(nonce_of_hex(bad), None, "{bad:?}");
+        }
     }
 }

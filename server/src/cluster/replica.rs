@@ -50,6 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use gateway_core::cluster::{
     Announcement, ClusterAction, ClusterConfig, ClusterEvent, EngineDown, PinOutcome, RelayMessage,
     RelaySent, SessionRecord,
@@ -60,6 +61,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
+use super::outcomes::{Outcomes, Recovered};
 use super::relay::{self, Answer, Envelope, Handoff, WireRequest};
 use super::seal::{self, Seal, WallClock};
 use super::{BucketConfig, ChangeKind, Engine, EngineError};
@@ -104,6 +106,10 @@ pub struct ClusterOptions {
     pub keys: KeyRing,
     /// The wall clock sealed messages' expiries are read on.
     pub clock: WallClock,
+    /// Test-only: a planted bug of the relay protocol's (`NoOutcomeRecovery`,
+    /// `ForgetOutcomes`).
+    #[cfg(feature = "planted-bugs")]
+    pub planted: Option<gateway_core::PlantedBug>,
 }
 
 impl std::fmt::Debug for ClusterOptions {
@@ -132,7 +138,31 @@ impl ClusterOptions {
             move_grace: DEFAULT_MOVE_GRACE,
             keys,
             clock: seal::system_clock(),
+            #[cfg(feature = "planted-bugs")]
+            planted: None,
         }
+    }
+
+    /// Whether a relay lost with the engine is asked after (`NoOutcomeRecovery` plants not).
+    fn recovers_outcomes(&self) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        if self.planted == Some(gateway_core::PlantedBug::NoOutcomeRecovery) {
+            return false;
+        }
+        true
+    }
+
+    /// Whether the relays served here are recorded (`ForgetOutcomes` plants not, and neither
+    /// does `ForgetNonces`: the records, which refuse a relay taken before, are nonces kept).
+    fn keeps_outcomes(&self) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        if matches!(
+            self.planted,
+            Some(gateway_core::PlantedBug::ForgetOutcomes | gateway_core::PlantedBug::ForgetNonces)
+        ) {
+            return false;
+        }
+        true
     }
 
     /// The core's side of these options, with the cluster's keys for agent handles (derived
@@ -835,6 +865,7 @@ async fn execute(
                     inbox: format!("{}.{}", inbox_prefix(&opts, &run), token.0),
                     request: WireRequest::from_request(&request),
                     timeout,
+                    recover: opts.recovers_outcomes(),
                 };
                 let (inboxes, seal) = (inboxes.clone(), seal.clone());
                 tasks.spawn(async move {
@@ -958,6 +989,28 @@ struct RelayOut {
     inbox: String,
     request: WireRequest,
     timeout: Duration,
+    /// Whether a relay lost with the engine is asked after ([`recover`]).
+    recover: bool,
+}
+
+/// What a relay that got no answer ended as.
+enum Heard {
+    /// The engine request's end.
+    Reply(Result<Bytes, EngineError>),
+    /// The owner said nothing for [`relay::SILENT_AFTER`]; the request may still be answered.
+    Silent(BoxFuture<'static, Result<Bytes, EngineError>>),
+}
+
+/// What [`recover`] learned of a lost relay.
+enum Recovery {
+    /// The owner's answer: the request's own late reply, or the one it recorded.
+    Handoff { handoff: Handoff, late_reply: bool },
+    /// Never taken, and refused if it comes late: it may be sent again.
+    Unseen,
+    /// Nobody can say.
+    Unknown,
+    /// The client went away meanwhile.
+    Aborted,
 }
 
 /// The context an owner's reply is sealed for: the envelope it answers.
@@ -1014,7 +1067,9 @@ async fn relay_out(
         inbox,
         request,
         timeout,
+        recover: recovers,
     } = relay;
+    let deadline = tokio::time::Instant::now() + timeout + relay::RELAY_MARGIN;
     let failed = |sent| ClusterEvent::RelayFailed { token, sent };
     // Registered before the request goes, so no streamed message can come first.
     let (tx, mut streamed) = mpsc::unbounded_channel();
@@ -1024,6 +1079,7 @@ async fn relay_out(
         request: Box::new(request),
     };
     let nonce: [u8; 16] = rand::random();
+    let sealed_ms = seal.now_ms();
     let payload = seal.seal_message_with(
         &to,
         nonce,
@@ -1047,15 +1103,14 @@ async fn relay_out(
     };
     // While the call runs, the owner says `alive` on the inbox every second: silence for
     // SILENT_AFTER means it is gone. Only what verifies counts as the owner's word.
-    let request = engine.request(&to, payload, timeout + relay::RELAY_MARGIN);
-    tokio::pin!(request);
+    let mut request = engine.request(&to, payload, timeout + relay::RELAY_MARGIN);
     // A stream's first events may overtake the handoff (they come on another subscription):
     // kept for the stream, in order.
     let mut early: Vec<Answer> = Vec::new();
     let mut silent_at = tokio::time::Instant::now() + relay::SILENT_AFTER;
-    let handoff = loop {
+    let heard = loop {
         tokio::select! {
-            h = &mut request => break h,
+            h = &mut request => break Heard::Reply(h),
             _ = &mut abort => {
                 abort_at_owner(engine.clone(), to, inbox).await;
                 inboxes.lock().expect("not poisoned").remove(&token.0);
@@ -1072,72 +1127,201 @@ async fn relay_out(
                 }
                 Ok(None) | Err(_) => {
                     tracing::warn!(to, "the owner of a relayed request fell silent");
-                    inboxes.lock().expect("not poisoned").remove(&token.0);
-                    tell(&commands, failed(RelaySent::Unknown)).await;
-                    return;
+                    break Heard::Silent(request);
                 }
             }
         }
     };
     let context = handoff_context(&to, &nonce);
-    let handoff = handoff.map(|b| {
+    let open = |b: Bytes| {
         seal.open_message("handoff", &context, &b, false)
             .ok_or_else(|| "a reply that did not verify under the cluster secret".to_owned())
             .and_then(|(_, b)| serde_json::from_slice::<Handoff>(&b).map_err(|e| e.to_string()))
-    });
+    };
+    let handoff = match heard {
+        Heard::Reply(Ok(b)) => open(b).map(|handoff| Recovery::Handoff {
+            handoff,
+            late_reply: false,
+        }),
+        Heard::Reply(Err(EngineError::NoResponders(_))) => {
+            inboxes.lock().expect("not poisoned").remove(&token.0);
+            tell(&commands, failed(RelaySent::NotSent)).await;
+            return;
+        }
+        // The engine was out of reach: nothing was sent (the contract of `Engine::request`).
+        Heard::Reply(Err(EngineError::Unavailable(e))) => {
+            tracing::info!(to, error = %e, "the engine is out of reach: the relay was not sent");
+            inboxes.lock().expect("not poisoned").remove(&token.0);
+            tell(&commands, failed(RelaySent::EngineDown)).await;
+            return;
+        }
+        Heard::Reply(Err(e)) if !recovers => Err(e.to_string()),
+        Heard::Silent(_) if !recovers => Err("the owner fell silent".into()),
+        Heard::Reply(Err(e)) => {
+            tracing::warn!(to, error = %e, "a relay lost in flight: asking its owner what became of it");
+            let at = (to.as_str(), nonce, sealed_ms);
+            recover(&engine, &seal, at, None, deadline, &mut abort).await
+        }
+        // The request may have reached the owner, and its answer is not here: it is asked.
+        Heard::Silent(late) => {
+            let at = (to.as_str(), nonce, sealed_ms);
+            recover(&engine, &seal, at, Some(late), deadline, &mut abort).await
+        }
+    };
     let event = match handoff {
-        Ok(Ok(Handoff::Answered {
-            status,
-            headers,
-            body,
-        })) => ClusterEvent::Relayed {
-            token,
-            message: RelayMessage::Reply(relay::reply_of(status, headers, body)),
-        },
-        Ok(Ok(Handoff::Streaming)) => {
-            let open = ClusterEvent::Relayed {
+        Ok(Recovery::Handoff {
+            handoff,
+            late_reply,
+        }) => match handoff {
+            Handoff::Answered {
+                status,
+                headers,
+                body,
+            } => ClusterEvent::Relayed {
                 token,
-                message: RelayMessage::Open,
-            };
-            if tell(&commands, open).await {
-                stream_in(
-                    &engine,
-                    &seal,
-                    &commands,
+                message: RelayMessage::Reply(relay::reply_of(status, headers, body)),
+            },
+            // A stream whose owner fell silent may have lost events meanwhile: unknown.
+            Handoff::Streaming if late_reply => failed(RelaySent::Unknown),
+            Handoff::Streaming => {
+                let open = ClusterEvent::Relayed {
                     token,
-                    (&to, &inbox),
-                    early,
-                    &mut reader,
-                    &mut streamed,
-                    &mut abort,
-                )
-                .await;
+                    message: RelayMessage::Open,
+                };
+                if tell(&commands, open).await {
+                    stream_in(
+                        &engine,
+                        &seal,
+                        &commands,
+                        token,
+                        (&to, &inbox),
+                        early,
+                        &mut reader,
+                        &mut streamed,
+                        &mut abort,
+                    )
+                    .await;
+                }
+                inboxes.lock().expect("not poisoned").remove(&token.0);
+                return;
             }
+            Handoff::Refused { reason } => {
+                tracing::info!(to, reason, "the owner did not take a relayed request");
+                failed(RelaySent::NotSent)
+            }
+            Handoff::Lost => failed(RelaySent::Unknown),
+        },
+        // Never taken, and it never will be: the core sends it again once the engine is back.
+        Ok(Recovery::Unseen) => failed(RelaySent::EngineDown),
+        Ok(Recovery::Unknown) => failed(RelaySent::Unknown),
+        Ok(Recovery::Aborted) => {
+            abort_at_owner(engine.clone(), to, inbox).await;
             inboxes.lock().expect("not poisoned").remove(&token.0);
             return;
         }
-        Ok(Ok(Handoff::Refused { reason })) => {
-            tracing::info!(to, reason, "the owner did not take a relayed request");
-            failed(RelaySent::NotSent)
-        }
-        Ok(Ok(Handoff::Lost)) => failed(RelaySent::Unknown),
-        Ok(Err(e)) => {
-            tracing::warn!(to, error = %e, "an unreadable reply from the owner");
-            failed(RelaySent::Unknown)
-        }
-        Err(EngineError::NoResponders(_)) => failed(RelaySent::NotSent),
-        // The engine was out of reach: nothing was sent (the contract of `Engine::request`).
-        Err(EngineError::Unavailable(e)) => {
-            tracing::info!(to, error = %e, "the engine is out of reach: the relay was not sent");
-            failed(RelaySent::EngineDown)
-        }
         Err(e) => {
-            tracing::warn!(to, error = %e, "relaying a request");
+            tracing::warn!(to, error = %e, "a relay got no readable answer");
             failed(RelaySent::Unknown)
         }
     };
     inboxes.lock().expect("not poisoned").remove(&token.0);
     tell(&commands, event).await;
+}
+
+/// Asks the owner at `to` what became of the relay whose envelope had `nonce` (sealed at
+/// `sealed_ms`), every [`relay::RECOVER_EVERY`] until `deadline`, while listening for the
+/// request's own late reply (`late`, when it may still come): the answer it gave, `unseen`,
+/// or unknown when the owner is gone for good ([`relay::RECOVER_NO_RESPONDERS`] questions in a
+/// row taken by nobody), says so, or the deadline passes. `Err` for a reply that does not
+/// read.
+async fn recover(
+    engine: &Arc<dyn Engine>,
+    seal: &Seal,
+    (to, nonce, sealed_ms): (&str, [u8; 16], u64),
+    mut late: Option<BoxFuture<'static, Result<Bytes, EngineError>>>,
+    deadline: tokio::time::Instant,
+    abort: &mut oneshot::Receiver<()>,
+) -> Result<Recovery, String> {
+    let question = serde_json::to_vec(&Envelope::Outcome {
+        nonce: relay::nonce_hex(&nonce),
+        sealed_ms,
+    })
+    .expect("an envelope serialises");
+    let mut nobody = 0;
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            tracing::warn!(to, "a lost relay's owner could not say what became of it");
+            return Ok(Recovery::Unknown);
+        }
+        let asked: [u8; 16] = rand::random();
+        let ask = engine.request(
+            to,
+            seal.seal_message_with(to, asked, &question),
+            relay::RECOVER_ASK.min(deadline - now),
+        );
+        let wait_late = async {
+            match late.as_mut() {
+                Some(f) => f.await,
+                None => std::future::pending().await,
+            }
+        };
+        let answer = tokio::select! {
+            a = ask => a,
+            _ = &mut *abort => return Ok(Recovery::Aborted),
+            reply = wait_late => match reply {
+                Ok(b) => {
+                    let context = handoff_context(to, &nonce);
+                    return seal
+                        .open_message("handoff", &context, &b, false)
+                        .ok_or_else(|| "a reply that did not verify under the cluster secret".to_owned())
+                        .and_then(|(_, b)| serde_json::from_slice::<Handoff>(&b).map_err(|e| e.to_string()))
+                        .map(|handoff| Recovery::Handoff { handoff, late_reply: true });
+                }
+                // The request's own wait is over; the questions go on.
+                Err(_) => {
+                    late = None;
+                    continue;
+                }
+            },
+        };
+        match answer {
+            Ok(b) => {
+                let context = handoff_context(to, &asked);
+                let said = seal
+                    .open_message("handoff", &context, &b, false)
+                    .and_then(|(_, b)| serde_json::from_slice::<Recovered>(&b).ok());
+                nobody = 0;
+                match said {
+                    Some(Recovered::Done { handoff }) => {
+                        return Ok(Recovery::Handoff {
+                            handoff,
+                            late_reply: true,
+                        })
+                    }
+                    Some(Recovered::Unseen) => return Ok(Recovery::Unseen),
+                    Some(Recovered::Lost) => return Ok(Recovery::Unknown),
+                    Some(Recovered::Running) => {}
+                    None => {
+                        tracing::warn!(to, "an unreadable answer about a lost relay; asked again")
+                    }
+                }
+            }
+            Err(EngineError::NoResponders(_)) => {
+                nobody += 1;
+                if nobody >= relay::RECOVER_NO_RESPONDERS {
+                    tracing::warn!(to, "a lost relay's owner is gone: its outcome is unknown");
+                    return Ok(Recovery::Unknown);
+                }
+            }
+            // Still out of reach, or no answer yet: asked again.
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(relay::RECOVER_EVERY) => {}
+            _ = &mut *abort => return Ok(Recovery::Aborted),
+        }
+    }
 }
 
 /// The events of a streamed answer, until its close, the owner's silence, or an abort.
@@ -1217,7 +1401,8 @@ async fn stream_message(
 /// Serves the requests other replicas relay here: each becomes an HTTP request of the driver's,
 /// whose answer is the engine request's reply (and, for a stream, messages on its inbox). An
 /// envelope that does not verify for this replica's relay subject, or was heard before, is
-/// dropped unanswered.
+/// dropped unanswered. What became of each relay taken is recorded ([`Outcomes`]), and told to
+/// the relaying replica that asks.
 async fn serve_relays(
     opts: Arc<ClusterOptions>,
     seal: Arc<Seal>,
@@ -1229,6 +1414,16 @@ async fn serve_relays(
     let subject = opts.relay_subject(&opts.replica);
     // The relays being served, by inbox: an abort names its inbox.
     let serving: Arc<Mutex<HashMap<String, HttpToken>>> = Arc::default();
+    let outcomes = Arc::new(Mutex::new(Outcomes::new(seal.started_ms())));
+    let keeps = opts.keeps_outcomes();
+    let publish = |to: String, payload: Bytes| {
+        let engine = opts.engine.clone();
+        async move {
+            if let Err(e) = engine.publish(&to, payload).await {
+                tracing::debug!(error = %e, "answering a relay envelope");
+            }
+        }
+    };
     while let Some(message) = incoming.next().await {
         // Gone once the driver is: from then on every relay is refused (see below).
         let tx = commands.upgrade();
@@ -1237,72 +1432,116 @@ async fn serve_relays(
             continue;
         };
         let handoff_to = handoff_context(&subject, &nonce);
-        let envelope = serde_json::from_slice::<Envelope>(&payload)
-            .map_err(|e| e.to_string())
-            .and_then(|e| match e {
-                Envelope::Request { inbox, request } => {
-                    request.into_request().map(|r| (inbox, Some(r)))
-                }
-                Envelope::Abort { inbox } => Ok((inbox, None)),
-            });
+        let envelope = serde_json::from_slice::<Envelope>(&payload).map_err(|e| e.to_string());
+        let now_ms = seal.now_ms();
         let refused = match envelope {
             Err(reason) => {
                 tracing::warn!(reason, "an unreadable relayed request; refused");
                 reason
             }
-            Ok((inbox, None)) => {
+            Ok(Envelope::Abort { inbox }) => {
                 let token = serving.lock().expect("not poisoned").remove(&inbox);
                 if let (Some(token), Some(tx)) = (token, &tx) {
                     let _ = tx.send(Command::HttpAborted { token }).await;
                 }
                 continue;
             }
-            // Shutting down: the relaying replica holds the request for the project's next
-            // holder (its sled is about to move), rather than have it refused here. Said even
-            // after the driver has stopped: a relay dropped unanswered would end `unknown`.
-            Ok(_) if draining.load(Ordering::Relaxed) || tx.is_none() => {
-                "this replica is shutting down".into()
-            }
-            Ok((inbox, Some(request))) => {
-                let Some(tx) = tx else { continue };
-                let Some(reply_to) = message.reply else {
-                    tracing::warn!("a relayed request with nowhere to answer; dropped");
-                    continue;
+            // Answered even while shutting down: the relaying replica's client waits on it.
+            Ok(Envelope::Outcome {
+                nonce: asked,
+                sealed_ms,
+            }) => {
+                let said = match relay::nonce_of_hex(&asked) {
+                    None => {
+                        tracing::warn!("a question about a relay that names no nonce; dropped");
+                        continue;
+                    }
+                    Some(_) if !keeps => Recovered::Unseen,
+                    Some(asked) => outcomes
+                        .lock()
+                        .expect("not poisoned")
+                        .handle_query(now_ms, asked, sealed_ms),
                 };
-                let token = ids.next_http();
-                let (reply_tx, reply_rx) = mpsc::channel(STREAM_QUEUE);
-                serving
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(inbox.clone(), token);
-                let command = Command::Http {
-                    token,
-                    request: Box::new(request),
-                    reply: reply_tx,
-                };
-                if tx.send(command).await.is_err() {
-                    return;
+                if let Some(reply) = message.reply {
+                    let payload = seal.seal_message(
+                        &handoff_to,
+                        &serde_json::to_vec(&said).expect("an outcome serialises"),
+                    );
+                    publish(reply, payload).await;
                 }
-                tokio::spawn(answer_relay(
-                    opts.engine.clone(),
-                    seal.clone(),
-                    (reply_to, handoff_to),
-                    inbox,
-                    reply_rx,
-                    serving.clone(),
-                ));
                 continue;
             }
+            Ok(Envelope::Request { inbox, request }) => match request.into_request() {
+                Err(reason) => {
+                    tracing::warn!(reason, "an unreadable relayed request; refused");
+                    reason
+                }
+                // Shutting down: the relaying replica holds the request for the project's
+                // next holder (its sled is about to move), rather than have it refused here.
+                // Said even after the driver has stopped: a relay dropped unanswered would
+                // end `unknown`.
+                Ok(_) if draining.load(Ordering::Relaxed) || tx.is_none() => {
+                    "this replica is shutting down".into()
+                }
+                Ok(request) => {
+                    let Some(tx) = tx else { continue };
+                    let Some(reply_to) = message.reply else {
+                        tracing::warn!("a relayed request with nowhere to answer; dropped");
+                        continue;
+                    };
+                    // Asked about before it came: the relaying replica was told it never
+                    // came, and may have sent it again.
+                    if keeps
+                        && !outcomes
+                            .lock()
+                            .expect("not poisoned")
+                            .handle_taken(now_ms, nonce)
+                    {
+                        tracing::info!(
+                            "a relayed request that came after it was given up; refused"
+                        );
+                        continue;
+                    }
+                    let token = ids.next_http();
+                    let (reply_tx, reply_rx) = mpsc::channel(STREAM_QUEUE);
+                    serving
+                        .lock()
+                        .expect("not poisoned")
+                        .insert(inbox.clone(), token);
+                    let command = Command::Http {
+                        token,
+                        request: Box::new(request),
+                        reply: reply_tx,
+                    };
+                    if tx.send(command).await.is_err() {
+                        return;
+                    }
+                    tokio::spawn(answer_relay(
+                        opts.engine.clone(),
+                        seal.clone(),
+                        (reply_to, handoff_to),
+                        inbox,
+                        reply_rx,
+                        serving.clone(),
+                        keeps.then(|| (outcomes.clone(), nonce)),
+                    ));
+                    continue;
+                }
+            },
         };
+        let handoff = Handoff::Refused { reason: refused };
+        if keeps {
+            let mut outcomes = outcomes.lock().expect("not poisoned");
+            if outcomes.handle_taken(now_ms, nonce) {
+                outcomes.handle_answered(now_ms, nonce, &handoff);
+            }
+        }
         if let Some(reply) = message.reply {
-            let handoff = Handoff::Refused { reason: refused };
             let payload = seal.seal_message(
                 &handoff_to,
                 &serde_json::to_vec(&handoff).expect("a handoff serialises"),
             );
-            if let Err(e) = opts.engine.publish(&reply, payload).await {
-                tracing::debug!(error = %e, "refusing a relayed request");
-            }
+            publish(reply, payload).await;
         }
     }
 }
@@ -1318,6 +1557,7 @@ async fn answer_relay(
     inbox: String,
     mut replies: mpsc::Receiver<HttpMsg>,
     serving: Arc<Mutex<HashMap<String, HttpToken>>>,
+    outcome: Option<(Arc<Mutex<Outcomes>>, [u8; 16])>,
 ) {
     let publish = |subject: String, payload: Bytes| {
         let engine = engine.clone();
@@ -1353,6 +1593,14 @@ async fn answer_relay(
         Some(HttpMsg::Event { .. } | HttpMsg::Close) | None => Handoff::Lost,
     };
     let streaming = handoff == Handoff::Streaming;
+    // Recorded before it is sent: a relaying replica that loses the reply asks for it.
+    if let Some((outcomes, nonce)) = &outcome {
+        let now_ms = seal.now_ms();
+        outcomes
+            .lock()
+            .expect("not poisoned")
+            .handle_answered(now_ms, *nonce, &handoff);
+    }
     publish(
         reply_to,
         seal.seal_message(

@@ -121,6 +121,11 @@ impl Seal {
         (self.clock)()
     }
 
+    /// When this seal was made, on its clock: this run of the replica began.
+    pub fn started_ms(&self) -> u64 {
+        self.started_ms
+    }
+
     fn refused(&self, source: Source, reason: Refusal) {
         *self
             .unverified
@@ -227,11 +232,11 @@ impl Seal {
         once: bool,
     ) -> Option<([u8; 16], Bytes)> {
         if self.trusting {
-            let payload = match self.keys.open_message(context, self.now_ms(), message) {
-                Ok(o) => o.payload,
-                Err(_) => strip_header(message),
+            let (nonce, payload) = match self.keys.open_message(context, self.now_ms(), message) {
+                Ok(o) => (o.nonce, o.payload),
+                Err(_) => (rand::random(), strip_header(message)),
             };
-            return Some((rand::random(), Bytes::copy_from_slice(payload)));
+            return Some((nonce, Bytes::copy_from_slice(payload)));
         }
         let now = self.now_ms();
         let opened = self

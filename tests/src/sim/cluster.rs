@@ -99,6 +99,15 @@
 //!   balancer, and the calls that arrive meanwhile wait for its next holder.
 //!   `PlantedBug::StopWithoutDrain` (the uplinks closed at once) is caught by (i)
 //!   (`cluster_planted_stop_without_drain_is_caught`).
+//! - **(j) no `unknown` while every owner lives.** In the runs that cut a replica off from the
+//!   engine while its relays are in flight ([`run_relay_cut_in_flight`]; no replica dies, and
+//!   the engine comes back well within each call's deadline), no call is answered
+//!   `outcome: "unknown"`: the relaying replica asks the owner what became of each relay it
+//!   lost once the engine is back, and answers with that. `PlantedBug::NoOutcomeRecovery`
+//!   (the old answer, `unknown` at once) is caught by (j), and `PlantedBug::ForgetOutcomes`
+//!   (an owner that says "never seen" of a relay it served, so the call is sent again) by (b)
+//!   (`cluster_planted_no_outcome_recovery_is_caught`,
+//!   `cluster_planted_forget_outcomes_is_caught`).
 //! - **(h1) nothing executed that no client asked for.** Every story a sled executed was
 //!   named by a client's `create_story` (a session's or a probe's): mallory's forged stories
 //!   never are. With (b), a genuine relay mallory sent again is never executed a second time.
@@ -303,6 +312,9 @@ pub struct ClusterScenario {
     /// Whether the sleds dial the balancer, a script stops replicas gracefully, and (i) holds
     /// every call to succeed ([`run_graceful_stop`]).
     pub graceful_stops: bool,
+    /// Whether a script cuts a replica off from the engine while its relays are in flight,
+    /// and (j) holds no call to be answered `unknown` ([`run_relay_cut_in_flight`]).
+    pub cut_in_flight: bool,
 }
 
 fn ms(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> Duration {
@@ -408,6 +420,7 @@ impl ClusterScenario {
             strict_sessions: true,
             adversary: false,
             graceful_stops: false,
+            cut_in_flight: false,
         }
     }
 
@@ -1334,6 +1347,7 @@ fn scripted(seed: u64, run_for: Duration, faults: Vec<Fault>) -> ClusterScenario
         strict_sessions: true,
         adversary: false,
         graceful_stops: false,
+        cut_in_flight: false,
     }
 }
 
@@ -1491,6 +1505,38 @@ pub fn run_relays_while_cut(seed: u64, bug: Option<PlantedBug>) -> ClusterReport
         for _ in 0..6 {
             session.create(0, Some(PROJECTS[1].to_owned())).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+}
+
+/// A session on `r1`, which holds alpha's sled, calls beta (whose sled `r2` holds, answering
+/// in 1.5 s) through `r1`, one call after another, while `r1` is cut off from the engine for
+/// 3 s, 300 ms into each of `rounds` rounds of 8 s: each cut catches a relay in flight, whose
+/// owner answers it meanwhile. (j): no call is answered `unknown`; each relay lost in flight
+/// is recovered from its owner once the engine is back (its answer, or "never taken" and sent
+/// again). With `bug`, the replicas run with that planted bug:
+/// `PlantedBug::NoOutcomeRecovery` is caught by (j), `PlantedBug::ForgetOutcomes` by (b).
+pub fn run_relay_cut_in_flight(seed: u64, rounds: u32, bug: Option<PlantedBug>) -> ClusterReport {
+    let round = Duration::from_secs(8);
+    let start = WARMUP + Duration::from_secs(2);
+    let faults = (0..rounds)
+        .map(|k| Fault::CutFromEngine {
+            replica: 0,
+            at: start + round * k + Duration::from_millis(300),
+            until: start + round * k + Duration::from_millis(3_300),
+        })
+        .collect();
+    let end = start + round * rounds;
+    let mut s = scripted(seed, end + Duration::from_secs(2), faults);
+    s.cut_in_flight = true;
+    s.sled_latency = vec![Duration::ZERO, Duration::from_millis(1_500)];
+    s.bug = bug;
+    run_script(&s, move |mut session| async move {
+        until(WARMUP).await;
+        session.start(0).await;
+        until(start).await;
+        while now() < end {
+            session.create(0, Some(PROJECTS[1].to_owned())).await;
         }
     })
 }
@@ -1963,6 +2009,23 @@ fn judge(
                         c.line()
                     ),
                 );
+            }
+        }
+        // (j) no call answered unknown while every owner lived.
+        if s.cut_in_flight && matches!(c.op, Op::Create { .. }) {
+            if s.impaired(c.replica, c.sent, c.done) {
+                cover("(j) judged across a cut", 1);
+            }
+            if let Outcome::Rpc(_, data) = &c.outcome {
+                if data["outcome"] == "unknown" {
+                    f.push(
+                        "(j) unknown though every owner lived",
+                        format!(
+                            "(j) answered `unknown`, though no replica died and the engine came back: {}",
+                            c.line()
+                        ),
+                    );
+                }
             }
         }
         let global = s.any_impaired(c.sent, c.done);
