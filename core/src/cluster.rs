@@ -85,6 +85,8 @@ pub enum ClusterEvent {
     /// A [`ClusterAction::StoreSession`] is done: `written`, or not (the engine out of reach;
     /// the record is written again at the session's next use).
     SessionStored { session: String, written: bool },
+    /// A [`ClusterAction::StoreCoord`] is done: the keys whose write failed (none: all durable).
+    CoordStored { batch: u64, failed: Vec<String> },
     /// The answer to a [`ClusterAction::CreatePin`].
     PinCreated {
         project: String,
@@ -223,6 +225,14 @@ pub enum ClusterAction {
     /// `tools/list` lists it; reported to all as [`ClusterEvent::ToolsChanged`]. Writes of one
     /// project are carried out in the order given.
     StoreTools { project: String, listing: String },
+    /// Write a batch of coordination records (a single gateway with a store, issue 25): each
+    /// change a put or (`value: None`) a delete. Batches are carried out in the order given;
+    /// answer with [`ClusterEvent::CoordStored`] once every write of the batch is durable (or
+    /// has failed).
+    StoreCoord {
+        batch: u64,
+        changes: Vec<crate::coord::RecordChange>,
+    },
 }
 
 /// A session as the engine keeps it: what any replica needs to serve it.

@@ -345,6 +345,14 @@ pub enum RpcError {
         sled: String,
         retry_after: Duration,
     },
+    /// A coordination write took effect in this gateway, but its state store could not write
+    /// it: it may be lost if the gateway restarts (it is written again with the project's
+    /// next change). Retry in a moment.
+    NotDurable {
+        tool: String,
+        project: String,
+        retry_after: Duration,
+    },
 }
 
 impl RpcError {
@@ -392,7 +400,8 @@ impl RpcError {
             RpcError::NoAgent { .. } | RpcError::UnknownAgent { .. } => code::INVALID_PARAMS,
             RpcError::LeaseHeld { .. }
             | RpcError::LeaseRequired { .. }
-            | RpcError::ToolsPending { .. } => code::SERVER_ERROR,
+            | RpcError::ToolsPending { .. }
+            | RpcError::NotDurable { .. } => code::SERVER_ERROR,
         }
     }
 
@@ -452,6 +461,7 @@ impl RpcError {
             RpcError::LeaseHeld { .. } => "lease_held",
             RpcError::LeaseRequired { .. } => "lease_required",
             RpcError::ToolsPending { .. } => "tools_pending",
+            RpcError::NotDurable { .. } => "state_not_durable",
         }
     }
 
@@ -570,6 +580,10 @@ impl RpcError {
             ),
             RpcError::ToolsPending { project, sled, retry_after } => format!(
                 "Not sent: sled '{sled}' of project '{project}' has just connected and its tools are not listed yet, so the gateway cannot tell which writes need a lease; retry after {} ms",
+                retry_after.as_millis()
+            ),
+            RpcError::NotDurable { tool, project, retry_after } => format!(
+                "{tool} on project '{project}' took effect in this gateway, but the gateway's state store could not write it, so it may be lost if the gateway restarts; check the state directory's disk and retry after {} ms",
                 retry_after.as_millis()
             ),
         }
@@ -747,6 +761,15 @@ impl RpcError {
                 "kind": kind, "project": project, "sled": sled,
                 "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                 "outcome": "not_sent",
+            }),
+            RpcError::NotDurable {
+                tool,
+                project,
+                retry_after,
+            } => json!({
+                "kind": kind, "tool": tool, "project": project, "durable": false,
+                "retry_after_ms": u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+                "outcome": "applied",
             }),
         }
     }

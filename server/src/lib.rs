@@ -359,6 +359,23 @@ where
     // store that cannot be written stops the start.
     let (records_io, records_task) = match store {
         Some(store) => {
+            // What agents left in the coordination state (leases, the board) comes back
+            // before any event.
+            let records = store::records::load_coordination(&store)
+                .await
+                .map_err(|e| {
+                    std::io::Error::other(format!("reading the coordination state: {e}"))
+                })?;
+            if !records.is_empty() {
+                let restored = gateway.restore_coordination(std::time::Instant::now(), records);
+                tracing::info!(
+                    projects = restored.projects,
+                    leases = restored.leases,
+                    board_keys = restored.board_keys,
+                    skipped = restored.skipped,
+                    "coordination state restored from the store"
+                );
+            }
             let (io, task) = store::records::start(store, session_ttl, cmd_tx.downgrade())
                 .await
                 .map_err(|e| std::io::Error::other(format!("opening the session store: {e}")))?;

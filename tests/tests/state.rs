@@ -130,6 +130,149 @@ async fn a_session_survives_sigterm_and_kill_9_of_a_single_gateway() {
     assert!(gw.state_dir().join("state.redb").is_file());
 }
 
+/// Calls a coordination tool and returns its structured result (an error's JSON when it
+/// failed).
+async fn coord(client: &mut McpClient<TokioConnect>, tool: &str, args: Value) -> Value {
+    let r = client
+        .tools_call(json!(9), tool, args)
+        .await
+        .expect("answered");
+    match r["result"]["structuredContent"].clone() {
+        Value::Null => r,
+        v => v,
+    }
+}
+
+/// Issue 25's scene: a session claims a story on beta and writes the board; SIGTERM and a
+/// restart, then a write and `kill -9` at once, and a restart: the lease is held by the same
+/// agent under the same fence (another session is refused, the holder renews), the board
+/// entries are there at their revisions, and the numbers go on where they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_the_board_survive_sigterm_and_kill_9_of_a_single_gateway() {
+    let mut gw = SingleGateway::start(&projects_toml()).await;
+    let mcp = format!("{}/mcp", gw.url());
+    let mut a = McpClient::connect(TokioConnect, &mcp)
+        .await
+        .expect("connects");
+    a.initialize().await.expect("a session");
+    let claimed = coord(
+        &mut a,
+        "claim",
+        json!({"project": "beta", "resource": "story:beta-1", "ttl_s": 600}),
+    )
+    .await;
+    assert_eq!(claimed["acquired"], true, "{claimed}");
+    let fence = claimed["fence"].clone();
+    let before = coord(&mut a, "claims", json!({"project": "beta"})).await;
+    let holder = before["leases"][0]["holder"].clone();
+    assert!(holder.is_string(), "{before}");
+    let set = coord(
+        &mut a,
+        "board_set",
+        json!({"project": "beta", "key": "plan", "value": {"step": 1}}),
+    )
+    .await;
+    assert_eq!(set["revision"], 1, "{set}");
+
+    gw.terminate().await;
+    gw.restart().await;
+    let claims = coord(&mut a, "claims", json!({"project": "beta"})).await;
+    let lease = &claims["leases"][0];
+    assert_eq!(lease["resource"], "story:beta-1", "{claims}\n{}", gw.log());
+    assert_eq!(lease["fence"], fence, "{claims}");
+    assert_eq!(lease["holder"], holder, "the same agent holds it: {claims}");
+    let ttl_left = lease["expires_in_ms"].as_u64().expect("a deadline");
+    assert!(
+        ttl_left > 590_000 && ttl_left <= 600_000,
+        "the lease's time left after a restart: {ttl_left} ms"
+    );
+    let mut b = McpClient::connect(TokioConnect, &mcp)
+        .await
+        .expect("connects");
+    b.initialize().await.expect("a session");
+    let refused = coord(
+        &mut b,
+        "claim",
+        json!({"project": "beta", "resource": "story:beta-1"}),
+    )
+    .await;
+    assert_eq!(refused["acquired"], false, "{refused}");
+    assert_eq!(refused["holder"], lease["holder"], "{refused}");
+    let renewed = coord(
+        &mut a,
+        "renew",
+        json!({"project": "beta", "resource": "story:beta-1"}),
+    )
+    .await;
+    assert_eq!(
+        renewed["fence"], fence,
+        "the holder renews under its fence: {renewed}"
+    );
+    let got = coord(
+        &mut b,
+        "board_get",
+        json!({"project": "beta", "key": "plan"}),
+    )
+    .await;
+    assert_eq!(
+        (got["revision"].clone(), got["value"].clone()),
+        (json!(1), json!({"step": 1})),
+        "{got}"
+    );
+
+    // A write acknowledged, then kill -9 at once.
+    let set = coord(
+        &mut a,
+        "board_set",
+        json!({"project": "beta", "key": "plan", "value": {"step": 2}}),
+    )
+    .await;
+    assert_eq!(set["revision"], 2, "{set}");
+    gw.kill9().await;
+    gw.restart().await;
+    let got = coord(
+        &mut b,
+        "board_get",
+        json!({"project": "beta", "key": "plan"}),
+    )
+    .await;
+    assert_eq!(
+        (got["revision"].clone(), got["value"].clone()),
+        (json!(2), json!({"step": 2})),
+        "{got}\n{}",
+        gw.log()
+    );
+    let other = coord(
+        &mut b,
+        "claim",
+        json!({"project": "beta", "resource": "story:beta-2"}),
+    )
+    .await;
+    assert_eq!(
+        other["fence"].as_u64(),
+        fence.as_u64().map(|f| f + 1),
+        "fences go on from where they were: {other}"
+    );
+    // The holder releases; the lease is gone for good, across a restart too.
+    let released = coord(
+        &mut a,
+        "release",
+        json!({"project": "beta", "resource": "story:beta-1"}),
+    )
+    .await;
+    assert_eq!(released["fence"], fence, "{released}");
+    gw.terminate().await;
+    gw.restart().await;
+    let claims = coord(&mut b, "claims", json!({"project": "beta"})).await;
+    let held: Vec<&Value> = claims["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .map(|l| &l["resource"])
+        .collect();
+    assert_eq!(held, [&json!("story:beta-2")], "{claims}");
+}
+
 #[tokio::test]
 async fn a_state_file_it_cannot_use_stops_the_gateway_naming_the_file() {
     let mut gw = SingleGateway::start(&projects_toml()).await;
@@ -245,14 +388,20 @@ async fn a_plain_tools_call_does_no_store_write() {
     opts.store = Some(store.clone());
     let stack = gateway_tests::Stack::start_with(opts, &["alpha"], Default::default()).await;
     stack.wait_live(&["alpha"]).await;
+    // At start the coordination state is read back (one mark written after it).
+    let started = store.count();
     let mut client = McpClient::connect(TokioConnect, &stack.url())
         .await
         .expect("connects");
     client.initialize().await.expect("a session");
-    assert_eq!(store.count(), 1, "initialize writes the new session");
+    assert_eq!(
+        store.count() - started,
+        1,
+        "initialize writes the new session"
+    );
     switch(&mut client, "beta").await;
     switch(&mut client, "alpha").await;
-    assert_eq!(store.count(), 3, "each switch is written");
+    assert_eq!(store.count() - started, 3, "each switch is written");
 
     let mut sessionless = McpClient::connect(TokioConnect, &stack.url())
         .await
@@ -269,7 +418,7 @@ async fn a_plain_tools_call_does_no_store_write() {
             .expect("answered");
         assert_eq!(r["result"]["structuredContent"]["project"], "alpha", "{r}");
     }
-    assert_eq!(store.count(), 3, "200 tools/call wrote nothing");
+    assert_eq!(store.count() - started, 3, "200 tools/call wrote nothing");
     stack.stop().await;
     store.inner.close().await;
 }

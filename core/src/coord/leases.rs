@@ -186,6 +186,7 @@ impl Coord {
             resource: resource.to_owned(),
             expired: false,
         };
+        self.changed(project);
         let p = self.projects.get_mut(project).ok_or_else(no_lease)?;
         if !p.leases.contains_key(resource) {
             return Err(no_lease());
@@ -288,6 +289,8 @@ impl Coord {
     /// fence the sled accepted is reissued and their holders' writes are not refused as stale.
     /// Returns the project's fence counter.
     pub fn raise_fence_floor(&mut self, project: &str, floor: u64) -> Result<u64, CoordError> {
+        self.project_mut(project)?;
+        self.changed(project);
         let p = self.project_mut(project)?;
         p.fence = p.fence.max(floor);
         if !std::mem::replace(&mut p.floor_known, true) {

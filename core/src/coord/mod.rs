@@ -68,6 +68,7 @@
 mod board;
 mod leases;
 mod messages;
+mod persist;
 mod presence;
 mod wait;
 
@@ -76,6 +77,8 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
+
+pub use persist::{RecordChange, Restored, StoredRecord};
 
 /// An agent: a session id or an agent handle. Opaque.
 pub type AgentId = String;
@@ -620,6 +623,12 @@ pub struct Coord {
     dirty: BTreeSet<(String, Option<AgentId>)>,
     timers: Timers,
     stats: CoordStats,
+    /// Whether changes are tracked for the store ([`Coord::persist`]).
+    persisting: bool,
+    /// Projects that may have changed since the last [`Coord::take_changes`].
+    changed: BTreeSet<String>,
+    /// Per project, the keys last handed out for writing, with their fingerprints.
+    persisted: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// Checks a name: non-empty, at most `max` bytes, no control characters.
@@ -686,6 +695,9 @@ impl Coord {
             dirty: BTreeSet::new(),
             timers: BTreeSet::new(),
             stats: CoordStats::default(),
+            persisting: false,
+            changed: BTreeSet::new(),
+            persisted: BTreeMap::new(),
         }
     }
 

@@ -40,6 +40,8 @@ impl Coord {
     ) -> Result<&mut Member, CoordError> {
         check_name("agent", agent, self.limits.max_name_len)?;
         let limits = self.limits.clone();
+        self.project_mut(project)?;
+        self.changed(project);
         let p = self.project_mut(project)?;
         if !p.members.contains_key(agent) {
             if p.members.len() >= limits.max_agents_per_project {
@@ -286,6 +288,7 @@ impl Coord {
                 .and_then(|p| p.members.get(agent))
                 .map(|m| m.held.iter().cloned().collect::<Vec<_>>())
                 .unwrap_or_default();
+            self.changed(&project);
             for resource in held {
                 if let Some(fence) = self.end_lease(&project, &resource, End::AgentEnded) {
                     ended.released.push(ReleasedLease {

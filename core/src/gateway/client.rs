@@ -205,6 +205,24 @@ impl Gateway {
                             None => self.outputs.push_back(Output::Http { token, reply }),
                         }
                     }
+                    // A coordination call: once what it changed is durable.
+                    Ok(Served::Coordinated {
+                        result,
+                        tool,
+                        project,
+                    }) => {
+                        let reply = HttpReply {
+                            status: 200,
+                            headers: Vec::new(),
+                            body: Some(jsonrpc::ok_response(id.as_str(), &result)),
+                        };
+                        self.answer_coordinated(
+                            now,
+                            token,
+                            (reply, id.as_str(), |_| 200),
+                            (tool, project),
+                        );
+                    }
                     // Forwarded: the reply comes with the sled's response.
                     Ok(Served::Later) => {}
                     Ok(Served::Away(Away::Relay { project, replica })) => {

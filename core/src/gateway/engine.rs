@@ -27,7 +27,9 @@ impl Gateway {
         // A single gateway that keeps its sessions in a store hears of its reads and writes.
         let a_store_answer = matches!(
             event,
-            ClusterEvent::SessionLoaded { .. } | ClusterEvent::SessionStored { .. }
+            ClusterEvent::SessionLoaded { .. }
+                | ClusterEvent::SessionStored { .. }
+                | ClusterEvent::CoordStored { .. }
         );
         let heard = self.clustered() || (a_store_answer && self.keeps_sessions());
         if !heard {
@@ -79,6 +81,7 @@ impl Gateway {
             ClusterEvent::SessionStored { session, written } => {
                 self.session_stored(&session, written)
             }
+            ClusterEvent::CoordStored { batch, failed } => self.coordination_stored(batch, failed),
             ClusterEvent::PinCreated { project, outcome } => {
                 self.pin_created(now, project, outcome)
             }

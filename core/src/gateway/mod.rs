@@ -602,6 +602,13 @@ enum Placement {
 enum Served {
     /// Answered now, with this JSON-RPC result.
     Now(String),
+    /// A coordination tool's result: answered once what it changed is durable (a single
+    /// gateway with a store; else at once, as `Now`).
+    Coordinated {
+        result: String,
+        tool: &'static str,
+        project: String,
+    },
     /// Forwarded to a sled or parked: the answer comes later.
     Later,
     Away(Away),
@@ -665,7 +672,10 @@ impl Gateway {
             .map(|n| (n.to_owned(), ProjectState::default()))
             .collect();
         Gateway {
-            coordination: coordination::Coordination::new(config.coordination.clone()),
+            coordination: coordination::Coordination::new(
+                config.coordination.clone(),
+                config.store_sessions && config.cluster.is_none(),
+            ),
             cluster: config.cluster.as_ref().map(|c| {
                 #[allow(unused_mut)]
                 let mut replica = crate::replica::Replica::new(c);
@@ -875,6 +885,8 @@ impl Gateway {
             } else if let Some((token, request)) = self.again.pop_front() {
                 self.on_http(now, token, request);
             } else {
+                // Changes that came with no call (a session's end, a sled's fence floor).
+                self.flush_coordination(now);
                 return;
             }
         }

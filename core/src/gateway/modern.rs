@@ -142,6 +142,24 @@ impl Gateway {
                 let body = jsonrpc::ok_response(id.as_str(), &with_result_type(&result));
                 self.reply(token, 200, Vec::new(), Some(body));
             }
+            Ok(Served::Coordinated {
+                result,
+                tool,
+                project,
+            }) => {
+                let body = jsonrpc::ok_response(id.as_str(), &with_result_type(&result));
+                let reply = HttpReply {
+                    status: 200,
+                    headers: Vec::new(),
+                    body: Some(body),
+                };
+                self.answer_coordinated(
+                    now,
+                    token,
+                    (reply, id.as_str(), headers::modern_status),
+                    (tool, project),
+                );
+            }
             Ok(Served::Later) => {}
             Ok(Served::Away(Away::Relay { project, replica })) => {
                 self.relay(now, token, replica, project, id.as_str(), true, request);

@@ -526,6 +526,7 @@ impl Gateway {
     pub(super) fn on_shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
         self.records_shutdown();
+        self.coordination_shutdown();
         self.cluster_shutdown();
         if self.pins_save_at.is_some() {
             self.save_pins_now();

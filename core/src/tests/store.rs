@@ -195,3 +195,87 @@ fn without_a_store_nothing_is_asked_and_an_unknown_session_is_404_at_once() {
         written: true,
     }));
 }
+
+/// The coordination batches the gateway asked its store to write: (batch, keys written,
+/// keys deleted).
+fn coord_batches(h: &mut Harness) -> Vec<(u64, Vec<String>, Vec<String>)> {
+    std::mem::take(&mut h.cluster)
+        .into_iter()
+        .map(|a| match a {
+            ClusterAction::StoreCoord { batch, changes } => {
+                let (put, deleted): (Vec<_>, Vec<_>) =
+                    changes.into_iter().partition(|c| c.value.is_some());
+                (
+                    batch,
+                    put.into_iter().map(|c| c.key).collect(),
+                    deleted.into_iter().map(|c| c.key).collect(),
+                )
+            }
+            other => panic!("a coordination batch, not {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_coordination_write_is_answered_once_durable_and_refused_when_it_is_not() {
+    let mut h = single(true);
+    let s = initialize(&mut h);
+    let t = h.call(
+        Some(&s),
+        json!(1),
+        "claim",
+        json!({"project":"beta","resource":"story:beta-1"}),
+    );
+    assert!(!h.replies.contains_key(&t), "a claim waits for its write");
+    let batches = coord_batches(&mut h);
+    let [(b1, put, deleted)] = batches.as_slice() else {
+        panic!("one batch: {batches:?}");
+    };
+    // The agent's name, the project's counters and the lease.
+    assert_eq!(put.len(), 3, "{put:?}");
+    assert!(deleted.is_empty());
+    h.handle(Input::Cluster(ClusterEvent::CoordStored {
+        batch: *b1,
+        failed: Vec::new(),
+    }));
+    let r = h.reply_json(t).expect("answered once durable");
+    assert_eq!(r["result"]["structuredContent"]["acquired"], true, "{r}");
+
+    // A read with nothing in flight changes nothing and is answered at once.
+    let t = h.call(Some(&s), json!(2), "claims", json!({"project":"beta"}));
+    assert!(h.reply_json(t).is_some());
+    assert!(coord_batches(&mut h).is_empty(), "a read writes nothing");
+
+    // A write the store cannot keep: typed, retryable, and written again with the next.
+    let t = h.call(
+        Some(&s),
+        json!(3),
+        "board_set",
+        json!({"project":"beta","key":"plan","value":1}),
+    );
+    let batches = coord_batches(&mut h);
+    let [(b2, put, _)] = batches.as_slice() else {
+        panic!("one batch: {batches:?}");
+    };
+    h.handle(Input::Cluster(ClusterEvent::CoordStored {
+        batch: *b2,
+        failed: put.clone(),
+    }));
+    let r = h.reply_json(t).expect("answered");
+    assert_eq!(r["error"]["data"]["kind"], "state_not_durable", "{r}");
+    assert_eq!(r["error"]["data"]["outcome"], "applied", "{r}");
+    let failed = put.clone();
+    h.call(
+        Some(&s),
+        json!(4),
+        "board_set",
+        json!({"project":"beta","key":"other","value":2}),
+    );
+    let batches = coord_batches(&mut h);
+    let [(_, put, _)] = batches.as_slice() else {
+        panic!("one batch: {batches:?}");
+    };
+    for key in &failed {
+        assert!(put.contains(key), "{key} written again: {put:?}");
+    }
+}

@@ -884,6 +884,22 @@ async fn execute(
                     let _ = abort.send(());
                 }
             }
+            // A replica keeps no coordination state outside itself yet (issue 25): the core
+            // hands out none.
+            ClusterAction::StoreCoord { batch, .. } => {
+                tracing::error!(
+                    batch,
+                    "coordination records for a replica's engine; ignored"
+                );
+                tell(
+                    &commands,
+                    ClusterEvent::CoordStored {
+                        batch,
+                        failed: Vec::new(),
+                    },
+                )
+                .await;
+            }
         }
     }
     drop((stores, ordered));

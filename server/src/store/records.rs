@@ -8,12 +8,23 @@
 //! Bucket `sessions` (`max_age` the session idle TTL): key the session id, value a
 //! [`SessionRecord`]. A session's writes are carried out in the order the core made them, by
 //! one task; reads run beside it.
+//!
+//! Bucket `coordination` (issue 25): the coordination records the core hands out in numbered
+//! batches ([`ClusterAction::StoreCoord`]; keys and contents are the core's,
+//! `gateway_core::coord::persist`), each value stamped with the wall-clock time of its write
+//! (`<milliseconds since the epoch>\n<record>`) so that a restart gives each record back with
+//! its age. One task writes the batches in order: every batch waiting when it is free is
+//! written at once (the embedded engine commits what arrives together with one sync), and
+//! each is reported done, in order, once all its writes are durable. [`load_coordination`]
+//! reads them all back at start.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use gateway_core::cluster::{ClusterAction, ClusterEvent, EngineDown, SessionRecord};
+use gateway_core::coord::{RecordChange, StoredRecord};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -22,6 +33,13 @@ use crate::driver::Command;
 
 /// The sessions' bucket.
 pub const SESSIONS: &str = "sessions";
+
+/// The coordination records' bucket.
+pub const COORDINATION: &str = "coordination";
+
+/// The key written last when the records are read back: once the watch reports it, it has
+/// reported every record before it.
+const LOADED_MARK: &str = "_loaded";
 
 /// The driver's handle on the records' tasks.
 #[derive(Debug)]
@@ -52,6 +70,7 @@ pub(crate) async fn start(
             session_ttl.max(MIN_MAX_AGE),
         ))
         .await?;
+    store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let executor = tokio::spawn(execute(store, rx, commands));
     Ok((RecordsIo { actions: tx }, executor))
@@ -73,10 +92,15 @@ async fn execute(
     let mut reads = JoinSet::new();
     let (writes, write_rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_in_order(store.clone(), write_rx, commands.clone()));
+    let (batches, batch_rx) = mpsc::unbounded_channel();
+    let coord_writer = tokio::spawn(write_batches(store.clone(), batch_rx, commands.clone()));
     while let Some(action) = actions.recv().await {
         match action {
             ClusterAction::StoreSession { session, record } => {
                 let _ = writes.send((session, record));
+            }
+            ClusterAction::StoreCoord { batch, changes } => {
+                let _ = batches.send((batch, changes));
             }
             ClusterAction::LoadSession { session } => {
                 let (store, commands) = (store.clone(), commands.clone());
@@ -118,8 +142,9 @@ async fn execute(
         while reads.try_join_next().is_some() {}
     }
     // The driver is gone: the writes it asked for are finished.
-    drop(writes);
+    drop((writes, batches));
     let _ = writer.await;
+    let _ = coord_writer.await;
     while reads.join_next().await.is_some() {}
 }
 
@@ -142,4 +167,120 @@ async fn write_in_order(
         let written = written.is_ok();
         tell(&commands, ClusterEvent::SessionStored { session, written }).await;
     }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Writes the coordination batches in order: all those waiting together, then each reported.
+async fn write_batches(
+    store: Arc<dyn Store>,
+    mut batches: mpsc::UnboundedReceiver<(u64, Vec<RecordChange>)>,
+    commands: mpsc::WeakSender<Command>,
+) {
+    while let Some(first) = batches.recv().await {
+        let mut waiting = vec![first];
+        while let Ok(more) = batches.try_recv() {
+            waiting.push(more);
+        }
+        // The last change of each key wins: writes of one key in one go would race.
+        let mut last: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
+        for (_, changes) in &waiting {
+            for c in changes {
+                last.insert(c.key.clone(), c.value.clone());
+            }
+        }
+        let at = wall_ms();
+        let writes = last.into_iter().map(|(key, value)| {
+            let store = store.clone();
+            async move {
+                let done = match value {
+                    Some(v) => {
+                        let mut stamped = format!("{at}\n").into_bytes();
+                        stamped.extend_from_slice(&v);
+                        store
+                            .put(COORDINATION, &key, Bytes::from(stamped))
+                            .await
+                            .map(drop)
+                    }
+                    None => store.delete(COORDINATION, &key, None).await.map(drop),
+                };
+                (key, done)
+            }
+        });
+        let failed: Vec<String> = futures_util::future::join_all(writes)
+            .await
+            .into_iter()
+            .filter_map(|(key, done)| match done {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "writing a coordination record to the store");
+                    Some(key)
+                }
+            })
+            .collect();
+        for (batch, changes) in waiting {
+            let failed: Vec<String> = changes
+                .into_iter()
+                .map(|c| c.key)
+                .filter(|k| failed.contains(k))
+                .collect();
+            if !tell(&commands, ClusterEvent::CoordStored { batch, failed }).await {
+                // The driver is gone: what is left is still written.
+                continue;
+            }
+        }
+    }
+}
+
+/// Reads every coordination record back, each with its age, for the core to take back at
+/// start (`gateway_core::Gateway::restore_coordination`). A record that does not carry its
+/// write time is given back as written now (the core skips what it cannot read).
+pub async fn load_coordination(store: &Arc<dyn Store>) -> Result<Vec<StoredRecord>, EngineError> {
+    store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
+    let mut watch = store.watch(COORDINATION, ">").await?;
+    let mark = store
+        .put(COORDINATION, LOADED_MARK, Bytes::from_static(b"1"))
+        .await?;
+    let now = wall_ms();
+    let mut records: BTreeMap<String, StoredRecord> = BTreeMap::new();
+    while let Some(change) = watch.next().await {
+        if change.key == LOADED_MARK {
+            if change.revision >= mark {
+                return Ok(records.into_values().collect());
+            }
+            continue;
+        }
+        match change.kind {
+            super::ChangeKind::Put(value) => {
+                let (at, record) = match value.iter().position(|b| *b == b'\n') {
+                    Some(nl) => (
+                        std::str::from_utf8(&value[..nl])
+                            .ok()
+                            .and_then(|s| s.parse::<u64>().ok()),
+                        value[nl + 1..].to_vec(),
+                    ),
+                    None => (None, value.to_vec()),
+                };
+                let age = Duration::from_millis(now.saturating_sub(at.unwrap_or(now)));
+                records.insert(
+                    change.key.clone(),
+                    StoredRecord {
+                        key: change.key,
+                        value: record,
+                        age,
+                    },
+                );
+            }
+            _ => {
+                records.remove(&change.key);
+            }
+        }
+    }
+    Err(EngineError::Unavailable(
+        "the coordination records' watch ended before they were all read".into(),
+    ))
 }

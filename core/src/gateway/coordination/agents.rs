@@ -189,7 +189,7 @@ impl Gateway {
     /// A session ended (DELETE, idle TTL, eviction): its agent leaves every roster and
     /// releases what it held; its parked waits are answered.
     pub(in crate::gateway) fn coordination_session_ended(&mut self, now: Instant, session: &str) {
-        let Some(name) = self.coordination.names.remove(session) else {
+        let Some(name) = self.coordination.forget_name(session) else {
             return;
         };
         self.coordination.sessions.remove(&name);

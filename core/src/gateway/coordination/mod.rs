@@ -54,6 +54,16 @@ pub(super) struct Coordination {
     /// Parked waits that asked for progress, by when the next is due.
     progress_due: std::collections::BTreeSet<(Instant, WaitToken)>,
     next_wait: u64,
+    /// Whether coordination state is kept in the store (a single gateway with a state
+    /// directory): its answers wait for their writes.
+    durable: Option<durable::Durable>,
+    /// Public names of agents from before a restart, by the SHA-256 of their session id or
+    /// handle, until it comes back.
+    earlier_names: HashMap<String, String>,
+    /// Names given or forgotten since the last batch, for the store.
+    name_changes: Vec<crate::coord::RecordChange>,
+    /// Names whose write failed: written again with the next batch.
+    name_retries: Vec<crate::coord::RecordChange>,
 }
 
 /// Who an agent handle belongs to, and when it was last used.
@@ -84,9 +94,13 @@ pub(super) struct Parked {
 }
 
 impl Coordination {
-    pub(super) fn new(limits: crate::coord::Limits) -> Coordination {
+    pub(super) fn new(limits: crate::coord::Limits, durable: bool) -> Coordination {
+        let mut coord = Coord::new(limits);
+        if durable {
+            coord.persist();
+        }
         Coordination {
-            coord: Coord::new(limits),
+            coord,
             names: HashMap::new(),
             sessions: HashMap::new(),
             handles: HashMap::new(),
@@ -96,23 +110,47 @@ impl Coordination {
             by_http: HashMap::new(),
             progress_due: std::collections::BTreeSet::new(),
             next_wait: 0,
+            durable: durable.then(durable::Durable::default),
+            earlier_names: HashMap::new(),
+            name_changes: Vec::new(),
+            name_retries: Vec::new(),
         }
     }
 
-    /// The public name of the agent behind `secret` (a session id or handle), made on first use.
+    /// The public name of the agent behind `secret` (a session id or handle), made on first use
+    /// (or the one it had before a restart).
     fn name_of(&mut self, secret: &str) -> String {
         if let Some(n) = self.names.get(secret) {
             return n.clone();
         }
+        if self.durable.is_some() {
+            if let Some(n) = self.earlier_names.remove(&name_key(secret)) {
+                self.names.insert(secret.to_owned(), n.clone());
+                return n;
+            }
+        }
         self.next_agent += 1;
         let name = format!("agent-{}", self.next_agent);
         self.names.insert(secret.to_owned(), name.clone());
+        if self.durable.is_some() {
+            self.name_changes.push(crate::coord::RecordChange {
+                key: name_key(secret),
+                value: Some(name.clone().into_bytes()),
+            });
+        }
         name
     }
 
-    /// Forgets the public name of `secret` (an expired handle).
-    fn forget_name(&mut self, secret: &str) {
-        self.names.remove(secret);
+    /// Forgets the public name of `secret` (an expired handle, an ended session).
+    fn forget_name(&mut self, secret: &str) -> Option<String> {
+        let name = self.names.remove(secret)?;
+        if self.durable.is_some() {
+            self.name_changes.push(crate::coord::RecordChange {
+                key: name_key(secret),
+                value: None,
+            });
+        }
+        Some(name)
     }
 
     pub(super) fn known_name(&self, secret: &str) -> Option<&str> {
@@ -156,6 +194,19 @@ impl Coordination {
 }
 
 /// A lease's or wait's duration, as the results show it.
+/// The store key of an agent's public name: the SHA-256 of its session id or handle, so the
+/// store holds no secret to act with.
+fn name_key(secret: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(secret.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{NAME_PREFIX}{hex}")
+}
+
+/// Where agents' public names are kept in the store (coordination records are keyed by the
+/// project's name in hex, which never starts so).
+const NAME_PREFIX: &str = "_n.";
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -286,6 +337,7 @@ fn allowed(tool: &str) -> &'static [&'static str] {
 }
 
 mod agents;
+mod durable;
 mod leases;
 mod wait;
 
@@ -574,7 +626,11 @@ impl Gateway {
         }
         out["unread"] = json!(c.unread(now, &agent, &project));
         self.drain_woken(now);
-        Ok(Served::Now(basics::tool_result(out)))
+        Ok(Served::Coordinated {
+            result: basics::tool_result(out),
+            tool,
+            project,
+        })
     }
 
     /// The project a coordination call acts in: its `project`, else the caller's default.

@@ -1,0 +1,571 @@
+//! What of the coordination state is kept across a restart (issue 25, first step: the board,
+//! the leases with their fences, and each project's counters), as records the caller writes
+//! to a store and gives back at the next start.
+//!
+//! Every call that may change a project marks it; [`Coord::take_changes`] then compares the
+//! project's board entries, leases and counters with what was last handed out for writing
+//! (by revision, and by a fingerprint of each lease) and returns only what differs: a record
+//! to put, or a key to delete. [`Coord::restore`] takes the records back at start.
+//!
+//! A record holds its deadline as the time left at `now` (`expires_in_ms`); the caller stamps
+//! each write with the wall-clock time it was made and gives each record back with its age,
+//! so that a restart neither shortens nor lengthens a TTL. Counters are restored to at least
+//! the highest number any record holds, so a fence or a board revision is never given out
+//! twice even when the counters' record was not written with the entry that moved them.
+//!
+//! # Keys
+//!
+//! `<project in hex>.c` (counters), `<project in hex>.b.<key in hex>` (a board entry),
+//! `<project in hex>.l.<resource in hex>` (a lease): tokens of `[0-9a-f]`, which every store
+//! accepts as a key whatever the names hold.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{retime, Coord, Lease, StoredEntry, Timer};
+
+/// One change for the store: `value` `None` deletes the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordChange {
+    pub key: String,
+    pub value: Option<Vec<u8>>,
+}
+
+/// A record given back at start: its bytes, and how long ago it was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub age: Duration,
+}
+
+/// What [`Coord::restore`] took back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub projects: usize,
+    pub leases: usize,
+    pub board_keys: usize,
+    /// Records past their deadline (left out), unreadable ones, and ones over a limit.
+    pub skipped: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum Record {
+    Counters {
+        fence: u64,
+        board_rev: u64,
+        msg_seq: u64,
+    },
+    Board {
+        key: String,
+        value: String,
+        revision: u64,
+        set_by: String,
+        expires_in_ms: Option<u64>,
+    },
+    Lease {
+        resource: String,
+        holder: String,
+        fence: u64,
+        ttl_ms: u64,
+        expires_in_ms: u64,
+    },
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn fingerprint(v: impl Hash) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+fn json(r: &Record) -> Vec<u8> {
+    serde_json::to_vec(r).expect("a coordination record serialises")
+}
+
+impl Coord {
+    /// Marks `project` as possibly changed: [`Coord::take_changes`] looks at it.
+    pub(super) fn changed(&mut self, project: &str) {
+        if self.persisting && !self.changed.contains(project) {
+            self.changed.insert(project.to_owned());
+        }
+    }
+
+    /// Whether a project was marked since the last [`Coord::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.changed.is_empty()
+    }
+
+    /// Keeps track of what to write from now on (off by default: nothing is marked).
+    pub fn persist(&mut self) {
+        self.persisting = true;
+    }
+
+    /// What changed in the projects marked since the last call, against what was last handed
+    /// out: the records to put and the keys to delete.
+    pub fn take_changes(&mut self, now: Instant) -> Vec<RecordChange> {
+        self.handle_timeout(now);
+        let mut out = Vec::new();
+        for project in std::mem::take(&mut self.changed) {
+            let p = self.projects.get(&project);
+            let base = hex(&project);
+            let mut current: BTreeMap<String, (u64, Record)> = BTreeMap::new();
+            if let Some(p) = p {
+                let counters = (p.fence, p.board_rev, p.msg_seq);
+                current.insert(
+                    format!("{base}.c"),
+                    (
+                        fingerprint(counters),
+                        Record::Counters {
+                            fence: p.fence,
+                            board_rev: p.board_rev,
+                            msg_seq: p.msg_seq,
+                        },
+                    ),
+                );
+                for (key, e) in &p.board {
+                    if e.expires_at.is_some_and(|t| t <= now) {
+                        continue;
+                    }
+                    let record = Record::Board {
+                        key: key.clone(),
+                        value: e.value.clone(),
+                        revision: e.revision,
+                        set_by: e.set_by.clone(),
+                        expires_in_ms: e.expires_at.map(|t| ms(t.saturating_duration_since(now))),
+                    };
+                    current.insert(format!("{base}.b.{}", hex(key)), (e.revision, record));
+                }
+                for (resource, l) in &p.leases {
+                    if l.expires_at <= now {
+                        continue;
+                    }
+                    let record = Record::Lease {
+                        resource: resource.clone(),
+                        holder: l.holder.clone(),
+                        fence: l.fence,
+                        ttl_ms: ms(l.ttl),
+                        expires_in_ms: ms(l.expires_at.saturating_duration_since(now)),
+                    };
+                    let print = fingerprint((&l.holder, l.fence, l.expires_at, l.ttl));
+                    current.insert(format!("{base}.l.{}", hex(resource)), (print, record));
+                }
+            }
+            let written = self.persisted.entry(project.clone()).or_default();
+            for (key, _) in written.iter() {
+                if !current.contains_key(key) {
+                    out.push(RecordChange {
+                        key: key.clone(),
+                        value: None,
+                    });
+                }
+            }
+            written.retain(|k, _| current.contains_key(k));
+            for (key, (print, record)) in current {
+                if written.get(&key) != Some(&print) {
+                    out.push(RecordChange {
+                        key: key.clone(),
+                        value: Some(json(&record)),
+                    });
+                    written.insert(key, print);
+                }
+            }
+            if written.is_empty() {
+                self.persisted.remove(&project);
+            }
+        }
+        out
+    }
+
+    /// A write handed out by [`Coord::take_changes`] failed: its key is written again with
+    /// the next changes of its project (not at once: a store that cannot write would be
+    /// asked again and again).
+    pub fn write_failed(&mut self, key: &str) {
+        let Some(project) = key.split('.').next().and_then(unhex) else {
+            return;
+        };
+        // Remembered as written with no content: a put is written again, a deletion made
+        // again.
+        self.persisted
+            .entry(project.clone())
+            .or_default()
+            .insert(key.to_owned(), u64::MAX);
+    }
+
+    /// Takes back the records of an earlier run, before anything else happens: the board
+    /// entries and leases whose deadline has not passed (a lease's holder is a member of its
+    /// project again, present for the default presence TTL), and the counters, at least as
+    /// high as any record's number. A record that does not read, or would pass a limit, is
+    /// skipped and counted.
+    pub fn restore(&mut self, now: Instant, records: Vec<StoredRecord>) -> Restored {
+        let mut restored = Restored::default();
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        // Counters first, so that a project's numbers are in place before its entries.
+        let mut parsed: Vec<(String, String, Duration, Record)> = Vec::new();
+        for r in records {
+            let project = r.key.split('.').next().and_then(unhex);
+            match (project, serde_json::from_slice::<Record>(&r.value)) {
+                (Some(project), Ok(record)) => parsed.push((r.key, project, r.age, record)),
+                _ => {
+                    tracing::warn!(key = r.key, "an unreadable coordination record; skipped");
+                    restored.skipped += 1;
+                }
+            }
+        }
+        parsed.sort_by_key(|(_, _, _, r)| !matches!(r, Record::Counters { .. }));
+        let left = |expires_in_ms: u64, age: Duration| {
+            Duration::from_millis(expires_in_ms).checked_sub(age)
+        };
+        for (key, project, age, record) in parsed {
+            let fits = match &record {
+                Record::Counters {
+                    fence,
+                    board_rev,
+                    msg_seq,
+                } => self.project_mut(&project).map(|p| {
+                    p.fence = p.fence.max(*fence);
+                    p.board_rev = p.board_rev.max(*board_rev);
+                    p.msg_seq = p.msg_seq.max(*msg_seq);
+                    // The store's counter is at least any fence a sled accepted from us:
+                    // the sled's report raises it, never re-fences a restored lease.
+                    p.floor_known = true;
+                }),
+                Record::Board {
+                    key: name,
+                    value,
+                    revision,
+                    set_by,
+                    expires_in_ms,
+                } => {
+                    let expires_at = match expires_in_ms.map(|e| left(e, age)) {
+                        None => Some(None),
+                        Some(Some(l)) if !l.is_zero() => now.checked_add(l).map(Some),
+                        Some(_) => None,
+                    };
+                    let Some(expires_at) = expires_at else {
+                        restored.skipped += 1;
+                        continue;
+                    };
+                    self.project_mut(&project)
+                        .map(|p| {
+                            p.board_rev = p.board_rev.max(*revision);
+                            p.board.insert(
+                                name.clone(),
+                                StoredEntry {
+                                    value: value.clone(),
+                                    revision: *revision,
+                                    set_by: set_by.clone(),
+                                    expires_at,
+                                },
+                            );
+                            restored.board_keys += 1;
+                        })
+                        .map(|()| {
+                            let timer = Timer::Board {
+                                project: project.clone(),
+                                key: name.clone(),
+                            };
+                            retime(&mut self.timers, None, expires_at, timer);
+                        })
+                }
+                Record::Lease {
+                    resource,
+                    holder,
+                    fence,
+                    ttl_ms,
+                    expires_in_ms,
+                } => {
+                    let Some(expires_at) = left(*expires_in_ms, age)
+                        .filter(|l| !l.is_zero())
+                        .and_then(|l| now.checked_add(l))
+                    else {
+                        restored.skipped += 1;
+                        continue;
+                    };
+                    self.restore_lease(
+                        now,
+                        &project,
+                        resource,
+                        holder,
+                        *fence,
+                        (*ttl_ms, expires_at),
+                    )
+                    .map(|()| restored.leases += 1)
+                }
+            };
+            match fits {
+                Ok(()) => {
+                    seen.insert(project.clone());
+                    self.persisted
+                        .entry(project)
+                        .or_default()
+                        .insert(key, u64::MAX);
+                }
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "a coordination record over a limit; skipped");
+                    restored.skipped += 1;
+                }
+            }
+        }
+        restored.projects = seen.len();
+        // Everything taken back is written again at its project's next change (its
+        // fingerprint is unknown here), which also deletes what was skipped.
+        self.changed.extend(seen);
+        restored
+    }
+
+    fn restore_lease(
+        &mut self,
+        now: Instant,
+        project: &str,
+        resource: &str,
+        holder: &str,
+        fence: u64,
+        (ttl_ms, expires_at): (u64, Instant),
+    ) -> Result<(), super::CoordError> {
+        super::check_name("resource", resource, self.limits.max_name_len)?;
+        self.touch(now, project, holder, None)?;
+        let p = self
+            .projects
+            .get_mut(project)
+            .expect("touch made the project");
+        p.fence = p.fence.max(fence);
+        p.leases.insert(
+            resource.to_owned(),
+            Lease {
+                holder: holder.to_owned(),
+                fence,
+                ttl: Duration::from_millis(ttl_ms),
+                expires_at,
+            },
+        );
+        if let Some(m) = p.members.get_mut(holder) {
+            m.held.insert(resource.to_owned());
+        }
+        let timer = Timer::Lease {
+            project: project.to_owned(),
+            resource: resource.to_owned(),
+        };
+        retime(&mut self.timers, None, Some(expires_at), timer);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::{Claim, Limits};
+
+    /// The fake clock's origin: the one real reading, made once per test.
+    #[allow(clippy::disallowed_methods)]
+    fn now() -> Instant {
+        Instant::now()
+    }
+
+    fn stored(changes: &[RecordChange], age: Duration) -> Vec<StoredRecord> {
+        changes
+            .iter()
+            .filter_map(|c| {
+                Some(StoredRecord {
+                    key: c.key.clone(),
+                    value: c.value.clone()?,
+                    age,
+                })
+            })
+            .collect()
+    }
+
+    /// Applies `changes` to a map standing for the store.
+    fn apply(store: &mut BTreeMap<String, Vec<u8>>, changes: Vec<RecordChange>) {
+        for c in changes {
+            match c.value {
+                Some(v) => store.insert(c.key, v),
+                None => store.remove(&c.key),
+            };
+        }
+    }
+
+    fn from(store: &BTreeMap<String, Vec<u8>>, age: Duration) -> Vec<StoredRecord> {
+        let changes: Vec<RecordChange> = store
+            .iter()
+            .map(|(k, v)| RecordChange {
+                key: k.clone(),
+                value: Some(v.clone()),
+            })
+            .collect();
+        stored(&changes, age)
+    }
+
+    #[test]
+    fn the_board_and_leases_come_back_with_their_numbers_and_time_left() {
+        let t0 = now();
+        let mut c = Coord::new(Limits::default());
+        c.persist();
+        let mut store = BTreeMap::new();
+        let Claim::Acquired { fence, .. } = c
+            .claim(
+                t0,
+                "beta",
+                "s1",
+                "story:beta-1",
+                Some(Duration::from_secs(60)),
+            )
+            .unwrap()
+        else {
+            panic!("not acquired");
+        };
+        c.board_set(t0, "beta", "s1", "plan", "\"ship\"".into(), None, None)
+            .unwrap();
+        let changes = c.take_changes(t0);
+        assert_eq!(
+            changes.len(),
+            3,
+            "counters, a lease, a board key: {changes:?}"
+        );
+        apply(&mut store, changes);
+        assert!(c.take_changes(t0).is_empty(), "nothing changed since");
+        // Reads change nothing.
+        c.board_get(t0, "beta", "plan");
+        assert!(c.take_changes(t0).is_empty());
+
+        // A restart 20 s later (the records are 20 s old), on a new clock.
+        let t1 = t0 + Duration::from_secs(1000);
+        let mut back = Coord::new(Limits::default());
+        back.persist();
+        let r = back.restore(t1, from(&store, Duration::from_secs(20)));
+        assert_eq!(
+            (r.projects, r.leases, r.board_keys, r.skipped),
+            (1, 1, 1, 0)
+        );
+        let leases = back.claims(t1, "beta");
+        assert_eq!(leases.len(), 1);
+        assert_eq!((leases[0].holder.as_str(), leases[0].fence), ("s1", fence));
+        assert_eq!(leases[0].expires_in, Duration::from_secs(40));
+        // Another agent is refused; the holder renews under the same fence.
+        assert!(matches!(
+            back.claim(t1, "beta", "s2", "story:beta-1", None).unwrap(),
+            Claim::Held { .. }
+        ));
+        assert_eq!(back.board_get(t1, "beta", "plan").unwrap().revision, 1);
+        // The numbers go on from where they were.
+        let set = back
+            .board_set(t1, "beta", "s2", "other", "1".into(), None, None)
+            .unwrap();
+        assert_eq!(set.revision, 2);
+        let Claim::Acquired { fence: f2, .. } =
+            back.claim(t1, "beta", "s2", "story:beta-2", None).unwrap()
+        else {
+            panic!("not acquired");
+        };
+        assert_eq!(f2, fence + 1);
+        // And the lease expires when it would have.
+        let t2 = t1 + Duration::from_secs(40);
+        assert!(matches!(
+            back.claim(t2, "beta", "s2", "story:beta-1", None).unwrap(),
+            Claim::Acquired { .. }
+        ));
+    }
+
+    #[test]
+    fn what_ended_is_deleted_and_what_expired_is_not_restored() {
+        let t0 = now();
+        let mut c = Coord::new(Limits::default());
+        c.persist();
+        let mut store = BTreeMap::new();
+        c.claim(t0, "a", "s1", "r1", Some(Duration::from_secs(10)))
+            .unwrap();
+        c.claim(t0, "a", "s1", "r2", Some(Duration::from_secs(100)))
+            .unwrap();
+        c.board_set(t0, "a", "s1", "k", "1".into(), None, None)
+            .unwrap();
+        apply(&mut store, c.take_changes(t0));
+        c.release(t0, "a", "s1", "r2").unwrap();
+        c.board_delete(t0, "a", "s1", "k", None).unwrap();
+        let changes = c.take_changes(t0);
+        assert_eq!(
+            changes.iter().filter(|c| c.value.is_none()).count(),
+            2,
+            "{changes:?}"
+        );
+        apply(&mut store, changes);
+        // r1 is 11 s old at the restart: gone. Its fence is not given out again.
+        let t1 = t0 + Duration::from_secs(500);
+        let mut back = Coord::new(Limits::default());
+        let r = back.restore(t1, from(&store, Duration::from_secs(11)));
+        assert_eq!((r.leases, r.skipped), (0, 1));
+        let Claim::Acquired { fence, .. } = back.claim(t1, "a", "s2", "r1", None).unwrap() else {
+            panic!("not acquired");
+        };
+        assert_eq!(fence, 3, "fences 1 and 2 were given out before the restart");
+    }
+
+    #[test]
+    fn a_failed_write_is_written_again() {
+        let t0 = now();
+        let mut c = Coord::new(Limits::default());
+        c.persist();
+        c.board_set(t0, "a", "s1", "k", "1".into(), None, None)
+            .unwrap();
+        let first = c.take_changes(t0);
+        let key = first
+            .iter()
+            .find(|c| c.key.contains(".b."))
+            .unwrap()
+            .key
+            .clone();
+        c.write_failed(&key);
+        assert!(c.take_changes(t0).is_empty(), "not at once");
+        c.board_set(t0, "a", "s1", "k2", "2".into(), None, None)
+            .unwrap();
+        let again = c.take_changes(t0);
+        assert!(
+            again.iter().any(|c| c.key == key && c.value.is_some()),
+            "with the project's next change: {again:?}"
+        );
+    }
+
+    #[test]
+    fn garbage_is_skipped() {
+        let t0 = now();
+        let mut c = Coord::new(Limits::default());
+        let r = c.restore(
+            t0,
+            vec![
+                StoredRecord {
+                    key: "zz.c".into(),
+                    value: b"{}".to_vec(),
+                    age: Duration::ZERO,
+                },
+                StoredRecord {
+                    key: format!("{}.c", hex("a")),
+                    value: b"{\"kind\":\"teleport\"}".to_vec(),
+                    age: Duration::ZERO,
+                },
+            ],
+        );
+        assert_eq!(r.skipped, 2);
+        assert_eq!(unhex(&hex("é.x")).as_deref(), Some("é.x"));
+    }
+}
