@@ -153,6 +153,9 @@ pub struct ServerOptions {
     /// the caller. `None` (the default): sessions live in memory only. A replica of a cluster
     /// keeps them in the cluster's engine instead, and [`serve`] refuses both at once.
     pub store: Option<Arc<dyn store::Store>>,
+    /// The wall clock the store's coordination records are stamped and aged by (the system's;
+    /// the simulation's follows simulated time).
+    pub store_clock: cluster::seal::WallClock,
     /// Connection caps and the body read deadline, which hold before authentication.
     pub limits: limits::Limits,
     /// Serve HTTPS and WSS with this certificate and key, on every listener, reloaded on SIGHUP
@@ -201,6 +204,7 @@ impl ServerOptions {
             otlp: None,
             cluster: None,
             store: None,
+            store_clock: cluster::seal::system_clock(),
             limits: limits::Limits::default(),
             tls: None,
         }
@@ -259,6 +263,7 @@ where
         otlp,
         cluster,
         store,
+        store_clock,
         limits,
         tls,
     } = opts;
@@ -361,13 +366,14 @@ where
         Some(store) => {
             // What agents left in the coordination state (leases, the board) comes back
             // before any event.
-            let records = store::records::load_coordination(&store)
+            let records = store::records::load_coordination(&store, &store_clock)
                 .await
                 .map_err(|e| {
                     std::io::Error::other(format!("reading the coordination state: {e}"))
                 })?;
             if !records.is_empty() {
-                let restored = gateway.restore_coordination(std::time::Instant::now(), records);
+                let restored =
+                    gateway.restore_coordination(tokio::time::Instant::now().into_std(), records);
                 tracing::info!(
                     projects = restored.projects,
                     leases = restored.leases,
@@ -376,9 +382,12 @@ where
                     "coordination state restored from the store"
                 );
             }
-            let (io, task) = store::records::start(store, session_ttl, cmd_tx.downgrade())
-                .await
-                .map_err(|e| std::io::Error::other(format!("opening the session store: {e}")))?;
+            let (io, task) =
+                store::records::start(store, session_ttl, store_clock, cmd_tx.downgrade())
+                    .await
+                    .map_err(|e| {
+                        std::io::Error::other(format!("opening the session store: {e}"))
+                    })?;
             (Some(io), Some(task))
         }
         None => (None, None),

@@ -16,6 +16,13 @@
 //!   (`CoordBug::ReleaseByAnyone`, `CoordBug::ClientFenceTrusted`,
 //!   `PlantedBug::HandleAcrossIdentities`): 4 adversary seeds each, some must fail.
 //!
+//! - `coord_durable_sweep` (issue 25): a single gateway keeping its coordination state in a
+//!   store loses power 2–3 times under 3 sessions' claims and board writes
+//!   (`gateway_tests::sim::durable`): `DST_SEEDS` seeds (default 16), all pass (D1)–(D5).
+//!   `coord_durable_same_seed_same_trace`: determinism.
+//!   `coord_planted_ack_before_durable_is_caught`: with `PlantedBug::CoordAckBeforeDurable`
+//!   some of 8 seeds fail, and the first replays to the same run.
+//!
 //! A failing seed prints `DST_SEED=<n>` and the command that replays it; `DST_SEED=<n>` runs only
 //! that seed and prints its scenario and trace; `DST_LOG=debug` adds every host's logs.
 
@@ -24,6 +31,7 @@ use std::time::Instant;
 use gateway_core::coord::CoordBug;
 use gateway_core::PlantedBug;
 use gateway_tests::sim::coord::{run_coord, CoordReport, CoordScenario};
+use gateway_tests::sim::durable::run_durable;
 use gateway_tests::sim::runner::{
     self, assert_all_passed, assert_same_run, env_u64, replay_command, replaying, run_parallel,
     seeds, summary, sweep_seeds,
@@ -250,4 +258,70 @@ fn coord_planted_handle_across_identities_is_caught() {
     let test = "coord_planted_handle_across_identities_is_caught";
     let scenarios = adversary_scenarios(4, None, Some(PlantedBug::HandleAcrossIdentities));
     caught(test, &scenarios, "HandleAcrossIdentities");
+}
+
+/// Issue 25: what a single gateway acknowledged survives its power losses ((D1)–(D5)).
+#[test]
+fn coord_durable_sweep() {
+    let test = "coord_durable_sweep";
+    let seeds = sweep_seeds(16);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_durable(*seed, None));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    for r in &reports {
+        for judged in ["(D1) judged", "(D4) judged", "answered after a power loss"] {
+            assert!(
+                r.coverage.get(judged).copied().unwrap_or(0) > 0,
+                "seed {}: nothing {judged}: {:?}",
+                r.seed,
+                r.coverage
+            );
+        }
+    }
+    runner::assert_all_passed("coord_sim", test, &reports);
+}
+
+#[test]
+fn coord_durable_same_seed_same_trace() {
+    let seed = env_u64("DST_SEED").unwrap_or(5);
+    let runs = run_parallel(&[0, 1], |_| run_durable(seed, None));
+    assert_same_run(
+        &format!("seed {seed}"),
+        &replay_command("coord_sim", "coord_durable_same_seed_same_trace", seed),
+        runs[0].run_trace(),
+        runs[1].run_trace(),
+    );
+}
+
+/// Answers that go out before their writes are durable are caught: a power loss inside the
+/// store's sync loses what was acknowledged.
+#[test]
+fn coord_planted_ack_before_durable_is_caught() {
+    let test = "coord_planted_ack_before_durable_is_caught";
+    let bug = Some(PlantedBug::CoordAckBeforeDurable);
+    let seeds = seeds(8, false);
+    let started = Instant::now();
+    let reports = run_parallel(&seeds, |seed| run_durable(*seed, bug));
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    let caught: Vec<_> = reports.iter().filter(|r| !r.passed()).collect();
+    println!(
+        "CoordAckBeforeDurable: caught in {}/{} seeds (seeds to detection: {})",
+        caught.len(),
+        reports.len(),
+        caught.first().map_or(0, |r| r.seed + 1)
+    );
+    let Some(first) = caught.first() else {
+        panic!(
+            "CoordAckBeforeDurable was not caught by any of {} seeds",
+            reports.len()
+        );
+    };
+    println!("{}", runner::describe("coord_sim", test, first));
+    let again = run_durable(first.seed, bug);
+    assert!(
+        !again.passed(),
+        "seed {} does not replay to a failure",
+        first.seed
+    );
+    assert_eq!(again.trace_hash, first.trace_hash, "the same run again");
 }

@@ -217,6 +217,9 @@ pub enum PlantedBug {
     /// once, cutting the calls running on them (issue 30: a graceful stop fails no call).
     /// Planted in the server's driver.
     StopWithoutDrain,
+    /// A single gateway with a store answers a coordination write as soon as it is made,
+    /// without waiting for the store to have it (issue 25: acknowledged means durable).
+    CoordAckBeforeDurable,
     /// In a cluster: a replica that loses the engine with a relay in flight answers its client
     /// `outcome: "unknown"` at once, without asking the owner what became of it once the
     /// engine is back (issue 31). Planted in the server's replica.
@@ -672,10 +675,18 @@ impl Gateway {
             .map(|n| (n.to_owned(), ProjectState::default()))
             .collect();
         Gateway {
-            coordination: coordination::Coordination::new(
-                config.coordination.clone(),
-                config.store_sessions && config.cluster.is_none(),
-            ),
+            coordination: {
+                #[allow(unused_mut)]
+                let mut c = coordination::Coordination::new(
+                    config.coordination.clone(),
+                    config.store_sessions && config.cluster.is_none(),
+                );
+                #[cfg(feature = "planted-bugs")]
+                if config.planted == Some(PlantedBug::CoordAckBeforeDurable) {
+                    c.ack_before_durable();
+                }
+                c
+            },
             cluster: config.cluster.as_ref().map(|c| {
                 #[allow(unused_mut)]
                 let mut replica = crate::replica::Replica::new(c);

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use gateway_core::cluster::{ClusterAction, ClusterEvent, EngineDown, SessionRecord};
@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{BucketConfig, EngineError, Store, MIN_MAX_AGE};
+use crate::cluster::seal::WallClock;
 use crate::driver::Command;
 
 /// The sessions' bucket.
@@ -62,6 +63,7 @@ impl RecordsIo {
 pub(crate) async fn start(
     store: Arc<dyn Store>,
     session_ttl: Duration,
+    clock: WallClock,
     commands: mpsc::WeakSender<Command>,
 ) -> Result<(RecordsIo, tokio::task::JoinHandle<()>), EngineError> {
     store
@@ -72,7 +74,7 @@ pub(crate) async fn start(
         .await?;
     store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let executor = tokio::spawn(execute(store, rx, commands));
+    let executor = tokio::spawn(execute(store, rx, clock, commands));
     Ok((RecordsIo { actions: tx }, executor))
 }
 
@@ -87,13 +89,19 @@ async fn tell(commands: &mpsc::WeakSender<Command>, event: ClusterEvent) -> bool
 async fn execute(
     store: Arc<dyn Store>,
     mut actions: mpsc::UnboundedReceiver<ClusterAction>,
+    clock: WallClock,
     commands: mpsc::WeakSender<Command>,
 ) {
     let mut reads = JoinSet::new();
     let (writes, write_rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_in_order(store.clone(), write_rx, commands.clone()));
     let (batches, batch_rx) = mpsc::unbounded_channel();
-    let coord_writer = tokio::spawn(write_batches(store.clone(), batch_rx, commands.clone()));
+    let coord_writer = tokio::spawn(write_batches(
+        store.clone(),
+        batch_rx,
+        clock,
+        commands.clone(),
+    ));
     while let Some(action) = actions.recv().await {
         match action {
             ClusterAction::StoreSession { session, record } => {
@@ -169,16 +177,11 @@ async fn write_in_order(
     }
 }
 
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Writes the coordination batches in order: all those waiting together, then each reported.
 async fn write_batches(
     store: Arc<dyn Store>,
     mut batches: mpsc::UnboundedReceiver<(u64, Vec<RecordChange>)>,
+    clock: WallClock,
     commands: mpsc::WeakSender<Command>,
 ) {
     while let Some(first) = batches.recv().await {
@@ -193,7 +196,7 @@ async fn write_batches(
                 last.insert(c.key.clone(), c.value.clone());
             }
         }
-        let at = wall_ms();
+        let at = clock();
         let writes = last.into_iter().map(|(key, value)| {
             let store = store.clone();
             async move {
@@ -239,13 +242,16 @@ async fn write_batches(
 /// Reads every coordination record back, each with its age, for the core to take back at
 /// start (`gateway_core::Gateway::restore_coordination`). A record that does not carry its
 /// write time is given back as written now (the core skips what it cannot read).
-pub async fn load_coordination(store: &Arc<dyn Store>) -> Result<Vec<StoredRecord>, EngineError> {
+pub async fn load_coordination(
+    store: &Arc<dyn Store>,
+    clock: &WallClock,
+) -> Result<Vec<StoredRecord>, EngineError> {
     store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
     let mut watch = store.watch(COORDINATION, ">").await?;
     let mark = store
         .put(COORDINATION, LOADED_MARK, Bytes::from_static(b"1"))
         .await?;
-    let now = wall_ms();
+    let now = clock();
     let mut records: BTreeMap<String, StoredRecord> = BTreeMap::new();
     while let Some(change) = watch.next().await {
         if change.key == LOADED_MARK {

@@ -24,6 +24,7 @@
 
 pub mod cluster;
 pub mod coord;
+pub mod durable;
 pub mod fleet;
 pub mod net;
 pub mod oracle;

@@ -44,6 +44,9 @@ pub(crate) struct Durable {
     /// Batches written, and writes that failed (for `/metrics`).
     pub(crate) batches: u64,
     pub(crate) failed_writes: u64,
+    /// The planted bug `CoordAckBeforeDurable`: nothing is held.
+    #[cfg(feature = "planted-bugs")]
+    pub(crate) ack_early: bool,
 }
 
 impl Durable {
@@ -68,6 +71,10 @@ impl Durable {
         reply: HttpReply,
         if_failed: Option<HttpReply>,
     ) -> Option<(HttpToken, HttpReply)> {
+        #[cfg(feature = "planted-bugs")]
+        if self.ack_early {
+            return Some((token, reply));
+        }
         let Some((&newest, _)) = self.in_flight.last_key_value() else {
             return Some((token, reply));
         };

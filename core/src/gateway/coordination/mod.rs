@@ -117,6 +117,14 @@ impl Coordination {
         }
     }
 
+    /// The planted bug `CoordAckBeforeDurable`.
+    #[cfg(feature = "planted-bugs")]
+    pub(super) fn ack_before_durable(&mut self) {
+        if let Some(d) = self.durable.as_mut() {
+            d.ack_early = true;
+        }
+    }
+
     /// The public name of the agent behind `secret` (a session id or handle), made on first use
     /// (or the one it had before a restart).
     fn name_of(&mut self, secret: &str) -> String {
