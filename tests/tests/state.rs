@@ -143,12 +143,13 @@ async fn coord(client: &mut McpClient<TokioConnect>, tool: &str, args: Value) ->
     }
 }
 
-/// Issue 25's scene: a session claims a story on beta and writes the board; SIGTERM and a
-/// restart, then a write and `kill -9` at once, and a restart: the lease is held by the same
-/// agent under the same fence (another session is refused, the holder renews), the board
-/// entries are there at their revisions, and the numbers go on where they were.
+/// Issue 25's scene: a session claims a story on beta, writes the board and sends another
+/// session a message; SIGTERM and a restart, then a write and `kill -9` at once, and a
+/// restart: the lease is held by the same agent under the same fence (another session is
+/// refused, the holder renews), the unread message is there (once), the board entries are
+/// there at their revisions, and the numbers go on where they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_and_the_board_survive_sigterm_and_kill_9_of_a_single_gateway() {
+async fn leases_messages_and_the_board_survive_sigterm_and_kill_9_of_a_single_gateway() {
     let mut gw = SingleGateway::start(&projects_toml()).await;
     let mcp = format!("{}/mcp", gw.url());
     let mut a = McpClient::connect(TokioConnect, &mcp)
@@ -174,8 +175,34 @@ async fn leases_and_the_board_survive_sigterm_and_kill_9_of_a_single_gateway() {
     .await;
     assert_eq!(set["revision"], 1, "{set}");
 
+    // B checks in (an agent with a name) and A writes to it; B reads only after the restart.
+    let mut b = McpClient::connect(TokioConnect, &mcp)
+        .await
+        .expect("connects");
+    b.initialize().await.expect("a session");
+    let checked_in = coord(&mut b, "checkin", json!({"project": "beta", "name": "b"})).await;
+    let b_agent = checked_in["agent"].clone();
+    assert!(b_agent.is_string(), "{checked_in}");
+    let sent = coord(
+        &mut a,
+        "send",
+        json!({"project": "beta", "to": b_agent, "body": "plan is on the board"}),
+    )
+    .await;
+    assert!(sent["id"].is_u64(), "{sent}");
+
     gw.terminate().await;
     gw.restart().await;
+    let inbox = coord(&mut b, "inbox", json!({"project": "beta"})).await;
+    assert_eq!(
+        inbox["messages"][0]["body"],
+        "plan is on the board",
+        "unread mail survives a restart: {inbox}\n{}",
+        gw.log()
+    );
+    assert_eq!(inbox["messages"][0]["from"], holder, "{inbox}");
+    let again = coord(&mut b, "inbox", json!({"project": "beta"})).await;
+    assert_eq!(again["messages"], json!([]), "read once: {again}");
     let claims = coord(&mut a, "claims", json!({"project": "beta"})).await;
     let lease = &claims["leases"][0];
     assert_eq!(lease["resource"], "story:beta-1", "{claims}\n{}", gw.log());
@@ -186,10 +213,6 @@ async fn leases_and_the_board_survive_sigterm_and_kill_9_of_a_single_gateway() {
         ttl_left > 590_000 && ttl_left <= 600_000,
         "the lease's time left after a restart: {ttl_left} ms"
     );
-    let mut b = McpClient::connect(TokioConnect, &mcp)
-        .await
-        .expect("connects");
-    b.initialize().await.expect("a session");
     let refused = coord(
         &mut b,
         "claim",

@@ -1,6 +1,7 @@
-//! What of the coordination state is kept across a restart (issue 25, first step: the board,
-//! the leases with their fences, and each project's counters), as records the caller writes
-//! to a store and gives back at the next start.
+//! What of the coordination state is kept across a restart (issue 25: the board, the leases
+//! with their fences, messages, each member's inbox cursor, and each project's counters), as
+//! records the caller writes to a store and gives back at the next start. Presence is not
+//! kept: a member comes back absent (a lease's holder, present).
 //!
 //! Every call that may change a project marks it; [`Coord::take_changes`] then compares the
 //! project's board entries, leases and counters with what was last handed out for writing
@@ -16,8 +17,9 @@
 //! # Keys
 //!
 //! `<project in hex>.c` (counters), `<project in hex>.b.<key in hex>` (a board entry),
-//! `<project in hex>.l.<resource in hex>` (a lease): tokens of `[0-9a-f]`, which every store
-//! accepts as a key whatever the names hold.
+//! `<project in hex>.l.<resource in hex>` (a lease), `<project in hex>.m.<id>` (a message),
+//! `<project in hex>.u.<agent in hex>` (a member's cursor): tokens of `[0-9a-f]`, which every
+//! store accepts as a key whatever the names hold.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{retime, Coord, Lease, StoredEntry, Timer};
+use super::{retime, Coord, Lease, Member, Recipient, StoredEntry, StoredMessage, Timer};
 
 /// One change for the store: `value` `None` deletes the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +50,7 @@ pub struct Restored {
     pub projects: usize,
     pub leases: usize,
     pub board_keys: usize,
+    pub messages: usize,
     /// Records past their deadline (left out), unreadable ones, and ones over a limit.
     pub skipped: usize,
 }
@@ -73,6 +76,21 @@ enum Record {
         fence: u64,
         ttl_ms: u64,
         expires_in_ms: u64,
+    },
+    Message {
+        id: u64,
+        from: String,
+        from_name: Option<String>,
+        /// The recipient; `None`: the channel.
+        to: Option<String>,
+        body: String,
+        sent_ago_ms: u64,
+        expires_in_ms: u64,
+    },
+    Member {
+        agent: String,
+        joined: u64,
+        cursor: u64,
     },
 }
 
@@ -172,6 +190,34 @@ impl Coord {
                     let print = fingerprint((&l.holder, l.fence, l.expires_at, l.ttl));
                     current.insert(format!("{base}.l.{}", hex(resource)), (print, record));
                 }
+                for (id, m) in &p.messages {
+                    if m.expires_at <= now {
+                        continue;
+                    }
+                    let record = Record::Message {
+                        id: *id,
+                        from: m.from.clone(),
+                        from_name: m.from_name.clone(),
+                        to: match &m.to {
+                            Recipient::Agent(a) => Some(a.clone()),
+                            Recipient::Channel => None,
+                        },
+                        body: m.body.clone(),
+                        sent_ago_ms: ms(now.saturating_duration_since(m.sent_at)),
+                        expires_in_ms: ms(m.expires_at.saturating_duration_since(now)),
+                    };
+                    // A message never changes: only its coming and going are written.
+                    current.insert(format!("{base}.m.{id}"), (*id, record));
+                }
+                for (agent, m) in &p.members {
+                    let record = Record::Member {
+                        agent: agent.clone(),
+                        joined: m.joined,
+                        cursor: m.cursor,
+                    };
+                    let print = fingerprint((m.joined, m.cursor));
+                    current.insert(format!("{base}.u.{}", hex(agent)), (print, record));
+                }
             }
             let written = self.persisted.entry(project.clone()).or_default();
             for (key, _) in written.iter() {
@@ -234,7 +280,11 @@ impl Coord {
                 }
             }
         }
-        parsed.sort_by_key(|(_, _, _, r)| !matches!(r, Record::Counters { .. }));
+        parsed.sort_by_key(|(_, _, _, r)| match r {
+            Record::Counters { .. } => 0,
+            Record::Member { .. } => 1,
+            _ => 2,
+        });
         let left = |expires_in_ms: u64, age: Duration| {
             Duration::from_millis(expires_in_ms).checked_sub(age)
         };
@@ -314,6 +364,42 @@ impl Coord {
                     )
                     .map(|()| restored.leases += 1)
                 }
+                Record::Member {
+                    agent,
+                    joined,
+                    cursor,
+                } => self.restore_member(now, &project, agent, *joined, *cursor),
+                Record::Message {
+                    id,
+                    from,
+                    from_name,
+                    to,
+                    body,
+                    sent_ago_ms,
+                    expires_in_ms,
+                } => {
+                    let Some(expires_at) = left(*expires_in_ms, age)
+                        .filter(|l| !l.is_zero())
+                        .and_then(|l| now.checked_add(l))
+                    else {
+                        restored.skipped += 1;
+                        continue;
+                    };
+                    let ago = Duration::from_millis(*sent_ago_ms).saturating_add(age);
+                    let message = StoredMessage {
+                        from: from.clone(),
+                        from_name: from_name.clone(),
+                        to: match to {
+                            Some(a) => Recipient::Agent(a.clone()),
+                            None => Recipient::Channel,
+                        },
+                        body: body.clone(),
+                        sent_at: now.checked_sub(ago).unwrap_or(now),
+                        expires_at,
+                    };
+                    self.restore_message(&project, *id, message)
+                        .map(|()| restored.messages += 1)
+                }
             };
             match fits {
                 Ok(()) => {
@@ -334,6 +420,93 @@ impl Coord {
         // fingerprint is unknown here), which also deletes what was skipped.
         self.changed.extend(seen);
         restored
+    }
+
+    /// A member of `project` again, absent (presence is not kept), with its inbox cursor.
+    fn restore_member(
+        &mut self,
+        now: Instant,
+        project: &str,
+        agent: &str,
+        joined: u64,
+        cursor: u64,
+    ) -> Result<(), super::CoordError> {
+        super::check_name("agent", agent, self.limits.max_name_len)?;
+        let (max_agents, forget_after, presence_ttl) = (
+            self.limits.max_agents_per_project,
+            self.limits.forget_after,
+            self.limits.presence_ttl,
+        );
+        let p = self.project_mut(project)?;
+        if p.members.len() >= max_agents && !p.members.contains_key(agent) {
+            return Err(self.limit(super::CoordLimit::AgentsPerProject, max_agents));
+        }
+        let p = self.projects.get_mut(project).expect("project_mut made it");
+        let forget_at = now.checked_add(forget_after).unwrap_or(now);
+        let event_cursor = p.event_seq;
+        let new = !p.members.contains_key(agent);
+        let m = p.members.entry(agent.to_owned()).or_insert_with(|| Member {
+            name: None,
+            task: None,
+            presence_ttl,
+            last_seen: now,
+            present_until: None,
+            forget_at: Some(forget_at),
+            joined,
+            cursor,
+            event_cursor,
+            held: Default::default(),
+            lost: Default::default(),
+            refused_on: Default::default(),
+            released: Default::default(),
+            expired: Default::default(),
+        });
+        m.joined = joined;
+        m.cursor = m.cursor.max(cursor);
+        self.agents
+            .entry(agent.to_owned())
+            .or_default()
+            .insert(project.to_owned());
+        if new {
+            let forget = Timer::Forget {
+                project: project.to_owned(),
+                agent: agent.to_owned(),
+            };
+            retime(&mut self.timers, None, Some(forget_at), forget);
+        }
+        Ok(())
+    }
+
+    /// A message of `project` again, in its recipient's inbox or the channel.
+    fn restore_message(
+        &mut self,
+        project: &str,
+        id: u64,
+        message: StoredMessage,
+    ) -> Result<(), super::CoordError> {
+        let max = self.limits.max_messages_per_project;
+        let p = self.project_mut(project)?;
+        if p.messages.len() >= max {
+            return Err(self.limit(super::CoordLimit::MessagesPerProject, max));
+        }
+        let p = self.projects.get_mut(project).expect("project_mut made it");
+        p.msg_seq = p.msg_seq.max(id);
+        match &message.to {
+            Recipient::Channel => {
+                p.channel.insert(id);
+            }
+            Recipient::Agent(a) => {
+                p.direct.entry(a.clone()).or_default().insert(id);
+            }
+        }
+        let expires_at = message.expires_at;
+        p.messages.insert(id, message);
+        let timer = Timer::Message {
+            project: project.to_owned(),
+            id,
+        };
+        retime(&mut self.timers, None, Some(expires_at), timer);
+        Ok(())
     }
 
     fn restore_lease(
@@ -438,11 +611,20 @@ mod tests {
         };
         c.board_set(t0, "beta", "s1", "plan", "\"ship\"".into(), None, None)
             .unwrap();
+        c.send(
+            t0,
+            "beta",
+            "s1",
+            Recipient::Agent("s2".into()),
+            "for you".into(),
+            None,
+        )
+        .unwrap();
         let changes = c.take_changes(t0);
         assert_eq!(
             changes.len(),
-            3,
-            "counters, a lease, a board key: {changes:?}"
+            5,
+            "counters, a lease, a board key, a message, a member: {changes:?}"
         );
         apply(&mut store, changes);
         assert!(c.take_changes(t0).is_empty(), "nothing changed since");
@@ -456,8 +638,8 @@ mod tests {
         back.persist();
         let r = back.restore(t1, from(&store, Duration::from_secs(20)));
         assert_eq!(
-            (r.projects, r.leases, r.board_keys, r.skipped),
-            (1, 1, 1, 0)
+            (r.projects, r.leases, r.board_keys, r.messages, r.skipped),
+            (1, 1, 1, 1, 0)
         );
         let leases = back.claims(t1, "beta");
         assert_eq!(leases.len(), 1);
@@ -469,6 +651,18 @@ mod tests {
             Claim::Held { .. }
         ));
         assert_eq!(back.board_get(t1, "beta", "plan").unwrap().revision, 1);
+        // s2's mail waits for it, sent 20 s before the restart; read once, it is gone.
+        let inbox = back.inbox(t1, "beta", "s2", false, 10).unwrap();
+        assert_eq!(inbox.messages.len(), 1);
+        assert_eq!(inbox.messages[0].body, "for you");
+        assert_eq!(inbox.messages[0].sent_ago, Duration::from_secs(20));
+        assert_eq!(
+            back.inbox(t1, "beta", "s2", false, 10)
+                .unwrap()
+                .messages
+                .len(),
+            0
+        );
         // The numbers go on from where they were.
         let set = back
             .board_set(t1, "beta", "s2", "other", "1".into(), None, None)

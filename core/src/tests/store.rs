@@ -231,8 +231,8 @@ fn a_coordination_write_is_answered_once_durable_and_refused_when_it_is_not() {
     let [(b1, put, deleted)] = batches.as_slice() else {
         panic!("one batch: {batches:?}");
     };
-    // The agent's name, the project's counters and the lease.
-    assert_eq!(put.len(), 3, "{put:?}");
+    // The agent's name, the project's counters, the agent as a member, and the lease.
+    assert_eq!(put.len(), 4, "{put:?}");
     assert!(deleted.is_empty());
     h.handle(Input::Cluster(ClusterEvent::CoordStored {
         batch: *b1,

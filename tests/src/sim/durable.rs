@@ -9,7 +9,8 @@
 //! loses the write, as a file system loses what it had not synced); host `client` runs 3
 //! sessions, each a seeded loop of `claim` (TTL 20 s) and `release` of `r0`/`r1` and
 //! `board_set`/`board_get` of `k0`–`k2` on project `alpha`, every value unique. No sleds: a
-//! single gateway's coordination needs none. The gateway loses power 2–3 times (every link cut,
+//! single gateway's coordination needs none. Each session checks in first (its agent name is
+//! shared with the others), and also sends the others direct messages and reads its inbox. The gateway loses power 2–3 times (every link cut,
 //! then a crash) and comes back 0.5–2 s later; the sessions carry on with the same session
 //! ids (they are kept in the store too), reconnecting as needed.
 //!
@@ -26,6 +27,11 @@
 //!   answered and answered before the grant's TTL could have run out (counted from the
 //!   grant's sending), with no release of it sent meanwhile, is not granted.
 //! - **(D5) sessions stay.** No request is answered 404 (unknown session).
+//! - **(D6) mail is delivered once.** No message is read twice, and every message whose `send`
+//!   was answered is read by its recipient by the end (each session reads its inbox until it
+//!   is empty once the run is over), unless a read of the recipient's got no answer after the
+//!   message was sent: a read commits the inbox's cursor, so one whose answer a power loss cut
+//!   off may have taken it (a client that cannot lose mail reads with `peek` first).
 //!
 //! `PlantedBug::CoordAckBeforeDurable` (answers go out before their writes are durable) is
 //! caught by (D1)–(D4) (`coord_planted_ack_before_durable_is_caught`).
@@ -174,6 +180,13 @@ enum Op {
     Set(String, u64),
     Get(String),
     Claims,
+    /// A direct message to session `to`, with a body unique in the run.
+    Send {
+        to: usize,
+        body: String,
+    },
+    Inbox,
+    Checkin,
 }
 
 /// One request and its answer.
@@ -240,8 +253,11 @@ async fn connect(session: Option<&str>) -> Option<Client> {
     Some(c)
 }
 
+/// The sessions' agent names, as their `checkin`s said.
+type Names = Arc<Mutex<Vec<Option<String>>>>;
+
 /// One session's loop.
-async fn session(who: usize, s: DurableScenario, calls: Arc<Mutex<Vec<Call>>>) {
+async fn session(who: usize, s: DurableScenario, calls: Arc<Mutex<Vec<Call>>>, names: Names) {
     let mut rng = ChaCha8Rng::seed_from_u64(s.seed ^ ((who as u64 + 1) * 0x9e37));
     // Initialize, until the gateway answers.
     let (mut client, id) = loop {
@@ -255,16 +271,35 @@ async fn session(who: usize, s: DurableScenario, calls: Arc<Mutex<Vec<Call>>>) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let mut n = 0u64;
-    while now() < s.run_for {
+    let mut draining = false;
+    loop {
+        let known = names.lock().expect("not poisoned").iter().flatten().count();
+        if now() >= s.run_for && !draining {
+            // The end: what is left in the inbox is read, once every session has a name.
+            draining = true;
+        }
         n += 1;
         let r = format!("r{}", rng.random_range(0..2));
         let k = format!("k{}", rng.random_range(0..3));
-        let op = match rng.random_range(0..100) {
-            0..=29 => Op::Set(k, who as u64 * 1_000_000 + n),
-            30..=49 => Op::Get(k),
-            50..=74 => Op::Claim(r),
-            75..=94 => Op::Release(r),
-            _ => Op::Claims,
+        let to = (who + rng.random_range(1..SESSIONS)) % SESSIONS;
+        let named = names.lock().expect("not poisoned")[who].is_some();
+        let op = if !named {
+            Op::Checkin
+        } else if draining {
+            Op::Inbox
+        } else {
+            match rng.random_range(0..100) {
+                0..=24 => Op::Set(k, who as u64 * 1_000_000 + n),
+                25..=39 => Op::Get(k),
+                40..=59 => Op::Claim(r),
+                60..=74 => Op::Release(r),
+                75..=84 if known == SESSIONS => Op::Send {
+                    to,
+                    body: format!("m{who}.{n}"),
+                },
+                75..=94 => Op::Inbox,
+                _ => Op::Claims,
+            }
         };
         let (tool, args) = match &op {
             Op::Claim(r) => ("claim", json!({"resource": r, "ttl_s": LEASE_TTL_S})),
@@ -272,6 +307,12 @@ async fn session(who: usize, s: DurableScenario, calls: Arc<Mutex<Vec<Call>>>) {
             Op::Set(k, v) => ("board_set", json!({"key": k, "value": v})),
             Op::Get(k) => ("board_get", json!({"key": k})),
             Op::Claims => ("claims", json!({})),
+            Op::Checkin => ("checkin", json!({})),
+            Op::Inbox => ("inbox", json!({"limit": 50})),
+            Op::Send { to, body } => {
+                let to = names.lock().expect("not poisoned")[*to].clone();
+                ("send", json!({"to": to, "body": body}))
+            }
         };
         let mut args = args;
         args["project"] = json!(PROJECT);
@@ -301,6 +342,10 @@ async fn session(who: usize, s: DurableScenario, calls: Arc<Mutex<Vec<Call>>>) {
             client = None;
         }
         let transport = outcome.is_err();
+        if let (Op::Checkin, Ok(v)) = (&op, &outcome) {
+            names.lock().expect("not poisoned")[who] = v["agent"].as_str().map(str::to_owned);
+        }
+        let empty = matches!((&op, &outcome), (Op::Inbox, Ok(v)) if v["messages"] == json!([]));
         calls.lock().expect("not poisoned").push(Call {
             who,
             op,
@@ -308,6 +353,9 @@ async fn session(who: usize, s: DurableScenario, calls: Arc<Mutex<Vec<Call>>>) {
             done: now(),
             outcome,
         });
+        if draining && empty {
+            return;
+        }
         let pause = if transport {
             200
         } else {
@@ -416,8 +464,9 @@ fn simulate(
     {
         let (s, calls) = (s.clone(), calls.clone());
         sim.client(CLIENT_HOST, async move {
+            let names: Names = Arc::new(Mutex::new(vec![None; SESSIONS]));
             let tasks: Vec<_> = (0..SESSIONS)
-                .map(|who| tokio::spawn(session(who, s.clone(), calls.clone())))
+                .map(|who| tokio::spawn(session(who, s.clone(), calls.clone(), names.clone())))
                 .collect();
             for t in tasks {
                 let _ = t.await;
@@ -559,6 +608,41 @@ fn judge(
                 if v["acquired"] == true {
                     out.push(format!("(D4) two holders: {} then {}", a.line(), c.line()));
                 }
+            }
+        }
+    }
+    // (D6) mail: each message read at most once, and every acknowledged one read by the end.
+    let mut read: BTreeMap<String, usize> = BTreeMap::new();
+    for c in calls {
+        if let (Op::Inbox, Ok(v)) = (&c.op, &c.outcome) {
+            for m in v["messages"].as_array().into_iter().flatten() {
+                if let Some(body) = m["body"].as_str() {
+                    let times = read.entry(body.to_owned()).or_default();
+                    *times += 1;
+                    if *times == 2 {
+                        out.push(format!("(D6) a message read twice: {body} in {}", c.line()));
+                    }
+                }
+            }
+        }
+    }
+    for c in calls {
+        if let (Op::Send { to, body }, Ok(_)) = (&c.op, &c.outcome) {
+            // A read whose answer was lost may have taken it (a read is a write: it commits
+            // the cursor), and nobody can tell what it returned.
+            let maybe_taken = calls.iter().any(|r| {
+                r.who == *to && r.op == Op::Inbox && r.outcome.is_err() && r.done > c.sent
+            });
+            if maybe_taken {
+                cover("(D6) excused: a read of it may have been lost", 1);
+                continue;
+            }
+            cover("(D6) judged", 1);
+            if !read.contains_key(body) {
+                out.push(format!(
+                    "(D6) an acknowledged message never read: {}",
+                    c.line()
+                ));
             }
         }
     }
