@@ -255,7 +255,7 @@ pub(crate) async fn run(
         std::process::id(),
         rand::random::<u32>()
     ));
-    let store = crate::state_flags::open(&state_dir).await?;
+    let store = crate::state_flags::open(&state_dir, false).await?;
     tracing::info!(dir = %state_dir.display(),
         "the demo keeps its sessions in a temporary state directory, removed when it stops");
     opts.store = Some(store.clone());

@@ -736,7 +736,7 @@ async fn serve(
     // A single gateway's state file is opened (or refused, naming it) before anything listens.
     let store = match &cluster {
         Some(_) => None,
-        None => Some(state_flags::open(&state.dir(&reload_from.0)).await?),
+        None => Some(state_flags::open(&state.dir(&reload_from.0), state.reset_state).await?),
     };
     let (listener, addr) = bind(listen.0).await?;
     let metrics_listener = match listen.1 {

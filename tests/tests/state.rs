@@ -318,10 +318,39 @@ async fn a_state_file_it_cannot_use_stops_the_gateway_naming_the_file() {
         stderr.contains(&file.display().to_string()) && stderr.contains("refusing to start"),
         "{stderr}"
     );
+    assert!(
+        stderr.contains("--reset-state"),
+        "it says how to start afresh: {stderr}"
+    );
     assert_eq!(
         std::fs::read(&file).expect("kept"),
         vec![0x5a; 20_000],
         "never replaced"
+    );
+
+    // --reset-state moves it aside (never deletes it) and starts with an empty state.
+    let mut child = gw
+        .command()
+        .arg("--reset-state")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("it runs");
+    assert!(
+        processes::wait_healthy(gw.port, Duration::from_secs(20)).await,
+        "it starts with --reset-state"
+    );
+    let _ = child.kill().await;
+    let aside: Vec<std::path::PathBuf> = std::fs::read_dir(gw.state_dir())
+        .expect("the state directory")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.to_string_lossy().contains("state.redb.reset-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(&aside[0]).expect("kept aside"),
+        vec![0x5a; 20_000]
     );
 }
 
