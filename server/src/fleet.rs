@@ -201,6 +201,37 @@ pub struct ServerCounters {
     /// In a cluster: values and messages in the engine that failed verification under the
     /// cluster secret, by source and reason.
     pub cluster_unverified: std::sync::Arc<crate::cluster::seal::Unverified>,
+    /// A single gateway with a store: its coordination batches written.
+    pub store_writes: StoreWrites,
+}
+
+/// The coordination batches a single gateway wrote to its store: how many, how many writes
+/// failed, and how long each batch took to be durable (buckets as the core's latency
+/// histograms, each bucket's own count, the last one past them).
+#[derive(Debug, Default)]
+pub struct StoreWrites {
+    pub batches: AtomicU64,
+    pub failed: AtomicU64,
+    pub buckets: [AtomicU64; 14],
+    pub sum_micros: AtomicU64,
+}
+
+impl StoreWrites {
+    /// One batch, durable (or failed) after `took`, with `failed` writes that failed.
+    pub fn observe(&self, took: Duration, failed: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.failed.fetch_add(failed as u64, Ordering::Relaxed);
+        let secs = took.as_secs_f64();
+        let i = gateway_core::LATENCY_BUCKETS_SECONDS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(gateway_core::LATENCY_BUCKETS_SECONDS.len());
+        self.buckets[i.min(self.buckets.len() - 1)].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 /// The driver's end of the pin file: hands the latest text to the writer task.

@@ -382,12 +382,15 @@ where
                     "coordination state restored from the store"
                 );
             }
-            let (io, task) =
-                store::records::start(store, session_ttl, store_clock, cmd_tx.downgrade())
-                    .await
-                    .map_err(|e| {
-                        std::io::Error::other(format!("opening the session store: {e}"))
-                    })?;
+            let (io, task) = store::records::start(
+                store,
+                session_ttl,
+                store_clock,
+                counters.clone(),
+                cmd_tx.downgrade(),
+            )
+            .await
+            .map_err(|e| std::io::Error::other(format!("opening the session store: {e}")))?;
             (Some(io), Some(task))
         }
         None => (None, None),

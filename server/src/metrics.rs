@@ -20,6 +20,10 @@
 //! - coordination: gauges `gateway_coord_leases_live`, `gateway_coord_agents_present`,
 //!   `gateway_coord_waits_parked`, and `gateway_coord_events_total{event}` (claims, releases,
 //!   expiries, messages, board writes, waits, refusals at a limit);
+//! - with a state directory: `gateway_coord_records_kept` (gauge),
+//!   `gateway_store_coordination_batches_total`,
+//!   `gateway_store_coordination_write_failures_total` and the histogram
+//!   `gateway_store_coordination_write_seconds` (each batch's time to durable);
 //! - in a cluster only: `gateway_cluster_events_total{event}` (relays out and their failures,
 //!   relays in, claims won, claim conflicts, claims lost, engine reconnects, sessions loaded);
 //! - counted by the server itself ([`crate::fleet::ServerCounters`]):
@@ -94,6 +98,10 @@ pub fn render(m: &Metrics, server: &ServerCounters) -> String {
             ),
         ],
         unverified: Vec::new(),
+        store_batches: load(&server.store_writes.batches),
+        store_failed: load(&server.store_writes.failed),
+        store_buckets: std::array::from_fn(|i| load(&server.store_writes.buckets[i])),
+        store_sum_seconds: load(&server.store_writes.sum_micros) as f64 / 1e6,
     };
     let mut snapshot = snapshot;
     snapshot.unverified = server.cluster_unverified.snapshot();
@@ -117,6 +125,12 @@ struct Snapshot {
     refused: [(&'static str, &'static str, u64); 6],
     /// In a cluster: what failed verification under the cluster secret, by source and reason.
     unverified: Vec<((&'static str, &'static str), u64)>,
+    /// A single gateway's coordination writes: batches, failed writes, each bucket's own
+    /// count, the sum.
+    store_batches: u64,
+    store_failed: u64,
+    store_buckets: [u64; 14],
+    store_sum_seconds: f64,
 }
 
 /// A label value with backslash, double quote and newline escaped.
@@ -311,6 +325,11 @@ impl Collector for Snapshot {
                 "Coordination waits parked now.",
                 c.parked_waiters,
             ),
+            (
+                "gateway_coord_records_kept",
+                "Coordination records kept in the store (a single gateway with a state directory): leases, board keys, messages, members' cursors and counters.",
+                c.records_kept,
+            ),
         ] {
             gauge(e, name, help, v as u64)?;
         }
@@ -377,6 +396,36 @@ impl Collector for Snapshot {
         )?;
         for (name, help, n) in self.refused {
             counter(e, name, help, n)?;
+        }
+        if self.store_batches > 0 {
+            counter(
+                e,
+                "gateway_store_coordination_batches",
+                "Batches of coordination records written to the store (each durable before the answers that waited for it).",
+                self.store_batches,
+            )?;
+            counter(
+                e,
+                "gateway_store_coordination_write_failures",
+                "Coordination records the store could not write (their calls were answered state_not_durable).",
+                self.store_failed,
+            )?;
+            let mut family = e.encode_descriptor(
+                "gateway_store_coordination_write_seconds",
+                "How long each batch of coordination records took to be durable.",
+                None,
+                MetricType::Histogram,
+            )?;
+            let mut bounds: Vec<f64> = LATENCY_BUCKETS_SECONDS.to_vec();
+            bounds.push(f64::MAX);
+            let buckets: Vec<(f64, u64)> = bounds.into_iter().zip(self.store_buckets).collect();
+            family_histogram(
+                &mut family,
+                &[("bucket", Escaped("coordination"))],
+                self.store_sum_seconds,
+                self.store_batches,
+                &buckets,
+            )?;
         }
         if !self.unverified.is_empty() {
             let mut family = e.encode_descriptor(

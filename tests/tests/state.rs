@@ -276,6 +276,30 @@ async fn leases_messages_and_the_board_survive_sigterm_and_kill_9_of_a_single_ga
         fence.as_u64().map(|f| f + 1),
         "fences go on from where they were: {other}"
     );
+    // /metrics counts the batches written since the restart, and what is kept.
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", gw.port)
+        .parse()
+        .expect("an address");
+    let (_, metrics) = gateway_tests::scrape_metrics(addr).await;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+    };
+    assert!(
+        value("gateway_store_coordination_batches_total ") >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        value("gateway_store_coordination_write_seconds_count{bucket=\"coordination\"} ") >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("gateway_store_coordination_write_failures_total "),
+        0.0
+    );
+    assert!(value("gateway_coord_records_kept ") >= 4.0, "{metrics}");
     // The holder releases; the lease is gone for good, across a restart too.
     let released = coord(
         &mut a,

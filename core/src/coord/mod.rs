@@ -488,6 +488,8 @@ pub struct CoordStats {
     pub live_leases: usize,
     pub present_agents: usize,
     pub parked_waiters: usize,
+    /// Records handed out for the store and not deleted since (with [`Coord::persist`]).
+    pub records_kept: usize,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -823,6 +825,7 @@ impl Coord {
             .filter(|m| m.present_until.is_some())
             .count();
         s.parked_waiters = self.waiters.len();
+        s.records_kept = self.persisted.values().map(BTreeMap::len).sum();
         s
     }
 }

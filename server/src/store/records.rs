@@ -64,6 +64,7 @@ pub(crate) async fn start(
     store: Arc<dyn Store>,
     session_ttl: Duration,
     clock: WallClock,
+    counters: Arc<crate::fleet::ServerCounters>,
     commands: mpsc::WeakSender<Command>,
 ) -> Result<(RecordsIo, tokio::task::JoinHandle<()>), EngineError> {
     store
@@ -74,7 +75,7 @@ pub(crate) async fn start(
         .await?;
     store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let executor = tokio::spawn(execute(store, rx, clock, commands));
+    let executor = tokio::spawn(execute(store, rx, (clock, counters), commands));
     Ok((RecordsIo { actions: tx }, executor))
 }
 
@@ -89,7 +90,7 @@ async fn tell(commands: &mpsc::WeakSender<Command>, event: ClusterEvent) -> bool
 async fn execute(
     store: Arc<dyn Store>,
     mut actions: mpsc::UnboundedReceiver<ClusterAction>,
-    clock: WallClock,
+    clocked: (WallClock, Arc<crate::fleet::ServerCounters>),
     commands: mpsc::WeakSender<Command>,
 ) {
     let mut reads = JoinSet::new();
@@ -99,7 +100,7 @@ async fn execute(
     let coord_writer = tokio::spawn(write_batches(
         store.clone(),
         batch_rx,
-        clock,
+        clocked,
         commands.clone(),
     ));
     while let Some(action) = actions.recv().await {
@@ -181,7 +182,7 @@ async fn write_in_order(
 async fn write_batches(
     store: Arc<dyn Store>,
     mut batches: mpsc::UnboundedReceiver<(u64, Vec<RecordChange>)>,
-    clock: WallClock,
+    (clock, counters): (WallClock, Arc<crate::fleet::ServerCounters>),
     commands: mpsc::WeakSender<Command>,
 ) {
     while let Some(first) = batches.recv().await {
@@ -197,6 +198,7 @@ async fn write_batches(
             }
         }
         let at = clock();
+        let started = tokio::time::Instant::now();
         let writes = last.into_iter().map(|(key, value)| {
             let store = store.clone();
             async move {
@@ -225,6 +227,9 @@ async fn write_batches(
                 }
             })
             .collect();
+        counters
+            .store_writes
+            .observe(started.elapsed(), failed.len());
         for (batch, changes) in waiting {
             let failed: Vec<String> = changes
                 .into_iter()
