@@ -40,6 +40,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "shell.sh",
         "oauth_client.py",
         "access.toml",
+        "tls.sh",
     ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(
@@ -53,9 +54,15 @@ fn the_readme_shows_every_example_as_shipped() {
 /// `gateway doctor --url mcp` again and again until it passes (sleds dial with a backoff);
 /// `Err` with its last output when it has not passed within `limit`.
 async fn doctor_passes(mcp: &str, limit: Duration) -> Result<(), String> {
+    doctor_passes_with(&[], mcp, limit).await
+}
+
+/// [`doctor_passes`] with client flags before the command (`--ca-file FILE`).
+async fn doctor_passes_with(flags: &[&str], mcp: &str, limit: Duration) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let out = Command::new(processes::workspace_bin("gateway"))
+            .args(flags)
             .args(["doctor", "--url", mcp])
             .env_remove("MCP_GATEWAY_TOKEN")
             .env_remove("MCP_GATEWAY_URL")
@@ -99,6 +106,97 @@ fn with_ports(file: &str, ports: &[(&str, String)]) -> String {
         text = text.replace(from, to);
     }
     text
+}
+
+/// A shipped shell script running in a process group of its own, its output in a log file.
+struct Script {
+    child: tokio::process::Child,
+    group: u32,
+    log: PathBuf,
+}
+
+impl Script {
+    /// `sh script` in `run`, with `path` as its PATH.
+    fn start(script: &Path, run: &Path, path: &str, log: &Path) -> Script {
+        let file = std::fs::File::create(log).unwrap();
+        let child = Command::new("sh")
+            .arg(script)
+            .current_dir(run)
+            .env("PATH", path)
+            .env_remove("MCP_GATEWAY_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("sh runs the script");
+        let group = child.id().expect("the script runs");
+        Script {
+            child,
+            group,
+            log: log.to_owned(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `sig` (`-INT`, `-KILL`) to the script's whole group.
+    fn signal(&self, sig: &str) {
+        let _ = std::process::Command::new("kill")
+            .args([sig, "--", &format!("-{}", self.group)])
+            .stderr(Stdio::null())
+            .status();
+    }
+
+    /// How many processes are left in the script's group.
+    fn in_group(&self) -> usize {
+        std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|pid| {
+                        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                            .ok()
+                            .and_then(|s| {
+                                // After the command's name: state, parent, process group.
+                                let after = s.rsplit_once(')')?.1.to_owned();
+                                after.split_whitespace().nth(2)?.parse::<u32>().ok()
+                            })
+                            == Some(self.group)
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Stops it as Ctrl-C does its terminal's group: it must end, and everything it started
+    /// with it.
+    async fn stop(mut self) {
+        self.signal("-INT");
+        let ended = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        // What it started may take a moment more to stop (a gateway drains its calls).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut leftover = self.in_group();
+        while leftover > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            leftover = self.in_group();
+        }
+        self.signal("-KILL");
+        assert!(
+            ended.is_ok(),
+            "the script did not end on SIGINT:\n{}",
+            self.log()
+        );
+        assert_eq!(
+            leftover,
+            0,
+            "processes of the script outlived it:\n{}",
+            self.log()
+        );
+    }
 }
 
 /// `examples/replicas.sh` as shipped, with only its ports changed, in a directory holding
@@ -176,31 +274,17 @@ async fn examples_replicas_sh_runs_as_shipped() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let log = std::fs::File::create(dir.join("replicas.log")).unwrap();
-    let mut script = Command::new("sh")
-        .arg(examples.join("replicas.sh"))
-        .current_dir(&run)
-        .env("PATH", path)
-        .env_remove("MCP_GATEWAY_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("sh runs examples/replicas.sh");
-    let group = script.id().expect("the script runs");
-    let signal = |sig: &str| {
-        let _ = std::process::Command::new("kill")
-            .args([sig, "--", &format!("-{group}")])
-            .stderr(Stdio::null())
-            .status();
-    };
-    let log_text = || std::fs::read_to_string(dir.join("replicas.log")).unwrap_or_default();
+    let script = Script::start(
+        &examples.join("replicas.sh"),
+        &run,
+        &path,
+        &dir.join("replicas.log"),
+    );
+    let log_text = || script.log();
     // Doctor through the balancer until both sleds are up, then it must pass.
     let mcp = format!("http://{}/mcp", lb_addr.1);
     if let Err(out) = doctor_passes(&mcp, Duration::from_secs(90)).await {
-        signal("-KILL");
+        script.signal("-KILL");
         panic!(
             "gateway doctor failed through the balancer of examples/replicas.sh:\n{out}\nthe script's output:\n{}",
             log_text()
@@ -229,47 +313,77 @@ async fn examples_replicas_sh_runs_as_shipped() {
             log_text()
         );
     }
-    // Stopping the script (as Ctrl-C does its terminal's group) stops all it started.
-    signal("-INT");
-    let ended = tokio::time::timeout(Duration::from_secs(30), script.wait()).await;
-    // What it started may take a moment more to stop (a replica gives its claims back).
-    let in_group = || {
-        std::fs::read_dir("/proc")
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|pid| {
-                        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                            .ok()
-                            .and_then(|s| {
-                                // After the command's name: state, parent, process group.
-                                let after = s.rsplit_once(')')?.1.to_owned();
-                                after.split_whitespace().nth(2)?.parse::<u32>().ok()
-                            })
-                            == Some(group)
-                    })
-                    .count()
-            })
-            .unwrap_or(0)
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut leftover = in_group();
-    while leftover > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        leftover = in_group();
+    script.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `examples/tls.sh` as shipped, with only its port changed, in a directory holding
+/// `examples/projects.toml`: it makes a CA and a certificate for localhost, serves HTTPS and
+/// WSS only, and sled-sim and the shell dial `https://` trusting that CA. `gateway doctor`
+/// with that CA passes; without it the certificate is refused; stopping the script stops
+/// everything it started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_tls_sh_runs_as_shipped() {
+    let dir = processes::scratch("tls-sh");
+    let port = processes::free_port();
+    let script_text = with_ports(
+        "tls.sh",
+        &[
+            ("localhost:8443", format!("localhost:{port}")),
+            ("127.0.0.1:8443", format!("127.0.0.1:{port}")),
+        ],
+    );
+    std::fs::write(dir.join("tls.sh"), script_text).unwrap();
+    std::fs::copy(
+        root().join("examples/projects.toml"),
+        dir.join("projects.toml"),
+    )
+    .unwrap();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in ["gateway", "sled-sim"] {
+        std::os::unix::fs::symlink(processes::workspace_bin(name), bin.join(name)).unwrap();
     }
-    signal("-KILL");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = Script::start(&dir.join("tls.sh"), &dir, &path, &dir.join("tls.log"));
+    let mcp = format!("https://localhost:{port}/mcp");
+    let ca = dir.join("tls/ca.pem");
+    let ca = ca.to_str().expect("a UTF-8 path");
+    if let Err(out) = doctor_passes_with(&["--ca-file", ca], &mcp, Duration::from_secs(60)).await {
+        script.signal("-KILL");
+        panic!(
+            "gateway doctor failed against examples/tls.sh:\n{out}\nthe script's output:\n{}",
+            script.log()
+        );
+    }
+    // The script's own shell command listed both projects over HTTPS.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !script.log().contains("\"projects\":[") && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(
-        ended.is_ok(),
-        "the script did not end on SIGINT:\n{}",
-        log_text()
+        script.log().contains("\"name\":\"beta\""),
+        "{}",
+        script.log()
     );
-    assert_eq!(
-        leftover,
-        0,
-        "processes of the script outlived it:\n{}",
-        log_text()
+    // A client that does not trust the example's CA is refused.
+    let untrusting = Command::new(processes::workspace_bin("gateway"))
+        .args(["list-projects", "--url", &mcp])
+        .env_remove("MCP_GATEWAY_CA_FILE")
+        .output()
+        .await
+        .expect("gateway runs");
+    assert!(!untrusting.status.success());
+    assert!(
+        String::from_utf8_lossy(&untrusting.stderr).contains("UnknownIssuer"),
+        "{}",
+        String::from_utf8_lossy(&untrusting.stderr)
     );
+    script.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
