@@ -287,6 +287,13 @@ struct ClusterFlags {
     #[arg(long = "claim-ttl-secs", value_name = "SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(3..=3600))]
     claim_ttl_secs: u64,
+    /// How long a call for a project between holders (its sled left one replica and has not
+    /// reached another yet, as in a rolling restart) waits for the next holder before it is
+    /// answered `sled_not_connected`; a call's own deadline and its client's cancellation
+    /// still end the wait. 0: no waiting.
+    #[arg(long = "move-grace-ms", value_name = "MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    move_grace_ms: u64,
     /// The cluster secret: a file holding 64 hex digits (32 random bytes), the same on every
     /// replica and never in NATS. Everything the replicas share through NATS is sealed under
     /// it, and nothing that does not verify is acted on. Make one with `openssl rand -hex 32`.
@@ -357,6 +364,7 @@ impl ClusterFlags {
         let mut opts = replica::ClusterOptions::new(std::sync::Arc::new(engine), replica, keys);
         opts.namespace = self.namespace.clone();
         opts.claim_ttl = Duration::from_secs(self.claim_ttl_secs);
+        opts.move_grace = Duration::from_millis(self.move_grace_ms);
         Ok(Some(opts))
     }
 }
@@ -933,6 +941,33 @@ mod tests {
         assert_eq!(opts.core.relay_stale_after, Duration::from_secs(60));
         assert_eq!(opts.core.fanout_timeout, Duration::from_secs(7));
         assert_eq!(opts.core.fanout_sled_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn the_move_grace_is_a_flag_of_the_cluster() {
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--config",
+            "p.toml",
+            "--cluster",
+            "nats://127.0.0.1:4222",
+            "--move-grace-ms",
+            "2000",
+        ])
+        .unwrap();
+        let Command::Serve { cluster, .. } = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(cluster.move_grace_ms, 2000);
+        let cli = Cli::try_parse_from(["gateway", "serve", "--config", "p.toml"]).unwrap();
+        let Command::Serve { cluster, .. } = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(
+            Duration::from_millis(cluster.move_grace_ms),
+            gateway_server::cluster::replica::DEFAULT_MOVE_GRACE
+        );
     }
 
     #[test]
