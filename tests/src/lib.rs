@@ -4,6 +4,7 @@
 pub mod crash_disk;
 pub mod engine_model;
 pub mod engine_net;
+pub mod hooked_store;
 pub mod sim;
 
 /// The cluster secret of the tests' replicas (64 hex digits), given to spawned replicas as

@@ -14,12 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use gateway_client::{ClientError, McpClient, TokioConnect};
 use gateway_server::store::redb::RedbStore;
-use gateway_server::store::{BucketConfig, EngineError, Entry, Revision, Store, Watch};
 use gateway_server::ServerOptions;
+use gateway_tests::hooked_store::HookedStore;
 use processes::{SingleGateway, SLED_TOKEN};
 use serde_json::{json, Value};
 
@@ -378,106 +376,38 @@ async fn a_state_file_it_cannot_use_stops_the_gateway_naming_the_file() {
     );
 }
 
-/// A store that counts the writes it is asked for.
-struct Counting {
-    inner: Arc<RedbStore>,
-    writes: AtomicU64,
-}
-
-impl Counting {
-    fn count(&self) -> u64 {
-        self.writes.load(Ordering::SeqCst)
-    }
-}
-
-impl Store for Counting {
-    fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
-        self.inner.ensure_bucket(config)
-    }
-
-    fn get(
-        &self,
-        bucket: &str,
-        key: &str,
-    ) -> BoxFuture<'static, Result<Option<Entry>, EngineError>> {
-        self.inner.get(bucket, key)
-    }
-
-    fn create(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: Bytes,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.create(bucket, key, value)
-    }
-
-    fn put(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: Bytes,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.put(bucket, key, value)
-    }
-
-    fn update(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: Bytes,
-        expected: Revision,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.update(bucket, key, value, expected)
-    }
-
-    fn delete(
-        &self,
-        bucket: &str,
-        key: &str,
-        expected: Option<Revision>,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.delete(bucket, key, expected)
-    }
-
-    fn watch(&self, bucket: &str, filter: &str) -> BoxFuture<'static, Result<Watch, EngineError>> {
-        self.inner.watch(bucket, filter)
-    }
-}
-
 /// The hot path stays off the disk: on a gateway keeping its sessions in the embedded store,
 /// `initialize` and a switch are written, and 200 plain `tools/call`s (in the session and
 /// without one) write nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_tools_call_does_no_store_write() {
     let dir = processes::scratch("hot-path");
-    let store = Arc::new(Counting {
-        inner: Arc::new(RedbStore::open(&dir).await.expect("opens")),
-        writes: AtomicU64::new(0),
+    let redb = Arc::new(RedbStore::open(&dir).await.expect("opens"));
+    let writes = Arc::new(AtomicU64::new(0));
+    let counted = writes.clone();
+    let store = Arc::new(HookedStore {
+        inner: redb.clone(),
+        hook: Arc::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::ready(()))
+        }),
     });
+    let count = || writes.load(Ordering::SeqCst);
     let registry = gateway_tests::registry(&["alpha", "beta"], Some("alpha"));
     let mut opts = ServerOptions::new(registry, [9; 32]);
-    opts.store = Some(store.clone());
+    opts.store = Some(store);
     let stack = gateway_tests::Stack::start_with(opts, &["alpha"], Default::default()).await;
     stack.wait_live(&["alpha"]).await;
     // At start the coordination state is read back (one mark written after it).
-    let started = store.count();
+    let started = count();
     let mut client = McpClient::connect(TokioConnect, &stack.url())
         .await
         .expect("connects");
     client.initialize().await.expect("a session");
-    assert_eq!(
-        store.count() - started,
-        1,
-        "initialize writes the new session"
-    );
+    assert_eq!(count() - started, 1, "initialize writes the new session");
     switch(&mut client, "beta").await;
     switch(&mut client, "alpha").await;
-    assert_eq!(store.count() - started, 3, "each switch is written");
+    assert_eq!(count() - started, 3, "each switch is written");
 
     let mut sessionless = McpClient::connect(TokioConnect, &stack.url())
         .await
@@ -494,7 +424,7 @@ async fn a_plain_tools_call_does_no_store_write() {
             .expect("answered");
         assert_eq!(r["result"]["structuredContent"]["project"], "alpha", "{r}");
     }
-    assert_eq!(store.count() - started, 3, "200 tools/call wrote nothing");
+    assert_eq!(count() - started, 3, "200 tools/call wrote nothing");
     stack.stop().await;
-    store.inner.close().await;
+    redb.close().await;
 }

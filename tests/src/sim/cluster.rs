@@ -168,7 +168,7 @@ use sled_sim::net::GatewayAddr;
 use sled_sim::uplink::{run_uplink_fenced, Backend, CallContext, Handler, UplinkOptions};
 use sled_sim::{ClientError, EpochFence, McpClient};
 
-use super::{Fnv, TurmoilConnect, TurmoilListener};
+use super::{TurmoilConnect, TurmoilListener};
 use crate::engine_model::Model;
 use crate::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 
@@ -1600,18 +1600,13 @@ fn run_with(
     timed.extend(notes);
     timed.sort_by_key(|(at, _)| *at);
     let trace: Vec<String> = timed.into_iter().map(|(_, line)| line).collect();
-    let mut hash = Fnv::default();
-    for line in &trace {
-        hash.write(line.as_bytes());
-        hash.write(b"\n");
-    }
-    hash.write(format!("{sim_time:?}").as_bytes());
+    let hash = super::trace_hash(&trace, sim_time);
     ClusterReport {
         seed: s.seed,
         scenario: s.to_string(),
         violations,
         trace,
-        trace_hash: hash.0,
+        trace_hash: hash,
         sim_time,
         wall: started.elapsed(),
         coverage,

@@ -85,7 +85,7 @@ use sled_sim::model::Project;
 use sled_sim::uplink::{Backend, CallContext, Handler, UplinkOptions};
 use sled_sim::{ClientError, McpClient};
 
-use super::{Fnv, TurmoilConnect, TurmoilListener, GATEWAY_PORT};
+use super::{TurmoilConnect, TurmoilListener, GATEWAY_PORT};
 
 const MCP_URL: &str = "http://gateway:80/mcp";
 const PROJECTS: [&str; 2] = ["alpha", "beta"];
@@ -1584,17 +1584,12 @@ pub fn run_coord(s: &CoordScenario) -> CoordReport {
                 .collect::<Vec<_>>())
         ));
     }
-    let mut hash = Fnv::default();
-    for line in &trace {
-        hash.write(line.as_bytes());
-        hash.write(b"\n");
-    }
-    hash.write(format!("{sim_time:?}").as_bytes());
+    let hash = super::trace_hash(&trace, sim_time);
     CoordReport {
         seed: s.seed,
         scenario: format!("{s:?}"),
         violations,
-        trace_hash: hash.0,
+        trace_hash: hash,
         trace,
         sim_time,
         wall: started.elapsed(),

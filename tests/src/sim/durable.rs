@@ -4,7 +4,7 @@
 //! One seed is one run: host `engine` serves the model of the store
 //! ([`crate::engine_model::Model`], made outside the host so its data survive everything) over
 //! turmoil's network; host `gateway` runs the real gateway (`gateway_server::serve`) with that
-//! store, reached through a [`NetEngine`] behind [`SlowStore`], which holds each write for a
+//! store, reached through a [`NetEngine`] behind a [`HookedStore`] that holds each write for a
 //! few milliseconds before sending it (the time a disk takes to sync: a power loss inside it
 //! loses the write, as a file system loses what it had not synced); host `client` runs 3
 //! sessions, each a seeded loop of `claim` (TTL 20 s) and `release` of `r0`/`r1` and
@@ -41,10 +41,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use gateway_core::{Config, PlantedBug, ProjectSpec, Registry};
-use gateway_server::store::{BucketConfig, EngineError, Entry, Revision, Store, Watch};
 use gateway_server::ServerOptions;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,9 +49,10 @@ use serde_json::{json, Value};
 use sled_sim::{ClientError, McpClient};
 
 use super::runner::SweepReport;
-use super::{Fnv, TurmoilConnect, TurmoilListener, GATEWAY_PORT};
+use super::{TurmoilConnect, TurmoilListener, GATEWAY_PORT};
 use crate::engine_model::Model;
 use crate::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
+use crate::hooked_store::HookedStore;
 
 const ENGINE_HOST: &str = "engine";
 const GATEWAY_HOST: &str = "gateway";
@@ -101,74 +99,6 @@ impl DurableScenario {
 
     fn down_between(&self, a: Duration, b: Duration) -> bool {
         self.power_losses.iter().any(|(d, u)| *d <= b && a <= *u)
-    }
-}
-
-/// The store as the gateway reaches it: each write held for `delay` before it is sent.
-struct SlowStore {
-    inner: Arc<NetEngine>,
-    delay: Duration,
-}
-
-impl SlowStore {
-    fn slow<T: Send + 'static>(
-        &self,
-        f: BoxFuture<'static, Result<T, EngineError>>,
-    ) -> BoxFuture<'static, Result<T, EngineError>> {
-        let delay = self.delay;
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
-            f.await
-        })
-    }
-}
-
-impl Store for SlowStore {
-    fn ensure_bucket(&self, config: BucketConfig) -> BoxFuture<'static, Result<(), EngineError>> {
-        self.inner.ensure_bucket(config)
-    }
-    fn get(
-        &self,
-        bucket: &str,
-        key: &str,
-    ) -> BoxFuture<'static, Result<Option<Entry>, EngineError>> {
-        self.inner.get(bucket, key)
-    }
-    fn create(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: Bytes,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.slow(self.inner.create(bucket, key, value))
-    }
-    fn put(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: Bytes,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.slow(self.inner.put(bucket, key, value))
-    }
-    fn update(
-        &self,
-        bucket: &str,
-        key: &str,
-        value: Bytes,
-        expected: Revision,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.slow(self.inner.update(bucket, key, value, expected))
-    }
-    fn delete(
-        &self,
-        bucket: &str,
-        key: &str,
-        expected: Option<Revision>,
-    ) -> BoxFuture<'static, Result<Revision, EngineError>> {
-        self.slow(self.inner.delete(bucket, key, expected))
-    }
-    fn watch(&self, bucket: &str, filter: &str) -> BoxFuture<'static, Result<Watch, EngineError>> {
-        self.inner.watch(bucket, filter)
     }
 }
 
@@ -395,18 +325,13 @@ pub fn run_durable(seed: u64, bug: Option<PlantedBug>) -> SweepReport {
     timed.extend(std::mem::take(&mut *notes.lock().expect("not poisoned")));
     timed.sort_by_key(|(at, _)| *at);
     let trace: Vec<String> = timed.into_iter().map(|(_, l)| l).collect();
-    let mut hash = Fnv::default();
-    for line in &trace {
-        hash.write(line.as_bytes());
-        hash.write(b"\n");
-    }
-    hash.write(&sim_time.as_nanos().to_le_bytes());
+    let hash = super::trace_hash(&trace, sim_time);
     SweepReport {
         seed,
         scenario: format!("{s:?}"),
         violations,
         trace,
-        trace_hash: hash.0,
+        trace_hash: hash,
         sim_time,
         wall: started.elapsed(),
         coverage,
@@ -446,9 +371,10 @@ fn simulate(
                     GATEWAY_HOST,
                 ));
                 engine.wait_connected(Duration::from_secs(3600)).await;
-                opts.store = Some(Arc::new(SlowStore {
+                // Each write held for `delay` before it is sent: a sync.
+                opts.store = Some(Arc::new(HookedStore {
                     inner: engine,
-                    delay,
+                    hook: Arc::new(move || Box::pin(tokio::time::sleep(delay))),
                 }));
                 let listener = turmoil::net::TcpListener::bind(("0.0.0.0", GATEWAY_PORT)).await?;
                 notes

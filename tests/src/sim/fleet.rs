@@ -46,7 +46,7 @@ use sled_sim::model::Project;
 use sled_sim::uplink::{Backend, UplinkOptions, UNKNOWN_PROJECT_BACKOFF_FACTOR};
 use sled_sim::{impostor_key, sled_key, McpClient};
 
-use super::{Fnv, TurmoilConnect, TurmoilListener, GATEWAY_PORT};
+use super::{TurmoilConnect, TurmoilListener, GATEWAY_PORT};
 
 const MCP_URL: &str = "http://gateway:80/mcp";
 /// The gateway's heartbeats in these scenarios: a partitioned sled is found out only after
@@ -378,17 +378,12 @@ fn finish(
         }
     };
     let trace = std::mem::take(&mut *trace.lock().expect("no poisoned lock"));
-    let mut hash = Fnv::default();
-    for line in &trace {
-        hash.write(line.as_bytes());
-        hash.write(b"\n");
-    }
-    hash.write(format!("{sim_time:?}").as_bytes());
+    let hash = super::trace_hash(&trace, sim_time);
     FleetReport {
         seed,
         scenario,
         violations,
-        trace_hash: hash.0,
+        trace_hash: hash,
         trace,
         sim_time,
         wall: started.elapsed(),

@@ -543,6 +543,17 @@ fn apply(
     }
 }
 
+/// A run's trace hash: FNV-1a over its lines (each ended by a newline) and its simulated time.
+fn trace_hash(trace: &[String], sim_time: Duration) -> u64 {
+    let mut hash = Fnv::default();
+    for line in trace {
+        hash.write(line.as_bytes());
+        hash.write(b"\n");
+    }
+    hash.write(format!("{sim_time:?}").as_bytes());
+    hash.0
+}
+
 /// FNV-1a, 64 bits: stable across runs, platforms and Rust versions.
 #[derive(Debug)]
 struct Fnv(u64);
