@@ -56,6 +56,8 @@ struct Cli {
     command: Command,
 }
 
+// One value per process, parsed once: `serve`'s many flags make it the large variant.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway for the projects registered in a projects.toml
