@@ -33,6 +33,8 @@ use hyper::header::HeaderValue;
 mod client;
 #[path = "../bench/coord.rs"]
 mod coord;
+#[path = "../bench/durable.rs"]
+mod durable;
 #[path = "../bench/procs.rs"]
 mod procs;
 #[path = "../bench/replicas.rs"]
@@ -70,6 +72,10 @@ enum Run {
     /// under --replica-clients callers: failures and latency during each move against the
     /// steady run.
     Rolling,
+    /// Durable coordination (a single gateway's state directory) against
+    /// --baseline-gateway-bin's in-memory one: claim + release and board_set latency, and
+    /// board writes a second with 64 writers.
+    DurableCoord,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -160,7 +166,8 @@ struct Args {
     #[arg(long)]
     gateway_bin: Option<PathBuf>,
     /// `--run sealed-relay`: the gateway to compare with, built from a commit before the
-    /// cluster secret (ac52bae), which takes no --cluster-secret-file.
+    /// cluster secret (ac52bae), which takes no --cluster-secret-file. `--run durable-coord`:
+    /// one built before coordination was kept (bc9971d).
     #[arg(long)]
     baseline_gateway_bin: Option<PathBuf>,
     /// The nats-server for `--run replicas` (default: PATH, then the tests' install in
@@ -256,6 +263,9 @@ async fn run(args: &Args) -> Res<()> {
     }
     if args.run.contains(&Run::Rolling) {
         rolling::rolling(args, &tmp, &mut targets).await?;
+    }
+    if args.run.contains(&Run::DurableCoord) {
+        durable::durable_coord(args, &tmp, &mut targets).await?;
     }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
