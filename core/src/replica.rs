@@ -533,6 +533,17 @@ impl Replica {
 
     // ---- requests ----
 
+    /// Requests for `project` are held for its next holder until the move grace is over,
+    /// counted from now unless a move still going on began earlier (a move that is over, kept
+    /// since an earlier one, counts for nothing: seed 919 of the graceful-stop sweep).
+    fn begin_move(&mut self, now: Instant, project: &str) {
+        let until = now + self.move_grace;
+        let entry = self.moving.entry(project.to_owned()).or_insert(until);
+        if *entry <= now {
+            *entry = until;
+        }
+    }
+
     /// Relays a request to `replica`, which holds `project`'s sled; `id` is its JSON-RPC id
     /// and `timeout` the project's call timeout.
     #[allow(clippy::too_many_arguments)]
@@ -677,8 +688,7 @@ impl Replica {
             );
             self.unanswering
                 .insert(relay.project.clone(), relay.replica.clone());
-            let until = now + self.move_grace;
-            self.moving.entry(relay.project.clone()).or_insert(until);
+            self.begin_move(now, &relay.project);
             self.events.push_back(ReplicaEvent::ServeAgain {
                 token,
                 request: (**request).clone(),
@@ -960,6 +970,36 @@ mod tests {
         // ...until the directory reports a new write of its key.
         r.handle_entry(t0, "alpha", 6, claimed_by("r2"));
         assert_eq!(r.place(t0, "alpha"), Place::Relay("r2".into()));
+    }
+
+    #[test]
+    fn a_relay_nobody_took_is_held_even_when_an_earlier_move_of_its_project_is_over() {
+        let t0 = t0();
+        let mut r = replica("r1");
+        // An earlier move: released, then claimed by r2; its move grace is long over.
+        r.handle_entry(t0, "alpha", 4, EntryState::Deleted);
+        r.handle_entry(t0, "alpha", 5, claimed_by("r2"));
+        let later = t0 + GRACE * 10;
+        assert_eq!(r.place(later, "alpha"), Place::Relay("r2".into()));
+        r.relay(
+            later,
+            HttpToken(7),
+            "r2".into(),
+            "alpha".into(),
+            "1",
+            false,
+            request(1),
+            GRACE,
+        );
+        events(&mut r);
+        // r2 is stopping and does not take it: held for the next holder, for a whole grace.
+        r.handle_relay_failed(later, HttpToken(7), RelaySent::NotSent);
+        assert_eq!(r.place(later, "alpha"), Place::Moving);
+        assert_eq!(
+            r.place(later + GRACE - Duration::from_millis(1), "alpha"),
+            Place::Moving
+        );
+        assert_eq!(r.place(later + GRACE, "alpha"), Place::Nowhere);
     }
 
     #[test]
