@@ -12,7 +12,11 @@
 //!   own included) is durable, or has failed.
 //! - A call whose own batch failed is answered `state_not_durable` (retryable) instead of its
 //!   result; the failed keys are written again with their project's next change.
-//! - Every held answer goes out exactly once: when its batch is done, or at shutdown.
+//! - Every held answer goes out exactly once: when its batch is done, when the batch (or an
+//!   older one) is past [`WRITE_DEADLINE`], or at shutdown.
+//! - No answer waits for ever on the store: a batch not done within [`WRITE_DEADLINE`] is
+//!   taken as failed (its calls are answered `state_not_durable`, its keys written again with
+//!   the next change); its report, if it ever comes, changes nothing.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -26,6 +30,17 @@ use crate::{HttpReply, HttpToken};
 /// How soon a client may retry a coordination write the store could not keep.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a batch may take to be written before its answers stop waiting for it: far above
+/// a sync (milliseconds), far below a client's patience.
+pub(crate) const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A batch handed out and not done.
+#[derive(Debug)]
+struct InFlight {
+    keys: Vec<String>,
+    since: Instant,
+}
+
 /// One held answer: its result, and what to answer instead if its own batch fails.
 #[derive(Debug)]
 struct Held {
@@ -38,12 +53,14 @@ struct Held {
 #[derive(Debug, Default)]
 pub(crate) struct Durable {
     next: u64,
-    /// Batches handed out and not done, with their keys.
-    in_flight: BTreeMap<u64, usize>,
+    /// Batches handed out and not done.
+    in_flight: BTreeMap<u64, InFlight>,
     held: BTreeMap<u64, Vec<Held>>,
     /// Batches written, and writes that failed (for `/metrics`).
     pub(crate) batches: u64,
     pub(crate) failed_writes: u64,
+    /// Batches given up on at [`WRITE_DEADLINE`] (for `/metrics` and the log).
+    pub(crate) timed_out: u64,
     /// The planted bug `CoordAckBeforeDurable`: nothing is held.
     #[cfg(feature = "planted-bugs")]
     pub(crate) ack_early: bool,
@@ -53,13 +70,16 @@ impl Durable {
     /// Numbers a batch of changes; `None` when there are none.
     pub(crate) fn handle_changes(
         &mut self,
+        now: Instant,
         changes: Vec<RecordChange>,
     ) -> Option<(u64, Vec<RecordChange>)> {
         if changes.is_empty() {
             return None;
         }
         self.next += 1;
-        self.in_flight.insert(self.next, changes.len());
+        let keys = changes.iter().map(|c| c.key.clone()).collect();
+        self.in_flight
+            .insert(self.next, InFlight { keys, since: now });
         Some((self.next, changes))
     }
 
@@ -98,13 +118,49 @@ impl Durable {
         }
         self.batches += 1;
         self.failed_writes += failed.len() as u64;
+        self.release(batch, !failed.is_empty())
+    }
+
+    /// When the oldest batch in flight is past its deadline.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.in_flight
+            .values()
+            .next()
+            .map(|b| b.since + WRITE_DEADLINE)
+    }
+
+    /// Batches past [`WRITE_DEADLINE`] are taken as failed, oldest first: their answers go
+    /// out (a call's own as `state_not_durable`), and their keys are given back to be written
+    /// again.
+    pub(crate) fn handle_timeout(
+        &mut self,
+        now: Instant,
+    ) -> (Vec<(HttpToken, HttpReply)>, Vec<String>) {
+        let mut out = Vec::new();
+        let mut keys = Vec::new();
+        while let Some(entry) = self.in_flight.first_entry() {
+            if entry.get().since + WRITE_DEADLINE > now {
+                break;
+            }
+            let (batch, b) = entry.remove_entry();
+            self.timed_out += 1;
+            self.failed_writes += b.keys.len() as u64;
+            out.extend(self.release(batch, true));
+            keys.extend(b.keys);
+        }
+        (out, keys)
+    }
+
+    /// The answers held under `batch` or older, once `batch` is no longer in flight (answered
+    /// as failed for the calls whose own batch it is, when `failed`).
+    fn release(&mut self, batch: u64, failed: bool) -> Vec<(HttpToken, HttpReply)> {
         // Batches are done in order; anything held under an older one goes too.
         let oldest_left = self.in_flight.keys().next().copied().unwrap_or(u64::MAX);
         let done: Vec<u64> = self.held.range(..oldest_left).map(|(b, _)| *b).collect();
         let mut out = Vec::new();
         for b in done {
             for h in self.held.remove(&b).unwrap_or_default() {
-                let reply = match (b == batch && !failed.is_empty(), h.if_failed) {
+                let reply = match (b == batch && failed, h.if_failed) {
                     (true, Some(instead)) => instead,
                     _ => h.reply,
                 };
@@ -142,7 +198,7 @@ impl Gateway {
         // Names whose write failed go with the next batch there is anyway.
         let retries = std::mem::take(&mut c.name_retries);
         changes.splice(0..0, retries);
-        let (batch, changes) = durable.handle_changes(changes)?;
+        let (batch, changes) = durable.handle_changes(now, changes)?;
         self.outputs
             .push_back(Output::Cluster(ClusterAction::StoreCoord {
                 batch,
@@ -206,6 +262,29 @@ impl Gateway {
             );
         }
         let out = durable.handle_stored(batch, &failed);
+        self.coordination_released(out, failed);
+    }
+
+    /// Batches the store did not report within `WRITE_DEADLINE` are taken as failed.
+    pub(in crate::gateway) fn coordination_write_timeout(&mut self, now: Instant) {
+        let Some(durable) = self.coordination.durable.as_mut() else {
+            return;
+        };
+        if durable.poll_timeout().is_none_or(|at| at > now) {
+            return;
+        }
+        let (out, keys) = durable.handle_timeout(now);
+        tracing::error!(
+            keys = keys.len(),
+            "the store did not report coordination writes within {}s; they were answered state_not_durable and are written again",
+            WRITE_DEADLINE.as_secs()
+        );
+        self.coordination_released(out, keys);
+    }
+
+    /// Answers whose batches are over go out; `failed` keys are written again with the next
+    /// batch of their project (of any project, for a name).
+    fn coordination_released(&mut self, out: Vec<(HttpToken, HttpReply)>, failed: Vec<String>) {
         for key in &failed {
             if key.starts_with(super::NAME_PREFIX) {
                 // A name's write failed: written again with the next batch.
@@ -287,15 +366,16 @@ mod tests {
 
     #[test]
     fn answers_wait_for_their_batch_and_the_ones_before() {
+        let t0 = Instant::now();
         let mut d = Durable::default();
-        assert!(d.handle_changes(Vec::new()).is_none());
+        assert!(d.handle_changes(t0, Vec::new()).is_none());
         // Nothing in flight: at once.
         assert!(d.hold(HttpToken(1), reply("a"), None).is_some());
-        let (b1, _) = d.handle_changes(change()).unwrap();
+        let (b1, _) = d.handle_changes(t0, change()).unwrap();
         assert!(d
             .hold(HttpToken(2), reply("w1"), Some(reply("x1")))
             .is_none());
-        let (b2, _) = d.handle_changes(change()).unwrap();
+        let (b2, _) = d.handle_changes(t0, change()).unwrap();
         assert!(d
             .hold(HttpToken(3), reply("w2"), Some(reply("x2")))
             .is_none());
@@ -316,9 +396,43 @@ mod tests {
 
     #[test]
     fn shutdown_lets_everything_go() {
+        let t0 = Instant::now();
         let mut d = Durable::default();
-        d.handle_changes(change()).unwrap();
+        d.handle_changes(t0, change()).unwrap();
         assert!(d.hold(HttpToken(1), reply("w"), None).is_none());
         assert_eq!(d.handle_shutdown(), vec![(HttpToken(1), reply("w"))]);
+    }
+
+    #[test]
+    fn a_batch_past_its_deadline_fails_its_calls_and_gives_back_its_keys() {
+        let t0 = Instant::now();
+        let mut d = Durable::default();
+        assert_eq!(d.poll_timeout(), None);
+        let (b1, _) = d.handle_changes(t0, change()).unwrap();
+        assert!(d
+            .hold(HttpToken(1), reply("w1"), Some(reply("x1")))
+            .is_none());
+        let t1 = t0 + Duration::from_secs(3);
+        let (b2, _) = d.handle_changes(t1, change()).unwrap();
+        assert!(d
+            .hold(HttpToken(2), reply("w2"), Some(reply("x2")))
+            .is_none());
+        assert_eq!(d.poll_timeout(), Some(t0 + WRITE_DEADLINE));
+        // Not yet.
+        let (out, keys) = d.handle_timeout(t0 + WRITE_DEADLINE - Duration::from_millis(1));
+        assert!(out.is_empty() && keys.is_empty());
+        // The first batch is given up: its call is told, its keys come back; the second
+        // still waits for its own.
+        let (out, keys) = d.handle_timeout(t0 + WRITE_DEADLINE);
+        assert_eq!(out, vec![(HttpToken(1), reply("x1"))]);
+        assert_eq!(keys, vec!["61.c".to_owned()]);
+        assert_eq!(d.poll_timeout(), Some(t1 + WRITE_DEADLINE));
+        // Its late report changes nothing; the second is reported in time.
+        assert!(d.handle_stored(b1, &[]).is_empty());
+        assert_eq!(d.handle_stored(b2, &[]), vec![(HttpToken(2), reply("w2"))]);
+        assert_eq!(
+            (d.timed_out, d.failed_writes, d.poll_timeout()),
+            (1, 1, None)
+        );
     }
 }

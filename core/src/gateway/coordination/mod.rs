@@ -174,10 +174,14 @@ impl Coordination {
     /// When the next coordination timer is due (expiries, wait deadlines, progress ticks).
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
         let progress = self.progress_due.first().map(|(at, _)| *at);
-        match (self.coord.poll_timeout(), progress) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let writes = self
+            .durable
+            .as_ref()
+            .and_then(durable::Durable::poll_timeout);
+        [self.coord.poll_timeout(), progress, writes]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn park(&mut self, wait: WaitToken, parked: Parked) {

@@ -223,6 +223,7 @@ impl Gateway {
 
     /// Coordination timers: expiries and wait deadlines, and progress for parked waits.
     pub(in crate::gateway) fn coordination_timeout(&mut self, now: Instant) {
+        self.coordination_write_timeout(now);
         self.coordination.coord.handle_timeout(now);
         self.drain_woken(now);
         while let Some(&(at, wait)) = self.coordination.progress_due.first() {
