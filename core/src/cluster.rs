@@ -87,6 +87,12 @@ pub enum ClusterEvent {
     SessionStored { session: String, written: bool },
     /// A [`ClusterAction::StoreCoord`] is done: the keys whose write failed (none: all durable).
     CoordStored { batch: u64, failed: Vec<String> },
+    /// The answer to a [`ClusterAction::LoadCoord`]: every coordination record of the
+    /// project, each with its age (an engine out of reach: the load is asked again).
+    CoordLoaded {
+        project: String,
+        records: Result<Vec<crate::coord::StoredRecord>, EngineDown>,
+    },
     /// The answer to a [`ClusterAction::CreatePin`].
     PinCreated {
         project: String,
@@ -225,7 +231,8 @@ pub enum ClusterAction {
     /// `tools/list` lists it; reported to all as [`ClusterEvent::ToolsChanged`]. Writes of one
     /// project are carried out in the order given.
     StoreTools { project: String, listing: String },
-    /// Write a batch of coordination records (a single gateway with a store, issue 25): each
+    /// Write a batch of coordination records (a single gateway's store, or a cluster's engine
+    /// for the projects a replica holds; issue 25): each
     /// change a put or (`value: None`) a delete. Batches are carried out in the order given;
     /// answer with [`ClusterEvent::CoordStored`] once every write of the batch is durable (or
     /// has failed).
@@ -233,6 +240,9 @@ pub enum ClusterAction {
         batch: u64,
         changes: Vec<crate::coord::RecordChange>,
     },
+    /// Read every coordination record of `project` (a replica that won its claim, before it
+    /// serves it: the state the last holder kept); answer with [`ClusterEvent::CoordLoaded`].
+    LoadCoord { project: String },
 }
 
 /// A session as the engine keeps it: what any replica needs to serve it.

@@ -52,8 +52,20 @@ pub(crate) enum Place {
     Relay(String),
     /// Its sled left its replica a moment ago: a request may wait for its next one.
     Moving,
+    /// This replica won its claim and reads the coordination state the last holder kept
+    /// before it serves: a request waits (relayed here or not).
+    Loading,
     /// By nobody this replica knows of.
     Nowhere,
+}
+
+/// A won claim whose project's coordination records are being read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Loading {
+    epoch: Epoch,
+    waiting: Waiting,
+    /// A read that failed is asked again at this instant.
+    again_at: Option<Instant>,
 }
 
 /// An uplink waiting for its project's claim.
@@ -140,6 +152,12 @@ pub(crate) struct Replica {
     waiting: BTreeMap<String, Waiting>,
     /// Projects whose claim this replica won and whose uplink serves (until it goes).
     serving: BTreeMap<String, UplinkId>,
+    /// Projects whose claim this replica won, whose coordination records are being read before
+    /// the uplink serves: the claim's epoch, the uplink, and when to ask again if a read failed.
+    loading: BTreeMap<String, Loading>,
+    /// Whether a won claim waits for its project's coordination records (a replica whose
+    /// gateway keeps coordination in the engine).
+    loads_coordination: bool,
     /// Requests relayed to another replica, until their answer ends.
     relays: HashMap<HttpToken, Relay>,
     /// Projects whose sled just left its replica, until when requests for them are held.
@@ -163,6 +181,8 @@ impl Replica {
             directory: Directory::new(config.replica.clone(), config.directory.clone()),
             waiting: BTreeMap::new(),
             serving: BTreeMap::new(),
+            loading: BTreeMap::new(),
+            loads_coordination: false,
             relays: HashMap::new(),
             moving: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -182,6 +202,12 @@ impl Replica {
         self.planted = planted;
     }
 
+    /// A won claim serves only once its project's coordination records are read
+    /// ([`ClusterAction::LoadCoord`], then [`Replica::handle_coord_loaded`]).
+    pub(crate) fn load_coordination(&mut self) {
+        self.loads_coordination = true;
+    }
+
     /// This replica's name.
     pub(crate) fn name(&self) -> &str {
         self.directory.replica()
@@ -196,6 +222,7 @@ impl Replica {
     /// Where `project` is served.
     pub(crate) fn place(&self, now: Instant, project: &str) -> Place {
         match self.directory.owner(project) {
+            Owner::Local { .. } if self.loading.contains_key(project) => Place::Loading,
             Owner::Local { .. } => Place::Here,
             Owner::Replica(r) if self.unanswering.get(project) != Some(&r) => Place::Relay(r),
             Owner::Replica(_) | Owner::Nobody
@@ -296,7 +323,7 @@ impl Replica {
         for token in waited {
             self.serve_again(token);
         }
-        self.drain_directory();
+        self.drain_directory(now);
         if !gone {
             self.release_held(project);
         }
@@ -313,7 +340,7 @@ impl Replica {
             self.counts.claim_conflicts += 1;
         }
         self.directory.handle_claim_outcome(now, project, outcome);
-        self.drain_directory();
+        self.drain_directory(now);
     }
 
     /// Whether the engine is reachable.
@@ -325,7 +352,7 @@ impl Replica {
             tracing::warn!("lost the cluster's engine: live uplinks keep serving, no new claims");
         }
         self.directory.handle_engine(now, up);
-        self.drain_directory();
+        self.drain_directory(now);
         if up {
             self.engine_back(now);
         }
@@ -398,17 +425,23 @@ impl Replica {
             .values()
             .filter_map(|r| r.awaiting_engine.map(|retry| retry.min(r.deadline)))
             .min();
-        [self.directory.poll_timeout(), held_until, engine_wait]
-            .into_iter()
-            .flatten()
-            .min()
+        let reload = self.loading.values().filter_map(|l| l.again_at).min();
+        [
+            self.directory.poll_timeout(),
+            held_until,
+            engine_wait,
+            reload,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
         if self.directory.poll_timeout().is_some_and(|at| at <= now) {
             self.directory.handle_timeout(now);
         }
-        self.drain_directory();
+        self.drain_directory(now);
         // Moves that took too long: their held requests are answered as they are now.
         let mut over = Vec::new();
         self.moving.retain(|project, until| {
@@ -420,6 +453,15 @@ impl Replica {
         });
         for project in over {
             self.release_held(&project);
+        }
+        // Reads of coordination records that failed are asked again.
+        for (project, l) in &mut self.loading {
+            if l.again_at.is_some_and(|at| at <= now) {
+                l.again_at = None;
+                self.actions.push_back(ClusterAction::LoadCoord {
+                    project: project.clone(),
+                });
+            }
         }
         // Relays that waited for the engine past their call's timeout: not sent. The others
         // are tried again now and then: the engine may be back before anyone says so.
@@ -442,7 +484,7 @@ impl Replica {
     }
 
     /// What the directory decided, as the gateway's events and the engine's actions.
-    fn drain_directory(&mut self) {
+    fn drain_directory(&mut self, now: Instant) {
         while let Some(action) = self.directory.poll_action() {
             match action {
                 Action::Claim {
@@ -462,24 +504,34 @@ impl Replica {
                         tracing::debug!(project, epoch, "claim won with no uplink waiting");
                         continue;
                     };
-                    self.counts.claims_won += 1;
-                    self.moving.remove(&project);
-                    tracing::info!(
-                        uplink = waiting.uplink.0,
-                        project,
-                        epoch,
-                        "claim won; serving"
-                    );
-                    self.serving.insert(project.clone(), waiting.uplink);
-                    self.events.push_back(ReplicaEvent::Serve {
-                        project: project.clone(),
-                        epoch,
-                        waiting,
-                    });
-                    self.release_held(&project);
+                    #[cfg(feature = "planted-bugs")]
+                    let loads = self.loads_coordination
+                        && self.planted != Some(PlantedBug::ServeBeforeCoordLoaded);
+                    #[cfg(not(feature = "planted-bugs"))]
+                    let loads = self.loads_coordination;
+                    if loads {
+                        // Requests wait (as for a move) while the last holder's state is read.
+                        tracing::info!(project, epoch, "claim won; reading its coordination state");
+                        self.begin_move(now, &project);
+                        self.loading.insert(
+                            project.clone(),
+                            Loading {
+                                epoch,
+                                waiting,
+                                again_at: None,
+                            },
+                        );
+                        self.actions.push_back(ClusterAction::LoadCoord { project });
+                        continue;
+                    }
+                    self.serve(project, epoch, waiting);
                 }
                 Action::StopServing { project, reason } => {
-                    let waiting = self.waiting.remove(&project).map(|w| w.uplink);
+                    let waiting = self
+                        .waiting
+                        .remove(&project)
+                        .map(|w| w.uplink)
+                        .or_else(|| self.loading.remove(&project).map(|l| l.waiting.uplink));
                     if self.serving.remove(&project).is_some() && reason != Loss::ShuttingDown {
                         self.counts.claims_lost += 1;
                     }
@@ -490,6 +542,49 @@ impl Replica {
                     });
                 }
             }
+        }
+    }
+
+    /// The claim of `project` was won (and its coordination records read, where they are):
+    /// the uplink that waited serves, and requests held for it go.
+    fn serve(&mut self, project: String, epoch: Epoch, waiting: Waiting) {
+        self.counts.claims_won += 1;
+        self.moving.remove(&project);
+        tracing::info!(
+            uplink = waiting.uplink.0,
+            project,
+            epoch,
+            "claim won; serving"
+        );
+        self.serving.insert(project.clone(), waiting.uplink);
+        self.events.push_back(ReplicaEvent::Serve {
+            project: project.clone(),
+            epoch,
+            waiting,
+        });
+        self.release_held(&project);
+    }
+
+    /// The coordination records of `project` were read (`read`; the gateway took them in
+    /// first) or could not be (asked again soon): a claim still held serves now.
+    pub(crate) fn handle_coord_loaded(&mut self, now: Instant, project: &str, read: bool) {
+        if !read {
+            if let Some(l) = self.loading.get_mut(project) {
+                tracing::warn!(
+                    project,
+                    "could not read the project's coordination state; asking again"
+                );
+                l.again_at = Some(now + ENGINE_RETRY);
+                // Held requests wait for it up to a move's grace from now.
+                self.begin_move(now, project);
+            }
+            return;
+        }
+        let still_ours = matches!(self.directory.owner(project), Owner::Local { .. });
+        match self.loading.remove(project) {
+            Some(l) if still_ours => self.serve(project.to_owned(), l.epoch, l.waiting),
+            // The claim went meanwhile (its loss was reported with the uplink): nothing.
+            Some(_) | None => {}
         }
     }
 
@@ -507,15 +602,20 @@ impl Replica {
     /// Claims `project` for the uplink waiting for it; `epoch_seen` is the sled's.
     pub(crate) fn claim(&mut self, now: Instant, project: &str, epoch_seen: Option<Epoch>) {
         self.directory.handle_hello(now, project, epoch_seen);
-        self.drain_directory();
+        self.drain_directory(now);
     }
 
     /// An uplink of `project` is gone. When it waited for the claim or held it, the claim is
     /// released, and requests for the project wait a moment for its sled's next uplink.
     pub(crate) fn handle_uplink_gone(&mut self, now: Instant, id: UplinkId, project: &str) {
-        let was_waiting = self.waiting.get(project).is_some_and(|w| w.uplink == id);
+        let was_waiting = self.waiting.get(project).is_some_and(|w| w.uplink == id)
+            || self
+                .loading
+                .get(project)
+                .is_some_and(|l| l.waiting.uplink == id);
         if was_waiting {
             self.waiting.remove(project);
+            self.loading.remove(project);
         }
         let was_serving = self.serving.get(project) == Some(&id);
         if was_serving {
@@ -527,7 +627,7 @@ impl Replica {
                     .insert(project.to_owned(), now + self.move_grace);
             }
             self.directory.handle_uplink_closed(project);
-            self.drain_directory();
+            self.drain_directory(now);
         }
     }
 
@@ -759,9 +859,9 @@ impl Replica {
     }
 
     /// Shutdown: no new claims; held requests are refused, and relays still open failed.
-    pub(crate) fn handle_shutdown(&mut self) {
+    pub(crate) fn handle_shutdown(&mut self, now: Instant) {
         self.directory.handle_shutdown();
-        self.drain_directory();
+        self.drain_directory(now);
         let held: Vec<HttpToken> = std::mem::take(&mut self.held)
             .into_values()
             .flatten()
@@ -867,6 +967,65 @@ mod tests {
             }]
         );
         r
+    }
+
+    #[test]
+    fn a_won_claim_serves_only_once_the_coordination_state_is_read() {
+        let t0 = t0();
+        let mut r = replica("r1");
+        r.load_coordination();
+        r.wait_for_claim("alpha", waiting(1));
+        r.claim(t0, "alpha", None);
+        actions(&mut r);
+        r.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(3));
+        assert_eq!(
+            actions(&mut r),
+            [ClusterAction::LoadCoord {
+                project: "alpha".into()
+            }]
+        );
+        assert_eq!(events(&mut r), [], "not served yet");
+        // Requests wait meanwhile, relayed here or not.
+        assert_eq!(r.place(t0, "alpha"), Place::Loading);
+        r.hold(HttpToken(1), "alpha".into(), request(1));
+        // A read that failed is asked again, and the held request keeps waiting.
+        r.handle_coord_loaded(t0, "alpha", false);
+        assert_eq!(r.poll_timeout(), Some(t0 + ENGINE_RETRY));
+        r.handle_timeout(t0 + ENGINE_RETRY);
+        assert_eq!(
+            actions(&mut r),
+            [ClusterAction::LoadCoord {
+                project: "alpha".into()
+            }]
+        );
+        assert_eq!(events(&mut r), []);
+        r.handle_coord_loaded(t0 + ENGINE_RETRY, "alpha", true);
+        assert_eq!(
+            events(&mut r),
+            [
+                ReplicaEvent::Serve {
+                    project: "alpha".into(),
+                    epoch: 3,
+                    waiting: waiting(1),
+                },
+                ReplicaEvent::ServeAgain {
+                    token: HttpToken(1),
+                    request: request(1)
+                }
+            ]
+        );
+        assert_eq!(r.place(t0, "alpha"), Place::Here);
+        // A read that ends after the uplink went serves nothing.
+        let mut r = replica("r1");
+        r.load_coordination();
+        r.wait_for_claim("alpha", waiting(1));
+        r.claim(t0, "alpha", None);
+        r.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(3));
+        r.handle_uplink_gone(t0, UplinkId(1), "alpha");
+        actions(&mut r);
+        events(&mut r);
+        r.handle_coord_loaded(t0, "alpha", true);
+        assert_eq!(events(&mut r), []);
     }
 
     #[test]
@@ -1173,7 +1332,7 @@ mod tests {
         r.hold(HttpToken(2), "gamma".into(), request(2));
         events(&mut r);
         actions(&mut r);
-        r.handle_shutdown();
+        r.handle_shutdown(t0);
         let a = actions(&mut r);
         assert!(
             a.iter()

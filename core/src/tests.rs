@@ -58,7 +58,15 @@ pub(crate) struct Harness {
     pub(crate) spans: Vec<crate::SpanRecord>,
     /// What the gateway asked of the cluster's engine, in order.
     pub(crate) cluster: Vec<crate::cluster::ClusterAction>,
+    /// A replica's coordination records, kept in a model of the engine's bucket that
+    /// carries out `StoreCoord` and `LoadCoord` at once (their actions are not in `cluster`);
+    /// shared by the replicas of one test.
+    pub(crate) coord_bucket: Option<CoordBucket>,
 }
+
+/// A model of the engine's coordination bucket, for the replicas of one test.
+pub(crate) type CoordBucket =
+    std::rc::Rc<std::cell::RefCell<std::collections::BTreeMap<String, Vec<u8>>>>;
 
 /// The tools an emulated sled reports.
 pub(crate) fn sled_tools() -> Vec<Value> {
@@ -115,6 +123,7 @@ impl Harness {
             saved_pins: Vec::new(),
             spans: Vec::new(),
             cluster: Vec::new(),
+            coord_bucket: None,
         }
     }
 
@@ -138,8 +147,46 @@ impl Harness {
     }
 
     fn drain(&mut self) {
+        let mut engine_answers = Vec::new();
         while let Some(o) = self.gw.poll_output() {
             match o {
+                Output::Cluster(crate::cluster::ClusterAction::StoreCoord { batch, changes })
+                    if self.coord_bucket.is_some() =>
+                {
+                    let mut bucket = self.coord_bucket.as_ref().unwrap().borrow_mut();
+                    for c in changes {
+                        match c.value {
+                            Some(v) => bucket.insert(c.key, v),
+                            None => bucket.remove(&c.key),
+                        };
+                    }
+                    engine_answers.push(crate::cluster::ClusterEvent::CoordStored {
+                        batch,
+                        failed: Vec::new(),
+                    });
+                }
+                Output::Cluster(crate::cluster::ClusterAction::LoadCoord { project })
+                    if self.coord_bucket.is_some() =>
+                {
+                    let prefix = crate::coord::project_prefix(&project);
+                    let records = self
+                        .coord_bucket
+                        .as_ref()
+                        .unwrap()
+                        .borrow()
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .map(|(k, v)| crate::coord::StoredRecord {
+                            key: k.clone(),
+                            value: v.clone(),
+                            age: Duration::ZERO,
+                        })
+                        .collect();
+                    engine_answers.push(crate::cluster::ClusterEvent::CoordLoaded {
+                        project,
+                        records: Ok(records),
+                    });
+                }
                 Output::Http { token, reply } => {
                     assert!(
                         self.replies.insert(token, reply).is_none(),
@@ -197,6 +244,10 @@ impl Harness {
                     self.streams_closed.push(token);
                 }
             }
+        }
+        // The modelled engine answers at once, in order.
+        for e in engine_answers {
+            self.handle(Input::Cluster(e));
         }
     }
 

@@ -347,7 +347,7 @@ where
                 run,
                 cmd_tx.downgrade(),
                 ids.clone(),
-                draining.clone(),
+                (draining.clone(), counters.clone()),
             )
             .await
             .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;

@@ -78,7 +78,7 @@ mod tests;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-pub use persist::{RecordChange, Restored, StoredRecord};
+pub use persist::{project_prefix, RecordChange, Restored, StoredRecord};
 
 /// An agent: a session id or an agent handle. Opaque.
 pub type AgentId = String;

@@ -94,6 +94,12 @@ enum Record {
     },
 }
 
+/// What every record key of `project` starts with (`<project in hex>.`): a store reads one
+/// project's records by it.
+pub fn project_prefix(project: &str) -> String {
+    format!("{}.", hex(project))
+}
+
 fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
@@ -419,6 +425,52 @@ impl Coord {
         // Everything taken back is written again at its project's next change (its
         // fingerprint is unknown here), which also deletes what was skipped.
         self.changed.extend(seen);
+        restored
+    }
+
+    /// Replaces what this instance knows of `project` with `records` (all of them the
+    /// project's, as its last holder kept them): a replica that wins a project's claim drops
+    /// whatever it held of it before (stale since it last lost it) and takes the kept state
+    /// back, as [`Coord::restore`] does at start.
+    pub fn replace_project(
+        &mut self,
+        now: Instant,
+        project: &str,
+        records: Vec<StoredRecord>,
+    ) -> Restored {
+        if let Some(p) = self.projects.remove(project) {
+            for agent in p.members.keys() {
+                if let Some(projects) = self.agents.get_mut(agent) {
+                    projects.remove(project);
+                    if projects.is_empty() {
+                        self.agents.remove(agent);
+                    }
+                }
+            }
+        }
+        self.timers.retain(|(_, t)| match t {
+            Timer::Presence { project: p, .. }
+            | Timer::Lease { project: p, .. }
+            | Timer::Message { project: p, .. }
+            | Timer::Board { project: p, .. }
+            | Timer::Forget { project: p, .. } => p != project,
+            Timer::Wait(_) => true,
+        });
+        self.persisted.remove(project);
+        self.changed.remove(project);
+        let prefix = project_prefix(project);
+        let (mine, other): (Vec<StoredRecord>, Vec<StoredRecord>) = records
+            .into_iter()
+            .partition(|r| r.key.starts_with(&prefix));
+        let mut restored = self.restore(now, mine);
+        if !other.is_empty() {
+            tracing::warn!(
+                project,
+                records = other.len(),
+                "coordination records of another project in a project's read; skipped"
+            );
+            restored.skipped += other.len();
+        }
         restored
     }
 

@@ -70,6 +70,15 @@ impl Gateway {
         };
         f(replica);
         while let Some(action) = replica.poll_action() {
+            // A claim is released only once the coordination writes handed out before it are
+            // done: the next holder reads what this one kept.
+            let action = match action {
+                ClusterAction::Release { .. } => match self.coordination.after_writes(action) {
+                    Some(action) => action,
+                    None => continue,
+                },
+                action => action,
+            };
             self.outputs.push_back(Output::Cluster(action));
         }
     }
@@ -182,8 +191,8 @@ impl Gateway {
     }
 
     /// Shutdown: no new claims; relays and requests still waiting are failed.
-    pub(super) fn cluster_shutdown(&mut self) {
-        self.with_replica(Replica::handle_shutdown);
+    pub(super) fn cluster_shutdown(&mut self, now: Instant) {
+        self.with_replica(|r| r.handle_shutdown(now));
     }
 
     /// What the engine must do that no machine decides (announcements, tool listings).
@@ -207,6 +216,8 @@ impl Gateway {
                 replica,
             }),
             Place::Moving if !req.relayed => Ok(Some(Away::Hold { project })),
+            // This replica holds it and reads its coordination state: a moment.
+            Place::Loading => Ok(Some(Away::Hold { project })),
             Place::Moving | Place::Here | Place::Nowhere => Ok(None),
         }
     }

@@ -82,6 +82,26 @@ impl Gateway {
                 self.session_stored(&session, written)
             }
             ClusterEvent::CoordStored { batch, failed } => self.coordination_stored(batch, failed),
+            ClusterEvent::CoordLoaded { project, records } => {
+                // The state is in place before the uplink serves (the replica machine's
+                // `Serve` is carried out after this input).
+                let read = records.is_ok();
+                if let Ok(records) = records {
+                    let restored = self
+                        .coordination
+                        .coord
+                        .replace_project(now, &project, records);
+                    tracing::info!(
+                        project,
+                        leases = restored.leases,
+                        board_keys = restored.board_keys,
+                        messages = restored.messages,
+                        skipped = restored.skipped,
+                        "the project's coordination state is read"
+                    );
+                }
+                self.replica_news(|r| r.handle_coord_loaded(now, &project, read));
+            }
             ClusterEvent::PinCreated { project, outcome } => {
                 self.pin_created(now, project, outcome)
             }

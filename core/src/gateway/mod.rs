@@ -228,6 +228,10 @@ pub enum PlantedBug {
     /// question about one "never seen", so the relaying replica sends a call that ran there
     /// again. Planted in the server's replica.
     ForgetOutcomes,
+    /// In a cluster: a replica that wins a project's claim serves it at once, without first
+    /// reading the coordination state its last holder kept (issue 25: a board write, a lease
+    /// or a message acknowledged before a move is gone after it).
+    ServeBeforeCoordLoaded,
 }
 
 impl Default for Config {
@@ -677,9 +681,12 @@ impl Gateway {
         Gateway {
             coordination: {
                 #[allow(unused_mut)]
+                // A single gateway with a store keeps coordination there; a replica in the
+                // cluster's engine, for the projects it holds.
                 let mut c = coordination::Coordination::new(
                     config.coordination.clone(),
-                    config.store_sessions && config.cluster.is_none(),
+                    config.store_sessions || config.cluster.is_some(),
+                    config.cluster.is_some(),
                 );
                 #[cfg(feature = "planted-bugs")]
                 if config.planted == Some(PlantedBug::CoordAckBeforeDurable) {
@@ -690,6 +697,7 @@ impl Gateway {
             cluster: config.cluster.as_ref().map(|c| {
                 #[allow(unused_mut)]
                 let mut replica = crate::replica::Replica::new(c);
+                replica.load_coordination();
                 #[cfg(feature = "planted-bugs")]
                 replica.plant(config.planted);
                 replica

@@ -527,7 +527,7 @@ impl Gateway {
         self.shutting_down = true;
         self.records_shutdown();
         self.coordination_shutdown();
-        self.cluster_shutdown();
+        self.cluster_shutdown(now);
         if self.pins_save_at.is_some() {
             self.save_pins_now();
         }

@@ -27,12 +27,14 @@ fn replica_with_grace(name: &str, move_grace: Duration) -> Harness {
         }),
         ..Config::default()
     };
-    Harness::with_config(
+    let mut h = Harness::with_config(
         &["alpha", "beta"],
         Some("alpha"),
         config,
         [name.len() as u8; 32],
-    )
+    );
+    h.coord_bucket = Some(crate::tests::CoordBucket::default());
+    h
 }
 
 pub(super) fn event(h: &mut Harness, e: ClusterEvent) {
@@ -1087,4 +1089,101 @@ fn a_switch_is_written_even_when_this_replicas_copy_already_says_so() {
             record: Some(record("alpha")),
         }]
     );
+}
+
+/// Issue 25: a project's coordination state goes with it from replica to replica. The holder
+/// writes it to the engine's bucket (modelled) before answering, releases its claim only after
+/// its writes, and the next holder reads it before serving; an agent (a handle) has the same
+/// name on every replica, so its lease is still its own.
+#[test]
+fn a_project_moving_between_replicas_takes_its_coordination_state_along() {
+    let tool = |h: &mut Harness, id: u64, name: &str, arguments: Value| {
+        let t = h.call(None, json!(id), name, arguments);
+        h.reply_json(t).expect("answered at once")["result"]["structuredContent"].clone()
+    };
+    let bucket = crate::tests::CoordBucket::default();
+    let mut r1 = replica("r1");
+    r1.coord_bucket = Some(bucket.clone());
+    let u1 = sled_claimed(&mut r1, "alpha", 3);
+    let handle_of = |h: &mut Harness, id, name: &str| {
+        tool(h, id, "checkin", json!({"project":"alpha","name":name}))["handle"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let ann = handle_of(&mut r1, 1, "ann");
+    let lease = tool(
+        &mut r1,
+        2,
+        "claim",
+        json!({"project":"alpha","resource":"story:1","agent":ann,"ttl_s":60}),
+    );
+    assert_eq!(lease["acquired"], true, "{lease}");
+    let set = tool(
+        &mut r1,
+        3,
+        "board_set",
+        json!({"project":"alpha","key":"plan","value":"v1","agent":ann}),
+    );
+    assert!(set["revision"].is_u64(), "{set}");
+    assert!(!bucket.borrow().is_empty(), "written before answered");
+    // r1's sled goes; its claim is released.
+    take_actions(&mut r1);
+    r1.handle(Input::UplinkClosed { uplink: u1 });
+    assert!(
+        take_actions(&mut r1)
+            .iter()
+            .any(|a| matches!(a, ClusterAction::Release { project, .. } if project == "alpha")),
+        "released"
+    );
+    // r2 wins alpha and reads what r1 kept before it serves.
+    // (Another seed than r1's: not the same handles.)
+    let mut r2 = replica("r22");
+    r2.coord_bucket = Some(bucket.clone());
+    sled_claimed(&mut r2, "alpha", 5);
+    let bob = handle_of(&mut r2, 4, "bob");
+    let taken = tool(
+        &mut r2,
+        5,
+        "claim",
+        json!({"project":"alpha","resource":"story:1","agent":bob}),
+    );
+    assert_eq!(taken["acquired"], false, "ann still holds it: {taken}");
+    assert!(
+        taken["holder"].as_str().unwrap().starts_with("agent-"),
+        "{taken}"
+    );
+    let again = tool(
+        &mut r2,
+        6,
+        "claim",
+        json!({"project":"alpha","resource":"story:1","agent":ann,"ttl_s":60}),
+    );
+    assert_eq!(again["fence"], lease["fence"], "the same lease: {again}");
+    let got = tool(
+        &mut r2,
+        7,
+        "board_get",
+        json!({"project":"alpha","key":"plan","agent":bob}),
+    );
+    assert_eq!(got["value"], "v1", "{got}");
+    // r2 changes the board; when alpha comes back to r1, r1 serves r2's state, not its own
+    // stale one.
+    tool(
+        &mut r2,
+        8,
+        "board_set",
+        json!({"project":"alpha","key":"plan","value":"v2","agent":bob}),
+    );
+    owned_by(&mut r1, "alpha", "r22", 5);
+    owned_by(&mut r1, "alpha", "r22", 6);
+    let r1_again = sled_claimed(&mut r1, "alpha", 7);
+    let _ = r1_again;
+    let got = tool(
+        &mut r1,
+        9,
+        "board_get",
+        json!({"project":"alpha","key":"plan","agent":ann}),
+    );
+    assert_eq!(got["value"], "v2", "{got}");
 }

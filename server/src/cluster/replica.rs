@@ -66,6 +66,7 @@ use super::relay::{self, Answer, Envelope, Handoff, WireRequest};
 use super::seal::{self, Seal, WallClock};
 use super::{BucketConfig, ChangeKind, Engine, EngineError};
 use crate::driver::{Command, HttpMsg, STREAM_QUEUE};
+use crate::store::records;
 use crate::Ids;
 use gateway_core::keys::KeyRing;
 
@@ -78,6 +79,12 @@ pub const DEFAULT_MOVE_GRACE: Duration = Duration::from_secs(5);
 
 /// How many times in a row a claim is written over a directory value that does not verify.
 const OVERWRITES_OF_FORGED_CLAIMS: usize = 3;
+
+/// How far apart the replicas' wall clocks may be (NTP keeps them far closer): a coordination
+/// record read by a project's next holder is taken for this much younger than its stamp says,
+/// so a lease written on a machine whose clock is ahead never ends early on the next one (it
+/// may last this much longer: the safe side for mutual exclusion).
+pub const CLOCK_SKEW: Duration = Duration::from_secs(1);
 
 /// How often the engine is probed.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
@@ -188,6 +195,11 @@ impl ClusterOptions {
 
     fn pins(&self) -> String {
         format!("{}_pins", self.namespace)
+    }
+
+    /// The coordination records of the projects the replicas hold (issue 25).
+    fn coordination(&self) -> String {
+        format!("{}_coordination", self.namespace)
     }
 
     fn relay_subject(&self, replica: &str) -> String {
@@ -320,7 +332,7 @@ pub(crate) async fn start(
     run: String,
     commands: mpsc::WeakSender<Command>,
     ids: Arc<Ids>,
-    draining: Arc<AtomicBool>,
+    (draining, counters): (Arc<AtomicBool>, Arc<crate::fleet::ServerCounters>),
 ) -> Result<(ClusterIo, Running), EngineError> {
     super::check_bucket(&opts.replica)
         .map_err(|_| EngineError::Invalid(format!("replica name {:?}", opts.replica)))?;
@@ -334,6 +346,9 @@ pub(crate) async fn start(
         .ensure_bucket(BucketConfig::with_max_age(opts.sessions(), session_ttl))
         .await?;
     engine.ensure_bucket(BucketConfig::new(opts.pins())).await?;
+    engine
+        .ensure_bucket(BucketConfig::new(opts.coordination()))
+        .await?;
     engine
         .ensure_bucket(BucketConfig::new(opts.tools()))
         .await?;
@@ -403,7 +418,7 @@ pub(crate) async fn start(
         run,
         rx,
         commands,
-        (inboxes, names),
+        (inboxes, names, counters),
     ));
     Ok((ClusterIo { actions: tx }, Running { executor, others }))
 }
@@ -436,6 +451,7 @@ impl Bucket {
                 "sessions" => "sessions",
                 "pins" => "pins",
                 "tools" => "tools",
+                "coordination" => "coordination",
                 _ => "bucket",
             });
         self.seal
@@ -651,7 +667,11 @@ async fn execute(
     run: String,
     mut actions: mpsc::UnboundedReceiver<ClusterAction>,
     commands: mpsc::WeakSender<Command>,
-    (inboxes, names): (Inboxes, Arc<SessionNames>),
+    (inboxes, names, counters): (
+        Inboxes,
+        Arc<SessionNames>,
+        Arc<crate::fleet::ServerCounters>,
+    ),
 ) {
     let bucket = |name: String, max_age| {
         Arc::new(Bucket {
@@ -675,6 +695,25 @@ async fn execute(
         store_rx,
         commands.clone(),
     ));
+    // Coordination records of the projects held here, batch after batch (issue 25), sealed.
+    let coordination = bucket(opts.coordination(), None);
+    let (coord_batches, coord_rx) = mpsc::unbounded_channel();
+    {
+        let sealed = coordination.clone();
+        let wrap: records::Wrap = Arc::new(move |key: &str, v: &[u8]| sealed.seal(key, v));
+        let store: Arc<dyn crate::store::Store> = opts.engine.clone();
+        let writer = records::write_batches(
+            store,
+            (opts.coordination(), wrap),
+            coord_rx,
+            (opts.clock.clone(), counters),
+            commands.clone(),
+        );
+        tasks.spawn(async move {
+            writer.await;
+            None
+        });
+    }
     // Tool listings and announcements too, each in the order made.
     let (ordered, ordered_rx) = mpsc::unbounded_channel();
     tasks.spawn(write_in_order(
@@ -884,25 +923,37 @@ async fn execute(
                     let _ = abort.send(());
                 }
             }
-            // A replica keeps no coordination state outside itself yet (issue 25): the core
-            // hands out none.
-            ClusterAction::StoreCoord { batch, .. } => {
-                tracing::error!(
-                    batch,
-                    "coordination records for a replica's engine; ignored"
-                );
-                tell(
-                    &commands,
-                    ClusterEvent::CoordStored {
-                        batch,
-                        failed: Vec::new(),
-                    },
-                )
-                .await;
+            ClusterAction::StoreCoord { batch, changes } => {
+                let _ = coord_batches.send((batch, changes));
+            }
+            ClusterAction::LoadCoord { project } => {
+                let (sealed, bucket) = (coordination.clone(), opts.coordination());
+                let clock = opts.clock.clone();
+                tasks.spawn(async move {
+                    let prefix = gateway_core::coord::project_prefix(&project);
+                    let (filter, mark) = (format!("{prefix}>"), format!("{prefix}_loaded"));
+                    let unwrap: records::Unwrap =
+                        Arc::new(move |key: &str, v: &[u8]| sealed.open(key, v));
+                    let store: Arc<dyn crate::store::Store> = engine;
+                    let read = records::load_records(
+                        &store,
+                        (&bucket, &filter, &mark),
+                        &clock,
+                        &unwrap,
+                        CLOCK_SKEW,
+                    )
+                    .await;
+                    let records = read.map_err(|e| {
+                        tracing::warn!(project, error = %e, "reading a project's coordination state");
+                        EngineDown
+                    });
+                    tell(&commands, ClusterEvent::CoordLoaded { project, records }).await;
+                    None
+                });
             }
         }
     }
-    drop((stores, ordered));
+    drop((stores, ordered, coord_batches));
     // The driver is gone: what is in flight (a shutdown's releases) finishes.
     for (_, abort) in aborts.drain() {
         let _ = abort.send(());

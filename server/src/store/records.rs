@@ -42,6 +42,21 @@ pub const COORDINATION: &str = "coordination";
 /// reported every record before it.
 const LOADED_MARK: &str = "_loaded";
 
+/// How a coordination record's bytes go into its bucket: as they are (a single gateway's own
+/// file), or sealed under the cluster secret (a cluster's engine, `cluster/replica.rs`).
+pub(crate) type Wrap = Arc<dyn Fn(&str, &[u8]) -> Bytes + Send + Sync>;
+
+/// How they come back: `None` for a value that does not verify (skipped).
+pub(crate) type Unwrap = Arc<dyn Fn(&str, &[u8]) -> Option<Bytes> + Send + Sync>;
+
+/// Records kept as they are.
+fn plain() -> (Wrap, Unwrap) {
+    (
+        Arc::new(|_, v| Bytes::copy_from_slice(v)),
+        Arc::new(|_, v| Some(Bytes::copy_from_slice(v))),
+    )
+}
+
 /// The driver's handle on the records' tasks.
 #[derive(Debug)]
 pub(crate) struct RecordsIo {
@@ -99,6 +114,7 @@ async fn execute(
     let (batches, batch_rx) = mpsc::unbounded_channel();
     let coord_writer = tokio::spawn(write_batches(
         store.clone(),
+        (COORDINATION.to_owned(), plain().0),
         batch_rx,
         clocked,
         commands.clone(),
@@ -178,9 +194,11 @@ async fn write_in_order(
     }
 }
 
-/// Writes the coordination batches in order: all those waiting together, then each reported.
-async fn write_batches(
+/// Writes the coordination batches to `bucket` in order: all those waiting together, then
+/// each reported.
+pub(crate) async fn write_batches(
     store: Arc<dyn Store>,
+    (bucket, wrap): (String, Wrap),
     mut batches: mpsc::UnboundedReceiver<(u64, Vec<RecordChange>)>,
     (clock, counters): (WallClock, Arc<crate::fleet::ServerCounters>),
     commands: mpsc::WeakSender<Command>,
@@ -200,18 +218,16 @@ async fn write_batches(
         let at = clock();
         let started = tokio::time::Instant::now();
         let writes = last.into_iter().map(|(key, value)| {
-            let store = store.clone();
+            let (store, bucket) = (store.clone(), bucket.clone());
+            let value = value.map(|v| {
+                let mut stamped = format!("{at}\n").into_bytes();
+                stamped.extend_from_slice(&v);
+                wrap(&key, &stamped)
+            });
             async move {
                 let done = match value {
-                    Some(v) => {
-                        let mut stamped = format!("{at}\n").into_bytes();
-                        stamped.extend_from_slice(&v);
-                        store
-                            .put(COORDINATION, &key, Bytes::from(stamped))
-                            .await
-                            .map(drop)
-                    }
-                    None => store.delete(COORDINATION, &key, None).await.map(drop),
+                    Some(v) => store.put(&bucket, &key, v).await.map(drop),
+                    None => store.delete(&bucket, &key, None).await.map(drop),
                 };
                 (key, done)
             }
@@ -252,14 +268,35 @@ pub async fn load_coordination(
     clock: &WallClock,
 ) -> Result<Vec<StoredRecord>, EngineError> {
     store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
-    let mut watch = store.watch(COORDINATION, ">").await?;
+    load_records(
+        store,
+        (COORDINATION, ">", LOADED_MARK),
+        clock,
+        &plain().1,
+        Duration::ZERO,
+    )
+    .await
+}
+
+/// Reads the records of `bucket` under `filter` back, each with its age, by a watch and then
+/// a `mark` written after it (once the watch reports the mark, it reported everything before
+/// it). `skew` is taken off each age: a record written by another machine, whose clock may be
+/// ahead, is never taken for older than it is.
+pub(crate) async fn load_records(
+    store: &Arc<dyn Store>,
+    (bucket, filter, mark_key): (&str, &str, &str),
+    clock: &WallClock,
+    unwrap: &Unwrap,
+    skew: Duration,
+) -> Result<Vec<StoredRecord>, EngineError> {
+    let mut watch = store.watch(bucket, filter).await?;
     let mark = store
-        .put(COORDINATION, LOADED_MARK, Bytes::from_static(b"1"))
+        .put(bucket, mark_key, Bytes::from_static(b"1"))
         .await?;
     let now = clock();
     let mut records: BTreeMap<String, StoredRecord> = BTreeMap::new();
     while let Some(change) = watch.next().await {
-        if change.key == LOADED_MARK {
+        if change.key == mark_key {
             if change.revision >= mark {
                 return Ok(records.into_values().collect());
             }
@@ -267,6 +304,10 @@ pub async fn load_coordination(
         }
         match change.kind {
             super::ChangeKind::Put(value) => {
+                let Some(value) = unwrap(&change.key, &value) else {
+                    records.remove(&change.key);
+                    continue;
+                };
                 let (at, record) = match value.iter().position(|b| *b == b'\n') {
                     Some(nl) => (
                         std::str::from_utf8(&value[..nl])
@@ -276,7 +317,8 @@ pub async fn load_coordination(
                     ),
                     None => (None, value.to_vec()),
                 };
-                let age = Duration::from_millis(now.saturating_sub(at.unwrap_or(now)));
+                let age = Duration::from_millis(now.saturating_sub(at.unwrap_or(now)))
+                    .saturating_sub(skew);
                 records.insert(
                     change.key.clone(),
                     StoredRecord {

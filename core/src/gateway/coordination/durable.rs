@@ -56,6 +56,9 @@ pub(crate) struct Durable {
     /// Batches handed out and not done.
     in_flight: BTreeMap<u64, InFlight>,
     held: BTreeMap<u64, Vec<Held>>,
+    /// Engine actions that wait for the batches in flight when they were made (a claim's
+    /// release: the next holder must read what this one wrote), under the newest of them.
+    deferred: BTreeMap<u64, Vec<ClusterAction>>,
     /// Batches written, and writes that failed (for `/metrics`).
     pub(crate) batches: u64,
     pub(crate) failed_writes: u64,
@@ -104,6 +107,29 @@ impl Durable {
             if_failed,
         });
         None
+    }
+
+    /// `action`, now if no batch is in flight, else (`None`) once every batch in flight now is
+    /// done ([`Durable::take_deferred`]).
+    pub(crate) fn defer(&mut self, action: ClusterAction) -> Option<ClusterAction> {
+        let Some((&newest, _)) = self.in_flight.last_key_value() else {
+            return Some(action);
+        };
+        self.deferred.entry(newest).or_default().push(action);
+        None
+    }
+
+    /// The deferred actions whose batches are all done, in the order they were deferred.
+    pub(crate) fn take_deferred(&mut self) -> Vec<ClusterAction> {
+        let oldest_left = self.in_flight.keys().next().copied().unwrap_or(u64::MAX);
+        let done: Vec<u64> = self
+            .deferred
+            .range(..oldest_left)
+            .map(|(b, _)| *b)
+            .collect();
+        done.into_iter()
+            .flat_map(|b| self.deferred.remove(&b).unwrap_or_default())
+            .collect()
     }
 
     /// A batch is done, `failed` naming the keys not written: the answers that waited for it
@@ -172,12 +198,17 @@ impl Durable {
 
     /// Shutdown: every held answer goes now (the writes in flight are finished by the server
     /// before it exits).
-    pub(crate) fn handle_shutdown(&mut self) -> Vec<(HttpToken, HttpReply)> {
-        std::mem::take(&mut self.held)
+    pub(crate) fn handle_shutdown(&mut self) -> (Vec<(HttpToken, HttpReply)>, Vec<ClusterAction>) {
+        let answers = std::mem::take(&mut self.held)
             .into_values()
             .flatten()
             .map(|h| (h.token, h.reply))
-            .collect()
+            .collect();
+        let deferred = std::mem::take(&mut self.deferred)
+            .into_values()
+            .flatten()
+            .collect();
+        (answers, deferred)
     }
 }
 
@@ -305,15 +336,26 @@ impl Gateway {
         for (token, reply) in out {
             self.outputs.push_back(Output::Http { token, reply });
         }
+        if let Some(durable) = self.coordination.durable.as_mut() {
+            for action in durable.take_deferred() {
+                self.outputs.push_back(Output::Cluster(action));
+            }
+        }
     }
 
-    /// Shutdown: the answers waiting for writes go (the server finishes the writes).
+    /// Shutdown: the answers waiting for writes go (the server finishes the writes), and so
+    /// do the releases that waited for them (a graceful stop drains its calls first, so only
+    /// writes no call waits for, an expiry's, can still be in flight).
     pub(in crate::gateway) fn coordination_shutdown(&mut self) {
         let Some(durable) = self.coordination.durable.as_mut() else {
             return;
         };
-        for (token, reply) in durable.handle_shutdown() {
+        let (answers, deferred) = durable.handle_shutdown();
+        for (token, reply) in answers {
             self.outputs.push_back(Output::Http { token, reply });
+        }
+        for action in deferred {
+            self.outputs.push_back(Output::Cluster(action));
         }
     }
 
@@ -349,6 +391,12 @@ impl Gateway {
 mod tests {
     use super::*;
 
+    /// The fake clock's origin: the one real reading, made once per test.
+    #[allow(clippy::disallowed_methods)]
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
     fn reply(body: &str) -> HttpReply {
         HttpReply {
             status: 200,
@@ -366,7 +414,7 @@ mod tests {
 
     #[test]
     fn answers_wait_for_their_batch_and_the_ones_before() {
-        let t0 = Instant::now();
+        let t0 = t0();
         let mut d = Durable::default();
         assert!(d.handle_changes(t0, Vec::new()).is_none());
         // Nothing in flight: at once.
@@ -396,16 +444,24 @@ mod tests {
 
     #[test]
     fn shutdown_lets_everything_go() {
-        let t0 = Instant::now();
+        let t0 = t0();
         let mut d = Durable::default();
         d.handle_changes(t0, change()).unwrap();
         assert!(d.hold(HttpToken(1), reply("w"), None).is_none());
-        assert_eq!(d.handle_shutdown(), vec![(HttpToken(1), reply("w"))]);
+        let release = ClusterAction::Release {
+            project: "alpha".into(),
+            revision: 3,
+        };
+        assert!(d.defer(release.clone()).is_none());
+        assert_eq!(
+            d.handle_shutdown(),
+            (vec![(HttpToken(1), reply("w"))], vec![release])
+        );
     }
 
     #[test]
     fn a_batch_past_its_deadline_fails_its_calls_and_gives_back_its_keys() {
-        let t0 = Instant::now();
+        let t0 = t0();
         let mut d = Durable::default();
         assert_eq!(d.poll_timeout(), None);
         let (b1, _) = d.handle_changes(t0, change()).unwrap();
@@ -434,5 +490,28 @@ mod tests {
             (d.timed_out, d.failed_writes, d.poll_timeout()),
             (1, 1, None)
         );
+    }
+
+    #[test]
+    fn a_deferred_action_waits_for_the_batches_in_flight_when_it_was_made() {
+        let t0 = t0();
+        let mut d = Durable::default();
+        let release = |revision| ClusterAction::Release {
+            project: "alpha".into(),
+            revision,
+        };
+        // Nothing in flight: at once.
+        assert_eq!(d.defer(release(1)), Some(release(1)));
+        let (b1, _) = d.handle_changes(t0, change()).unwrap();
+        assert!(d.defer(release(2)).is_none());
+        let (b2, _) = d.handle_changes(t0, change()).unwrap();
+        assert!(d.take_deferred().is_empty());
+        d.handle_stored(b1, &[]);
+        assert_eq!(d.take_deferred(), vec![release(2)]);
+        // A batch given up at its deadline lets what waited for it go too.
+        assert!(d.defer(release(3)).is_none());
+        let _ = d.handle_timeout(t0 + WRITE_DEADLINE);
+        assert_eq!(d.take_deferred(), vec![release(3)]);
+        assert!(d.handle_stored(b2, &[]).is_empty());
     }
 }

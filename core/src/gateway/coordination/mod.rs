@@ -64,6 +64,10 @@ pub(super) struct Coordination {
     name_changes: Vec<crate::coord::RecordChange>,
     /// Names whose write failed: written again with the next batch.
     name_retries: Vec<crate::coord::RecordChange>,
+    /// In a cluster: an agent's name is derived from its session id or handle, the same on
+    /// every replica (a lease kept by one holder names the same agent on the next), and none
+    /// is written.
+    derived_names: bool,
 }
 
 /// Who an agent handle belongs to, and when it was last used.
@@ -94,7 +98,11 @@ pub(super) struct Parked {
 }
 
 impl Coordination {
-    pub(super) fn new(limits: crate::coord::Limits, durable: bool) -> Coordination {
+    pub(super) fn new(
+        limits: crate::coord::Limits,
+        durable: bool,
+        derived_names: bool,
+    ) -> Coordination {
         let mut coord = Coord::new(limits);
         if durable {
             coord.persist();
@@ -114,6 +122,18 @@ impl Coordination {
             earlier_names: HashMap::new(),
             name_changes: Vec::new(),
             name_retries: Vec::new(),
+            derived_names,
+        }
+    }
+
+    /// `action` now, or (`None`) once the coordination writes in flight are done.
+    pub(super) fn after_writes(
+        &mut self,
+        action: crate::cluster::ClusterAction,
+    ) -> Option<crate::cluster::ClusterAction> {
+        match self.durable.as_mut() {
+            Some(d) => d.defer(action),
+            None => Some(action),
         }
     }
 
@@ -130,6 +150,11 @@ impl Coordination {
     fn name_of(&mut self, secret: &str) -> String {
         if let Some(n) = self.names.get(secret) {
             return n.clone();
+        }
+        if self.derived_names {
+            let name = derived_name(secret);
+            self.names.insert(secret.to_owned(), name.clone());
+            return name;
         }
         if self.durable.is_some() {
             if let Some(n) = self.earlier_names.remove(&name_key(secret)) {
@@ -152,7 +177,7 @@ impl Coordination {
     /// Forgets the public name of `secret` (an expired handle, an ended session).
     fn forget_name(&mut self, secret: &str) -> Option<String> {
         let name = self.names.remove(secret)?;
-        if self.durable.is_some() {
+        if self.durable.is_some() && !self.derived_names {
             self.name_changes.push(crate::coord::RecordChange {
                 key: name_key(secret),
                 value: None,
@@ -213,6 +238,18 @@ fn name_key(secret: &str) -> String {
     let digest = sha2::Sha256::digest(secret.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("{NAME_PREFIX}{hex}")
+}
+
+/// A cluster's name for the agent behind `secret`: `agent-` and 64 bits of a SHA-256 of it
+/// (one-way: the name, which everyone in the project sees, gives nothing to act with).
+fn derived_name(secret: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"mcp-gateway agent name\0");
+    h.update(secret.as_bytes());
+    let digest = h.finalize();
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("agent-{hex}")
 }
 
 /// Where agents' public names are kept in the store (coordination records are keyed by the
