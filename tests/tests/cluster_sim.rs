@@ -521,8 +521,9 @@ fn cluster_graceful_stops_fail_no_call() {
     summary(test, &reports, started.elapsed().as_secs_f64());
     for r in &reports {
         assert!(
-            r.coverage.get("(i) judged").copied().unwrap_or(0) > 20,
-            "seed {}: too few calls judged by (i): {:?}",
+            r.coverage.get("(i) judged").copied().unwrap_or(0) > 20
+                && r.coverage.get("(k) judged").copied().unwrap_or(0) > 10,
+            "seed {}: too few calls judged by (i) and (k): {:?}",
             r.seed,
             r.coverage
         );
@@ -538,6 +539,18 @@ fn cluster_planted_stop_without_drain_is_caught() {
         "cluster_planted_stop_without_drain_is_caught",
         gateway_core::PlantedBug::StopWithoutDrain,
         "(i)",
+        |seed, bug| run_graceful_stop(seed, STOP_ROUNDS, bug),
+    );
+}
+
+/// `PlantedBug::ServeBeforeCoordLoaded` (a replica that wins beta's claim serves it before it
+/// reads the coordination state beta's last holder kept) is caught by (k).
+#[test]
+fn cluster_planted_serve_before_coord_loaded_is_caught() {
+    planted_caught(
+        "cluster_planted_serve_before_coord_loaded_is_caught",
+        gateway_core::PlantedBug::ServeBeforeCoordLoaded,
+        "(k)",
         |seed, bug| run_graceful_stop(seed, STOP_ROUNDS, bug),
     );
 }

@@ -273,6 +273,98 @@ async fn a_session_outlives_the_replica_that_made_it() {
     assert!(h.iter().all(|(_, r)| r != "r1"), "{h:?}");
 }
 
+/// A coordination tool's structured result through `c`, once the call is answered without
+/// an error (a project between holders is waited out, or refused for a moment).
+async fn coordination_eventually(
+    c: &mut McpClient<TokioConnect>,
+    tool: &str,
+    arguments: Value,
+) -> Value {
+    within(
+        Duration::from_secs(30),
+        "a coordination call succeeds",
+        async {
+            loop {
+                match c.tools_call(json!(1), tool, arguments.clone()).await {
+                    Ok(r) if r.get("error").is_none() && r["result"]["isError"] != true => {
+                        return r["result"]["structuredContent"].clone()
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Issue 25: a project's coordination state goes with its sled from replica to replica, through
+/// a graceful stop of its holder and then a `kill -9` of the next: the lease stays its agent's
+/// under the same fence (another agent is refused), and the board keeps what was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordination_state_moves_with_its_project_through_a_stop_and_a_kill_9() {
+    let Some(mut cluster) = Cluster::start(3).await else {
+        return;
+    };
+    let lb = cluster.nginx.url();
+    let _sleds = processes::sled_sim(&lb, &["alpha", "beta"], 0);
+    let first = holder_of(&wait_live(&lb, &["alpha", "beta"]).await, "beta");
+    let mut ann = client(&lb, None).await;
+    ann.initialize().await.unwrap();
+    let mut bob = client(&lb, None).await;
+    bob.initialize().await.unwrap();
+    let lease = json!({"project": "beta", "resource": "story:beta-1", "ttl_s": 600});
+    let held = coordination_eventually(&mut ann, "claim", lease.clone()).await;
+    assert_eq!(held["acquired"], true, "{held}");
+    let set = coordination_eventually(
+        &mut ann,
+        "board_set",
+        json!({"project": "beta", "key": "plan", "value": "ship it"}),
+    )
+    .await;
+    let mut moved_from = first.clone();
+    for how in ["SIGTERM", "kill -9"] {
+        match how {
+            "SIGTERM" => cluster.replica(&moved_from).terminate().await,
+            _ => cluster.replica(&moved_from).kill9().await,
+        }
+        // Beta's next holder serves what the last one kept.
+        let now_at = within(Duration::from_secs(30), "beta moves", async {
+            loop {
+                if let Some(h) = holders(&lb).await {
+                    if let Some((_, r)) = h.iter().find(|(p, r)| p == "beta" && *r != moved_from) {
+                        return r.clone();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        let got = coordination_eventually(
+            &mut bob,
+            "board_get",
+            json!({"project": "beta", "key": "plan"}),
+        )
+        .await;
+        assert_eq!(got["value"], "ship it", "after {how}, on {now_at}: {got}");
+        assert_eq!(got["revision"], set["revision"], "after {how}: {got}");
+        let refused = coordination_eventually(&mut bob, "claim", lease.clone()).await;
+        assert_eq!(
+            refused["acquired"], false,
+            "after {how}, on {now_at}: {refused}"
+        );
+        let again = coordination_eventually(&mut ann, "claim", lease.clone()).await;
+        assert_eq!(again["acquired"], true, "after {how}: {again}");
+        assert_eq!(
+            again["fence"], held["fence"],
+            "the same lease after {how}: {again}"
+        );
+        println!("after {how} of {moved_from}: beta on {now_at}, its board and lease with it");
+        // The stopped replica comes back (a deploy), and the next round moves beta again.
+        cluster.replica(&moved_from).restart().await;
+        moved_from = now_at;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_killed_mid_call_answers_unknown_at_once_and_the_sled_moves() {
     let Some(mut cluster) = Cluster::start(3).await else {

@@ -99,6 +99,14 @@
 //!   balancer, and the calls that arrive meanwhile wait for its next holder.
 //!   `PlantedBug::StopWithoutDrain` (the uplinks closed at once) is caught by (i)
 //!   (`cluster_planted_stop_without_drain_is_caught`).
+//! - **(k) coordination moves with its project.** In the graceful-stop runs the session
+//!   also writes beta's board (`board_set` of key `k` to 1, 2, 3, …) and reads it back
+//!   (`board_get`) through the replicas not holding beta, while beta's holder is stopped and
+//!   its sled moves: every read answered returns at least the value of the last write
+//!   answered before it was sent. The holder writes the project's records to the engine
+//!   before it answers and releases its claim only after; the next holder reads them before
+//!   it serves. `PlantedBug::ServeBeforeCoordLoaded` (a new holder serving at once) is caught
+//!   by (k) (`cluster_planted_serve_before_coord_loaded_is_caught`).
 //! - **(j) no `unknown` while every owner lives.** In the runs that cut a replica off from the
 //!   engine while its relays are in flight ([`run_relay_cut_in_flight`]; no replica dies, and
 //!   the engine comes back well within each call's deadline), no call is answered
@@ -562,6 +570,12 @@ enum Op {
         project: String,
     },
     List,
+    /// `board_set` of beta's key `k` to `value`.
+    BoardSet {
+        value: u64,
+    },
+    /// `board_get` of beta's key `k`.
+    BoardGet,
 }
 
 #[derive(Debug, Clone)]
@@ -587,6 +601,12 @@ impl Outcome {
                 let story = v.pointer("/story/id").and_then(Value::as_str);
                 match (story, v.get("project")) {
                     (Some(id), _) => format!("ok {id}"),
+                    (None, Some(p)) if v.get("key").is_some() => {
+                        format!(
+                            "ok project {p} value {} revision {}",
+                            v["value"], v["revision"]
+                        )
+                    }
                     (None, Some(p)) => format!("ok project {p}"),
                     (None, None) => "ok".to_owned(),
                 }
@@ -1410,6 +1430,7 @@ pub fn run_graceful_stop(seed: u64, rounds: u32, bug: Option<PlantedBug>) -> Clu
     run_script(&s, move |mut session| async move {
         until(WARMUP).await;
         session.start(0).await;
+        let mut written = 0;
         for _ in 0..rounds {
             let holder = session.holder_of(PROJECTS[1]).await;
             let others: Vec<usize> = (0..REPLICAS.len()).filter(|r| *r != holder).collect();
@@ -1426,9 +1447,15 @@ pub fn run_graceful_stop(seed: u64, rounds: u32, bug: Option<PlantedBug>) -> Clu
             });
             let mut i = 0;
             while now() < t0 + round {
-                session
-                    .create(others[i % others.len()], Some(PROJECTS[1].to_owned()))
-                    .await;
+                let through = others[i % others.len()];
+                match i % 3 {
+                    0 => session.create(through, Some(PROJECTS[1].to_owned())).await,
+                    1 => {
+                        written += 1;
+                        session.board(through, Some(written)).await;
+                    }
+                    _ => session.board(through, None).await,
+                }
                 i += 1;
             }
         }
@@ -1436,6 +1463,21 @@ pub fn run_graceful_stop(seed: u64, rounds: u32, bug: Option<PlantedBug>) -> Clu
 }
 
 impl Session {
+    /// `board_set` of beta's key `k` to `value` through `replica`, or (`None`) `board_get`.
+    async fn board(&mut self, replica: usize, value: Option<u64>) {
+        let (op, params) = match value {
+            Some(value) => (
+                Op::BoardSet { value },
+                json!({"name": "board_set", "arguments": {"project": PROJECTS[1], "key": "k", "value": value}}),
+            ),
+            None => (
+                Op::BoardGet,
+                json!({"name": "board_get", "arguments": {"project": PROJECTS[1], "key": "k"}}),
+            ),
+        };
+        self.request(replica, op, "tools/call", params).await;
+    }
+
     /// The replica holding `project`, as `list_projects` says (through the first replica that
     /// answers), once it is live somewhere.
     async fn holder_of(&mut self, project: &str) -> usize {
@@ -1993,8 +2035,59 @@ fn judge(
     let mut defaults_checked = 0;
     let mut unreachable_checked = 0;
     for c in calls {
+        // (k) beta's board loses nothing answered: a read sees the last write answered before
+        // it was sent, and revisions never go back (a write's is above every one seen before).
+        if let (Op::BoardSet { .. } | Op::BoardGet, Outcome::Ok(v)) = (&c.op, &c.outcome) {
+            let before: Vec<&Call> = calls
+                .iter()
+                .filter(|w| w.done < c.sent && matches!(w.outcome, Outcome::Ok(_)))
+                .collect();
+            let acked = before
+                .iter()
+                .filter_map(|w| match w.op {
+                    Op::BoardSet { value } => Some(value),
+                    _ => None,
+                })
+                .max();
+            let seen = before
+                .iter()
+                .filter(|w| matches!(w.op, Op::BoardSet { .. } | Op::BoardGet))
+                .filter_map(|w| match &w.outcome {
+                    Outcome::Ok(v) => v["revision"].as_u64(),
+                    _ => None,
+                })
+                .max();
+            let revision = v["revision"].as_u64();
+            let mut lost = None;
+            if let (Some(seen), true) = (seen, acked.is_some()) {
+                cover("(k) judged", 1);
+                let gone_back = match c.op {
+                    Op::BoardSet { .. } => revision.is_none_or(|r| r <= seen),
+                    _ => revision.is_none_or(|r| r < seen),
+                };
+                if gone_back {
+                    lost = Some(format!("revision {revision:?} after {seen} was seen"));
+                }
+            }
+            if let (Op::BoardGet, Some(acked)) = (&c.op, acked) {
+                let read = v["value"].as_u64();
+                if read.is_none_or(|r| r < acked) {
+                    lost = Some(format!(
+                        "read {read:?} after the write of {acked} was answered"
+                    ));
+                }
+            }
+            if let Some(why) = lost {
+                f.push(
+                    "(k) an acknowledged board write lost",
+                    format!("(k) {why}: {}", c.line()),
+                );
+            }
+        }
         // (i) a graceful stop fails no call.
-        if s.graceful_stops && matches!(c.op, Op::Create { .. }) {
+        if s.graceful_stops
+            && matches!(c.op, Op::Create { .. } | Op::BoardSet { .. } | Op::BoardGet)
+        {
             cover("(i) judged", 1);
             if !matches!(c.outcome, Outcome::Ok(_)) {
                 f.push(
