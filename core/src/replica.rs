@@ -222,7 +222,14 @@ impl Replica {
     /// Where `project` is served.
     pub(crate) fn place(&self, now: Instant, project: &str) -> Place {
         match self.directory.owner(project) {
-            Owner::Local { .. } if self.loading.contains_key(project) => Place::Loading,
+            // Requests wait for the read up to the move grace (no call waits on a read that
+            // never ends); past it, they are answered as the project is (not served yet).
+            Owner::Local { .. }
+                if self.loading.contains_key(project)
+                    && self.moving.get(project).is_some_and(|until| *until > now) =>
+            {
+                Place::Loading
+            }
             Owner::Local { .. } => Place::Here,
             Owner::Replica(r) if self.unanswering.get(project) != Some(&r) => Place::Relay(r),
             Owner::Replica(_) | Owner::Nobody
@@ -987,6 +994,11 @@ mod tests {
         assert_eq!(events(&mut r), [], "not served yet");
         // Requests wait meanwhile, relayed here or not.
         assert_eq!(r.place(t0, "alpha"), Place::Loading);
+        assert_eq!(
+            r.place(t0 + GRACE, "alpha"),
+            Place::Here,
+            "no longer than the grace"
+        );
         r.hold(HttpToken(1), "alpha".into(), request(1));
         // A read that failed is asked again, and the held request keeps waiting.
         r.handle_coord_loaded(t0, "alpha", false);
