@@ -96,6 +96,13 @@ pub struct ClaimValue {
     /// the refreshes that follow it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<Epoch>,
+    /// The claiming write of a handover (issue 30): the sled opened this uplink because the
+    /// replica that held the project asked it to move ([`crate::uplink::Control::Move`]). That
+    /// replica is alive and answers the calls still running on its old uplink, so the others
+    /// do not fail their relays to it when they see this claim. Absent otherwise (and from
+    /// refreshes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handover: bool,
 }
 
 impl ClaimValue {
@@ -269,6 +276,8 @@ enum Local {
     Pending {
         epoch_seen: Option<Epoch>,
         bumps: u32,
+        /// The hello answers a move (a handover): the claim says so.
+        moving: bool,
     },
     /// The local uplink serves at `epoch`; `revision` is the claim's latest write, sent at
     /// `written_at` (or earlier).
@@ -343,7 +352,13 @@ impl Directory {
     /// A sled of `project` said hello on this replica, reporting the highest epoch it has been
     /// welcomed with. Its uplink replaces any local one (the gateway closes that), and the
     /// replica claims the project for it.
-    pub fn handle_hello(&mut self, now: Instant, project: &str, epoch_seen: Option<Epoch>) {
+    pub fn handle_hello(
+        &mut self,
+        now: Instant,
+        project: &str,
+        epoch_seen: Option<Epoch>,
+        moving: bool,
+    ) {
         if self.shutting_down {
             self.actions.push_back(Action::StopServing {
                 project: project.to_owned(),
@@ -355,6 +370,7 @@ impl Directory {
         p.local = Local::Pending {
             epoch_seen,
             bumps: 0,
+            moving,
         };
         p.retry_at = None;
         self.drive(now, project);
@@ -464,6 +480,7 @@ impl Directory {
                             (AttemptKind::Refresh, Local::Serving { epoch, .. }) => Some(epoch),
                             _ => None,
                         },
+                        handover: false,
                     });
                 }
                 match (attempt.kind, p.local) {
@@ -494,9 +511,13 @@ impl Directory {
                         AttemptKind::Claim,
                         local @ (Local::Pending { .. } | Local::Serving { .. }),
                     ) => {
-                        let (epoch_seen, bumps) = match local {
-                            Local::Pending { epoch_seen, bumps } => (epoch_seen, bumps),
-                            Local::Serving { .. } | Local::None => (None, 0),
+                        let (epoch_seen, bumps, moving) = match local {
+                            Local::Pending {
+                                epoch_seen,
+                                bumps,
+                                moving,
+                            } => (epoch_seen, bumps, moving),
+                            Local::Serving { .. } | Local::None => (None, 0, false),
                         };
                         if superseded {
                             self.stop(
@@ -524,6 +545,7 @@ impl Directory {
                                 p.local = Local::Pending {
                                     epoch_seen,
                                     bumps: bumps + 1,
+                                    moving,
                                 };
                             }
                         } else {
@@ -680,18 +702,18 @@ impl Directory {
             .projects
             .get_mut(project)
             .expect("the project was just read");
-        let (kind, expected_revision, epoch) = match p.local {
+        let (kind, expected_revision, epoch, handover) = match p.local {
             Local::None => return,
-            Local::Pending { .. } => {
+            Local::Pending { moving, .. } => {
                 let expected = match p.known {
                     Known::NoValue => None,
                     Known::Value(_) | Known::Unknown => Some(p.known_revision),
                 };
-                (AttemptKind::Claim, expected, None)
+                (AttemptKind::Claim, expected, None, moving)
             }
             Local::Serving {
                 epoch, revision, ..
-            } => (AttemptKind::Refresh, Some(revision), Some(epoch)),
+            } => (AttemptKind::Refresh, Some(revision), Some(epoch), false),
         };
         p.attempt = Some(Attempt { kind, sent_at: now });
         p.retry_at = None;
@@ -701,6 +723,7 @@ impl Directory {
             value: ClaimValue {
                 owner: self.replica.clone(),
                 epoch,
+                handover,
             },
         });
     }
@@ -750,6 +773,7 @@ mod tests {
             value: ClaimValue {
                 owner: owner.into(),
                 epoch,
+                handover: false,
             },
         }
     }
@@ -772,6 +796,7 @@ mod tests {
         EntryState::Claimed(ClaimValue {
             owner: owner.into(),
             epoch,
+            handover: false,
         })
     }
 
@@ -779,7 +804,7 @@ mod tests {
     fn serving() -> (Directory, Instant) {
         let t0 = t0();
         let mut d = Directory::new("r1", config());
-        d.handle_hello(t0, "alpha", None);
+        d.handle_hello(t0, "alpha", None, false);
         assert_eq!(drain(&mut d), [claim("alpha", None, "r1", None)]);
         assert_eq!(d.may_serve("alpha"), None, "not before the claim is won");
         d.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(3));
@@ -946,7 +971,7 @@ mod tests {
         let mut d = Directory::new("r2", config());
         d.handle_entry("alpha", 3, put("r1", None));
         assert_eq!(d.owner("alpha"), Owner::Replica("r1".into()));
-        d.handle_hello(t0, "alpha", None);
+        d.handle_hello(t0, "alpha", None, false);
         // Takes over from r1 (live or dead): the newer sled wins.
         assert_eq!(drain(&mut d), [claim("alpha", Some(3), "r2", None)]);
         // r1's refresh got in first.
@@ -985,7 +1010,7 @@ mod tests {
     fn a_won_claim_already_superseded_is_not_served() {
         let t0 = t0();
         let mut d = Directory::new("r2", config());
-        d.handle_hello(t0, "alpha", None);
+        d.handle_hello(t0, "alpha", None, false);
         drain(&mut d);
         d.handle_entry("alpha", 5, put("r1", None));
         d.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(4));
@@ -1006,7 +1031,7 @@ mod tests {
     fn epochs_never_go_back() {
         let t0 = t0();
         let mut d = Directory::new("r1", config());
-        d.handle_hello(t0, "alpha", Some(5));
+        d.handle_hello(t0, "alpha", Some(5), false);
         drain(&mut d);
         d.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(4));
         assert_eq!(drain(&mut d), [claim("alpha", Some(4), "r1", None)]);
@@ -1024,7 +1049,7 @@ mod tests {
                 ..config()
             },
         );
-        d.handle_hello(t0, "alpha", Some(100));
+        d.handle_hello(t0, "alpha", Some(100), false);
         drain(&mut d);
         d.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(1));
         assert_eq!(drain(&mut d), [claim("alpha", Some(1), "r1", None)]);
@@ -1052,7 +1077,7 @@ mod tests {
         let (mut d, t0) = serving();
         let t1 = t0 + Duration::from_secs(1);
         d.handle_engine(t1, false);
-        d.handle_hello(t1, "beta", None);
+        d.handle_hello(t1, "beta", None, false);
         assert_eq!(drain(&mut d), [], "no claim while the engine is lost");
         assert_eq!(d.poll_timeout(), None);
         // Past the refresh and past max_age: still serving (an engine outage is not a sled
@@ -1082,7 +1107,7 @@ mod tests {
     fn a_claim_answered_unavailable_is_tried_again_later() {
         let t0 = t0();
         let mut d = Directory::new("r1", config());
-        d.handle_hello(t0, "alpha", None);
+        d.handle_hello(t0, "alpha", None, false);
         drain(&mut d);
         d.handle_claim_outcome(t0, "alpha", ClaimOutcome::Unavailable);
         assert_eq!(drain(&mut d), []);
@@ -1111,7 +1136,7 @@ mod tests {
         // Closed while its claim was in flight: released when won.
         let t0 = t0();
         let mut d = Directory::new("r1", config());
-        d.handle_hello(t0, "alpha", None);
+        d.handle_hello(t0, "alpha", None, false);
         drain(&mut d);
         d.handle_uplink_closed("alpha");
         d.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(2));
@@ -1136,7 +1161,7 @@ mod tests {
     #[test]
     fn a_second_hello_here_claims_a_newer_epoch() {
         let (mut d, t0) = serving();
-        d.handle_hello(t0, "alpha", Some(3));
+        d.handle_hello(t0, "alpha", Some(3), false);
         assert_eq!(
             d.may_serve("alpha"),
             None,
@@ -1150,7 +1175,7 @@ mod tests {
         let t1 = t0 + MAX_AGE / 3;
         d.handle_timeout(t1);
         assert_eq!(drain(&mut d), [claim("alpha", Some(4), "r1", Some(4))]);
-        d.handle_hello(t1, "alpha", Some(4));
+        d.handle_hello(t1, "alpha", Some(4), false);
         assert_eq!(drain(&mut d), []);
         d.handle_claim_outcome(t1, "alpha", ClaimOutcome::Won(5));
         assert_eq!(drain(&mut d), [claim("alpha", Some(5), "r1", None)]);
@@ -1161,7 +1186,7 @@ mod tests {
     #[test]
     fn shutdown_releases_every_claim_and_refuses_hellos() {
         let (mut d, t0) = serving();
-        d.handle_hello(t0, "beta", None);
+        d.handle_hello(t0, "beta", None, false);
         drain(&mut d);
         d.handle_shutdown();
         assert_eq!(
@@ -1183,7 +1208,7 @@ mod tests {
                 revision: 4
             }]
         );
-        d.handle_hello(t0, "gamma", None);
+        d.handle_hello(t0, "gamma", None, false);
         assert_eq!(drain(&mut d), [stop("gamma", Loss::ShuttingDown)]);
         assert_eq!(d.poll_timeout(), None);
     }
@@ -1193,12 +1218,14 @@ mod tests {
         let fresh = ClaimValue {
             owner: "r1".into(),
             epoch: None,
+            handover: false,
         };
         assert_eq!(fresh.to_json(), r#"{"owner":"r1"}"#);
         assert_eq!(fresh.claim_epoch(7), 7);
         let refresh = ClaimValue {
             owner: "r1".into(),
             epoch: Some(7),
+            handover: false,
         };
         assert_eq!(refresh.to_json(), r#"{"owner":"r1","epoch":7}"#);
         assert_eq!(refresh.claim_epoch(9), 7);

@@ -135,6 +135,13 @@ pub enum Input {
     /// requests are refused (503); an uplink opened afterwards is closed at once with
     /// `GoingAway`.
     Shutdown,
+    /// Shutdown is coming (issue 30): a replica of a cluster hands every project it holds
+    /// over before [`Input::Shutdown`]. Each sled is asked to open a new uplink (once the
+    /// coordination writes in flight are done), which another replica claims; requests for
+    /// the project wait for that holder, and the old uplink closes once the calls running on
+    /// it are answered. New uplinks are refused from now. [`crate::Gateway::handing_over`]
+    /// says while a project still waits for its next holder. Nothing on a single gateway.
+    Handover,
     /// A new registry (projects.toml changed). Added projects are routable at once; a removed
     /// project's uplink is closed and its pending calls fail with `uplink_lost`, reason
     /// `unregistered`; sessions and the other uplinks are kept.

@@ -29,7 +29,7 @@
 //!   server's replica (`server/src/cluster/outcomes.rs`), which reports its owner's answer, or
 //!   `RelaySent::EngineDown` when the owner never took it (so it is sent again here).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterAction, ClusterConfig, ClusterCounts, RelayMessage, RelaySent};
@@ -91,6 +91,9 @@ pub(crate) enum ReplicaEvent {
         project: String,
         waiting: Option<UplinkId>,
         reason: Loss,
+        /// This replica was handing the project over ([`Replica::begin_handover`]): its live
+        /// uplink takes no new call, but the calls running on it are answered before it closes.
+        handover: bool,
     },
     /// A request to handle again as if it just came: released from a hold, or a relay that
     /// nobody took.
@@ -162,6 +165,10 @@ pub(crate) struct Replica {
     relays: HashMap<HttpToken, Relay>,
     /// Projects whose sled just left its replica, until when requests for them are held.
     moving: BTreeMap<String, Instant>,
+    /// Projects this replica, stopping, asked its sled to move away from (issue 30): requests
+    /// for them are held here until another replica claims them, or until the move grace is
+    /// over (then served here, on the uplink still live).
+    handing_over: BTreeSet<String>,
     /// Requests held for a moving project, by project.
     held: BTreeMap<String, Vec<(HttpToken, HttpRequest)>>,
     /// A replica that took no relay for a project: not relayed to again for it until the
@@ -185,6 +192,7 @@ impl Replica {
             loads_coordination: false,
             relays: HashMap::new(),
             moving: BTreeMap::new(),
+            handing_over: BTreeSet::new(),
             held: BTreeMap::new(),
             unanswering: BTreeMap::new(),
             move_grace: config.move_grace,
@@ -229,6 +237,14 @@ impl Replica {
                     && self.moving.get(project).is_some_and(|until| *until > now) =>
             {
                 Place::Loading
+            }
+            // Handed over: requests wait for the next holder (they write nothing here while
+            // the last coordination writes land), up to the move grace.
+            Owner::Local { .. }
+                if self.handing_over.contains(project)
+                    && self.moving.get(project).is_some_and(|until| *until > now) =>
+            {
+                Place::Moving
             }
             Owner::Local { .. } => Place::Here,
             Owner::Replica(r) if self.unanswering.get(project) != Some(&r) => Place::Relay(r),
@@ -292,8 +308,13 @@ impl Replica {
             EntryState::Expired | EntryState::Unreadable => Some(None),
             EntryState::Deleted => None,
         };
+        // A handover's claim (issue 30): the last holder lives, and answers the calls running
+        // on its old uplink; relays to it wait for their answers (this replica may be the one
+        // that claimed, and already know it holds the project).
+        let handover = matches!(&state, EntryState::Claimed(v) if v.handover);
         let mut orphaned: Vec<HttpToken> = match &holder {
             None => Vec::new(),
+            Some(_) if handover => Vec::new(),
             Some(holder) => self
                 .relays
                 .iter()
@@ -539,13 +560,18 @@ impl Replica {
                         .remove(&project)
                         .map(|w| w.uplink)
                         .or_else(|| self.loading.remove(&project).map(|l| l.waiting.uplink));
-                    if self.serving.remove(&project).is_some() && reason != Loss::ShuttingDown {
+                    let handover = self.handing_over.remove(&project);
+                    if self.serving.remove(&project).is_some()
+                        && reason != Loss::ShuttingDown
+                        && !handover
+                    {
                         self.counts.claims_lost += 1;
                     }
                     self.events.push_back(ReplicaEvent::StopServing {
                         project,
                         waiting,
                         reason,
+                        handover,
                     });
                 }
             }
@@ -606,10 +632,44 @@ impl Replica {
             .map(|w| w.uplink)
     }
 
-    /// Claims `project` for the uplink waiting for it; `epoch_seen` is the sled's.
-    pub(crate) fn claim(&mut self, now: Instant, project: &str, epoch_seen: Option<Epoch>) {
-        self.directory.handle_hello(now, project, epoch_seen);
+    /// Claims `project` for the uplink waiting for it; `epoch_seen` is the sled's, and
+    /// `moving` whether its hello answers a move (the claim then says it is a handover).
+    pub(crate) fn claim(
+        &mut self,
+        now: Instant,
+        project: &str,
+        epoch_seen: Option<Epoch>,
+        moving: bool,
+    ) {
+        self.directory
+            .handle_hello(now, project, epoch_seen, moving);
         self.drain_directory(now);
+    }
+
+    /// This replica is stopping (issue 30): every project it serves is handed over. Requests
+    /// for them are held from now (up to the move grace), and the gateway asks each sled to
+    /// open a new uplink, which another replica claims. Returns the projects and their
+    /// uplinks.
+    pub(crate) fn begin_handover(&mut self, now: Instant) -> Vec<(String, UplinkId)> {
+        let serving: Vec<(String, UplinkId)> = self
+            .serving
+            .iter()
+            .filter(|(p, _)| !self.handing_over.contains(*p))
+            .map(|(p, u)| (p.clone(), *u))
+            .collect();
+        for (project, _) in &serving {
+            self.handing_over.insert(project.clone());
+            self.begin_move(now, project);
+        }
+        serving
+    }
+
+    /// Whether a project this replica hands over still waits for its next holder (and the
+    /// move grace is not over): a stopping replica keeps its uplinks that long.
+    pub(crate) fn handover_pending(&self, now: Instant) -> bool {
+        self.handing_over.iter().any(|p| {
+            self.serving.contains_key(p) && self.moving.get(p).is_some_and(|until| *until > now)
+        })
     }
 
     /// An uplink of `project` is gone. When it waited for the claim or held it, the claim is
@@ -627,6 +687,7 @@ impl Replica {
         let was_serving = self.serving.get(project) == Some(&id);
         if was_serving {
             self.serving.remove(project);
+            self.handing_over.remove(project);
         }
         if was_waiting || was_serving {
             if !self.move_grace.is_zero() {
@@ -867,6 +928,7 @@ impl Replica {
 
     /// Shutdown: no new claims; held requests are refused, and relays still open failed.
     pub(crate) fn handle_shutdown(&mut self, now: Instant) {
+        self.handing_over.clear();
         self.directory.handle_shutdown();
         self.drain_directory(now);
         let held: Vec<HttpToken> = std::mem::take(&mut self.held)
@@ -936,6 +998,7 @@ mod tests {
         EntryState::Claimed(ClaimValue {
             owner: owner.into(),
             epoch: None,
+            handover: false,
         })
     }
 
@@ -958,7 +1021,7 @@ mod tests {
     fn serving(now: Instant) -> Replica {
         let mut r = replica("r1");
         assert_eq!(r.wait_for_claim("alpha", waiting(1)), None);
-        r.claim(now, "alpha", None);
+        r.claim(now, "alpha", None, false);
         assert!(matches!(
             &actions(&mut r)[..],
             [ClusterAction::Claim { .. }]
@@ -982,7 +1045,7 @@ mod tests {
         let mut r = replica("r1");
         r.load_coordination();
         r.wait_for_claim("alpha", waiting(1));
-        r.claim(t0, "alpha", None);
+        r.claim(t0, "alpha", None, false);
         actions(&mut r);
         r.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(3));
         assert_eq!(
@@ -1031,7 +1094,7 @@ mod tests {
         let mut r = replica("r1");
         r.load_coordination();
         r.wait_for_claim("alpha", waiting(1));
-        r.claim(t0, "alpha", None);
+        r.claim(t0, "alpha", None, false);
         r.handle_claim_outcome(t0, "alpha", ClaimOutcome::Won(3));
         r.handle_uplink_gone(t0, UplinkId(1), "alpha");
         actions(&mut r);
@@ -1318,6 +1381,7 @@ mod tests {
                     by: Some("r2".into()),
                     revision: 4
                 },
+                handover: false,
             }),
             "{ev:?}"
         );

@@ -85,6 +85,12 @@ pub enum Control {
         /// replica's new claim starts above it; absent when no welcome carried one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         epoch_seen: Option<u64>,
+        /// This connection answers a [`Control::Move`]: the sled's other uplink is live on a
+        /// replica that is stopping. The replica that claims the project for it says so in
+        /// its claim, so the others leave the calls still running on the old uplink to be
+        /// answered there (see `crate::replica`). Absent otherwise.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        moving: bool,
     },
     /// gateway → sled, after a hello with a `key`: prove you hold its private half by signing
     /// [`crate::identity::challenge_message`] of the gateway's name (the host you dialed), your
@@ -136,6 +142,13 @@ pub enum Control {
         id: Option<u64>,
         reason: String,
     },
+    /// gateway → sled, on a live uplink of a replica that is stopping (issue 30): open a new
+    /// uplink now, through the same address (the balancer sends it to another replica), with
+    /// `"moving": true` in its hello, and keep this one meanwhile. Once the new one is
+    /// welcomed with a higher epoch, this one takes no new call: the sled finishes the calls
+    /// running on it, then closes it with [`CloseCode::Superseded`]. A sled that does not
+    /// know the frame ignores it and moves when the replica closes the uplink, as before.
+    Move { reason: String },
 }
 
 impl Control {
@@ -267,6 +280,7 @@ mod tests {
             key: None,
             fence: None,
             epoch_seen: None,
+            moving: false,
         };
         assert_eq!(serde_json::from_str::<Control>(bare).unwrap(), hello);
         assert_eq!(hello.to_text(), bare);
@@ -278,6 +292,7 @@ mod tests {
             key: None,
             fence: Some(7),
             epoch_seen: None,
+            moving: false,
         };
         assert_eq!(
             fenced.to_text(),

@@ -184,7 +184,12 @@ pub(crate) async fn run(
             }
         }
         d.drain_outputs();
-        if matches!(d.phase, Phase::Draining { .. }) && d.http.len() == d.get_streams.len() {
+        // Drained: no call in flight, and no project handed over still waiting for its next
+        // holder (its sled's old uplink stays meanwhile: make-before-break).
+        if matches!(d.phase, Phase::Draining { .. })
+            && d.http.len() == d.get_streams.len()
+            && !d.gateway.handing_over(now())
+        {
             tracing::info!("no calls in flight; closing the uplinks");
             d.stop();
             d.drain_outputs();
@@ -264,6 +269,8 @@ impl Driver {
                     self.phase = Phase::Draining {
                         until: Instant::now() + self.grace,
                     };
+                    // In a cluster, the sleds held here move to other replicas first.
+                    self.gateway.handle(now(), Input::Handover);
                 }
             }
         }

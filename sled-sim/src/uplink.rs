@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 use futures_util::future::BoxFuture;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use gateway_core::identity::{encode_key, sign_challenge};
 use gateway_core::uplink::{
     recover_request_id, CloseCode, Control, PROTOCOL_VERSION, RELATED_REQUEST_META,
@@ -63,6 +64,10 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After an `UnknownProject`, `Unauthorized` or `IdentityRefused` close the sled waits this many
 /// times `backoff_max` before retrying.
 pub const UNKNOWN_PROJECT_BACKOFF_FACTOR: u32 = 6;
+
+/// How long a connection superseded by a newer one (after a move) may go on answering the
+/// calls running on it before it is closed anyway.
+pub const SUPERSEDED_DRAIN: Duration = Duration::from_secs(30);
 
 /// How a sled's uplink behaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -607,78 +612,145 @@ pub async fn run_uplink_fenced<C: Connect>(
     fence: EpochFence,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let shutdown = shutdown.shared();
+    // One seeded sequence for the backoff and every connection's latencies, drawn in the
+    // same order as when one connection runs at a time.
+    let rng = Mutex::new(ChaCha8Rng::seed_from_u64(opts.seed));
     let project = sled.project_name().to_owned();
-    let mut failures: u32 = 0;
     let relay = Relay::new(opts.stall_relay);
+    // A connection that the gateway asks to move (`Control::Move`) says so here, by number.
+    let (mover, mut moves) = mpsc::unbounded_channel::<u64>();
+    let connect = |number: u64, moving: bool| {
+        let shutdown = shutdown.clone();
+        let conn = Conn {
+            number,
+            moving,
+            mover: &mover,
+        };
+        let (connector, gateway, sled, opts, relay, fence, rng) =
+            (&connector, &gateway, &sled, &opts, &relay, &fence, &rng);
+        async move {
+            let shutdown = std::pin::pin!(shutdown);
+            let outcome = connect_once(
+                connector, gateway, sled, opts, relay, fence, rng, conn, shutdown,
+            )
+            .await;
+            (number, outcome)
+        }
+    };
+    // Every connection still running: the newest (the one that serves, or is being made),
+    // and older ones finishing their calls after a move.
+    let mut conns = FuturesUnordered::new();
+    let mut newest: u64 = 0;
+    let mut failures: u32 = 0;
+    let mut next_at = Some(Instant::now());
+    // The newest attempt answers a move: an older connection still serves meanwhile.
+    let mut moving = false;
+    let mut ending = false;
     loop {
-        let outcome = connect_once(
-            &connector,
-            &gateway,
-            &sled,
-            &opts,
-            &relay,
-            &fence,
-            &mut rng,
-            shutdown.as_mut(),
-        )
-        .await;
-        let delay = match outcome {
-            Outcome::Shutdown => {
-                info!(project = %project, "uplink shut down");
-                return;
-            }
-            Outcome::Lost {
-                welcomed,
-                close_code,
-                failure,
-            } => {
-                if welcomed {
-                    failures = 0;
-                }
-                let mut delay = backoff_delay(&opts, failures, &mut rng);
-                failures = failures.saturating_add(1);
-                // Refused for who it is: retrying soon would be refused the same way.
-                let identity_refused = close_code == Some(CloseCode::IdentityRefused.code());
-                let unknown_project = close_code == Some(CloseCode::UnknownProject.code());
-                let token_refused = close_code == Some(CloseCode::Unauthorized.code());
-                if unknown_project || identity_refused || token_refused {
-                    delay = opts
-                        .backoff_max
-                        .max(opts.backoff_min)
-                        .saturating_mul(UNKNOWN_PROJECT_BACKOFF_FACTOR);
-                }
-                match failure {
-                    Some(reason) if identity_refused => error!(
-                        project = %project, gateway = %gateway, retry_in = ?delay,
-                        "identity refused: {reason}; retrying with a long backoff"
-                    ),
-                    Some(reason) if token_refused => error!(
-                        project = %project, gateway = %gateway, %reason, retry_in = ?delay,
-                        "the gateway refused this sled's uplink: its project's `token` is missing or wrong (sled-sim reads it from --token-env, SLED_UPLINK_TOKEN by default), or the project has neither a token nor a pinned key; retrying with a long backoff"
-                    ),
-                    Some(reason) if unknown_project => error!(
-                        project = %project, gateway = %gateway, %reason, retry_in = ?delay,
-                        "the gateway does not know this project; retrying with a long backoff"
-                    ),
-                    Some(reason) => warn!(
-                        project = %project, gateway = %gateway, %reason, attempt = failures,
-                        retry_in = ?delay, "uplink attempt failed"
-                    ),
-                    None => debug!(project = %project, retry_in = ?delay, "reconnecting"),
-                }
-                delay
+        if ending && conns.is_empty() {
+            info!(project = %project, "uplink shut down");
+            return;
+        }
+        let next_due = async {
+            match next_at {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
             }
         };
         tokio::select! {
-            () = shutdown.as_mut() => {
-                info!(project = %project, "uplink shut down");
-                return;
+            () = shutdown.clone(), if !ending => {
+                // Each connection sees it too, says goodbye and ends.
+                ending = true;
+                next_at = None;
             }
-            () = sleep(delay) => {}
+            () = next_due, if !ending => {
+                next_at = None;
+                newest += 1;
+                conns.push(connect(newest, moving && !conns.is_empty()));
+            }
+            Some(number) = moves.recv() => {
+                // Asked once per connection; only the newest one's ask starts a new one.
+                if number == newest && !ending {
+                    info!(project = %project, "the gateway asks this sled to move; opening a new uplink");
+                    moving = true;
+                    next_at = Some(Instant::now());
+                }
+            }
+            Some((number, outcome)) = conns.next(), if !conns.is_empty() => {
+                let Outcome::Lost { welcomed, close_code, failure } = outcome else {
+                    ending = true;
+                    next_at = None;
+                    continue;
+                };
+                if number != newest {
+                    debug!(project = %project, connection = number, "an older uplink ended");
+                    continue;
+                }
+                if welcomed {
+                    failures = 0;
+                }
+                moving = moving && !conns.is_empty();
+                let delay = {
+                    let mut rng = rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    backoff_delay(&opts, failures, &mut rng)
+                };
+                next_at = Some(Instant::now() + lost_delay(&project, &gateway, &opts, delay, failures, close_code, failure));
+                failures = failures.saturating_add(1);
+            }
         }
     }
+}
+
+/// How long to wait after the newest connection was lost (`delay`, the backoff), logged.
+fn lost_delay(
+    project: &str,
+    gateway: &GatewayAddr,
+    opts: &UplinkOptions,
+    mut delay: Duration,
+    failures: u32,
+    close_code: Option<u16>,
+    failure: Option<String>,
+) -> Duration {
+    let attempt = failures.saturating_add(1);
+    // Refused for who it is: retrying soon would be refused the same way.
+    let identity_refused = close_code == Some(CloseCode::IdentityRefused.code());
+    let unknown_project = close_code == Some(CloseCode::UnknownProject.code());
+    let token_refused = close_code == Some(CloseCode::Unauthorized.code());
+    if unknown_project || identity_refused || token_refused {
+        delay = opts
+            .backoff_max
+            .max(opts.backoff_min)
+            .saturating_mul(UNKNOWN_PROJECT_BACKOFF_FACTOR);
+    }
+    match failure {
+        Some(reason) if identity_refused => error!(
+            project = %project, gateway = %gateway, retry_in = ?delay,
+            "identity refused: {reason}; retrying with a long backoff"
+        ),
+        Some(reason) if token_refused => error!(
+            project = %project, gateway = %gateway, %reason, retry_in = ?delay,
+            "the gateway refused this sled's uplink: its project's `token` is missing or wrong (sled-sim reads it from --token-env, SLED_UPLINK_TOKEN by default), or the project has neither a token nor a pinned key; retrying with a long backoff"
+        ),
+        Some(reason) if unknown_project => error!(
+            project = %project, gateway = %gateway, %reason, retry_in = ?delay,
+            "the gateway does not know this project; retrying with a long backoff"
+        ),
+        Some(reason) => warn!(
+            project = %project, gateway = %gateway, %reason, attempt,
+            retry_in = ?delay, "uplink attempt failed"
+        ),
+        None => debug!(project = %project, retry_in = ?delay, "reconnecting"),
+    }
+    delay
+}
+
+/// One connection of an uplink loop: its number, whether its hello answers a move, and where
+/// it says that the gateway asks it to move.
+struct Conn<'a> {
+    number: u64,
+    moving: bool,
+    mover: &'a mpsc::UnboundedSender<u64>,
 }
 
 /// One connection: handshake, then serve until it is lost or shutdown completes.
@@ -690,7 +762,8 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
     opts: &UplinkOptions,
     relay: &Relay,
     fence: &EpochFence,
-    rng: &mut ChaCha8Rng,
+    rng: &Mutex<ChaCha8Rng>,
+    conn: Conn<'_>,
     mut shutdown: Pin<&mut F>,
 ) -> Outcome {
     let project = sled.project_name().to_owned();
@@ -708,6 +781,7 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         // Read at each attempt: the fences accepted on the last connection count.
         fence: sled.fence_high_water(),
         epoch_seen: fence.seen(),
+        moving: conn.moving,
     };
     let attempt = async {
         // TLS over the connection for a `wss://` gateway.
@@ -769,9 +843,20 @@ async fn connect_once<C: Connect, F: Future<Output = ()>>(
         }
     };
     let key = key.as_deref().unwrap_or("none");
-    info!(project = %project, gateway = %gateway, heartbeat_ms, key, ?epoch, "uplink connected");
+    info!(project = %project, gateway = %gateway, heartbeat_ms, key, ?epoch, moving = conn.moving, "uplink connected");
     let epoch = epoch.map(|e| (e, fence));
-    serve(ws, heartbeat_ms, epoch, sled, opts, relay, rng, shutdown).await
+    serve(
+        ws,
+        heartbeat_ms,
+        epoch,
+        sled,
+        opts,
+        relay,
+        rng,
+        &conn,
+        shutdown,
+    )
+    .await
 }
 
 /// Hangs up on a gateway that broke the handshake (best effort).
@@ -935,7 +1020,8 @@ async fn serve<S, F>(
     backend: &Backend,
     opts: &UplinkOptions,
     relay: &Relay,
-    rng: &mut ChaCha8Rng,
+    rng: &Mutex<ChaCha8Rng>,
+    conn: &Conn<'_>,
     mut shutdown: Pin<&mut F>,
 ) -> Outcome
 where
@@ -992,8 +1078,12 @@ where
     // `notifications/cancelled` stops them before they are applied.
     let mut waiting: BTreeMap<u64, tokio::task::AbortHandle> = BTreeMap::new();
     let mut closing: Option<(u16, String)> = None;
-    // A newer epoch welcomed on another connection of this sled ends this one.
+    // A newer epoch welcomed on another connection of this sled ends this one: at once, or
+    // (calls running on it) once they are answered, at most `SUPERSEDED_DRAIN` later.
     let superseded = || epoch.is_some_and(|(e, fence)| !fence.is_newest(e));
+    let mut draining: Option<Instant> = None;
+    // Whether the gateway asked this connection to move (it is said once).
+    let mut asked_to_move = false;
     let (mut newer, mut newer_open) = match epoch {
         Some((_, fence)) => (fence.subscribe(), true),
         None => (watch::channel(None).1, false),
@@ -1019,6 +1109,12 @@ where
         };
         let idle = async {
             match deadline {
+                Some(d) => sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let drain_over = async {
+            match draining {
                 Some(d) => sleep_until(d).await,
                 None => std::future::pending().await,
             }
@@ -1060,15 +1156,32 @@ where
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => notices_open = false,
             },
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {
+                if draining.is_some() && tasks.is_empty() {
+                    return close_superseded(&project, &tx, &mut writer).await;
+                }
+            }
             changed = newer.changed(), if newer_open => {
                 if changed.is_err() {
                     newer_open = false;
                 } else if superseded() {
-                    return close_superseded(&project, &tx, &mut writer).await;
+                    if tasks.is_empty() {
+                        return close_superseded(&project, &tx, &mut writer).await;
+                    }
+                    // Make-before-break: the calls running here were taken while this
+                    // connection's epoch was the newest; they are answered before it closes.
+                    info!(project = %project, calls = tasks.len(),
+                        "a newer epoch was welcomed on another connection; answering the calls running on this one first");
+                    newer_open = false;
+                    draining = Instant::now().checked_add(SUPERSEDED_DRAIN);
                 }
             }
-            () = sync_due => relay.send(&tx, "sync", None),
+            () = drain_over => {
+                warn!(project = %project, calls = tasks.len(), limit = ?SUPERSEDED_DRAIN,
+                    "calls still running on a superseded connection; closing it");
+                return close_superseded(&project, &tx, &mut writer).await;
+            }
+            () = sync_due, if !superseded() => relay.send(&tx, "sync", None),
             msg = stream.next() => {
                 let msg = match msg {
                     Some(Ok(msg)) => msg,
@@ -1090,6 +1203,13 @@ where
                                 "gateway is closing the uplink");
                             closing = Some((code, reason));
                         }
+                        Frame::Control(Control::Move { reason }) => {
+                            info!(project = %project, %reason, "asked to move to another replica");
+                            if !asked_to_move && !superseded() {
+                                asked_to_move = true;
+                                let _ = conn.mover.send(conn.number);
+                            }
+                        }
                         Frame::Control(other) => {
                             warn!(project = %project, frame = ?other, "unexpected control frame ignored");
                         }
@@ -1104,9 +1224,24 @@ where
                                 "unreadable frame from the gateway; telling it");
                             send(Control::Unreadable { id, reason: e }.to_text());
                         }
-                        Frame::Rpc(_) if superseded() => {
+                        Frame::Rpc(_) if superseded() && tasks.is_empty() => {
                             // Not served: the gateway's claim is no longer the newest.
                             return close_superseded(&project, &tx, &mut writer).await;
+                        }
+                        Frame::Rpc(msg) if superseded() && msg.get("method").is_some() && msg.get("id").is_some() => {
+                            // A new request on a connection finishing its calls: not served
+                            // (the gateway's claim is no longer the newest), and said so.
+                            warn!(project = %project, "a request on a superseded connection; refused, not applied");
+                            let refusal = json!({
+                                "jsonrpc": "2.0",
+                                "id": msg.get("id"),
+                                "error": {
+                                    "code": -32603,
+                                    "message": "this uplink was superseded by the sled's newer one; the request was not applied",
+                                    "data": {"kind": "superseded", "outcome": "not_sent"},
+                                },
+                            });
+                            send(refusal.to_string());
                         }
                         Frame::Rpc(msg) => {
                             waiting.retain(|_, h| !h.is_finished());
@@ -1132,7 +1267,10 @@ where
                                 }
                             } else {
                                 match backend {
-                                    Backend::Story(sled) => serve_story(sled, msg, opts, relay, rng, &tx, &mut tasks, &mut waiting),
+                                    Backend::Story(sled) => {
+                                        let mut rng = rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                                        serve_story(sled, msg, opts, relay, &mut rng, &tx, &mut tasks, &mut waiting);
+                                    }
                                     Backend::Handler(handler) => {
                                         let id = msg.get("id").and_then(Value::as_u64);
                                         let ctx = CallContext {

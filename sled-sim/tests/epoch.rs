@@ -211,3 +211,91 @@ async fn a_newer_epoch_on_another_connection_closes_the_older_one() {
     .await
     .expect("test timed out");
 }
+
+/// Issue 30, make-before-break: asked to move, the sled opens a new uplink (its hello says
+/// `moving`) while the old one stays; once the new one is welcomed with a higher epoch, the
+/// old one answers the call running on it, refuses a new one (not applied), and closes with
+/// 4008.
+#[tokio::test]
+async fn asked_to_move_the_sled_opens_a_new_uplink_first_and_the_old_one_answers_its_calls() {
+    timeout(LIMIT, async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fence = EpochFence::default();
+        let opts = UplinkOptions {
+            sled_name: "alpha-sled".into(),
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(20),
+            relay_interval: Duration::ZERO,
+            latency: Duration::from_millis(300),
+            ..UplinkOptions::default()
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(run_uplink_fenced(
+            TokioConnect,
+            GatewayAddr::parse(&format!("http://{addr}")).unwrap(),
+            Backend::Story(sled()),
+            opts,
+            fence.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let (mut old, _) = accept(&listener).await;
+        welcome(&mut old, Some(5)).await;
+        let running = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "list_stories", "arguments": {}}});
+        old.send(Message::text(running.to_string())).await.unwrap();
+        let ask = Control::Move {
+            reason: "stopping".into(),
+        };
+        old.send(Message::text(ask.to_text())).await.unwrap();
+
+        // A new connection, with the old one still open.
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut new = tokio_tungstenite::accept_async(tcp).await.unwrap();
+        let Next::Json(hello) = next(&mut new).await else {
+            panic!("no hello");
+        };
+        let Control::Hello {
+            epoch_seen, moving, ..
+        } = serde_json::from_value(hello).unwrap()
+        else {
+            panic!("not a hello");
+        };
+        assert_eq!((epoch_seen, moving), (Some(5), true));
+        welcome(&mut new, Some(6)).await;
+        while fence.seen() != Some(6) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A request on the old one is refused, not applied; the new one serves.
+        let late = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "list_stories", "arguments": {}}});
+        old.send(Message::text(late.to_string())).await.unwrap();
+        assert!(answered(&call(&mut new, 2).await, 2));
+        let mut seen = Vec::new();
+        loop {
+            match next(&mut old).await {
+                Next::Json(v) => seen.push(v),
+                Next::Closed(code) => {
+                    assert_eq!(code, Some(CloseCode::Superseded.code()), "{seen:?}");
+                    break;
+                }
+            }
+        }
+        let answer = seen
+            .iter()
+            .find(|v| v["id"] == 1)
+            .expect("the running call is answered");
+        assert!(answer.get("result").is_some(), "{seen:?}");
+        let refused = seen
+            .iter()
+            .find(|v| v["id"] == 3)
+            .expect("the late call is refused");
+        assert_eq!(refused["error"]["data"]["kind"], "superseded", "{seen:?}");
+        stop.send(()).unwrap();
+        task.await.unwrap();
+    })
+    .await
+    .expect("the test hung");
+}

@@ -88,6 +88,7 @@ async fn fixture_tools_talk_to_the_gateway_mid_call() {
             key: None,
             fence: None,
             epoch_seen: None,
+            moving: false,
         }
     );
     let welcome = Control::Welcome {

@@ -147,6 +147,7 @@ async fn hello_welcome_ping_and_calls() {
                 key: None,
                 fence: None,
                 epoch_seen: None,
+                moving: false,
             }
         );
         send_control(&mut ws, welcome(5_000)).await;

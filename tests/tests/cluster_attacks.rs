@@ -319,6 +319,7 @@ async fn forged_claim(r1: &Replica, r2: &Replica, attacker: &mut Attacker, claim
     let theirs = ClaimValue {
         owner: "r3".into(),
         epoch: ours.epoch.map(|e| e + 1000),
+        handover: false,
     }
     .to_json();
     let at = ("mcpgw_directory", "p.alpha");

@@ -543,6 +543,19 @@ fn cluster_planted_stop_without_drain_is_caught() {
     );
 }
 
+/// `PlantedBug::HandoverCutsCalls` (a stopping replica whose sled moved closes the old uplink
+/// at once, cutting the calls still running on it, instead of letting them answer) is caught
+/// by (i).
+#[test]
+fn cluster_planted_handover_cuts_calls_is_caught() {
+    planted_caught(
+        "cluster_planted_handover_cuts_calls_is_caught",
+        gateway_core::PlantedBug::HandoverCutsCalls,
+        "(i)",
+        |seed, bug| run_graceful_stop(seed, STOP_ROUNDS, bug),
+    );
+}
+
 /// `PlantedBug::ServeBeforeCoordLoaded` (a replica that wins beta's claim serves it before it
 /// reads the coordination state beta's last holder kept) is caught by (k).
 #[test]

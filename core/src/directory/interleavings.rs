@@ -249,7 +249,7 @@ impl World {
                 let node = &mut self.nodes[n];
                 node.open.insert(project.clone());
                 node.hello_seen.insert(project.clone(), epoch_seen);
-                node.dir.handle_hello(now, &project, epoch_seen);
+                node.dir.handle_hello(now, &project, epoch_seen, false);
                 self.drain(n);
             }
             Op::Close { node, project } => {

@@ -75,7 +75,8 @@ impl Gateway {
             UplinkState::Live { project } => Some(project.clone()),
             UplinkState::AwaitingHello
             | UplinkState::AwaitingProof(_)
-            | UplinkState::AwaitingClaim { .. } => None,
+            | UplinkState::AwaitingClaim { .. }
+            | UplinkState::Retiring { .. } => None,
         }
     }
 

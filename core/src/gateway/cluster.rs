@@ -23,6 +23,7 @@ use crate::{HttpRequest, HttpToken, UplinkId};
 
 use crate::error::RpcError;
 
+use super::coordination::AfterWrites;
 use super::{Away, Gateway, Output, Req};
 
 impl Gateway {
@@ -73,10 +74,12 @@ impl Gateway {
             // A claim is released only once the coordination writes handed out before it are
             // done: the next holder reads what this one kept.
             let action = match action {
-                ClusterAction::Release { .. } => match self.coordination.after_writes(action) {
-                    Some(action) => action,
-                    None => continue,
-                },
+                ClusterAction::Release { .. } => {
+                    match self.coordination.after_writes(AfterWrites::Engine(action)) {
+                        Some(AfterWrites::Engine(action)) => action,
+                        Some(AfterWrites::Move { .. }) | None => continue,
+                    }
+                }
                 action => action,
             };
             self.outputs.push_back(Output::Cluster(action));
@@ -179,9 +182,31 @@ impl Gateway {
         self.cluster.as_mut()?.wait_for_claim(project, waiting)
     }
 
-    /// Claims `project` for the uplink waiting for it; `epoch_seen` is the sled's.
-    pub(super) fn claim(&mut self, now: Instant, project: &str, epoch_seen: Option<u64>) {
-        self.with_replica(|r| r.claim(now, project, epoch_seen));
+    /// Claims `project` for the uplink waiting for it; `epoch_seen` is the sled's, and
+    /// `moving` whether its hello answers a move.
+    pub(super) fn claim(
+        &mut self,
+        now: Instant,
+        project: &str,
+        epoch_seen: Option<u64>,
+        moving: bool,
+    ) {
+        self.with_replica(|r| r.claim(now, project, epoch_seen, moving));
+    }
+
+    /// This replica is stopping: the projects it serves are handed over (requests for them
+    /// held from now); answers them with their uplinks.
+    pub(super) fn begin_handover(&mut self, now: Instant) -> Vec<(String, UplinkId)> {
+        let mut out = Vec::new();
+        self.with_replica(|r| out = r.begin_handover(now));
+        out
+    }
+
+    /// Whether a project handed over still waits for its next holder.
+    pub(super) fn handover_pending(&self, now: Instant) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|r| r.handover_pending(now))
     }
 
     /// An uplink that waited for a claim or a pin, or held a claim, is gone (called by
@@ -200,6 +225,13 @@ impl Gateway {
         if self.clustered() {
             self.outputs.push_back(Output::Cluster(action));
         }
+    }
+
+    /// Whether a request for `project`, whose sled is connected here, waits for its next holder
+    /// instead: this replica is stopping and hands the project over (issue 30), and nothing
+    /// is done for it here meanwhile (a coordination write would race the next holder's read).
+    pub(super) fn handing_off(&self, req: &Req<'_>, project: &str) -> bool {
+        self.handing_over && !req.relayed && self.place(req.now, project) == Place::Moving
     }
 
     /// Where a request for `project`, whose sled is not connected here, is served instead:

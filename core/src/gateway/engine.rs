@@ -162,7 +162,8 @@ impl Gateway {
                 project,
                 waiting,
                 reason,
-            } => self.stop_serving(now, &project, waiting, reason),
+                handover,
+            } => self.stop_serving(now, &project, waiting, reason, handover),
             ReplicaEvent::ServeAgain { token, request } => self.again.push_back((token, request)),
             ReplicaEvent::Answer { token, message } => {
                 use crate::cluster::RelayMessage;
@@ -201,6 +202,7 @@ impl Gateway {
         project: &str,
         waiting: Option<UplinkId>,
         reason: Loss,
+        handover: bool,
     ) {
         let why = match &reason {
             Loss::TakenOver { by: Some(r), .. } => format!("gateway replica '{r}' claimed it"),
@@ -219,7 +221,20 @@ impl Gateway {
         if self.config.planted == Some(super::PlantedBug::ServeAfterLosingClaim) {
             return;
         }
-        let live = self.projects.get(project).and_then(|s| s.uplink);
+        let mut live = self.projects.get(project).and_then(|s| s.uplink);
+        #[cfg(feature = "planted-bugs")]
+        let handover =
+            handover && self.config.planted != Some(super::PlantedBug::HandoverCutsCalls);
+        if handover {
+            // Make-before-break: the sled moved; the calls running here are answered first.
+            if let Some(id) = live.take() {
+                tracing::info!(
+                    project,
+                    "handed over ({why}); the old uplink finishes its calls"
+                );
+                self.retire_uplink(now, id);
+            }
+        }
         for id in waiting.into_iter().chain(live) {
             self.drop_uplink(
                 now,

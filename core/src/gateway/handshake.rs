@@ -132,9 +132,15 @@ impl Gateway {
         uplink.state = UplinkState::AwaitingClaim {
             project: project.clone(),
         };
-        let epoch_seen = uplink.epoch_seen;
-        tracing::info!(uplink = id.0, project, ?epoch_seen, "claiming the project");
-        self.claim(now, &project, epoch_seen);
+        let (epoch_seen, moving) = (uplink.epoch_seen, uplink.moving);
+        tracing::info!(
+            uplink = id.0,
+            project,
+            ?epoch_seen,
+            moving,
+            "claiming the project"
+        );
+        self.claim(now, &project, epoch_seen, moving);
     }
 
     /// Whether `project` is served by a live uplink, here or (by the directory's live claim)

@@ -232,6 +232,10 @@ pub enum PlantedBug {
     /// reading the coordination state its last holder kept (issue 25: a board write, a lease
     /// or a message acknowledged before a move is gone after it).
     ServeBeforeCoordLoaded,
+    /// In a cluster: a stopping replica whose project was taken over by the replica its sled
+    /// moved to closes the old uplink at once, cutting the calls still running on it, instead
+    /// of letting them answer first (issue 30: make-before-break).
+    HandoverCutsCalls,
 }
 
 impl Default for Config {
@@ -350,6 +354,10 @@ pub struct Gateway {
     timers: BTreeSet<(Instant, Timer)>,
     outputs: VecDeque<Output>,
     shutting_down: bool,
+    /// Shutdown is coming: this replica hands its projects over (`Input::Handover`).
+    handing_over: bool,
+    /// Uplinks in [`UplinkState::Retiring`]: closed once no call runs on them.
+    retiring: BTreeSet<UplinkId>,
     counters: Counters,
     /// Calls by tool, project and outcome; latencies.
     call_metrics: crate::metrics::CallMetrics,
@@ -448,6 +456,8 @@ struct Uplink {
     fence_floor: Option<u64>,
     /// The highest epoch the sled said (in its hello) it has been welcomed with.
     epoch_seen: Option<u64>,
+    /// The hello answers a move (`Control::Move`) of the sled's other uplink.
+    moving: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -461,6 +471,11 @@ enum UplinkState {
         project: String,
     },
     Live {
+        project: String,
+    },
+    /// Was live; its project was handed over to the replica its sled moved to (issue 30).
+    /// It takes no new call; the calls running on it are answered, then it is closed.
+    Retiring {
         project: String,
     },
 }
@@ -728,6 +743,8 @@ impl Gateway {
             timers: BTreeSet::new(),
             outputs: VecDeque::new(),
             shutting_down: false,
+            handing_over: false,
+            retiring: BTreeSet::new(),
             counters: Counters::default(),
             call_metrics: crate::metrics::CallMetrics::default(),
             pins: crate::identity::Pins::default(),
@@ -840,6 +857,7 @@ impl Gateway {
                 self.drop_uplink(now, uplink, UplinkLoss::Closed, None);
             }
             Input::Shutdown => self.on_shutdown(now),
+            Input::Handover => self.on_handover(now),
             Input::Reload { registry } => {
                 self.on_reload(now, registry);
                 self.end_revoked_sessions(now);
@@ -906,6 +924,7 @@ impl Gateway {
             } else {
                 // Changes that came with no call (a session's end, a sled's fence floor).
                 self.flush_coordination(now);
+                self.close_retired(now);
                 return;
             }
         }

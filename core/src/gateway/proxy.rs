@@ -100,6 +100,10 @@ impl Gateway {
             .get(&project)
             .expect("every registered project has a state");
         match state.uplink {
+            // Handed over: it waits for the next holder, though the old uplink is still here.
+            Some(_) if self.handing_off(req, &project) => {
+                Ok(Placement::Away(Away::Hold { project }))
+            }
             Some(uplink) => Ok(Placement::Here(Route {
                 timeout: spec.call_timeout,
                 uplink,

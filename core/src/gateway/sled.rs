@@ -25,10 +25,13 @@ impl Gateway {
                 key: None,
                 fence_floor: None,
                 epoch_seen: None,
+                moving: false,
             },
         );
         self.timers.insert((at, Timer::Uplink(id)));
-        if self.shutting_down {
+        // A replica handing its projects over takes no new uplink: the sled dials again,
+        // and the balancer sends it to another replica.
+        if self.shutting_down || self.handing_over {
             self.close_uplink(
                 now,
                 id,
@@ -48,7 +51,10 @@ impl Gateway {
             len,
             "binary frame on an uplink; the protocol is text frames"
         );
-        if !matches!(uplink.state, UplinkState::Live { .. }) {
+        if !matches!(
+            uplink.state,
+            UplinkState::Live { .. } | UplinkState::Retiring { .. }
+        ) {
             self.close_uplink(
                 now,
                 id,
@@ -63,7 +69,10 @@ impl Gateway {
             return;
         };
         uplink.last_rx = now;
-        let awaiting_hello = !matches!(uplink.state, UplinkState::Live { .. });
+        let awaiting_hello = !matches!(
+            uplink.state,
+            UplinkState::Live { .. } | UplinkState::Retiring { .. }
+        );
         let expects_hello = uplink.state == UplinkState::AwaitingHello;
         let expects_proof = matches!(uplink.state, UplinkState::AwaitingProof(_));
         let message = match jsonrpc::parse_object(text.as_bytes()) {
@@ -80,10 +89,12 @@ impl Gateway {
                     key,
                     fence,
                     epoch_seen,
+                    moving,
                 }) if expects_hello => {
                     if let Some(u) = self.uplinks.get_mut(&id) {
                         u.fence_floor = fence;
                         u.epoch_seen = epoch_seen;
+                        u.moving = moving;
                     }
                     self.on_hello(now, id, protocol, project, sled, token, key)
                 }
@@ -452,7 +463,7 @@ impl Gateway {
                     "this gateway replica could not claim the project within the hello timeout (is the cluster's engine reachable?); connect again".into(),
                 );
             }
-            UplinkState::Live { .. } => {
+            UplinkState::Live { .. } | UplinkState::Retiring { .. } => {
                 let silent = now.saturating_duration_since(uplink.last_rx);
                 if silent >= self.config.heartbeat_timeout {
                     let reason = format!("no frame from the sled for {} ms", silent.as_millis());
@@ -523,8 +534,55 @@ impl Gateway {
         self.end_revoked_waits();
     }
 
+    /// Shutdown is coming: in a cluster, every project held here is handed over (see
+    /// [`Input::Handover`]). The sleds are asked to move only once the coordination writes in
+    /// flight are done, so the next holder reads them; requests for the projects are held
+    /// from now, and write nothing meanwhile.
+    pub(super) fn on_handover(&mut self, now: Instant) {
+        if self.shutting_down || self.handing_over || !self.clustered() {
+            return;
+        }
+        self.handing_over = true;
+        let projects = self.begin_handover(now);
+        tracing::info!(
+            projects = projects.len(),
+            "stopping: asking the sleds held here to move to another replica"
+        );
+        for (project, uplink) in projects {
+            self.after_coordination_writes(coordination::AfterWrites::Move { project, uplink });
+        }
+    }
+
+    /// Asks the sled on `uplink` to move (`Control::Move`), if it still serves `project`.
+    pub(super) fn send_move(&mut self, uplink: UplinkId, project: &str) {
+        let live = self
+            .uplinks
+            .get(&uplink)
+            .is_some_and(|u| matches!(&u.state, UplinkState::Live { project: p } if p == project));
+        if !live {
+            return;
+        }
+        tracing::info!(uplink = uplink.0, project, "asking the sled to move");
+        let frame = Control::Move {
+            reason: "this gateway replica is stopping; connect again to be served by another"
+                .into(),
+        };
+        self.outputs.push_back(Output::UplinkSend {
+            uplink,
+            text: frame.to_text(),
+        });
+    }
+
+    /// Whether this replica, stopping, still waits for a project it handed over to be
+    /// claimed elsewhere (and the move grace is not over): the server keeps draining.
+    #[must_use]
+    pub fn handing_over(&self, now: Instant) -> bool {
+        self.handing_over && self.handover_pending(now)
+    }
+
     pub(super) fn on_shutdown(&mut self, now: Instant) {
         self.shutting_down = true;
+        self.handing_over = false;
         self.records_shutdown();
         self.coordination_shutdown();
         self.cluster_shutdown(now);
@@ -561,6 +619,7 @@ fn control_kind(c: &Control) -> &'static str {
         Control::Proof { .. } => "proof",
         Control::Event { .. } => "event",
         Control::Unreadable { .. } => "unreadable",
+        Control::Move { .. } => "move",
     }
 }
 

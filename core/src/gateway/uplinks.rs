@@ -27,6 +27,7 @@ impl Gateway {
         let Some(uplink) = self.uplinks.remove(&id) else {
             return;
         };
+        self.retiring.remove(&id);
         if let Some(at) = uplink.timer {
             self.timers.remove(&(at, Timer::Uplink(id)));
         }
@@ -55,25 +56,10 @@ impl Gateway {
             }
         }
         if let UplinkState::Live { project } = &uplink.state {
-            if let Some(state) = self.projects.get_mut(project) {
-                if state.uplink == Some(id) {
-                    tracing::info!(uplink = id.0, project, "uplink gone");
-                    state.uplink = None;
-                    gone_from = Some(project.clone());
-                    state.health.last_seen = Some(uplink.last_rx);
-                    state.health.connected_at = None;
-                    probe_now = (loss != UplinkLoss::Shutdown && loss != UplinkLoss::Unregistered)
-                        .then(|| project.clone());
-                    let had_tools = state.set_tools(None).is_some();
-                    state.refresh += 1;
-                    self.modern_listing = None;
-                    let project = project.clone();
-                    if had_tools {
-                        self.notify_tools_changed(&project);
-                        self.notify_listeners_tools_changed();
-                    }
-                    self.end_project_listens(&project);
-                }
+            if self.unhook_uplink(id, project, uplink.last_rx) {
+                gone_from = Some(project.clone());
+                probe_now = (loss != UplinkLoss::Shutdown && loss != UplinkLoss::Unregistered)
+                    .then(|| project.clone());
             }
         }
         // The sled's requests to clients go with their calls.
@@ -110,6 +96,72 @@ impl Gateway {
         // Writes held for its tools are answered as any call without a sled is.
         if let Some(project) = gone_from {
             self.release_listing_holds(&project);
+        }
+    }
+
+    /// `project` loses its live uplink `id` (last heard from at `last_rx`): its sled and
+    /// tools, as its listeners are told. False when `id` was not its live uplink.
+    fn unhook_uplink(&mut self, id: UplinkId, project: &str, last_rx: Instant) -> bool {
+        let Some(state) = self.projects.get_mut(project) else {
+            return false;
+        };
+        if state.uplink != Some(id) {
+            return false;
+        }
+        tracing::info!(uplink = id.0, project, "uplink gone");
+        state.uplink = None;
+        state.health.last_seen = Some(last_rx);
+        state.health.connected_at = None;
+        let had_tools = state.set_tools(None).is_some();
+        state.refresh += 1;
+        self.modern_listing = None;
+        if had_tools {
+            self.notify_tools_changed(project);
+            self.notify_listeners_tools_changed();
+        }
+        self.end_project_listens(project);
+        true
+    }
+
+    /// Make-before-break (issue 30): the live uplink `id` of a project handed over to another
+    /// replica takes no new call; the calls running on it are answered, then it is closed
+    /// ([`Gateway::close_retired`]).
+    pub(super) fn retire_uplink(&mut self, now: Instant, id: UplinkId) {
+        let Some(uplink) = self.uplinks.get_mut(&id) else {
+            return;
+        };
+        let UplinkState::Live { project } = uplink.state.clone() else {
+            return;
+        };
+        uplink.state = UplinkState::Retiring {
+            project: project.clone(),
+        };
+        let last_rx = uplink.last_rx;
+        self.unhook_uplink(id, &project, last_rx);
+        // The claim is already the other replica's: nothing to release.
+        self.cluster_uplink_gone(now, id, &project);
+        self.release_listing_holds(&project);
+        self.retiring.insert(id);
+    }
+
+    /// Retired uplinks on which no call runs any more are closed.
+    pub(super) fn close_retired(&mut self, now: Instant) {
+        if self.retiring.is_empty() {
+            return;
+        }
+        let done: Vec<UplinkId> = self
+            .retiring
+            .iter()
+            .copied()
+            .filter(|id| self.calls.on_uplink(*id) == 0)
+            .collect();
+        for id in done {
+            self.close_uplink(
+                now,
+                id,
+                CloseCode::Superseded,
+                "this gateway replica handed the project over; its calls are answered".into(),
+            );
         }
     }
 

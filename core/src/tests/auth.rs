@@ -1008,6 +1008,7 @@ fn debug_shows_no_token() {
         key: None,
         fence: None,
         epoch_seen: None,
+        moving: false,
     };
     for shown in [
         format!("{request:?}"),

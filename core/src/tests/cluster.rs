@@ -85,6 +85,7 @@ pub(super) fn owned_by(h: &mut Harness, project: &str, owner: &str, revision: u6
             state: EntryState::Claimed(ClaimValue {
                 owner: owner.into(),
                 epoch: None,
+                handover: false,
             }),
         },
     );
@@ -1186,4 +1187,117 @@ fn a_project_moving_between_replicas_takes_its_coordination_state_along() {
         json!({"project":"alpha","key":"plan","agent":ann}),
     );
     assert_eq!(got["value"], "v2", "{got}");
+}
+
+/// `project` was claimed by `owner` at `revision` in a handover: its sled moved there when
+/// the replica holding it asked it to.
+fn handed_to(h: &mut Harness, project: &str, owner: &str, revision: u64) {
+    event(
+        h,
+        ClusterEvent::Entry {
+            project: project.into(),
+            revision,
+            state: EntryState::Claimed(ClaimValue {
+                owner: owner.into(),
+                epoch: None,
+                handover: true,
+            }),
+        },
+    );
+}
+
+#[test]
+fn a_stopping_replica_hands_its_projects_over_make_before_break() {
+    let mut h = replica("r1");
+    let u = sled_claimed(&mut h, "beta", 5);
+    h.take_frames(u);
+    // A call runs on beta's uplink when the replica is asked to stop.
+    let running = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    let sent = h.take_frames(u);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    h.handle(Input::Handover);
+    let frames = h.take_frames(u);
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!(frames[0]["uplink"], "move", "{frames:?}");
+    assert!(h.gw.handing_over(h.now));
+    // No new uplink is taken meanwhile: the sled dials again and lands elsewhere.
+    let other = h.open_uplink();
+    assert_eq!(
+        h.closed.get(&other).map(|(c, _)| *c),
+        Some(crate::uplink::CloseCode::GoingAway.code())
+    );
+    // A call that comes now waits for the next holder: nothing goes on the old uplink.
+    let waiting = h.call(None, json!(2), "echo", json!({"project":"beta"}));
+    assert!(h.take_frames(u).is_empty());
+    assert!(!h.replies.contains_key(&waiting));
+    assert!(relays(&mut h).is_empty());
+    // beta's sled is claimed by r2, in a handover: the waiting call goes there, and the old
+    // uplink stays open for the call running on it.
+    handed_to(&mut h, "beta", "r2", 6);
+    assert_eq!(relays(&mut h), vec![(waiting, "r2".to_owned())]);
+    assert!(
+        !h.closed.contains_key(&u),
+        "the old uplink finishes its call"
+    );
+    assert!(!h.gw.handing_over(h.now), "beta has its next holder");
+    assert_eq!(h.gw.metrics().cluster.unwrap().claims_lost, 0);
+    h.sled_answers_all_frames(u, sent);
+    assert!(h.reply_json(running).unwrap()["result"].is_object());
+    assert_eq!(
+        h.closed.get(&u).map(|(c, _)| *c),
+        Some(crate::uplink::CloseCode::Superseded.code()),
+        "closed once its calls are answered"
+    );
+}
+
+#[test]
+fn a_handover_nobody_takes_serves_its_held_calls_on_the_old_uplink_after_the_grace() {
+    let mut h = replica("r1");
+    let u = sled_claimed(&mut h, "beta", 5);
+    h.take_frames(u);
+    h.handle(Input::Handover);
+    assert_eq!(h.take_frames(u)[0]["uplink"], "move");
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    assert!(h.take_frames(u).is_empty(), "held");
+    h.advance(Duration::from_secs(4));
+    assert!(!h.gw.handing_over(h.now), "the grace is over");
+    assert_eq!(h.sled_answers_all(u, "beta"), 1);
+    assert!(h.reply_json(t).unwrap()["result"].is_object());
+}
+
+#[test]
+fn relays_to_a_replica_handing_its_project_over_wait_for_its_answer() {
+    let mut h = replica("r1");
+    owned_by(&mut h, "beta", "r2", 3);
+    let t = h.call(None, json!(1), "echo", json!({"project":"beta"}));
+    assert_eq!(relays(&mut h), vec![(t, "r2".to_owned())]);
+    // r2 is stopping; beta's sled moved to r3, and r2 still answers what runs on its old
+    // uplink.
+    handed_to(&mut h, "beta", "r3", 4);
+    assert!(!h.replies.contains_key(&t), "not failed: r2 answers it");
+    relay_answers(
+        &mut h,
+        t,
+        json!({"jsonrpc":"2.0","id":1,"result":{"content":[]}}),
+    );
+    assert!(h.reply_json(t).unwrap()["result"].is_object());
+}
+
+#[test]
+fn a_hello_that_answers_a_move_claims_as_a_handover() {
+    let mut h = replica("r1");
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta","moving":true}),
+    );
+    let claim = take_actions(&mut h)
+        .into_iter()
+        .find_map(|a| match a {
+            ClusterAction::Claim { project, value, .. } if project == "beta" => Some(value),
+            _ => None,
+        })
+        .expect("a claim");
+    assert!(claim.handover);
+    assert!(claim.to_json().contains(r#""handover":true"#));
 }

@@ -49,6 +49,7 @@ pub(crate) async fn connect(
         key: None,
         fence: None,
         epoch_seen: None,
+        moving: false,
     };
     ws.send(Message::text(hello.to_text())).await?;
     loop {

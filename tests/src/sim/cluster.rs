@@ -94,11 +94,14 @@
 //! - **(i) a graceful stop fails no call.** In the graceful-stop runs ([`run_graceful_stop`]:
 //!   the sleds dial host `lb`, a balancer that passes each connection to the next replica
 //!   that takes it; a script asks the replica holding a project to stop, as an operator's
-//!   SIGTERM, and to start again), every `create_story` succeeds: the stopping replica answers
-//!   the calls running on its uplinks before it closes them, the sled moves through the
-//!   balancer, and the calls that arrive meanwhile wait for its next holder.
+//!   SIGTERM, and to start again), every `create_story` succeeds: the stopping replica asks
+//!   each sled it holds to move (make-before-break: the sled opens a new uplink through the
+//!   balancer while the old one stays), the calls that arrive meanwhile wait for the next
+//!   holder, and the old uplink closes only once the calls running on it are answered.
 //!   `PlantedBug::StopWithoutDrain` (the uplinks closed at once) is caught by (i)
-//!   (`cluster_planted_stop_without_drain_is_caught`).
+//!   (`cluster_planted_stop_without_drain_is_caught`), and so is
+//!   `PlantedBug::HandoverCutsCalls` (the old uplink closed as soon as the project is claimed
+//!   elsewhere; `cluster_planted_handover_cuts_calls_is_caught`).
 //! - **(k) coordination moves with its project.** In the graceful-stop runs the session
 //!   also writes beta's board (`board_set` of key `k` to 1, 2, 3, …) and reads it back
 //!   (`board_get`) through the replicas not holding beta, while beta's holder is stopped and

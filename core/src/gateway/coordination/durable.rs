@@ -49,6 +49,18 @@ struct Held {
     if_failed: Option<HttpReply>,
 }
 
+/// What waits for the coordination writes in flight ([`Durable::defer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AfterWrites {
+    /// An engine action: a claim's release (the next holder reads what this one kept).
+    Engine(ClusterAction),
+    /// A handover's move frame for `project`'s sled on `uplink` (issue 30).
+    Move {
+        project: String,
+        uplink: crate::UplinkId,
+    },
+}
+
 /// The machine; see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Durable {
@@ -58,7 +70,7 @@ pub(crate) struct Durable {
     held: BTreeMap<u64, Vec<Held>>,
     /// Engine actions that wait for the batches in flight when they were made (a claim's
     /// release: the next holder must read what this one wrote), under the newest of them.
-    deferred: BTreeMap<u64, Vec<ClusterAction>>,
+    deferred: BTreeMap<u64, Vec<AfterWrites>>,
     /// Batches written, and writes that failed (for `/metrics`).
     pub(crate) batches: u64,
     pub(crate) failed_writes: u64,
@@ -111,7 +123,7 @@ impl Durable {
 
     /// `action`, now if no batch is in flight, else (`None`) once every batch in flight now is
     /// done ([`Durable::take_deferred`]).
-    pub(crate) fn defer(&mut self, action: ClusterAction) -> Option<ClusterAction> {
+    pub(crate) fn defer(&mut self, action: AfterWrites) -> Option<AfterWrites> {
         let Some((&newest, _)) = self.in_flight.last_key_value() else {
             return Some(action);
         };
@@ -120,7 +132,7 @@ impl Durable {
     }
 
     /// The deferred actions whose batches are all done, in the order they were deferred.
-    pub(crate) fn take_deferred(&mut self) -> Vec<ClusterAction> {
+    pub(crate) fn take_deferred(&mut self) -> Vec<AfterWrites> {
         let oldest_left = self.in_flight.keys().next().copied().unwrap_or(u64::MAX);
         let done: Vec<u64> = self
             .deferred
@@ -198,7 +210,7 @@ impl Durable {
 
     /// Shutdown: every held answer goes now (the writes in flight are finished by the server
     /// before it exits).
-    pub(crate) fn handle_shutdown(&mut self) -> (Vec<(HttpToken, HttpReply)>, Vec<ClusterAction>) {
+    pub(crate) fn handle_shutdown(&mut self) -> (Vec<(HttpToken, HttpReply)>, Vec<AfterWrites>) {
         let answers = std::mem::take(&mut self.held)
             .into_values()
             .flatten()
@@ -313,6 +325,24 @@ impl Gateway {
         self.coordination_released(out, keys);
     }
 
+    /// `item` now, or once the coordination writes in flight now are done (a single gateway
+    /// without a store: now).
+    pub(in crate::gateway) fn after_coordination_writes(&mut self, item: AfterWrites) {
+        if let Some(item) = self.coordination.after_writes(item) {
+            self.after_writes_done(vec![item]);
+        }
+    }
+
+    /// What waited for coordination writes, carried out.
+    fn after_writes_done(&mut self, items: Vec<AfterWrites>) {
+        for item in items {
+            match item {
+                AfterWrites::Engine(action) => self.outputs.push_back(Output::Cluster(action)),
+                AfterWrites::Move { project, uplink } => self.send_move(uplink, &project),
+            }
+        }
+    }
+
     /// Answers whose batches are over go out; `failed` keys are written again with the next
     /// batch of their project (of any project, for a name).
     fn coordination_released(&mut self, out: Vec<(HttpToken, HttpReply)>, failed: Vec<String>) {
@@ -337,9 +367,8 @@ impl Gateway {
             self.outputs.push_back(Output::Http { token, reply });
         }
         if let Some(durable) = self.coordination.durable.as_mut() {
-            for action in durable.take_deferred() {
-                self.outputs.push_back(Output::Cluster(action));
-            }
+            let done = durable.take_deferred();
+            self.after_writes_done(done);
         }
     }
 
@@ -354,9 +383,7 @@ impl Gateway {
         for (token, reply) in answers {
             self.outputs.push_back(Output::Http { token, reply });
         }
-        for action in deferred {
-            self.outputs.push_back(Output::Cluster(action));
-        }
+        self.after_writes_done(deferred);
     }
 
     /// Takes back the coordination records of an earlier run (agents' names, leases, the
@@ -448,10 +475,10 @@ mod tests {
         let mut d = Durable::default();
         d.handle_changes(t0, change()).unwrap();
         assert!(d.hold(HttpToken(1), reply("w"), None).is_none());
-        let release = ClusterAction::Release {
+        let release = AfterWrites::Engine(ClusterAction::Release {
             project: "alpha".into(),
             revision: 3,
-        };
+        });
         assert!(d.defer(release.clone()).is_none());
         assert_eq!(
             d.handle_shutdown(),
@@ -496,9 +523,11 @@ mod tests {
     fn a_deferred_action_waits_for_the_batches_in_flight_when_it_was_made() {
         let t0 = t0();
         let mut d = Durable::default();
-        let release = |revision| ClusterAction::Release {
-            project: "alpha".into(),
-            revision,
+        let release = |revision| {
+            AfterWrites::Engine(ClusterAction::Release {
+                project: "alpha".into(),
+                revision,
+            })
         };
         // Nothing in flight: at once.
         assert_eq!(d.defer(release(1)), Some(release(1)));

@@ -127,10 +127,7 @@ impl Coordination {
     }
 
     /// `action` now, or (`None`) once the coordination writes in flight are done.
-    pub(super) fn after_writes(
-        &mut self,
-        action: crate::cluster::ClusterAction,
-    ) -> Option<crate::cluster::ClusterAction> {
+    pub(super) fn after_writes(&mut self, action: AfterWrites) -> Option<AfterWrites> {
         match self.durable.as_mut() {
             Some(d) => d.defer(action),
             None => Some(action),
@@ -387,6 +384,7 @@ fn allowed(tool: &str) -> &'static [&'static str] {
 
 mod agents;
 mod durable;
+pub(super) use durable::AfterWrites;
 mod leases;
 mod wait;
 
@@ -411,7 +409,7 @@ impl Gateway {
         // the call waits a moment for a sled on the move, else it is refused.
         if tool != WAIT && self.clustered() {
             let project = self.coordination_project(req, arguments, tool)?;
-            if !self.is_live(&project) {
+            if !self.is_live(&project) || self.handing_off(req, &project) {
                 return match self.away(req, &project)? {
                     Some(away) => Ok(Served::Away(away)),
                     None => Err(RpcError::SledNotConnected {
