@@ -748,6 +748,18 @@ async fn serve(
         Some(_) => None,
         None => Some(state_flags::open(&state.dir(&reload_from.0), state.reset_state).await?),
     };
+    // Its secret, beside the state file: agent handles signed under it outlive a restart.
+    let agent_key = match &cluster {
+        Some(_) => None,
+        None => {
+            let secret = state_flags::gateway_secret(&state.dir(&reload_from.0))?;
+            Some(
+                gateway_core::keys::KeyRing::new(&secret, None)
+                    .agent_keys()
+                    .0,
+            )
+        }
+    };
     let (listener, addr) = bind(listen.0).await?;
     let metrics_listener = match listen.1 {
         Some(at) => {
@@ -781,6 +793,7 @@ async fn serve(
     mcp.apply(&mut opts);
     fleet.apply(&mut opts, &reload_from.0);
     opts.otlp = otlp;
+    opts.core.agent_key = agent_key;
     if let Some(c) = &cluster {
         tracing::info!(replica = c.replica, namespace = c.namespace, claim_ttl = ?c.claim_ttl, "joining a cluster");
     }

@@ -62,3 +62,87 @@ pub(crate) async fn open(dir: &Path, reset: bool) -> Result<Arc<RedbStore>, Stri
     );
     Ok(Arc::new(store))
 }
+
+/// The gateway secret's file in the state directory.
+pub(crate) const SECRET_FILE: &str = "gateway.secret";
+
+/// The single gateway's secret (where-the-issues-meet §1): 32 random bytes, kept as 64 hex
+/// digits in `DIR/gateway.secret` (mode 0600), made on first start and kept from then on.
+/// Subkeys derive from it (agent handles today), so what was signed under it before a restart
+/// is recognised after it. A file that others may read, or that does not hold a secret, is
+/// refused, naming the file. The secret is never logged: only its key id.
+pub(crate) fn gateway_secret(dir: &Path) -> Result<gateway_core::keys::GatewaySecret, String> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let path = dir.join(SECRET_FILE);
+    match std::fs::metadata(&path) {
+        Ok(meta) => {
+            let mode = meta.permissions().mode();
+            if mode & 0o077 != 0 {
+                return Err(format!(
+                    "{}: the gateway secret may be read by others (mode {:o}); make it the owner's alone: chmod 600 {}",
+                    path.display(),
+                    mode & 0o777,
+                    path.display()
+                ));
+            }
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("{}: cannot read the gateway secret: {e}", path.display()))?;
+            let secret = gateway_core::keys::GatewaySecret::parse(&text)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            tracing::info!(file = %path.display(), key_id = %secret.key_id(), "gateway secret read");
+            Ok(secret)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let secret = gateway_core::keys::GatewaySecret::new(rand::random());
+            // Written whole, then synced, before it is used: a handle signed under it must
+            // still verify after a crash.
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("{}: cannot make the gateway secret: {e}", path.display()))?;
+            file.write_all(format!("{}\n", secret.to_hex()).as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| format!("{}: cannot write the gateway secret: {e}", path.display()))?;
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+            tracing::info!(file = %path.display(), key_id = %secret.key_id(),
+                "made a gateway secret (keep it with the state directory)");
+            Ok(secret)
+        }
+        Err(e) => Err(format!(
+            "{}: cannot read the gateway secret: {e}",
+            path.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_secret_is_made_once_kept_private_and_refused_when_others_may_read_it() {
+        let dir = std::env::temp_dir().join(format!("gateway-secret-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let made = gateway_secret(&dir).unwrap();
+        let path = dir.join(SECRET_FILE);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(gateway_secret(&dir).unwrap(), made, "kept across starts");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let refused = gateway_secret(&dir).unwrap_err();
+        assert!(refused.contains("chmod 600"), "{refused}");
+        assert!(!refused.contains(&made.to_hex()), "the secret is not shown");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(&path, "not a secret").unwrap();
+        let refused = gateway_secret(&dir).unwrap_err();
+        assert!(refused.contains("gateway.secret"), "{refused}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -428,3 +428,71 @@ async fn a_plain_tools_call_does_no_store_write() {
     stack.stop().await;
     redb.close().await;
 }
+
+/// Where-the-issues-meet §1: a single gateway makes its secret in its state directory on first
+/// start (mode 0600) and keeps it, and signs agent handles under a key derived from it. A
+/// handle `checkin` gave a caller without a session before a restart still names the same
+/// agent after it: its lease renews under the same fence. The secret is in no log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_handle_outlives_a_restart_of_a_single_gateway() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut gw = SingleGateway::start(&projects_toml()).await;
+    let mcp = format!("{}/mcp", gw.url());
+    let mut anon = McpClient::connect(TokioConnect, &mcp)
+        .await
+        .expect("connects");
+    let checked_in = coord(&mut anon, "checkin", json!({"project": "beta"})).await;
+    let handle = checked_in["handle"].as_str().expect("a handle").to_owned();
+    let agent = checked_in["agent"].clone();
+    let claimed = coord(
+        &mut anon,
+        "claim",
+        json!({"project": "beta", "resource": "story:beta-7", "ttl_s": 600, "agent": handle}),
+    )
+    .await;
+    assert_eq!(claimed["acquired"], true, "{claimed}");
+    let secret_file = gw.state_dir().join("gateway.secret");
+    let mode = std::fs::metadata(&secret_file)
+        .expect("the secret is kept in the state directory")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let secret = std::fs::read_to_string(&secret_file).unwrap();
+
+    gw.terminate().await;
+    gw.restart().await;
+    let renewed = coord(
+        &mut anon,
+        "renew",
+        json!({"project": "beta", "resource": "story:beta-7", "agent": handle}),
+    )
+    .await;
+    assert_eq!(
+        renewed["fence"],
+        claimed["fence"],
+        "{renewed}\n{}",
+        gw.log()
+    );
+    let claims = coord(
+        &mut anon,
+        "claims",
+        json!({"project": "beta", "agent": handle}),
+    )
+    .await;
+    assert_eq!(claims["leases"][0]["holder"], agent, "{claims}");
+    // A handle nobody issued is still nobody's.
+    let forged = format!("ah-{}", "0".repeat(64));
+    let r = anon
+        .tools_call(
+            json!(3),
+            "renew",
+            json!({"project": "beta", "resource": "story:beta-7", "agent": forged}),
+        )
+        .await
+        .expect("answered");
+    assert_eq!(r["error"]["data"]["kind"], "unknown_agent", "{r}");
+    assert!(
+        !gw.log().contains(secret.trim()),
+        "the secret is never logged"
+    );
+}

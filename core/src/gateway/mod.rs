@@ -124,6 +124,12 @@ pub struct Config {
     /// The name sleds dial this gateway by (the host of their uplink URL): a sled's identity
     /// proof must be made for it, else the sled is refused (close 4007). `None`: a proof made
     /// for any gateway name is accepted (it is still bound to the nonce and the project).
+    /// A single gateway's key for agent handles, derived from the gateway secret it keeps in
+    /// its state directory (`crate::keys::KeyRing::agent_keys`): a handle issued before a
+    /// restart is recognised after it, and nobody without the key can make one. `None`:
+    /// handles are remembered, not signed, and end with the gateway. In a cluster the
+    /// cluster's key ([`crate::cluster::ClusterConfig::agent_key`]) is used instead.
+    pub agent_key: Option<crate::agents::AgentKey>,
     pub public_name: Option<String>,
     /// `aggregate_pipeline_status`: the default overall deadline (a call may ask for less).
     pub fanout_timeout: Duration,
@@ -262,6 +268,7 @@ impl Default for Config {
             relay_stale_after: Duration::from_secs(30),
             require_identity: false,
             public_name: None,
+            agent_key: None,
             fanout_timeout: Duration::from_secs(5),
             fanout_sled_timeout: Duration::from_secs(2),
             pin_save_delay: Duration::from_millis(500),

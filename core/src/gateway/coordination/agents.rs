@@ -110,19 +110,23 @@ impl Gateway {
         }
     }
 
-    /// The cluster's key for agent handles, in a cluster.
+    /// The key agent handles are issued under: the cluster's, or a single gateway's own.
     fn agent_key(&self) -> Option<&crate::agents::AgentKey> {
-        self.config.cluster.as_ref()?.agent_key.as_ref()
+        match self.config.cluster.as_ref() {
+            Some(c) => c.agent_key.as_ref(),
+            None => self.config.agent_key.as_ref(),
+        }
     }
 
-    /// Whether another replica issued `handle` to the identity `owner` under the cluster's key
-    /// (or, during a roll of the cluster secret, under the previous one).
-    fn issued_in_the_cluster(&self, handle: &str, owner: Option<&str>) -> bool {
-        let Some(c) = self.config.cluster.as_ref() else {
-            return false;
+    /// Whether `handle` was issued to the identity `owner` under this gateway's key: by
+    /// another replica under the cluster's (or, during a roll of the cluster secret, the
+    /// previous one), or by this gateway before a restart under its own.
+    fn issued_under_our_key(&self, handle: &str, owner: Option<&str>) -> bool {
+        let keys = match self.config.cluster.as_ref() {
+            Some(c) => [c.agent_key.as_ref(), c.previous_agent_key.as_ref()],
+            None => [self.config.agent_key.as_ref(), None],
         };
-        [c.agent_key.as_ref(), c.previous_agent_key.as_ref()]
-            .into_iter()
+        keys.into_iter()
             .flatten()
             .any(|k| crate::agents::verify(handle, k, owner))
     }
@@ -154,7 +158,7 @@ impl Gateway {
             }
             return Ok(issued.then_some(name));
         }
-        if !self.issued_in_the_cluster(handle, owner.as_deref()) {
+        if !self.issued_under_our_key(handle, owner.as_deref()) {
             return Ok(None);
         }
         self.room_for_handle(req.now, &owner)?;
