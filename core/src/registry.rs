@@ -535,8 +535,7 @@ fn owners_of(tokens: &[Secret], names: &[String], named: &[bool]) -> Vec<String>
                 format!("client {name}")
             } else {
                 let hash = sha2::Sha256::digest(token.expose().as_bytes());
-                let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
-                format!("client sha256:{hex}")
+                format!("client sha256:{}", hex::encode(&hash[..16]))
             }
         })
         .collect()

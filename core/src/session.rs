@@ -1,7 +1,6 @@
 //! The MCP session table: each session's own default project, and nothing shared.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fmt::Write as _;
 use std::time::Instant;
 
 use rand_chacha::rand_core::{RngCore, SeedableRng};
@@ -90,10 +89,7 @@ impl Sessions {
         let id = loop {
             let mut bytes = [0u8; 16];
             self.ids.fill_bytes(&mut bytes);
-            let id = bytes.iter().fold(String::with_capacity(32), |mut s, b| {
-                let _ = write!(s, "{b:02x}");
-                s
-            });
+            let id = hex::encode(bytes);
             if !self.map.contains_key(&id) {
                 break id;
             }

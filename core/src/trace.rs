@@ -74,7 +74,7 @@ pub(crate) fn child(trace: &TraceParent, span: [u8; 8]) -> String {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// The bytes of lowercase hex text of exactly `N` bytes (checked by [`parse`]).

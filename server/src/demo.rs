@@ -351,7 +351,7 @@ pub(crate) async fn run(
 /// The uplink token of a demo's projects: random per run, known only to the demo's sleds.
 pub(crate) fn demo_uplink_token() -> gateway_core::Secret {
     let bytes: [u8; 16] = rand::random();
-    gateway_core::Secret::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    gateway_core::Secret::new(hex::encode(bytes))
 }
 
 async fn wait_live(gateway: &str, projects: &[String]) {

@@ -323,7 +323,7 @@ where
     // driver takes any event; a replica that cannot reach it does not start.
     let (cluster_io, cluster_tasks) = match &cluster {
         Some(c) => {
-            let run: String = seed[..4].iter().map(|b| format!("{b:02x}")).collect();
+            let run = hex::encode(&seed[..4]);
             let seal = cluster::seal::Seal::new(
                 c.keys.clone(),
                 c.clock.clone(),

@@ -218,7 +218,7 @@ fn digest(bytes: &FileBytes) -> [u8; 32] {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// A rustls server configuration from the files' bytes: ring, TLS 1.2 and 1.3, HTTP/1.1.

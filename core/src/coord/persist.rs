@@ -101,7 +101,7 @@ pub fn project_prefix(project: &str) -> String {
 }
 
 fn hex(s: &str) -> String {
-    s.bytes().map(|b| format!("{b:02x}")).collect()
+    hex::encode(s)
 }
 
 fn unhex(s: &str) -> Option<String> {

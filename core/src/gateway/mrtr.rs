@@ -268,9 +268,7 @@ impl Gateway {
         use rand_chacha::rand_core::RngCore;
         let mut bytes = [0u8; 16];
         self.rng.fill_bytes(&mut bytes);
-        let mut handle: String = std::iter::once("rs-".to_owned())
-            .chain(bytes.iter().map(|b| format!("{b:02x}")))
-            .collect();
+        let mut handle = format!("rs-{}", hex::encode(bytes));
         // In a cluster, the handle names the replica that parks the call, so that a retry
         // landing on another replica is relayed here.
         if let Some(replica) = self.replica_name() {

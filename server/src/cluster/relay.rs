@@ -73,7 +73,7 @@ pub enum Envelope {
 
 /// A nonce as an [`Envelope::Outcome`] names it.
 pub fn nonce_hex(nonce: &[u8; 16]) -> String {
-    nonce.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(nonce)
 }
 
 /// The nonce an [`Envelope::Outcome`] names; `None` for anything but 32 hex digits.

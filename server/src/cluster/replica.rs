@@ -262,12 +262,7 @@ pub fn session_key(session: &str) -> String {
     h.update(b"mcp-gateway v1 session key\0");
     h.update(session.as_bytes());
     let digest = h.finalize();
-    let mut key = String::with_capacity(66);
-    key.push_str("s.");
-    for b in digest {
-        key.push_str(&format!("{b:02x}"));
-    }
-    key
+    format!("s.{}", hex::encode(digest))
 }
 
 /// The ids of the sessions this replica made or read, by their key in the engine: the sessions
@@ -1082,8 +1077,7 @@ enum Recovery {
 
 /// The context an owner's reply is sealed for: the envelope it answers.
 fn handoff_context(to: &str, nonce: &[u8; 16]) -> String {
-    let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{to} handoff {nonce}")
+    format!("{to} handoff {}", hex::encode(nonce))
 }
 
 /// The messages of one relay's inbox as they are verified: sealed for this inbox, each number

@@ -233,8 +233,7 @@ impl Coordination {
 fn name_key(secret: &str) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(secret.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{NAME_PREFIX}{hex}")
+    format!("{NAME_PREFIX}{}", hex::encode(digest))
 }
 
 /// A cluster's name for the agent behind `secret`: `agent-` and 64 bits of a SHA-256 of it
@@ -245,8 +244,7 @@ fn derived_name(secret: &str) -> String {
     h.update(b"mcp-gateway agent name\0");
     h.update(secret.as_bytes());
     let digest = h.finalize();
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("agent-{hex}")
+    format!("agent-{}", hex::encode(&digest[..8]))
 }
 
 /// Where agents' public names are kept in the store (coordination records are keyed by the
