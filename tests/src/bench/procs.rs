@@ -47,6 +47,12 @@ impl Proc {
         self.child.id()
     }
 
+    /// `kill -9`, and waits for it to be gone.
+    pub(crate) fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Fails if the process has already exited.
     pub(crate) fn check_alive(&mut self) -> Result<(), String> {
         match self.child.try_wait() {

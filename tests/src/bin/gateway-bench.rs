@@ -39,6 +39,8 @@ mod durable;
 mod procs;
 #[path = "../bench/replicas.rs"]
 mod replicas;
+#[path = "../bench/restart.rs"]
+mod restart;
 #[path = "../bench/rolling.rs"]
 mod rolling;
 #[path = "../bench/widesled.rs"]
@@ -76,6 +78,10 @@ enum Run {
     /// --baseline-gateway-bin's in-memory one: claim + release and board_set latency, and
     /// board writes a second with 64 writers.
     DurableCoord,
+    /// A single gateway restarted (SIGTERM, then kill -9) with --restart-sessions sessions, a
+    /// lease each, and --restart-board-keys board keys in its state directory: time to its
+    /// first answers.
+    Restart,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -156,6 +162,13 @@ struct Args {
     /// Measured round trips of each kind in the coord run.
     #[arg(long, default_value_t = 2000)]
     coord_calls: usize,
+    /// Sessions (each holding a lease) in the state directory of the restart run.
+    #[arg(long, default_value_t = 10_000)]
+    restart_sessions: usize,
+    /// Board keys in the state directory of the restart run (at most 100,000: 10 projects of
+    /// 10,000).
+    #[arg(long, default_value_t = 100_000)]
+    restart_board_keys: usize,
     /// Sessions parked in `wait` at once in the coord run.
     #[arg(long, default_value_t = 10_000)]
     coord_waiters: usize,
@@ -266,6 +279,9 @@ async fn run(args: &Args) -> Res<()> {
     }
     if args.run.contains(&Run::DurableCoord) {
         durable::durable_coord(args, &tmp, &mut targets).await?;
+    }
+    if args.run.contains(&Run::Restart) {
+        restart::restart(args, &tmp, &mut targets).await?;
     }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
