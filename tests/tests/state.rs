@@ -144,8 +144,9 @@ async fn coord(client: &mut McpClient<TokioConnect>, tool: &str, args: Value) ->
 /// Issue 25's scene: a session claims a story on beta, writes the board and sends another
 /// session a message; SIGTERM and a restart, then a write and `kill -9` at once, and a
 /// restart: the lease is held by the same agent under the same fence (another session is
-/// refused, the holder renews), the unread message is there (once), the board entries are
-/// there at their revisions, and the numbers go on where they were.
+/// refused, the holder renews), the other session is still present under its name, the
+/// unread message is there (once), the board entries are there at their revisions, and the
+/// numbers go on where they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_messages_and_the_board_survive_sigterm_and_kill_9_of_a_single_gateway() {
     let mut gw = SingleGateway::start(&projects_toml()).await;
@@ -191,6 +192,16 @@ async fn leases_messages_and_the_board_survive_sigterm_and_kill_9_of_a_single_ga
 
     gw.terminate().await;
     gw.restart().await;
+    // B holds no lease: it is present after the restart because its presence was kept.
+    let roster = coord(&mut a, "roster", json!({"project": "beta"})).await;
+    let names: Vec<&Value> = roster["agents"]
+        .as_array()
+        .expect("agents")
+        .iter()
+        .filter(|m| m["agent"] == b_agent)
+        .map(|m| &m["name"])
+        .collect();
+    assert_eq!(names, [&json!("b")], "presence is kept: {roster}");
     let inbox = coord(&mut b, "inbox", json!({"project": "beta"})).await;
     assert_eq!(
         inbox["messages"][0]["body"],

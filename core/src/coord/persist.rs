@@ -1,7 +1,8 @@
 //! What of the coordination state is kept across a restart (issue 25: the board, the leases
 //! with their fences, messages, each member's inbox cursor, and each project's counters), as
-//! records the caller writes to a store and gives back at the next start. Presence is not
-//! kept: a member comes back absent (a lease's holder, present).
+//! records the caller writes to a store and gives back at the next start. So is presence: a
+//! member's name, task and presence TTL, and whether it is present and for how long (a lease's
+//! holder with no presence kept comes back present, as before presence was kept).
 //!
 //! Every call that may change a project marks it; [`Coord::take_changes`] then compares the
 //! project's board entries, leases and counters with what was last handed out for writing
@@ -91,7 +92,25 @@ enum Record {
         agent: String,
         joined: u64,
         cursor: u64,
+        /// Absent from records written before presence was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        presence: Option<PresenceRecord>,
     },
+}
+
+/// A member's presence, as [`Record::Member`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresenceRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task: Option<String>,
+    ttl_ms: u64,
+    seen_ago_ms: u64,
+    /// How long it is still present; `None`: absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    present_for_ms: Option<u64>,
 }
 
 /// What every record key of `project` starts with (`<project in hex>.`): a store reads one
@@ -216,12 +235,32 @@ impl Coord {
                     current.insert(format!("{base}.m.{id}"), (*id, record));
                 }
                 for (agent, m) in &p.members {
+                    let present_for = m
+                        .present_until
+                        .filter(|t| *t > now)
+                        .map(|t| ms(t.saturating_duration_since(now)));
                     let record = Record::Member {
                         agent: agent.clone(),
                         joined: m.joined,
                         cursor: m.cursor,
+                        presence: Some(PresenceRecord {
+                            name: m.name.clone(),
+                            task: m.task.clone(),
+                            ttl_ms: ms(m.presence_ttl),
+                            seen_ago_ms: ms(now.saturating_duration_since(m.last_seen)),
+                            present_for_ms: present_for,
+                        }),
                     };
-                    let print = fingerprint((m.joined, m.cursor));
+                    // Written again when its presence moves (a call refreshes it), not as
+                    // time passes.
+                    let print = fingerprint((
+                        m.joined,
+                        m.cursor,
+                        &m.name,
+                        &m.task,
+                        m.presence_ttl,
+                        m.present_until,
+                    ));
                     current.insert(format!("{base}.u.{}", hex(agent)), (print, record));
                 }
             }
@@ -374,7 +413,14 @@ impl Coord {
                     agent,
                     joined,
                     cursor,
-                } => self.restore_member(now, &project, agent, *joined, *cursor),
+                    presence,
+                } => self.restore_member(
+                    now,
+                    &project,
+                    agent,
+                    (*joined, *cursor),
+                    presence.as_ref().map(|p| (p, age)),
+                ),
                 Record::Message {
                     id,
                     from,
@@ -474,14 +520,15 @@ impl Coord {
         restored
     }
 
-    /// A member of `project` again, absent (presence is not kept), with its inbox cursor.
+    /// A member of `project` again, with its inbox cursor, and its presence where it was kept
+    /// (absent where not).
     fn restore_member(
         &mut self,
         now: Instant,
         project: &str,
         agent: &str,
-        joined: u64,
-        cursor: u64,
+        (joined, cursor): (u64, u64),
+        presence: Option<(&PresenceRecord, Duration)>,
     ) -> Result<(), super::CoordError> {
         super::check_name("agent", agent, self.limits.max_name_len)?;
         let (max_agents, forget_after, presence_ttl) = (
@@ -515,16 +562,45 @@ impl Coord {
         });
         m.joined = joined;
         m.cursor = m.cursor.max(cursor);
+        // Its presence as it was, aged by the time since the record was written: present for
+        // what was left, and its last call as long ago as it was then and since.
+        let mut present_until = None;
+        if let Some((r, age)) = presence {
+            m.name = r.name.clone();
+            m.task = r.task.clone();
+            m.presence_ttl = Duration::from_millis(r.ttl_ms);
+            m.last_seen = now
+                .checked_sub(Duration::from_millis(r.seen_ago_ms).saturating_add(age))
+                .unwrap_or(m.last_seen);
+            present_until = r
+                .present_for_ms
+                .and_then(|f| Duration::from_millis(f).checked_sub(age))
+                .filter(|left| !left.is_zero())
+                .and_then(|left| now.checked_add(left));
+        }
         self.agents
             .entry(agent.to_owned())
             .or_default()
             .insert(project.to_owned());
-        if new {
-            let forget = Timer::Forget {
-                project: project.to_owned(),
-                agent: agent.to_owned(),
-            };
-            retime(&mut self.timers, None, Some(forget_at), forget);
+        let forget = Timer::Forget {
+            project: project.to_owned(),
+            agent: agent.to_owned(),
+        };
+        match present_until {
+            // Present: its presence ends when it would have, and it is not forgotten meanwhile.
+            Some(until) => {
+                m.present_until = Some(until);
+                let old = m.forget_at.take();
+                retime(&mut self.timers, old, None, forget);
+                let presence = Timer::Presence {
+                    project: project.to_owned(),
+                    agent: agent.to_owned(),
+                };
+                retime(&mut self.timers, None, Some(until), presence);
+            }
+            // Absent: forgotten after a while, as any absent member.
+            None if new => retime(&mut self.timers, None, Some(forget_at), forget),
+            None => {}
         }
         Ok(())
     }
@@ -571,7 +647,17 @@ impl Coord {
         (ttl_ms, expires_at): (u64, Instant),
     ) -> Result<(), super::CoordError> {
         super::check_name("resource", resource, self.limits.max_name_len)?;
-        self.touch(now, project, holder, None)?;
+        // A holder whose presence was kept keeps it; one with none kept is present.
+        let kept = self
+            .projects
+            .get(project)
+            .and_then(|p| p.members.get(holder))
+            .is_some_and(|m| m.present_until.is_some());
+        if kept {
+            self.project_mut(project)?;
+        } else {
+            self.touch(now, project, holder, None)?;
+        }
         let p = self
             .projects
             .get_mut(project)
@@ -732,6 +818,47 @@ mod tests {
             back.claim(t2, "beta", "s2", "story:beta-1", None).unwrap(),
             Claim::Acquired { .. }
         ));
+    }
+
+    #[test]
+    fn presence_comes_back_with_its_name_task_and_time_left() {
+        let t0 = now();
+        let mut c = Coord::new(Limits::default());
+        c.persist();
+        let mut store = BTreeMap::new();
+        c.checkin(
+            t0,
+            "beta",
+            "s1",
+            Some("builder".into()),
+            Some("story 7".into()),
+            Some(Duration::from_secs(60)),
+        )
+        .unwrap();
+        c.checkin(t0, "beta", "s2", None, None, Some(Duration::from_secs(10)))
+            .unwrap();
+        apply(&mut store, c.take_changes(t0));
+        // A call 5 s later moves s1's presence: its record is written again.
+        let t05 = t0 + Duration::from_secs(5);
+        c.checkin(t05, "beta", "s1", None, None, Some(Duration::from_secs(60)))
+            .unwrap();
+        let changes = c.take_changes(t05);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        apply(&mut store, changes);
+        // A restart; the records are 15 s old: s1 has 45 s left of its presence, s2 none.
+        let t1 = t0 + Duration::from_secs(1000);
+        let mut back = Coord::new(Limits::default());
+        back.persist();
+        back.restore(t1, from(&store, Duration::from_secs(15)));
+        let roster = back.roster(t1, "beta");
+        assert_eq!(roster.len(), 1, "{roster:?}");
+        assert_eq!(roster[0].agent, "s1");
+        assert_eq!(roster[0].name.as_deref(), Some("builder"));
+        assert_eq!(roster[0].task.as_deref(), Some("story 7"));
+        assert_eq!(roster[0].last_seen_ago, Duration::from_secs(15));
+        // Its presence ends when it would have.
+        assert_eq!(back.roster(t1 + Duration::from_secs(44), "beta").len(), 1);
+        assert!(back.roster(t1 + Duration::from_secs(45), "beta").is_empty());
     }
 
     #[test]
