@@ -629,8 +629,8 @@ pub struct Coord {
     persisting: bool,
     /// Projects that may have changed since the last [`Coord::take_changes`].
     changed: BTreeSet<String>,
-    /// Per project, the keys last handed out for writing, with their fingerprints.
-    persisted: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Per project, the records last handed out for writing, with their fingerprints.
+    persisted: BTreeMap<String, persist::Written>,
 }
 
 /// Checks a name: non-empty, at most `max` bytes, no control characters.
@@ -825,7 +825,7 @@ impl Coord {
             .filter(|m| m.present_until.is_some())
             .count();
         s.parked_waiters = self.waiters.len();
-        s.records_kept = self.persisted.values().map(BTreeMap::len).sum();
+        s.records_kept = self.persisted.values().map(persist::Written::len).sum();
         s
     }
 }

@@ -148,6 +148,83 @@ fn json(r: &Record) -> Vec<u8> {
     serde_json::to_vec(r).expect("a coordination record serialises")
 }
 
+/// What was last handed out for writing of one project, by kind and name (not by key, so
+/// that comparing an entry with it costs a lookup and no allocation), with each record's
+/// number or fingerprint; `u64::MAX`: written again at the next change (a failed write, a
+/// record read back at start).
+#[derive(Debug, Default)]
+pub(super) struct Written {
+    counters: Option<u64>,
+    board: BTreeMap<String, u64>,
+    leases: BTreeMap<String, u64>,
+    messages: BTreeMap<u64, u64>,
+    members: BTreeMap<String, u64>,
+}
+
+impl Written {
+    pub(super) fn len(&self) -> usize {
+        usize::from(self.counters.is_some())
+            + self.board.len()
+            + self.leases.len()
+            + self.messages.len()
+            + self.members.len()
+    }
+
+    fn mark(&mut self, which: Which, print: u64) {
+        match which {
+            Which::Counters => self.counters = Some(print),
+            Which::Board(k) => {
+                self.board.insert(k, print);
+            }
+            Which::Lease(r) => {
+                self.leases.insert(r, print);
+            }
+            Which::Message(id) => {
+                self.messages.insert(id, print);
+            }
+            Which::Member(a) => {
+                self.members.insert(a, print);
+            }
+        }
+    }
+
+    /// Every key written, for a project that is gone.
+    fn keys(&self, base: &str) -> Vec<String> {
+        let counters = self.counters.map(|_| format!("{base}.c"));
+        counters
+            .into_iter()
+            .chain(self.board.keys().map(|k| format!("{base}.b.{}", hex(k))))
+            .chain(self.leases.keys().map(|r| format!("{base}.l.{}", hex(r))))
+            .chain(self.messages.keys().map(|id| format!("{base}.m.{id}")))
+            .chain(self.members.keys().map(|a| format!("{base}.u.{}", hex(a))))
+            .collect()
+    }
+}
+
+/// Which record a key names.
+enum Which {
+    Counters,
+    Board(String),
+    Lease(String),
+    Message(u64),
+    Member(String),
+}
+
+/// A record key's project and what it names; `None` for a key this module does not make.
+fn parse_key(key: &str) -> Option<(String, Which)> {
+    let mut parts = key.splitn(3, '.');
+    let project = unhex(parts.next()?)?;
+    let which = match (parts.next()?, parts.next()) {
+        ("c", None) => Which::Counters,
+        ("b", Some(k)) => Which::Board(unhex(k)?),
+        ("l", Some(r)) => Which::Lease(unhex(r)?),
+        ("m", Some(id)) => Which::Message(id.parse().ok()?),
+        ("u", Some(a)) => Which::Member(unhex(a)?),
+        _ => return None,
+    };
+    Some((project, which))
+}
+
 impl Coord {
     /// Marks `project` as possibly changed: [`Coord::take_changes`] looks at it.
     pub(super) fn changed(&mut self, project: &str) {
@@ -167,125 +244,155 @@ impl Coord {
     }
 
     /// What changed in the projects marked since the last call, against what was last handed
-    /// out: the records to put and the keys to delete.
+    /// out: the records to put and the keys to delete. Each entry is compared with what was
+    /// written by its number or fingerprint, and only a record that differs is made: a call
+    /// on a project with a large board pays a lookup per entry, not a copy.
     pub fn take_changes(&mut self, now: Instant) -> Vec<RecordChange> {
         self.handle_timeout(now);
         let mut out = Vec::new();
+        let put = |key: String, record: &Record| RecordChange {
+            key,
+            value: Some(json(record)),
+        };
+        let delete = |key: String| RecordChange { key, value: None };
         for project in std::mem::take(&mut self.changed) {
-            let p = self.projects.get(&project);
             let base = hex(&project);
-            let mut current: BTreeMap<String, (u64, Record)> = BTreeMap::new();
-            if let Some(p) = p {
-                let counters = (p.fence, p.board_rev, p.msg_seq);
-                current.insert(
-                    format!("{base}.c"),
-                    (
-                        fingerprint(counters),
-                        Record::Counters {
-                            fence: p.fence,
-                            board_rev: p.board_rev,
-                            msg_seq: p.msg_seq,
-                        },
-                    ),
-                );
-                for (key, e) in &p.board {
-                    if e.expires_at.is_some_and(|t| t <= now) {
-                        continue;
-                    }
-                    let record = Record::Board {
-                        key: key.clone(),
-                        value: e.value.clone(),
-                        revision: e.revision,
-                        set_by: e.set_by.clone(),
-                        expires_in_ms: e.expires_at.map(|t| ms(t.saturating_duration_since(now))),
-                    };
-                    current.insert(format!("{base}.b.{}", hex(key)), (e.revision, record));
-                }
-                for (resource, l) in &p.leases {
-                    if l.expires_at <= now {
-                        continue;
-                    }
-                    let record = Record::Lease {
-                        resource: resource.clone(),
-                        holder: l.holder.clone(),
-                        fence: l.fence,
-                        ttl_ms: ms(l.ttl),
-                        expires_in_ms: ms(l.expires_at.saturating_duration_since(now)),
-                    };
-                    let print = fingerprint((&l.holder, l.fence, l.expires_at, l.ttl));
-                    current.insert(format!("{base}.l.{}", hex(resource)), (print, record));
-                }
-                for (id, m) in &p.messages {
-                    if m.expires_at <= now {
-                        continue;
-                    }
-                    let record = Record::Message {
-                        id: *id,
-                        from: m.from.clone(),
-                        from_name: m.from_name.clone(),
-                        to: match &m.to {
-                            Recipient::Agent(a) => Some(a.clone()),
-                            Recipient::Channel => None,
-                        },
-                        body: m.body.clone(),
-                        sent_ago_ms: ms(now.saturating_duration_since(m.sent_at)),
-                        expires_in_ms: ms(m.expires_at.saturating_duration_since(now)),
-                    };
-                    // A message never changes: only its coming and going are written.
-                    current.insert(format!("{base}.m.{id}"), (*id, record));
-                }
-                for (agent, m) in &p.members {
-                    let present_for = m
-                        .present_until
-                        .filter(|t| *t > now)
-                        .map(|t| ms(t.saturating_duration_since(now)));
-                    let record = Record::Member {
-                        agent: agent.clone(),
-                        joined: m.joined,
-                        cursor: m.cursor,
-                        presence: Some(PresenceRecord {
-                            name: m.name.clone(),
-                            task: m.task.clone(),
-                            ttl_ms: ms(m.presence_ttl),
-                            seen_ago_ms: ms(now.saturating_duration_since(m.last_seen)),
-                            present_for_ms: present_for,
-                        }),
-                    };
-                    // Written again when its presence moves (a call refreshes it), not as
-                    // time passes.
-                    let print = fingerprint((
-                        m.joined,
-                        m.cursor,
-                        &m.name,
-                        &m.task,
-                        m.presence_ttl,
-                        m.present_until,
-                    ));
-                    current.insert(format!("{base}.u.{}", hex(agent)), (print, record));
-                }
-            }
             let written = self.persisted.entry(project.clone()).or_default();
-            for (key, _) in written.iter() {
-                if !current.contains_key(key) {
-                    out.push(RecordChange {
-                        key: key.clone(),
-                        value: None,
-                    });
+            let Some(p) = self.projects.get(&project) else {
+                // Gone whole: every record it had is deleted.
+                for key in written.keys(&base) {
+                    out.push(delete(key));
                 }
-            }
-            written.retain(|k, _| current.contains_key(k));
-            for (key, (print, record)) in current {
-                if written.get(&key) != Some(&print) {
-                    out.push(RecordChange {
-                        key: key.clone(),
-                        value: Some(json(&record)),
-                    });
-                    written.insert(key, print);
-                }
-            }
-            if written.is_empty() {
                 self.persisted.remove(&project);
+                continue;
+            };
+            let counters = (p.fence, p.board_rev, p.msg_seq);
+            let print = fingerprint(counters);
+            if written.counters != Some(print) {
+                let record = Record::Counters {
+                    fence: p.fence,
+                    board_rev: p.board_rev,
+                    msg_seq: p.msg_seq,
+                };
+                out.push(put(format!("{base}.c"), &record));
+                written.counters = Some(print);
             }
+            // The board: by revision.
+            let live_entry = |e: &StoredEntry| e.expires_at.is_none_or(|t| t > now);
+            for (key, e) in &p.board {
+                if !live_entry(e) || written.board.get(key) == Some(&e.revision) {
+                    continue;
+                }
+                let record = Record::Board {
+                    key: key.clone(),
+                    value: e.value.clone(),
+                    revision: e.revision,
+                    set_by: e.set_by.clone(),
+                    expires_in_ms: e.expires_at.map(|t| ms(t.saturating_duration_since(now))),
+                };
+                out.push(put(format!("{base}.b.{}", hex(key)), &record));
+                written.board.insert(key.clone(), e.revision);
+            }
+            written.board.retain(|key, _| {
+                let live = p.board.get(key).is_some_and(live_entry);
+                if !live {
+                    out.push(delete(format!("{base}.b.{}", hex(key))));
+                }
+                live
+            });
+            // Leases: by a fingerprint of holder, fence, deadline and TTL.
+            let lease_print = |l: &Lease| fingerprint((&l.holder, l.fence, l.expires_at, l.ttl));
+            for (resource, l) in &p.leases {
+                if l.expires_at <= now {
+                    continue;
+                }
+                let print = lease_print(l);
+                if written.leases.get(resource) == Some(&print) {
+                    continue;
+                }
+                let record = Record::Lease {
+                    resource: resource.clone(),
+                    holder: l.holder.clone(),
+                    fence: l.fence,
+                    ttl_ms: ms(l.ttl),
+                    expires_in_ms: ms(l.expires_at.saturating_duration_since(now)),
+                };
+                out.push(put(format!("{base}.l.{}", hex(resource)), &record));
+                written.leases.insert(resource.clone(), print);
+            }
+            written.leases.retain(|resource, _| {
+                let live = p.leases.get(resource).is_some_and(|l| l.expires_at > now);
+                if !live {
+                    out.push(delete(format!("{base}.l.{}", hex(resource))));
+                }
+                live
+            });
+            // Messages never change: only their coming and going are written.
+            for (id, m) in &p.messages {
+                if m.expires_at <= now || written.messages.get(id) == Some(id) {
+                    continue;
+                }
+                let record = Record::Message {
+                    id: *id,
+                    from: m.from.clone(),
+                    from_name: m.from_name.clone(),
+                    to: match &m.to {
+                        Recipient::Agent(a) => Some(a.clone()),
+                        Recipient::Channel => None,
+                    },
+                    body: m.body.clone(),
+                    sent_ago_ms: ms(now.saturating_duration_since(m.sent_at)),
+                    expires_in_ms: ms(m.expires_at.saturating_duration_since(now)),
+                };
+                out.push(put(format!("{base}.m.{id}"), &record));
+                written.messages.insert(*id, *id);
+            }
+            written.messages.retain(|id, _| {
+                let live = p.messages.get(id).is_some_and(|m| m.expires_at > now);
+                if !live {
+                    out.push(delete(format!("{base}.m.{id}")));
+                }
+                live
+            });
+            // Members: written again when their cursor or presence moves (a call refreshes
+            // presence), not as time passes.
+            for (agent, m) in &p.members {
+                let print = fingerprint((
+                    m.joined,
+                    m.cursor,
+                    &m.name,
+                    &m.task,
+                    m.presence_ttl,
+                    m.present_until,
+                ));
+                if written.members.get(agent) == Some(&print) {
+                    continue;
+                }
+                let record = Record::Member {
+                    agent: agent.clone(),
+                    joined: m.joined,
+                    cursor: m.cursor,
+                    presence: Some(PresenceRecord {
+                        name: m.name.clone(),
+                        task: m.task.clone(),
+                        ttl_ms: ms(m.presence_ttl),
+                        seen_ago_ms: ms(now.saturating_duration_since(m.last_seen)),
+                        present_for_ms: m
+                            .present_until
+                            .filter(|t| *t > now)
+                            .map(|t| ms(t.saturating_duration_since(now))),
+                    }),
+                };
+                out.push(put(format!("{base}.u.{}", hex(agent)), &record));
+                written.members.insert(agent.clone(), print);
+            }
+            written.members.retain(|agent, _| {
+                let live = p.members.contains_key(agent);
+                if !live {
+                    out.push(delete(format!("{base}.u.{}", hex(agent))));
+                }
+                live
+            });
         }
         out
     }
@@ -294,15 +401,16 @@ impl Coord {
     /// the next changes of its project (not at once: a store that cannot write would be
     /// asked again and again).
     pub fn write_failed(&mut self, key: &str) {
-        let Some(project) = key.split('.').next().and_then(unhex) else {
+        let Some((project, which)) = parse_key(key) else {
             return;
         };
         // Remembered as written with no content: a put is written again, a deletion made
         // again.
         self.persisted
-            .entry(project.clone())
+            .entry(project)
             .or_default()
-            .insert(key.to_owned(), u64::MAX);
+            .mark(which, u64::MAX);
+        // Looked at again at the next change of the project.
     }
 
     /// Takes back the records of an earlier run, before anything else happens: the board
@@ -456,10 +564,12 @@ impl Coord {
             match fits {
                 Ok(()) => {
                     seen.insert(project.clone());
-                    self.persisted
-                        .entry(project)
-                        .or_default()
-                        .insert(key, u64::MAX);
+                    if let Some((_, which)) = parse_key(&key) {
+                        self.persisted
+                            .entry(project)
+                            .or_default()
+                            .mark(which, u64::MAX);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(key, error = %e, "a coordination record over a limit; skipped");
