@@ -679,8 +679,12 @@ async fn execute(
     let sessions = bucket(opts.sessions(), Some(session_ttl));
     let pins = bucket(opts.pins(), None);
     let tools = bucket(opts.tools(), None);
-    let mut tasks: JoinSet<Option<HttpToken>> = JoinSet::new();
-    let mut aborts: HashMap<HttpToken, oneshot::Sender<()>> = HashMap::new();
+    // A relay's task ends with its request's token and the relay's number: a request sent
+    // again (nobody took it, and its project's next holder is known) is a relay of its own,
+    // with an inbox and an abort of its own, which the end of the first must not touch.
+    let mut tasks: JoinSet<Option<(HttpToken, u64)>> = JoinSet::new();
+    let mut aborts: HashMap<HttpToken, (u64, oneshot::Sender<()>)> = HashMap::new();
+    let mut relays_sent: u64 = 0;
     // A session's writes go in order: one writer for all of them.
     let (stores, store_rx) = mpsc::unbounded_channel();
     tasks.spawn(store_sessions(
@@ -724,8 +728,10 @@ async fn execute(
                 None => break,
             },
             Some(done) = tasks.join_next() => {
-                if let Ok(Some(token)) = done {
-                    aborts.remove(&token);
+                if let Ok(Some((token, relay))) = done {
+                    if aborts.get(&token).is_some_and(|(r, _)| *r == relay) {
+                        aborts.remove(&token);
+                    }
                 }
                 continue;
             }
@@ -892,11 +898,13 @@ async fn execute(
                 timeout,
             } => {
                 let (abort_tx, abort_rx) = oneshot::channel();
-                aborts.insert(token, abort_tx);
+                relays_sent += 1;
+                let number = relays_sent;
+                aborts.insert(token, (number, abort_tx));
                 let relay = RelayOut {
                     token,
                     to: opts.relay_subject(&replica),
-                    inbox: format!("{}.{}", inbox_prefix(&opts, &run), token.0),
+                    inbox: format!("{}.{}.{number}", inbox_prefix(&opts, &run), token.0),
                     request: WireRequest::from_request(&request),
                     timeout,
                     recover: opts.recovers_outcomes(),
@@ -904,7 +912,7 @@ async fn execute(
                 let (inboxes, seal) = (inboxes.clone(), seal.clone());
                 tasks.spawn(async move {
                     relay_out(engine, seal, commands, relay, inboxes, abort_rx).await;
-                    Some(token)
+                    Some((token, number))
                 });
             }
             ClusterAction::Announce(news) => {
@@ -914,7 +922,7 @@ async fn execute(
                 let _ = ordered.send(Ordered::Tools { project, listing });
             }
             ClusterAction::RelayAbort { token } => {
-                if let Some(abort) = aborts.remove(&token) {
+                if let Some((_, abort)) = aborts.remove(&token) {
                     let _ = abort.send(());
                 }
             }
@@ -950,7 +958,7 @@ async fn execute(
     }
     drop((stores, ordered, coord_batches));
     // The driver is gone: what is in flight (a shutdown's releases) finishes.
-    for (_, abort) in aborts.drain() {
+    for (_, (_, abort)) in aborts.drain() {
         let _ = abort.send(());
     }
     while tasks.join_next().await.is_some() {}
@@ -962,7 +970,7 @@ async fn store_sessions(
     names: Arc<SessionNames>,
     mut stores: mpsc::UnboundedReceiver<(String, Option<SessionRecord>)>,
     commands: mpsc::WeakSender<Command>,
-) -> Option<HttpToken> {
+) -> Option<(HttpToken, u64)> {
     let bucket = opts.sessions();
     while let Some((session, record)) = stores.recv().await {
         let key = names.key_of(&session);
@@ -994,7 +1002,7 @@ async fn write_in_order(
     sealed: Arc<Bucket>,
     seal: Arc<Seal>,
     mut writes: mpsc::UnboundedReceiver<Ordered>,
-) -> Option<HttpToken> {
+) -> Option<(HttpToken, u64)> {
     let (tools, subject) = (opts.tools(), opts.changes_subject());
     while let Some(write) = writes.recv().await {
         match write {
