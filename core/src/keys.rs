@@ -396,9 +396,17 @@ impl Replays {
 /// Versions are microseconds of wall time, or one more than the highest seen when that is
 /// higher, so a replica that has seen a key's latest value writes a newer one even when its
 /// clock is behind. Only verified values are kept, so the table holds honest keys only.
+///
+/// What a replica wrote itself counts as seen only once it reads it back: a write that lost
+/// its compare-and-set (another replica's claim beat it) is not in the engine, and a value
+/// below it, the one that won, is not an old value put back (a stopping replica's refresh
+/// raced a handover's claim: seed 0 of the graceful-stop sweep refused the claim, and the
+/// stopping replica took its project back).
 #[derive(Debug, Default)]
 pub struct Versions {
     highest: HashMap<String, u64>,
+    /// The version of each key's last write of this replica's, seen back or not.
+    written: HashMap<String, u64>,
 }
 
 impl Versions {
@@ -425,15 +433,17 @@ impl Versions {
 
     /// The version to write `key` at, at `now_us` (microseconds of wall time); remembered.
     pub fn next(&mut self, key: &str, now_us: u64) -> u64 {
-        let h = self.highest.entry(key.to_owned()).or_insert(0);
-        *h = now_us.max(h.saturating_add(1));
-        *h
+        let seen = self.highest.get(key).copied().unwrap_or(0);
+        let w = self.written.entry(key.to_owned()).or_insert(0);
+        *w = now_us.max(seen.saturating_add(1)).max(w.saturating_add(1));
+        *w
     }
 
     /// Forgets the keys last seen at or before `before_us`: in a bucket whose values expire
     /// after a while, a value that old is refused anyway ([`Versions::too_old`]).
     pub fn forget_before(&mut self, before_us: u64) {
         self.highest.retain(|_, v| *v > before_us);
+        self.written.retain(|_, v| *v > before_us);
     }
 
     /// Whether a value at `version` is older than a bucket whose values live `max_age`
@@ -710,6 +720,12 @@ mod tests {
         assert_eq!(v.next("p.alpha", 5), 13);
         assert_eq!(v.next("p.alpha", 100), 100);
         assert_eq!(v.next("p.gamma", 7), 7);
+        // A write of its own that did not land (it lost a compare-and-set) does not make the
+        // value that won look old; its next write is still above both.
+        assert_eq!(v.handle_value("p.gamma", 6), Ok(()));
+        assert_eq!(v.next("p.gamma", 3), 8);
+        // Its write of alpha at 100, read back.
+        assert_eq!(v.handle_value("p.alpha", 100), Ok(()));
         v.forget_before(50);
         assert_eq!(v.len(), 1);
         let day = Duration::from_secs(86_400);
