@@ -18,7 +18,7 @@
 //!   stateless `tools/list`;
 //! - subject `N.news`: announcements for the streams other replicas hold (an `Announced`);
 //! - subject `N.relay.R`: requests relayed to R ([`relay::Envelope`]); answers go to
-//!   `N.inbox.<relaying replica>.<run>.<token>`.
+//!   `N.inbox.<relaying replica>.<run>.<token>.<n>` (`n` numbers the relays).
 //!
 //! # Sealed
 //!
@@ -1031,18 +1031,17 @@ async fn write_in_order(
     None
 }
 
-/// The relay tasks waiting for streamed answers, by the token their inbox ends in.
-type Inboxes = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Bytes>>>>;
+/// The relay tasks waiting for streamed answers, by their inbox (one per relay).
+type Inboxes = Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Bytes>>>>;
 
-/// Hands each message on this replica's inboxes to the relay task of its token.
+/// Hands each message on this replica's inboxes to the relay task of its inbox.
 async fn route_inboxes(mut incoming: super::Subscription, inboxes: Inboxes) {
     while let Some(m) = incoming.next().await {
-        let token = m
-            .subject
-            .rsplit('.')
-            .next()
-            .and_then(|t| t.parse::<u64>().ok());
-        let tx = token.and_then(|t| inboxes.lock().expect("not poisoned").get(&t).cloned());
+        let tx = inboxes
+            .lock()
+            .expect("not poisoned")
+            .get(m.subject.as_str())
+            .cloned();
         match tx {
             Some(tx) => {
                 let _ = tx.send(m.payload);
@@ -1142,7 +1141,10 @@ async fn relay_out(
     let failed = |sent| ClusterEvent::RelayFailed { token, sent };
     // Registered before the request goes, so no streamed message can come first.
     let (tx, mut streamed) = mpsc::unbounded_channel();
-    inboxes.lock().expect("not poisoned").insert(token.0, tx);
+    inboxes
+        .lock()
+        .expect("not poisoned")
+        .insert(inbox.clone(), tx);
     let envelope = Envelope::Request {
         inbox: inbox.clone(),
         request: Box::new(request),
@@ -1181,8 +1183,8 @@ async fn relay_out(
         tokio::select! {
             h = &mut request => break Heard::Reply(h),
             _ = &mut abort => {
-                abort_at_owner(engine.clone(), to, inbox).await;
-                inboxes.lock().expect("not poisoned").remove(&token.0);
+                abort_at_owner(engine.clone(), to, inbox.clone()).await;
+                inboxes.lock().expect("not poisoned").remove(&inbox);
                 return;
             }
             heard = tokio::time::timeout_at(silent_at, streamed.recv()) => match heard {
@@ -1213,14 +1215,14 @@ async fn relay_out(
             late_reply: false,
         }),
         Heard::Reply(Err(EngineError::NoResponders(_))) => {
-            inboxes.lock().expect("not poisoned").remove(&token.0);
+            inboxes.lock().expect("not poisoned").remove(&inbox);
             tell(&commands, failed(RelaySent::NotSent)).await;
             return;
         }
         // The engine was out of reach: nothing was sent (the contract of `Engine::request`).
         Heard::Reply(Err(EngineError::Unavailable(e))) => {
             tracing::info!(to, error = %e, "the engine is out of reach: the relay was not sent");
-            inboxes.lock().expect("not poisoned").remove(&token.0);
+            inboxes.lock().expect("not poisoned").remove(&inbox);
             tell(&commands, failed(RelaySent::EngineDown)).await;
             return;
         }
@@ -1271,7 +1273,7 @@ async fn relay_out(
                     )
                     .await;
                 }
-                inboxes.lock().expect("not poisoned").remove(&token.0);
+                inboxes.lock().expect("not poisoned").remove(&inbox);
                 return;
             }
             Handoff::Refused { reason } => {
@@ -1284,8 +1286,8 @@ async fn relay_out(
         Ok(Recovery::Unseen) => failed(RelaySent::EngineDown),
         Ok(Recovery::Unknown) => failed(RelaySent::Unknown),
         Ok(Recovery::Aborted) => {
-            abort_at_owner(engine.clone(), to, inbox).await;
-            inboxes.lock().expect("not poisoned").remove(&token.0);
+            abort_at_owner(engine.clone(), to, inbox.clone()).await;
+            inboxes.lock().expect("not poisoned").remove(&inbox);
             return;
         }
         Err(e) => {
@@ -1293,7 +1295,7 @@ async fn relay_out(
             failed(RelaySent::Unknown)
         }
     };
-    inboxes.lock().expect("not poisoned").remove(&token.0);
+    inboxes.lock().expect("not poisoned").remove(&inbox);
     tell(&commands, event).await;
 }
 
