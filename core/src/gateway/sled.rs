@@ -553,26 +553,6 @@ impl Gateway {
         }
     }
 
-    /// Asks the sled on `uplink` to move (`Control::Move`), if it still serves `project`.
-    pub(super) fn send_move(&mut self, uplink: UplinkId, project: &str) {
-        let live = self
-            .uplinks
-            .get(&uplink)
-            .is_some_and(|u| matches!(&u.state, UplinkState::Live { project: p } if p == project));
-        if !live {
-            return;
-        }
-        tracing::info!(uplink = uplink.0, project, "asking the sled to move");
-        let frame = Control::Move {
-            reason: "this gateway replica is stopping; connect again to be served by another"
-                .into(),
-        };
-        self.outputs.push_back(Output::UplinkSend {
-            uplink,
-            text: frame.to_text(),
-        });
-    }
-
     /// Whether this replica, stopping, still waits for a project it handed over to be
     /// claimed elsewhere (and the move grace is not over): the server keeps draining.
     #[must_use]

@@ -343,6 +343,26 @@ impl Gateway {
         }
     }
 
+    /// Asks the sled on `uplink` to move (`Control::Move`), if it still serves `project`.
+    fn send_move(&mut self, uplink: crate::UplinkId, project: &str) {
+        let live = self
+            .uplinks
+            .get(&uplink)
+            .is_some_and(|u| matches!(&u.state, crate::gateway::UplinkState::Live { project: p } if p == project));
+        if !live {
+            return;
+        }
+        tracing::info!(uplink = uplink.0, project, "asking the sled to move");
+        let frame = crate::uplink::Control::Move {
+            reason: "this gateway replica is stopping; connect again to be served by another"
+                .into(),
+        };
+        self.outputs.push_back(Output::UplinkSend {
+            uplink,
+            text: frame.to_text(),
+        });
+    }
+
     /// Answers whose batches are over go out; `failed` keys are written again with the next
     /// batch of their project (of any project, for a name).
     fn coordination_released(&mut self, out: Vec<(HttpToken, HttpReply)>, failed: Vec<String>) {
