@@ -137,7 +137,7 @@ pub fn write_pins_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 }
 
 /// Makes the rename durable: fsync of the directory that holds `path` (unix only).
-fn sync_dir(path: &Path) {
+pub(crate) fn sync_dir(path: &Path) {
     #[cfg(unix)]
     {
         let dir = match path.parent() {

@@ -137,6 +137,10 @@ pub struct ServerOptions {
     /// file means no pins yet; one that does not parse is an error), replaced atomically
     /// whenever the core changes a pin. `None`: pins are kept in memory only.
     pub pin_file: Option<std::path::PathBuf>,
+    /// With [`ServerOptions::store`]: keep the pins in the store instead (bucket `pins`), each
+    /// first-use pin written there before its sled is welcomed. A `pin_file` that exists is
+    /// then moved into the store once and renamed `<file>.imported`.
+    pub pins_in_store: bool,
     /// How long an HTTP connection may wait for the head of its next request (idle between
     /// requests, or sending its headers) before it is closed; `None`: never closed for that.
     pub http_idle_timeout: Option<Duration>,
@@ -175,6 +179,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("reload_from", &self.reload_from.as_ref().map(|(p, _)| p))
             .field("prober", &"dyn Prober")
             .field("pin_file", &self.pin_file)
+            .field("pins_in_store", &self.pins_in_store)
             .field("http_idle_timeout", &self.http_idle_timeout)
             .field("oauth", &self.oauth)
             .field("otlp", &self.otlp)
@@ -199,6 +204,7 @@ impl ServerOptions {
             reload_from: None,
             prober: Arc::new(HttpProber(gateway_client::TokioConnect)),
             pin_file: None,
+            pins_in_store: false,
             http_idle_timeout: Some(DEFAULT_HTTP_IDLE_TIMEOUT),
             oauth: oauth::OAuthOptions::default(),
             otlp: None,
@@ -258,6 +264,7 @@ where
         reload_from,
         prober,
         pin_file,
+        pins_in_store,
         http_idle_timeout,
         oauth,
         otlp,
@@ -274,6 +281,7 @@ where
     }
     // A single gateway with a store keeps its sessions there.
     core.store_sessions = store.is_some();
+    core.store_pins = pins_in_store && store.is_some();
     if let Some(c) = &cluster {
         core.cluster = Some(c.core_config());
     }
@@ -291,8 +299,25 @@ where
     let counters = Arc::new(fleet::ServerCounters::default());
     // The pins from an earlier run go in before any event, so no sled is pinned anew by
     // mistake; a pin file that cannot be used stops the server rather than forget them.
-    let (pins, pin_writer) = match pin_file {
-        Some(path) => {
+    let (pins, pin_writer) = match (pin_file, &store) {
+        (pin_file, Some(store)) if pins_in_store => {
+            if let Some(path) = pin_file {
+                if let Some((n, to)) = store::records::import_pin_file(store, &path)
+                    .await
+                    .map_err(std::io::Error::other)?
+                {
+                    tracing::warn!(pinned = n, from = %path.display(), renamed = %to.display(),
+                        "the pin file's pins are moved into the state store; the file is kept, renamed, and no longer read");
+                }
+            }
+            let pins = store::records::load_pins(store).await.map_err(|e| {
+                std::io::Error::other(format!("reading the pins from the state store: {e}"))
+            })?;
+            tracing::info!(pinned = pins.pins.len(), "pins read from the state store");
+            gateway.load_pins(pins);
+            (fleet::PinSink::Memory, None)
+        }
+        (Some(path), _) => {
             match fleet::load_pins(&path)? {
                 Some(pins) => {
                     tracing::info!(path = %path.display(), pinned = pins.pins.len(), "pin file loaded");
@@ -305,7 +330,7 @@ where
             let (sink, task) = fleet::spawn_pin_writer(path, counters.clone());
             (sink, Some(task))
         }
-        None => (fleet::PinSink::Memory, None),
+        (None, _) => (fleet::PinSink::Memory, None),
     };
     // Built last before the driver starts, so that no early return leaves its thread behind.
     let spans = match &otlp {

@@ -71,9 +71,8 @@ enum Command {
     ///
     /// Point MCP clients at http://LISTEN/mcp and each project's sled at ws://LISTEN/uplink
     /// (https:// and wss:// with --tls-cert and --tls-key).
-    /// Sleds' identity keys are pinned on first use in pins.toml beside the config file
-    /// (--pin-file); sessions are kept in gateway-state/ beside it (--state-dir), so a restart
-    /// does not end them. Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s
+    /// Sessions, coordination state and sleds' identity keys (pinned on first use) are kept in
+    /// gateway-state/ beside the config file (--state-dir), so a restart does not end them. Ctrl-C (or SIGTERM) shuts down gracefully: calls in flight get 10 s
     /// to finish.
     #[command(verbatim_doc_comment)]
     Serve {
@@ -375,9 +374,10 @@ impl ClusterFlags {
 /// `fleet_identity`) for `gateway serve`.
 #[derive(Debug, clap::Args)]
 struct FleetFlags {
-    /// Where sled identity keys are pinned on first use and kept across restarts (default:
-    /// pins.toml in the directory of --config). A missing file means nothing is pinned yet; a
-    /// file that does not parse stops the gateway. Written atomically on every change.
+    /// A pin file of sled identity keys (default: pins.toml in the directory of --config). A
+    /// single gateway keeps its pins in --state-dir and moves a pin file it finds there once
+    /// (renamed PATH.imported); a replica of a cluster keeps its copy of the cluster's pins
+    /// here, written atomically on every change. A file that does not parse stops the gateway.
     #[arg(long = "pin-file", value_name = "PATH")]
     pin_file: Option<PathBuf>,
     /// Refuse sleds that present no identity key (close 4007), pinned or not.
@@ -801,6 +801,8 @@ async fn serve(
     opts.store = store
         .clone()
         .map(|s| s as std::sync::Arc<dyn gateway_server::store::Store>);
+    // A single gateway keeps its pins in its state store; a pin file there is moved in once.
+    opts.pins_in_store = opts.store.is_some();
     opts.tls = tls;
     match &public_name {
         Some(name) => tracing::info!(public_name = %name,

@@ -507,3 +507,111 @@ async fn an_agent_handle_outlives_a_restart_of_a_single_gateway() {
         "the secret is never logged"
     );
 }
+
+/// `fleet_identity`'s rows by project: (status, pinned key, refused key).
+async fn identities(
+    client: &mut McpClient<TokioConnect>,
+) -> std::collections::BTreeMap<String, (Value, Value, Value)> {
+    let r = client
+        .tools_call(json!(4), "fleet_identity", json!({}))
+        .await
+        .expect("answered");
+    r["result"]["structuredContent"]["projects"]
+        .as_array()
+        .unwrap_or_else(|| panic!("rows: {r}"))
+        .iter()
+        .map(|row| {
+            (
+                row["project"].as_str().unwrap_or_default().to_owned(),
+                (
+                    row["status"].clone(),
+                    row["pinned"].clone(),
+                    row["refused"]["key"].clone(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Polls `fleet_identity` until `done` holds of its rows (30 s at most).
+async fn identities_until(
+    client: &mut McpClient<TokioConnect>,
+    gw: &SingleGateway,
+    done: impl Fn(&std::collections::BTreeMap<String, (Value, Value, Value)>) -> bool,
+) -> std::collections::BTreeMap<String, (Value, Value, Value)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = identities(client).await;
+        if done(&rows) {
+            return rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fleet_identity never came to it: {rows:?}\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Issue 25: a single gateway keeps sled pins in its state store. A pin file an earlier
+/// version wrote is moved in once (renamed `.imported`) and its pins are enforced; a pin made
+/// on first use is in the store before its sled is welcomed, so after `kill -9` an impostor
+/// with the project's token is still refused rather than pinned anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_move_into_the_state_store_and_a_first_use_pin_outlives_kill_9() {
+    let mut gw = SingleGateway::prepare(&projects_toml());
+    let other = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
+    let other_key = gateway_core::identity::encode_key(&other.verifying_key());
+    let mut pins = gateway_core::Pins::default();
+    pins.pins.insert(
+        "beta".into(),
+        gateway_core::Pin {
+            key: other_key.clone(),
+            sled: "beta-sled".into(),
+        },
+    );
+    let pin_file = gw.dir().join("pins.toml");
+    std::fs::write(&pin_file, pins.to_toml()).unwrap();
+    gw.restart().await;
+    assert!(!pin_file.exists(), "the pin file is moved in");
+    let imported = gw.dir().join("pins.toml.imported");
+    assert_eq!(std::fs::read_to_string(&imported).unwrap(), pins.to_toml());
+
+    let mut client = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+        .await
+        .expect("connects");
+    client.initialize().await.expect("a session");
+    let sleds = processes::sled_sim(&gw.url(), &["alpha", "beta"], 0);
+    // alpha is pinned on first use; beta's own sled is refused: the imported pin holds.
+    let rows = identities_until(&mut client, &gw, |rows| {
+        rows["alpha"].0 == "verified" && rows["beta"].2.is_string()
+    })
+    .await;
+    assert_eq!(rows["beta"].1, other_key.as_str(), "{rows:?}");
+    assert_ne!(rows["beta"].0, "verified", "{rows:?}");
+    let alpha_key = rows["alpha"].1.clone();
+    assert!(alpha_key.is_string(), "{rows:?}");
+
+    // kill -9 right after the first use, with the sleds gone too; then an impostor for alpha,
+    // which presents alpha's token, comes first.
+    gw.kill9().await;
+    drop(sleds);
+    gw.restart().await;
+    assert!(!pin_file.exists(), "no pin file is written any more");
+    let _impostor = processes::sled_sim_with(
+        &gw.url(),
+        &["--project".into(), "alpha".into(), "--wrong-key".into()],
+    );
+    let mut client = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+        .await
+        .expect("connects");
+    client.initialize().await.expect("a session");
+    let rows = identities_until(&mut client, &gw, |rows| rows["alpha"].2.is_string()).await;
+    assert_eq!(
+        rows["alpha"].1, alpha_key,
+        "the first-use pin is kept: {rows:?}"
+    );
+    assert_ne!(rows["alpha"].0, "verified", "{rows:?}");
+    assert_eq!(rows["beta"].1, other_key.as_str(), "{rows:?}");
+}

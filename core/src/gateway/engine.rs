@@ -24,14 +24,16 @@ impl Gateway {
     // ---- events in ----
 
     pub(super) fn on_cluster(&mut self, now: Instant, event: ClusterEvent) {
-        // A single gateway that keeps its sessions in a store hears of its reads and writes.
+        // A single gateway that keeps its sessions (and pins) in a store hears of its reads
+        // and writes.
         let a_store_answer = matches!(
             event,
             ClusterEvent::SessionLoaded { .. }
                 | ClusterEvent::SessionStored { .. }
                 | ClusterEvent::CoordStored { .. }
         );
-        let heard = self.clustered() || (a_store_answer && self.keeps_sessions());
+        let a_pin = matches!(event, ClusterEvent::PinCreated { .. }) && self.pins_shared();
+        let heard = self.clustered() || (a_store_answer && self.keeps_sessions()) || a_pin;
         if !heard {
             tracing::debug!(?event, "a cluster event for a gateway outside any cluster");
             return;
@@ -301,13 +303,18 @@ impl Gateway {
             }
             PinOutcome::Exists(pin) => pin,
             PinOutcome::Unavailable => {
+                let kept = if self.clustered() {
+                    "this gateway replica cannot reach the cluster's engine"
+                } else {
+                    "this gateway cannot write its state store"
+                };
                 return self.close_uplink(
                     now,
                     w.uplink,
                     CloseCode::HelloTimeout,
                     format!(
-                        "project '{project}' has no pinned key yet and this gateway replica \
-                         cannot reach the cluster's engine to pin one; connect again"
+                        "project '{project}' has no pinned key yet and {kept} to pin one; \
+                         connect again"
                     ),
                 );
             }

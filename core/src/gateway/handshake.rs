@@ -330,7 +330,8 @@ impl Gateway {
                 self.save_pins_soon(now);
                 self.accept_uplink(now, id, project, sled, Some(key), token_checked);
             }
-            // In a cluster, the first use is one create in the engine: the uplink waits for it.
+            // In a cluster (or with pins in the store), the first use is one create in the
+            // engine: the uplink waits for it.
             ProofVerdict::PinInEngine => {
                 let older = self.create_pin(id, project.clone(), sled, key);
                 if let Some(old) = older {

@@ -153,6 +153,11 @@ pub struct Config {
     /// [`crate::cluster::ClusterAction::LoadSession`] (it was made before a restart). In a
     /// cluster the engine keeps sessions whatever this says.
     pub store_sessions: bool,
+    /// Keep sled pins in that store too (with [`Config::store_sessions`]): a first-use pin is
+    /// created there ([`crate::cluster::ClusterAction::CreatePin`]) before its sled is
+    /// accepted, and a re-pin is written there, instead of asking for the pin file to be saved
+    /// ([`Output::SavePins`]). In a cluster pins are kept in the engine whatever this says.
+    pub store_pins: bool,
     /// Test-only: a known bug to plant, so the test suites can show that they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted: Option<PlantedBug>,
@@ -276,6 +281,7 @@ impl Default for Config {
             export_spans: false,
             cluster: None,
             store_sessions: false,
+            store_pins: false,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }

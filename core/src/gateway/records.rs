@@ -170,10 +170,15 @@ impl Gateway {
         self.records.is_some()
     }
 
-    /// Whether pins are created in the engine (in a cluster) rather than here alone. A single
-    /// gateway keeps its pins in its pin file.
+    /// Whether pins are created in the engine (in a cluster) or the store (a single gateway
+    /// with [`crate::Config::store_pins`]) rather than here alone, saved to a pin file.
     pub(super) fn pins_shared(&self) -> bool {
-        self.clustered()
+        self.clustered() || (self.config.store_pins && self.records.is_some())
+    }
+
+    /// Whether the pins are kept only in the store: then there is no pin file to save.
+    pub(super) fn pins_in_store(&self) -> bool {
+        self.pins_shared() && !self.clustered()
     }
 
     /// A sled proved a key for a project with no pin: the pin is created in the engine (the
@@ -191,7 +196,7 @@ impl Gateway {
             project,
             sled,
             key,
-            "pinning the sled's identity cluster-wide"
+            "pinning the sled's identity on first use"
         );
         let older = records.create_pin(
             &project,

@@ -457,11 +457,12 @@ impl Gateway {
                 );
             }
             UplinkState::AwaitingClaim { .. } => {
-                self.close_uplink(now,
-                    id,
-                    CloseCode::HelloTimeout,
-                    "this gateway replica could not claim the project within the hello timeout (is the cluster's engine reachable?); connect again".into(),
-                );
+                let reason = if self.clustered() {
+                    "this gateway replica could not claim the project within the hello timeout (is the cluster's engine reachable?); connect again"
+                } else {
+                    "this gateway could not pin the sled's key in its state store within the hello timeout; connect again"
+                };
+                self.close_uplink(now, id, CloseCode::HelloTimeout, reason.into());
             }
             UplinkState::Live { .. } | UplinkState::Retiring { .. } => {
                 let silent = now.saturating_duration_since(uplink.last_rx);

@@ -807,7 +807,7 @@ fn relays_to_a_replica_that_lost_the_project_fail_at_once_as_unknown() {
 }
 
 /// A hello with key `k` for `project`, its challenge answered; the frames after the proof.
-fn hello_with_key(
+pub(super) fn hello_with_key(
     h: &mut Harness,
     project: &str,
     k: &ed25519_dalek::SigningKey,

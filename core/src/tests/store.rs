@@ -279,3 +279,69 @@ fn a_coordination_write_is_answered_once_durable_and_refused_when_it_is_not() {
         assert!(put.contains(key), "{key} written again: {put:?}");
     }
 }
+
+#[test]
+fn with_pins_in_the_store_a_first_use_pin_is_created_there_before_its_sled_is_welcomed() {
+    use crate::cluster::PinOutcome;
+    use crate::identity::encode_key;
+    let config = Config {
+        store_sessions: true,
+        store_pins: true,
+        pin_save_delay: std::time::Duration::ZERO,
+        ..Config::default()
+    };
+    let mut h = Harness::with_config(&["alpha", "beta"], Some("alpha"), config, [3; 32]);
+    let k = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let (u, frames) = super::cluster::hello_with_key(&mut h, "alpha", &k);
+    assert!(
+        frames.is_empty(),
+        "no welcome before the pin is kept: {frames:?}"
+    );
+    let actions = std::mem::take(&mut h.cluster);
+    let [ClusterAction::CreatePin { project, pin }] = actions.as_slice() else {
+        panic!("{actions:?}");
+    };
+    assert_eq!(project, "alpha");
+    assert_eq!(pin.key, encode_key(&k.verifying_key()));
+    h.handle(Input::Cluster(ClusterEvent::PinCreated {
+        project: "alpha".into(),
+        outcome: PinOutcome::Created,
+    }));
+    let frames = h.take_frames(u);
+    assert_eq!(
+        frames.first().map(|f| &f["uplink"]),
+        Some(&json!("welcome")),
+        "{frames:?} {:?}",
+        h.closed
+    );
+    assert_eq!(h.gw.pins().get("alpha"), Some(pin));
+    assert!(h.saved_pins.is_empty(), "no pin file is written");
+    // A store that cannot take the pin sends the sled away to try again; nothing is pinned.
+    let (u, _) = super::cluster::hello_with_key(&mut h, "beta", &k);
+    std::mem::take(&mut h.cluster);
+    h.handle(Input::Cluster(ClusterEvent::PinCreated {
+        project: "beta".into(),
+        outcome: PinOutcome::Unavailable,
+    }));
+    assert_eq!(
+        h.closed[&u].0,
+        crate::uplink::CloseCode::HelloTimeout.code()
+    );
+    assert!(h.closed[&u].1.contains("state store"), "{:?}", h.closed[&u]);
+    assert_eq!(h.gw.pins().get("beta"), None);
+}
+
+#[test]
+fn without_pins_in_the_store_a_first_use_pin_is_saved_to_the_pin_file() {
+    let config = Config {
+        store_sessions: true,
+        pin_save_delay: std::time::Duration::ZERO,
+        ..Config::default()
+    };
+    let mut h = Harness::with_config(&["alpha"], Some("alpha"), config, [3; 32]);
+    let k = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+    let (_, frames) = super::cluster::hello_with_key(&mut h, "alpha", &k);
+    assert_eq!(frames[0]["uplink"], "welcome", "{frames:?}");
+    assert!(h.cluster.is_empty(), "{:?}", h.cluster);
+    assert_eq!(h.saved_pins.len(), 1);
+}

@@ -17,18 +17,27 @@
 //! written at once (the embedded engine commits what arrives together with one sync), and
 //! each is reported done, in order, once all its writes are durable. [`load_coordination`]
 //! reads them all back at start.
+//!
+//! Bucket `pins` (with `ServerOptions::pins_in_store`): sled identity pins, key
+//! `p.<project>`, value the pin's JSON. A first-use pin is a create
+//! ([`ClusterAction::CreatePin`]; a key there already wins, answered
+//! [`ClusterEvent::PinCreated`]) and a re-pin a put ([`ClusterAction::StorePin`]).
+//! [`load_pins`] reads them at start; [`import_pin_file`] moves a pin file of an earlier
+//! version in, once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use gateway_core::cluster::{ClusterAction, ClusterEvent, EngineDown, SessionRecord};
+use gateway_core::cluster::{ClusterAction, ClusterEvent, EngineDown, PinOutcome, SessionRecord};
 use gateway_core::coord::{RecordChange, StoredRecord};
+use gateway_core::{Pin, Pins};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use super::{BucketConfig, EngineError, Store, MIN_MAX_AGE};
+use crate::cluster::replica::{key_project, project_key};
 use crate::cluster::seal::WallClock;
 use crate::driver::Command;
 
@@ -37,6 +46,12 @@ pub const SESSIONS: &str = "sessions";
 
 /// The coordination records' bucket.
 pub const COORDINATION: &str = "coordination";
+
+/// The sled identity pins' bucket.
+pub const PINS: &str = "pins";
+
+/// What a pin file is renamed to (`<file>.imported`) once its pins are in the store.
+pub const IMPORTED_SUFFIX: &str = "imported";
 
 /// The key written last when the records are read back: once the watch reports it, it has
 /// reported every record before it.
@@ -89,6 +104,7 @@ pub(crate) async fn start(
         ))
         .await?;
     store.ensure_bucket(BucketConfig::new(COORDINATION)).await?;
+    store.ensure_bucket(BucketConfig::new(PINS)).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let executor = tokio::spawn(execute(store, rx, (clock, counters), commands));
     Ok((RecordsIo { actions: tx }, executor))
@@ -156,6 +172,22 @@ async fn execute(
                         },
                     )
                     .await;
+                });
+            }
+            ClusterAction::CreatePin { project, pin } => {
+                let (store, commands) = (store.clone(), commands.clone());
+                reads.spawn(async move {
+                    let outcome = create_pin(&store, &project, &pin).await;
+                    tell(&commands, ClusterEvent::PinCreated { project, outcome }).await;
+                });
+            }
+            ClusterAction::StorePin { project, pin } => {
+                let store = store.clone();
+                reads.spawn(async move {
+                    let value = Bytes::from(serde_json::to_vec(&pin).expect("a pin serialises"));
+                    if let Err(e) = store.put(PINS, &project_key(&project), value).await {
+                        tracing::error!(project, error = %e, "a re-pin was not written to the store; the old pin is back after a restart");
+                    }
                 });
             }
             other => tracing::error!(
@@ -336,4 +368,106 @@ pub(crate) async fn load_records(
     Err(EngineError::Unavailable(
         "the coordination records' watch ended before they were all read".into(),
     ))
+}
+
+/// A first-use pin's create: `Created`, or the pin the store holds already (it wins), or
+/// `Unavailable` when the store cannot be asked (the sled is sent away to try again).
+async fn create_pin(store: &Arc<dyn Store>, project: &str, pin: &Pin) -> PinOutcome {
+    let key = project_key(project);
+    let value = Bytes::from(serde_json::to_vec(pin).expect("a pin serialises"));
+    match store.create(PINS, &key, value).await {
+        Ok(_) => PinOutcome::Created,
+        Err(EngineError::Conflict { .. }) => match store.get(PINS, &key).await {
+            Ok(Some(entry)) => match serde_json::from_slice(&entry.value) {
+                Ok(existing) => PinOutcome::Exists(existing),
+                Err(e) => {
+                    tracing::error!(project, error = %e, "an unreadable pin in the store");
+                    PinOutcome::Unavailable
+                }
+            },
+            Ok(None) | Err(_) => PinOutcome::Unavailable,
+        },
+        Err(e) => {
+            tracing::warn!(project, error = %e, "pinning a sled's key in the store");
+            PinOutcome::Unavailable
+        }
+    }
+}
+
+/// Reads the pins kept in the store, for the core to take before its first event. A pin that
+/// does not parse stops the start: forgetting it would let any key pin its project anew.
+pub async fn load_pins(store: &Arc<dyn Store>) -> Result<Pins, String> {
+    store
+        .ensure_bucket(BucketConfig::new(PINS))
+        .await
+        .map_err(|e| e.to_string())?;
+    let clock: WallClock = Arc::new(|| 0);
+    let records = load_records(
+        store,
+        (PINS, ">", LOADED_MARK),
+        &clock,
+        &plain().1,
+        Duration::ZERO,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut pins = Pins::default();
+    for r in records {
+        let Some(project) = key_project(&r.key) else {
+            continue;
+        };
+        let pin: Pin = serde_json::from_slice(&r.value).map_err(|e| {
+            format!("the pin of project '{project}' in the store does not parse: {e}")
+        })?;
+        pins.pins.insert(project, pin);
+    }
+    Ok(pins)
+}
+
+/// Moves the pins of a pin file (as an earlier version kept them) into the store, once: each
+/// is created there (a pin the store holds already wins, with a warning), then the file is
+/// renamed `<file>.imported`. `Ok(None)`: there is no file. A crash before the rename imports
+/// it again at the next start, which changes nothing.
+pub async fn import_pin_file(
+    store: &Arc<dyn Store>,
+    file: &std::path::Path,
+) -> Result<Option<(usize, std::path::PathBuf)>, String> {
+    let Some(pins) = crate::fleet::load_pins(file).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    store
+        .ensure_bucket(BucketConfig::new(PINS))
+        .await
+        .map_err(|e| e.to_string())?;
+    for (project, pin) in &pins.pins {
+        match create_pin(store, project, pin).await {
+            PinOutcome::Created => {}
+            PinOutcome::Exists(kept) if kept == *pin => {}
+            PinOutcome::Exists(kept) => tracing::warn!(
+                project,
+                file_key = pin.key,
+                kept_key = kept.key,
+                "the pin file and the store pin a project to different keys; the store's is kept"
+            ),
+            PinOutcome::Unavailable => {
+                return Err(format!(
+                    "cannot move the pin of project '{project}' from {} into the state store",
+                    file.display()
+                ))
+            }
+        }
+    }
+    let mut imported = file.as_os_str().to_owned();
+    imported.push(".");
+    imported.push(IMPORTED_SUFFIX);
+    let imported = std::path::PathBuf::from(imported);
+    std::fs::rename(file, &imported).map_err(|e| {
+        format!(
+            "the pins of {} are in the state store, but the file cannot be renamed to {}: {e}",
+            file.display(),
+            imported.display()
+        )
+    })?;
+    crate::fleet::sync_dir(&imported);
+    Ok(Some((pins.pins.len(), imported)))
 }

@@ -257,15 +257,21 @@ impl SingleGateway {
     /// Writes `projects_toml` into a scratch directory and starts `gateway serve` on it, with
     /// `--state-dir` and `--pin-file` in that directory; waits until it is healthy.
     pub async fn start(projects_toml: &str) -> Self {
+        let mut g = SingleGateway::prepare(projects_toml);
+        g.restart().await;
+        g
+    }
+
+    /// Its directory and config, not started yet (a test may put files there first; then
+    /// [`SingleGateway::restart`] starts it).
+    pub fn prepare(projects_toml: &str) -> Self {
         let dir = scratch("single");
         std::fs::write(dir.join("projects.toml"), projects_toml).expect("the config is written");
-        let mut g = SingleGateway {
+        SingleGateway {
             port: free_port(),
             dir,
             child: None,
-        };
-        g.restart().await;
-        g
+        }
     }
 
     pub fn url(&self) -> String {

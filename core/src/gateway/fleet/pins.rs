@@ -4,7 +4,8 @@
 use super::*;
 
 impl Gateway {
-    /// Loads the pins kept from an earlier run (the pin file). Call before the first event.
+    /// Loads the pins kept from an earlier run (the pin file, or the store). Call before the
+    /// first event.
     pub fn load_pins(&mut self, pins: Pins) {
         self.pins = pins;
     }
@@ -19,6 +20,9 @@ impl Gateway {
     /// Saves the pins by [`Config::pin_save_delay`] from now, with whatever else changes
     /// until then: one save (of the whole file) for a fleet pinned in a burst.
     pub(in crate::gateway) fn save_pins_soon(&mut self, now: Instant) {
+        if self.pins_in_store() {
+            return;
+        }
         if self.config.pin_save_delay.is_zero() {
             return self.save_pins_now();
         }
@@ -33,6 +37,9 @@ impl Gateway {
     pub(in crate::gateway) fn save_pins_now(&mut self) {
         if let Some(at) = self.pins_save_at.take() {
             self.timers.remove(&(at, Timer::SavePins));
+        }
+        if self.pins_in_store() {
+            return;
         }
         self.outputs.push_back(Output::SavePins {
             text: self.pins.to_toml(),
