@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::persist::Which;
 use super::{
     check_name, deadline, grant_ttl, next, retime, BoardEntry, BoardSet, Coord, CoordError,
     CoordLimit, StoredEntry, Timer,
@@ -69,6 +70,7 @@ impl Coord {
             key: key.to_owned(),
         };
         retime(&mut self.timers, old, expires_at, timer);
+        self.entry_changed(project, Which::Board(key.to_owned()));
         self.stats.board_sets += 1;
         Ok(BoardSet {
             revision,
@@ -136,6 +138,7 @@ impl Coord {
             };
             retime(&mut self.timers, e.expires_at, None, timer);
         }
+        self.entry_changed(project, Which::Board(key.to_owned()));
         self.stats.board_deletes += 1;
         Ok(current)
     }

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::persist::Which;
 use super::{
     check_name, deadline, grant_ttl, next, retime, Claim, Coord, CoordError, CoordLimit, End,
     LeaseView, LostLease, LostReason, Released, Renewed, Timer, WriteCheck, MAX_PENDING,
@@ -90,6 +91,7 @@ impl Coord {
             expires_at,
         };
         p.leases.insert(resource.to_owned(), lease);
+        p.mark(Which::Lease(resource.to_owned()));
         let m = p.members.get_mut(agent).expect("touch made the member");
         m.held.insert(resource.to_owned());
         m.released.remove(resource);
@@ -298,6 +300,15 @@ impl Coord {
                 p.fence = next(p.fence, "fence")?;
                 lease.fence = p.fence;
             }
+            let refenced: Vec<String> = p
+                .leases
+                .iter()
+                .filter(|(_, l)| l.fence > floor)
+                .map(|(r, _)| r.clone())
+                .collect();
+            for resource in refenced {
+                p.mark(Which::Lease(resource));
+            }
         }
         Ok(p.fence)
     }
@@ -363,6 +374,7 @@ impl Coord {
             resource: resource.to_owned(),
             expired: false,
         };
+        self.entry_changed(project, Which::Lease(resource.to_owned()));
         let p = self.projects.get_mut(project).ok_or_else(missing)?;
         let lease = p.leases.get_mut(resource).ok_or_else(missing)?;
         let ttl = ttl.unwrap_or(lease.ttl);
@@ -386,6 +398,7 @@ impl Coord {
     /// Ends a lease: reports it lost to its holder when it is, turns the refusals on it into
     /// released notices, and wakes whoever that concerns. Returns its fence.
     pub(super) fn end_lease(&mut self, project: &str, resource: &str, how: End) -> Option<u64> {
+        self.entry_changed(project, Which::Lease(resource.to_owned()));
         let p = self.projects.get_mut(project)?;
         let lease = p.leases.remove(resource)?;
         let timer = Timer::Lease {

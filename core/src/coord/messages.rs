@@ -4,6 +4,7 @@ use std::iter::Peekable;
 use std::ops::Bound::{Excluded, Unbounded};
 use std::time::{Duration, Instant};
 
+use super::persist::Which;
 use super::{
     check_name, deadline, grant_ttl, next, retime, Coord, CoordError, CoordLimit, Inbox, Message,
     MessageTo, Project, Recipient, Sent, StoredMessage, Timer,
@@ -77,6 +78,7 @@ impl Coord {
             expires_at,
         };
         p.messages.insert(id, message);
+        p.mark(Which::Message(id));
         let timer = Timer::Message {
             project: project.to_owned(),
             id,
@@ -216,6 +218,7 @@ impl Project {
     /// Removes a message from the store and its indexes (not its timer).
     pub(super) fn remove_message(&mut self, id: u64) -> Option<StoredMessage> {
         let s = self.messages.remove(&id)?;
+        self.mark(Which::Message(id));
         match &s.to {
             Recipient::Channel => {
                 self.channel.remove(&id);

@@ -597,6 +597,8 @@ struct Project {
     event_seq: u64,
     events: VecDeque<SledEvent>,
     members: BTreeMap<AgentId, Member>,
+    /// The entries changed since the last [`Coord::take_changes`] (`None`: not kept).
+    dirty: Option<BTreeSet<persist::Which>>,
 }
 
 #[derive(Debug)]
@@ -754,6 +756,7 @@ impl Coord {
             Timer::Message { project, id } => {
                 if let Some(p) = self.projects.get_mut(&project) {
                     p.remove_message(id);
+                    self.changed(&project);
                 }
             }
             Timer::Board { project, key } => {
@@ -764,6 +767,7 @@ impl Coord {
                         .is_some_and(|t| t <= now)
                     {
                         p.board.remove(&key);
+                        self.entry_changed(&project, persist::Which::Board(key));
                     }
                 }
             }

@@ -3,6 +3,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use super::persist::Which;
 use super::{
     check_name, deadline, grant_ttl, retime, Checkin, Coord, CoordError, CoordLimit, End, Ended,
     LostLease, Member, PresenceStatus, Project, ReleasedLease, RosterEntry, Timer, CHECKIN_PAGE,
@@ -16,7 +17,11 @@ impl Coord {
             if self.projects.len() >= self.limits.max_projects {
                 return Err(self.limit(CoordLimit::Projects, self.limits.max_projects));
             }
-            self.projects.insert(project.to_owned(), Project::default());
+            let project_state = Project {
+                dirty: self.persisting.then(Default::default),
+                ..Project::default()
+            };
+            self.projects.insert(project.to_owned(), project_state);
         }
         Ok(self
             .projects
@@ -41,7 +46,7 @@ impl Coord {
         check_name("agent", agent, self.limits.max_name_len)?;
         let limits = self.limits.clone();
         self.project_mut(project)?;
-        self.changed(project);
+        self.entry_changed(project, Which::Member(agent.to_owned()));
         let p = self.project_mut(project)?;
         if !p.members.contains_key(agent) {
             if p.members.len() >= limits.max_agents_per_project {
@@ -111,6 +116,14 @@ impl Coord {
         };
         if m.present_until.is_some_and(|t| t <= now) {
             m.present_until = None;
+            self.entry_changed(project, Which::Member(agent.to_owned()));
+            let Some(m) = self
+                .projects
+                .get_mut(project)
+                .and_then(|p| p.members.get_mut(agent))
+            else {
+                return;
+            };
             let at = now.checked_add(forget_after).unwrap_or(now);
             let forget = Timer::Forget {
                 project: project.to_owned(),
@@ -153,6 +166,7 @@ impl Coord {
 
     /// Removes a member that holds no lease, with its timers and index entries.
     pub(super) fn remove_member(&mut self, project: &str, agent: &str) {
+        self.entry_changed(project, Which::Member(agent.to_owned()));
         let Some(p) = self.projects.get_mut(project) else {
             return;
         };
