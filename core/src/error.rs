@@ -842,6 +842,9 @@ pub enum HttpError {
     TooManySessions { max: usize, retry_after: Duration },
     /// A replica of a cluster could not read the named session from the cluster's engine.
     SessionStoreUnavailable,
+    /// A replica of a cluster could not write a new session to the cluster's engine: no
+    /// session was made (its id, known to no other replica, is not given out).
+    SessionNotStored,
 }
 
 impl HttpError {
@@ -863,7 +866,7 @@ impl HttpError {
             HttpError::BodyTimeout { .. } => 408,
             HttpError::TooManyConnections { .. } => 503,
             HttpError::TooManySessions { .. } => 503,
-            HttpError::SessionStoreUnavailable => 503,
+            HttpError::SessionStoreUnavailable | HttpError::SessionNotStored => 503,
         }
     }
 
@@ -886,6 +889,7 @@ impl HttpError {
             HttpError::TooManyConnections { .. } => "too_many_connections",
             HttpError::TooManySessions { .. } => "too_many_sessions",
             HttpError::SessionStoreUnavailable => "session_store_unavailable",
+            HttpError::SessionNotStored => "session_not_stored",
         }
     }
 
@@ -939,6 +943,7 @@ impl HttpError {
                 retry_secs(*retry_after)
             ),
             HttpError::SessionStoreUnavailable => "Service unavailable: this gateway replica cannot reach the cluster's engine to read the session; the session is not lost: retry in a moment".into(),
+            HttpError::SessionNotStored => "Service unavailable: this gateway replica could not write the new session to the cluster's engine, so no session was made: send initialize again in a moment".into(),
         }
     }
 
@@ -987,7 +992,9 @@ impl HttpError {
                 ),
             )],
             HttpError::ShuttingDown => vec![("Retry-After", "5".into())],
-            HttpError::SessionStoreUnavailable | HttpError::TooManyConnections { .. } => {
+            HttpError::SessionStoreUnavailable
+            | HttpError::SessionNotStored
+            | HttpError::TooManyConnections { .. } => {
                 vec![("Retry-After", "1".into())]
             }
             HttpError::TooManySessions { retry_after, .. } => {

@@ -14,7 +14,7 @@
 //!   that any replica can read it by the time the client names it.
 //! - While a write of a session is in flight, the engine's older news of it is ignored.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterAction, SessionRecord};
@@ -30,8 +30,11 @@ pub(crate) struct Records {
     written: BTreeMap<String, Instant>,
     /// Writes of each session's record not done yet.
     in_flight: BTreeMap<String, u32>,
-    /// Answers that wait for their session's write to be done.
-    after_store: BTreeMap<String, Vec<(HttpToken, HttpReply)>>,
+    /// Answers that wait for their session's write to be done, each with what to answer
+    /// instead if a write failed (a new session's `initialize`).
+    after_store: BTreeMap<String, Vec<(HttpToken, HttpReply, Option<HttpReply>)>>,
+    /// Sessions a write of which failed while answers waited.
+    unwritten: BTreeSet<String>,
     /// Uplinks whose first-use pin is being created in the engine, by project.
     pinning: BTreeMap<String, Waiting>,
     /// Sessions read from the engine because this gateway did not know them.
@@ -109,15 +112,17 @@ impl Records {
     }
 
     /// A write of `session` is done, `written` or not: the answers that waited for the last
-    /// one in flight go out.
+    /// one in flight go out; where one of the writes failed, each answer that has one is
+    /// replaced by its `if_unwritten` (then the second value is true).
     pub(crate) fn handle_stored(
         &mut self,
         session: &str,
         written: bool,
-    ) -> Vec<(HttpToken, HttpReply)> {
+    ) -> (Vec<(HttpToken, HttpReply)>, bool) {
         // Not written (the engine out of reach): written again at the session's next use.
         if !written {
             self.written.remove(session);
+            self.unwritten.insert(session.to_owned());
         }
         if let Some(n) = self.in_flight.get_mut(session) {
             *n = n.saturating_sub(1);
@@ -126,9 +131,24 @@ impl Records {
             }
         }
         if self.in_flight.contains_key(session) {
-            return Vec::new();
+            return (Vec::new(), false);
         }
-        self.after_store.remove(session).unwrap_or_default()
+        let failed = self.unwritten.remove(session);
+        let mut replaced = false;
+        let answers = self
+            .after_store
+            .remove(session)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(token, reply, if_unwritten)| match if_unwritten {
+                Some(instead) if failed => {
+                    replaced = true;
+                    (token, instead)
+                }
+                _ => (token, reply),
+            })
+            .collect();
+        (answers, replaced)
     }
 
     /// Keeps an answer until the write of `session` in flight is done; gives it back when
@@ -138,6 +158,7 @@ impl Records {
         token: HttpToken,
         session: &str,
         reply: HttpReply,
+        if_unwritten: Option<HttpReply>,
     ) -> Option<(HttpToken, HttpReply)> {
         if !self.in_flight.contains_key(session) {
             return Some((token, reply));
@@ -145,7 +166,7 @@ impl Records {
         self.after_store
             .entry(session.to_owned())
             .or_default()
-            .push((token, reply));
+            .push((token, reply, if_unwritten));
         None
     }
 
@@ -190,7 +211,8 @@ impl Records {
     }
 
     /// Shutdown: the requests still waiting for a session (to refuse) and the answers still
-    /// waiting for a write (to send).
+    /// waiting for a write (to send; a new session's refusal where it has one, since its
+    /// write may never be done).
     pub(crate) fn handle_shutdown(&mut self) -> (Vec<HttpToken>, Vec<(HttpToken, HttpReply)>) {
         let parked = std::mem::take(&mut self.parked)
             .into_values()
@@ -200,6 +222,7 @@ impl Records {
         let stored = std::mem::take(&mut self.after_store)
             .into_values()
             .flatten()
+            .map(|(token, reply, if_unwritten)| (token, if_unwritten.unwrap_or(reply)))
             .collect();
         (parked, stored)
     }
@@ -272,7 +295,7 @@ mod tests {
         let t0 = t0();
         let mut r = Records::default();
         assert_eq!(
-            r.after_store(HttpToken(1), "s1", reply(200)),
+            r.after_store(HttpToken(1), "s1", reply(200), None),
             Some((HttpToken(1), reply(200))),
             "nothing in flight: at once"
         );
@@ -280,13 +303,48 @@ mod tests {
         r.store(t0, "s1", Some(record()));
         assert_eq!(actions(&mut r).len(), 2);
         assert!(r.writing("s1"));
-        assert_eq!(r.after_store(HttpToken(2), "s1", reply(200)), None);
-        assert_eq!(r.handle_stored("s1", true), []);
-        assert_eq!(r.handle_stored("s1", false), [(HttpToken(2), reply(200))]);
+        assert_eq!(r.after_store(HttpToken(2), "s1", reply(200), None), None);
+        assert_eq!(r.handle_stored("s1", true), (vec![], false));
+        assert_eq!(
+            r.handle_stored("s1", false),
+            (vec![(HttpToken(2), reply(200))], false)
+        );
         assert!(!r.writing("s1"));
         assert!(
             r.due(t0, "s1", Duration::from_secs(10)),
             "a failed write is written again at the next use"
+        );
+    }
+
+    #[test]
+    fn an_answer_with_an_alternative_gets_it_when_any_write_in_flight_failed() {
+        let t0 = t0();
+        let mut r = Records::default();
+        r.store(t0, "s1", Some(record()));
+        r.store(t0, "s1", Some(record()));
+        assert_eq!(
+            r.after_store(HttpToken(1), "s1", reply(200), Some(reply(503))),
+            None
+        );
+        assert_eq!(r.after_store(HttpToken(2), "s1", reply(200), None), None);
+        // The first write failed, the last did not: the answer that has one is refused.
+        assert_eq!(r.handle_stored("s1", false), (vec![], false));
+        assert_eq!(
+            r.handle_stored("s1", true),
+            (
+                vec![(HttpToken(1), reply(503)), (HttpToken(2), reply(200))],
+                true
+            )
+        );
+        // And forgotten: the next writes start clean.
+        r.store(t0, "s1", Some(record()));
+        assert_eq!(
+            r.after_store(HttpToken(3), "s1", reply(200), Some(reply(503))),
+            None
+        );
+        assert_eq!(
+            r.handle_stored("s1", true),
+            (vec![(HttpToken(3), reply(200))], false)
         );
     }
 
@@ -312,7 +370,7 @@ mod tests {
         let mut r = Records::default();
         r.park("s1", HttpToken(1), HttpRequest::default());
         r.store(t0, "s2", None);
-        assert_eq!(r.after_store(HttpToken(2), "s2", reply(202)), None);
+        assert_eq!(r.after_store(HttpToken(2), "s2", reply(202), None), None);
         let (refused, answered) = r.handle_shutdown();
         assert_eq!(refused, [HttpToken(1)]);
         assert_eq!(answered, [(HttpToken(2), reply(202))]);

@@ -345,8 +345,13 @@ impl Gateway {
             body: Some(body),
         };
         // In a cluster the session is in the engine before its id is given out, so that the
-        // next request finds it on any replica.
-        self.reply_when_stored(token, &session, reply);
+        // next request finds it on any replica; one the engine did not take is not given out
+        // at all (503, retry). A single gateway gives it out anyway: it serves the session
+        // itself, and only a restart would lose it.
+        let if_unwritten = self
+            .clustered()
+            .then(|| HttpError::SessionNotStored.reply());
+        self.reply_when_stored_or(token, &session, reply, if_unwritten);
     }
 
     pub(super) fn on_http_aborted(&mut self, now: Instant, token: HttpToken) {

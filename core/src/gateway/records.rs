@@ -148,15 +148,33 @@ impl Gateway {
         let Some(records) = self.records.as_mut() else {
             return;
         };
-        for (token, reply) in records.handle_stored(session, written) {
+        let (answers, replaced) = records.handle_stored(session, written);
+        for (token, reply) in answers {
             self.outputs.push_back(Output::Http { token, reply });
+        }
+        // A new session the engine did not take: its initialize was refused, so it is not
+        // kept here either (nothing else of it exists yet).
+        if replaced {
+            self.sessions.remove(session);
         }
     }
 
     /// Answers now, or, with a write of `session` in flight, once it is done.
     pub(super) fn reply_when_stored(&mut self, token: HttpToken, session: &str, reply: HttpReply) {
+        self.reply_when_stored_or(token, session, reply, None);
+    }
+
+    /// [`Gateway::reply_when_stored`], answering `if_unwritten` instead if a write of the
+    /// session in flight fails.
+    pub(super) fn reply_when_stored_or(
+        &mut self,
+        token: HttpToken,
+        session: &str,
+        reply: HttpReply,
+        if_unwritten: Option<HttpReply>,
+    ) {
         let now = match self.records.as_mut() {
-            Some(records) => records.after_store(token, session, reply),
+            Some(records) => records.after_store(token, session, reply, if_unwritten),
             None => Some((token, reply)),
         };
         if let Some((token, reply)) = now {

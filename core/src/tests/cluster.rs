@@ -1033,6 +1033,45 @@ fn a_new_session_is_answered_only_once_any_replica_can_read_it() {
 }
 
 #[test]
+fn a_new_session_the_engine_did_not_take_is_not_given_out() {
+    let mut h = replica("r1");
+    let t = h.send(
+        HttpMethod::Post,
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+    );
+    let session = take_actions(&mut h)
+        .into_iter()
+        .find_map(|a| match a {
+            ClusterAction::StoreSession { session, .. } => Some(session),
+            _ => None,
+        })
+        .expect("the new session is written");
+    event(
+        &mut h,
+        ClusterEvent::SessionStored {
+            session: session.clone(),
+            written: false,
+        },
+    );
+    // Another replica would not find it: refused, retryable, and no id given out.
+    let r = h.replies.remove(&t).expect("answered");
+    assert_eq!(r.status, 503);
+    assert!(r.headers.iter().all(|(n, _)| *n != "Mcp-Session-Id"));
+    assert!(r.headers.iter().any(|(n, _)| *n == "Retry-After"));
+    let body: serde_json::Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        body["error"]["data"]["kind"], "session_not_stored",
+        "{body}"
+    );
+    // Nor kept here: a request naming it is read from the engine like any unknown one.
+    h.call(Some(&session), json!(1), "list_projects", json!({}));
+    assert!(take_actions(&mut h)
+        .iter()
+        .any(|a| matches!(a, ClusterAction::LoadSession { session: s } if *s == session)));
+}
+
+#[test]
 fn a_session_write_that_failed_is_written_again_at_the_next_use() {
     let mut h = replica("r1");
     let s = initialize(&mut h);

@@ -5,15 +5,21 @@
 //! the store, its leases and board in memory only). No sleds: coordination needs none.
 //!
 //! - one session on each, alternating call by call (so the machine's noise falls on both):
-//!   a claim + release round trip, and a `board_set`;
+//!   a claim + release round trip, a `board_set`, and a plain `tools/call` (`whoami`, which
+//!   writes nothing and so should cost the same on both);
+//! - the same on replicas (`--cluster`): a replica of this gateway and one of the baseline on
+//!   one nats-server, in namespaces of their own, each holding its own sled's project (this
+//!   one keeps the project's coordination state in JetStream, the baseline in memory);
 //! - 64 sessions writing the board at once for `--duration-secs`, on one gateway and then the
 //!   other: writes per second (group commit: the writes waiting together share one sync).
 
 use std::time::{Duration, Instant};
 
+use std::net::SocketAddr;
+
 use super::{
-    client::Conn, new_hist, open_sessions, start_gateway_bin, timed_call, Args, Res, Targets,
-    TempDir,
+    client::Conn, new_hist, open_sessions, registered, replicas, start_gateway, start_gateway_bin,
+    start_sleds_with, timed_call, Args, Res, Targets, TempDir,
 };
 
 /// Percentile of a histogram of nanoseconds, in microseconds.
@@ -55,58 +61,8 @@ pub(super) async fn durable_coord(args: &Args, tmp: &TempDir, targets: &mut Targ
         &state("memory"),
         Some(baseline),
     )?;
-    let mut d = Conn::connect(durable).await.map_err(|e| e.to_string())?;
-    d.initialize("/mcp").await.map_err(|e| e.to_string())?;
-    let mut m = Conn::connect(memory).await.map_err(|e| e.to_string())?;
-    m.initialize("/mcp").await.map_err(|e| e.to_string())?;
-
-    let n = args.coord_calls;
-    let resource = r#"{"project":"alpha","resource":"story:bench"}"#;
-    let (mut lease_d, mut lease_m, mut board_d, mut board_m) =
-        (new_hist(), new_hist(), new_hist(), new_hist());
-    for i in 0..n + n / 10 {
-        let id = 10 + 4 * i as u64;
-        let board = format!(r#"{{"project":"alpha","key":"bench","value":{i}}}"#);
-        for (c, lease, board_h) in [
-            (&mut d, &mut lease_d, &mut board_d),
-            (&mut m, &mut lease_m, &mut board_m),
-        ] {
-            let t = Instant::now();
-            let (v, _) = timed_call(c, id, "claim", resource).await?;
-            if v["result"]["structuredContent"]["acquired"] != true {
-                return Err(format!("claim not acquired: {v}"));
-            }
-            let (v, _) = timed_call(c, id + 1, "release", resource).await?;
-            ok(&v, "release")?;
-            let took_lease = t.elapsed();
-            let (v, took_board) = timed_call(c, id + 2, "board_set", &board).await?;
-            ok(&v, "board_set")?;
-            if i >= n / 10 {
-                lease.saturating_record(took_lease.as_nanos() as u64);
-                board_h.saturating_record(took_board.as_nanos() as u64);
-            }
-        }
-    }
-    println!("| one session ({n} each, alternating) | durable p50 µs | p99 µs | in-memory p50 µs | p99 µs | p50 ratio |");
-    println!("|---|---|---|---|---|---|");
-    for (what, dh, mh) in [
-        ("claim + release", &lease_d, &lease_m),
-        ("`board_set`", &board_d, &board_m),
-    ] {
-        println!(
-            "| {what} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× |",
-            us(dh, 0.5),
-            us(dh, 0.99),
-            us(mh, 0.5),
-            us(mh, 0.99),
-            us(dh, 0.5) / us(mh, 0.5)
-        );
-    }
-    targets.lines.push((
-        "a durable claim + release against an in-memory one".into(),
-        None,
-        format!("{:.2}× at p50", us(&lease_d, 0.5) / us(&lease_m, 0.5)),
-    ));
+    alternate(args, durable, memory, "alpha", "one gateway", targets).await?;
+    in_a_cluster(args, tmp, baseline, targets).await?;
 
     // 64 writers at once, on each gateway in turn.
     let secs = args.duration_secs.max(1.0);
@@ -156,5 +112,129 @@ pub(super) async fn durable_coord(args: &Args, tmp: &TempDir, targets: &mut Targ
             rates[0] / rates[1]
         ),
     ));
+    Ok(())
+}
+
+type Hist = hdrhistogram::Histogram<u64>;
+
+/// One session on `durable` and one on `memory`, alternating call by call: claim + release,
+/// `board_set`, and `whoami` on `project`; prints the table.
+async fn alternate(
+    args: &Args,
+    durable: SocketAddr,
+    memory: SocketAddr,
+    project: &str,
+    place: &str,
+    targets: &mut Targets,
+) -> Res<()> {
+    let mut d = Conn::connect(durable).await.map_err(|e| e.to_string())?;
+    d.initialize("/mcp").await.map_err(|e| e.to_string())?;
+    let mut m = Conn::connect(memory).await.map_err(|e| e.to_string())?;
+    m.initialize("/mcp").await.map_err(|e| e.to_string())?;
+
+    let n = args.coord_calls;
+    let resource = format!(r#"{{"project":"{project}","resource":"story:bench"}}"#);
+    let plain = format!(r#"{{"project":"{project}"}}"#);
+    let mut hists: [[Hist; 3]; 2] = [
+        [new_hist(), new_hist(), new_hist()],
+        [new_hist(), new_hist(), new_hist()],
+    ];
+    for i in 0..n + n / 10 {
+        let id = 10 + 4 * i as u64;
+        let board = format!(r#"{{"project":"{project}","key":"bench","value":{i}}}"#);
+        let [hd, hm] = &mut hists;
+        for (c, h) in [(&mut d, hd), (&mut m, hm)] {
+            let t = Instant::now();
+            let (v, _) = timed_call(c, id, "claim", &resource).await?;
+            if v["result"]["structuredContent"]["acquired"] != true {
+                return Err(format!("claim not acquired: {v}"));
+            }
+            let (v, _) = timed_call(c, id + 1, "release", &resource).await?;
+            ok(&v, "release")?;
+            let took_lease = t.elapsed();
+            let (v, took_board) = timed_call(c, id + 2, "board_set", &board).await?;
+            ok(&v, "board_set")?;
+            let (v, took_plain) = timed_call(c, id + 3, "whoami", &plain).await?;
+            ok(&v, "whoami")?;
+            if i >= n / 10 {
+                for (k, took) in [took_lease, took_board, took_plain].into_iter().enumerate() {
+                    h[k].saturating_record(took.as_nanos() as u64);
+                }
+            }
+        }
+    }
+    println!("\n| {place}: one session ({n} each, alternating) | durable p50 µs | p99 µs | in-memory p50 µs | p99 µs | p50 ratio |");
+    println!("|---|---|---|---|---|---|");
+    let what = [
+        "claim + release",
+        "`board_set`",
+        "`whoami` (writes nothing)",
+    ];
+    for (k, what) in what.iter().enumerate() {
+        let (dh, mh) = (&hists[0][k], &hists[1][k]);
+        println!(
+            "| {what} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× |",
+            us(dh, 0.5),
+            us(dh, 0.99),
+            us(mh, 0.5),
+            us(mh, 0.99),
+            us(dh, 0.5) / us(mh, 0.5)
+        );
+    }
+    let ratio = |k: usize| us(&hists[0][k], 0.5) / us(&hists[1][k], 0.5);
+    targets.lines.push((
+        format!("{place}: a durable claim + release against an in-memory one"),
+        None,
+        format!("{:.2}× at p50", ratio(0)),
+    ));
+    targets.lines.push((
+        format!("{place}: a plain tools/call with coordination kept against without"),
+        None,
+        format!("{:.2}× at p50", ratio(2)),
+    ));
+    Ok(())
+}
+
+/// [`alternate`] on replicas: one of this gateway's and one of the baseline's on one
+/// nats-server, in namespaces of their own, each holding the project of its own sled.
+async fn in_a_cluster(
+    args: &Args,
+    tmp: &TempDir,
+    baseline: &std::path::Path,
+    targets: &mut Targets,
+) -> Res<()> {
+    let (_nats, nats) = replicas::start_nats(args, tmp)?;
+    let names = sled_sim::demo_project_names(1);
+    let projects = registered(&names);
+    let replica = |name: &str, namespace: &str| {
+        let mut a = replicas::cluster_args(tmp, &nats, name);
+        a.extend(["--cluster-namespace".into(), namespace.into()]);
+        a
+    };
+    let (mut d, durable) = start_gateway(args, tmp, "d1", &projects, &replica("d1", "durable"))?;
+    let (mut m, memory) = start_gateway_bin(
+        args,
+        tmp,
+        "m1",
+        &projects,
+        &replica("m1", "memory"),
+        Some(baseline),
+    )?;
+    let zero = ["--latency-ms".to_owned(), "0".to_owned()];
+    let mut sd = start_sleds_with(args, tmp, "durable", durable, 1, None, &zero)?;
+    let mut sm = start_sleds_with(args, tmp, "memory", memory, 1, None, &zero)?;
+    let limit = Duration::from_secs(60);
+    replicas::wait_held(durable, 1, |r| r == "d1", limit, &mut [&mut d, &mut sd]).await?;
+    replicas::wait_held(memory, 1, |r| r == "m1", limit, &mut [&mut m, &mut sm]).await?;
+    alternate(
+        args,
+        durable,
+        memory,
+        &names[0],
+        "replicas on NATS",
+        targets,
+    )
+    .await?;
+    drop((sd, sm, d, m));
     Ok(())
 }

@@ -118,7 +118,7 @@ async fn holders(via: SocketAddr) -> Res<Vec<(String, String)>> {
 }
 
 /// Waits until `via` lists at least `n` projects held by a replica `ok` accepts.
-async fn wait_held(
+pub(super) async fn wait_held(
     via: SocketAddr,
     n: usize,
     ok: impl Fn(&str) -> bool,
