@@ -489,7 +489,19 @@ impl<C: Connect> McpClient<C> {
             "capabilities": capabilities,
             "clientInfo": { "name": self.client_name, "version": env!("CARGO_PKG_VERSION") },
         });
-        let (response, headers) = self.exchange(json!(0), "initialize", params).await?;
+        // A 503 (a replica that could not write the new session to its cluster's engine, or
+        // one shutting down) made no session: initialize is tried again, twice, a second
+        // apart, as its Retry-After says.
+        let mut tries = 0;
+        let (response, headers) = loop {
+            match self.exchange(json!(0), "initialize", params.clone()).await {
+                Err(ClientError::Http { status: 503, .. }) if tries < 2 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                answer => break answer?,
+            }
+        };
         if let Some(error) = response.get("error") {
             return Err(ClientError::Protocol(format!("initialize failed: {error}")));
         }
@@ -599,6 +611,88 @@ pub fn response_from_sse(body: &[u8], id: &Value) -> Result<Value, ClientError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that answers `answers` in turn, one per request, over keep-alive connections;
+    /// gives back the bodies it was sent.
+    async fn scripted(answers: Vec<String>) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut answers = answers.into_iter().peekable();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < end + 4 + len {
+                        let mut chunk = [0u8; 4096];
+                        let n = conn.read(&mut chunk).await.unwrap();
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let body: Vec<u8> = buf.drain(..end + 4 + len).skip(end + 4).collect();
+                    seen.push(String::from_utf8(body).unwrap());
+                    let Some(answer) = answers.next() else {
+                        return seen;
+                    };
+                    conn.write_all(answer.as_bytes()).await.unwrap();
+                    if answers.peek().is_none() {
+                        return seen;
+                    }
+                }
+            }
+            seen
+        });
+        (url, task)
+    }
+
+    fn http(status: &str, headers: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    #[tokio::test]
+    async fn initialize_tries_again_after_a_503_that_made_no_session() {
+        let refused = r#"{"jsonrpc":"2.0","id":0,"error":{"code":-32000,"message":"no session was made","data":{"kind":"session_not_stored"}}}"#;
+        let ok = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"t","version":"0"}}}"#;
+        let (url, server) = scripted(vec![
+            http("503 Service Unavailable", "retry-after: 1\r\n", refused),
+            http("200 OK", "mcp-session-id: s-2\r\n", ok),
+            http("202 Accepted", "", ""),
+        ])
+        .await;
+        let mut c = McpClient::connect(crate::TokioConnect, &url).await.unwrap();
+        c.initialize().await.unwrap();
+        assert_eq!(c.session_id(), Some("s-2"));
+        drop(c);
+        let seen = server.await.unwrap();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen[0].contains("\"initialize\"") && seen[1].contains("\"initialize\""));
+        assert!(seen[2].contains("notifications/initialized"));
+
+        // Three refusals in a row: the third is the caller's.
+        let refusal = http("503 Service Unavailable", "retry-after: 1\r\n", refused);
+        let (url, _server) = scripted(vec![refusal.clone(), refusal.clone(), refusal]).await;
+        let mut c = McpClient::connect(crate::TokioConnect, &url).await.unwrap();
+        assert!(matches!(
+            c.initialize().await,
+            Err(ClientError::Http { status: 503, .. })
+        ));
+    }
 
     #[test]
     fn sse_response_is_found() {
