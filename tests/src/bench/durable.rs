@@ -5,7 +5,7 @@
 //! the store, its leases and board in memory only). No sleds: coordination needs none.
 //!
 //! - one session on each, alternating call by call (so the machine's noise falls on both):
-//!   a claim + release round trip, a `board_set`, and a plain `tools/call` (`whoami`, which
+//!   a claim + release round trip, a `board_set`, and a plain `tools/call` (`list_projects`, which
 //!   writes nothing and so should cost the same on both);
 //! - the same on replicas (`--cluster`): a replica of this gateway and one of the baseline on
 //!   one nats-server, in namespaces of their own, each holding its own sled's project (this
@@ -118,7 +118,7 @@ pub(super) async fn durable_coord(args: &Args, tmp: &TempDir, targets: &mut Targ
 type Hist = hdrhistogram::Histogram<u64>;
 
 /// One session on `durable` and one on `memory`, alternating call by call: claim + release,
-/// `board_set`, and `whoami` on `project`; prints the table.
+/// `board_set`, and `list_projects`; prints the table.
 async fn alternate(
     args: &Args,
     durable: SocketAddr,
@@ -134,7 +134,8 @@ async fn alternate(
 
     let n = args.coord_calls;
     let resource = format!(r#"{{"project":"{project}","resource":"story:bench"}}"#);
-    let plain = format!(r#"{{"project":"{project}"}}"#);
+    // The fleet tool `list_projects`: a tools/call that needs no sled and writes nothing.
+    let plain = "{}";
     let mut hists: [[Hist; 3]; 2] = [
         [new_hist(), new_hist(), new_hist()],
         [new_hist(), new_hist(), new_hist()],
@@ -154,8 +155,8 @@ async fn alternate(
             let took_lease = t.elapsed();
             let (v, took_board) = timed_call(c, id + 2, "board_set", &board).await?;
             ok(&v, "board_set")?;
-            let (v, took_plain) = timed_call(c, id + 3, "whoami", &plain).await?;
-            ok(&v, "whoami")?;
+            let (v, took_plain) = timed_call(c, id + 3, "list_projects", plain).await?;
+            ok(&v, "list_projects")?;
             if i >= n / 10 {
                 for (k, took) in [took_lease, took_board, took_plain].into_iter().enumerate() {
                     h[k].saturating_record(took.as_nanos() as u64);
@@ -168,7 +169,7 @@ async fn alternate(
     let what = [
         "claim + release",
         "`board_set`",
-        "`whoami` (writes nothing)",
+        "`list_projects` (writes nothing)",
     ];
     for (k, what) in what.iter().enumerate() {
         let (dh, mh) = (&hists[0][k], &hists[1][k]);
