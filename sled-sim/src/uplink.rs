@@ -1158,7 +1158,7 @@ where
             },
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {
                 if draining.is_some() && tasks.is_empty() {
-                    return close_superseded(&project, &tx, &mut writer).await;
+                    return close_superseded(&project, &tx, &mut writer, &mut stream).await;
                 }
             }
             changed = newer.changed(), if newer_open => {
@@ -1166,7 +1166,7 @@ where
                     newer_open = false;
                 } else if superseded() {
                     if tasks.is_empty() {
-                        return close_superseded(&project, &tx, &mut writer).await;
+                        return close_superseded(&project, &tx, &mut writer, &mut stream).await;
                     }
                     // Make-before-break: the calls running here were taken while this
                     // connection's epoch was the newest; they are answered before it closes.
@@ -1179,7 +1179,7 @@ where
             () = drain_over => {
                 warn!(project = %project, calls = tasks.len(), limit = ?SUPERSEDED_DRAIN,
                     "calls still running on a superseded connection; closing it");
-                return close_superseded(&project, &tx, &mut writer).await;
+                return close_superseded(&project, &tx, &mut writer, &mut stream).await;
             }
             () = sync_due, if !superseded() => relay.send(&tx, "sync", None),
             msg = stream.next() => {
@@ -1226,7 +1226,7 @@ where
                         }
                         Frame::Rpc(_) if superseded() && tasks.is_empty() => {
                             // Not served: the gateway's claim is no longer the newest.
-                            return close_superseded(&project, &tx, &mut writer).await;
+                            return close_superseded(&project, &tx, &mut writer, &mut stream).await;
                         }
                         Frame::Rpc(msg) if superseded() && msg.get("method").is_some() && msg.get("id").is_some() => {
                             // A new request on a connection finishing its calls: not served
@@ -1395,12 +1395,19 @@ fn answer_story(
 }
 
 /// Closes a connection whose epoch is no longer the sled's newest, with
-/// [`CloseCode::Superseded`], and gives the writer a moment to flush it.
-async fn close_superseded(
+/// [`CloseCode::Superseded`]: gives the writer a moment to flush it, then waits (a moment) for
+/// the gateway's close in answer, reading what comes before it. A connection dropped with
+/// bytes unread is reset, and a reset may discard what this side sent last: the answers to
+/// the calls it just finished, still on their way to the gateway.
+async fn close_superseded<S>(
     project: &str,
     tx: &mpsc::UnboundedSender<Message>,
     writer: &mut AbortOnDrop<Result<(), tokio_tungstenite::tungstenite::Error>>,
-) -> Outcome {
+    stream: &mut S,
+) -> Outcome
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
     info!(
         project,
         "a newer epoch was welcomed on another connection; closing this one"
@@ -1411,6 +1418,14 @@ async fn close_superseded(
     };
     if tx.send(Message::Close(Some(frame))).is_ok() {
         let _ = timeout(Duration::from_millis(500), &mut writer.0).await;
+        let closed = async {
+            while let Some(Ok(msg)) = stream.next().await {
+                if matches!(msg, Message::Close(_)) {
+                    break;
+                }
+            }
+        };
+        let _ = timeout(Duration::from_secs(1), closed).await;
     }
     Outcome::Lost {
         welcomed: true,
