@@ -116,20 +116,13 @@ impl Coord {
         };
         if m.present_until.is_some_and(|t| t <= now) {
             m.present_until = None;
-            self.entry_changed(project, Which::Member(agent.to_owned()));
-            let Some(m) = self
-                .projects
-                .get_mut(project)
-                .and_then(|p| p.members.get_mut(agent))
-            else {
-                return;
-            };
             let at = now.checked_add(forget_after).unwrap_or(now);
             let forget = Timer::Forget {
                 project: project.to_owned(),
                 agent: agent.to_owned(),
             };
             retime(&mut self.timers, m.forget_at.replace(at), Some(at), forget);
+            self.entry_changed(project, Which::Member(agent.to_owned()));
         }
     }
 
