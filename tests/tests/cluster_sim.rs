@@ -27,6 +27,11 @@
 //!   message heard again is taken again), most of 6 seeds must fail with the expected
 //!   violations ((h1)/(h2), and (b)/(h2)), and the first failing seed must fail again.
 //!
+//! - `cluster_sessions_begun_through_a_cut_replica_are_known_everywhere`: (l), a session begun
+//!   through a replica cut off from the engine is known on every replica; with
+//!   `PlantedBug::HandOutUnwrittenSession`, (l) must fail some seeds
+//!   (`cluster_planted_hand_out_unwritten_session_is_caught`).
+//!
 //! Guarding the gateway bugs this simulation found (each failed before its fix):
 //! `cluster_quick_switches_through_two_replicas_keep_the_last`,
 //! `cluster_failed_session_write_is_repaired`, `cluster_long_engine_cut_recovers`,
@@ -45,8 +50,8 @@ use gateway_tests::engine_model::Model;
 use gateway_tests::engine_net::{serve_engine_switched, EngineSwitch, NetEngine, ENGINE_PORT};
 use gateway_tests::sim::cluster::{
     run_adversary, run_cluster, run_failed_session_write, run_graceful_stop,
-    run_relay_cut_in_flight, run_relays_while_cut, run_spread_waits, run_switch_race,
-    ClusterReport, ClusterScenario,
+    run_relay_cut_in_flight, run_relays_while_cut, run_session_begun_through_a_cut_replica,
+    run_spread_waits, run_switch_race, ClusterReport, ClusterScenario,
 };
 use gateway_tests::sim::runner::{
     self, assert_same_run, env_u64, replay_command, run_parallel, seeds, summary, sweep_seeds,
@@ -413,6 +418,32 @@ fn cluster_failed_session_write_is_repaired() {
         .map(|seed| ClusterScenario::draw(seed, false))
         .collect();
     all_pass(test, &scenarios, |s| run_failed_session_write(s.seed));
+}
+
+/// (l): sessions begun through a replica cut off from the engine are known on every replica
+/// (each id given out is in the engine; the others are answered `503 session_not_stored`).
+#[test]
+fn cluster_sessions_begun_through_a_cut_replica_are_known_everywhere() {
+    let test = "cluster_sessions_begun_through_a_cut_replica_are_known_everywhere";
+    let scenarios: Vec<ClusterScenario> = sweep_seeds(4)
+        .into_iter()
+        .map(|seed| ClusterScenario::draw(seed, false))
+        .collect();
+    all_pass(test, &scenarios, |s| {
+        run_session_begun_through_a_cut_replica(s.seed, None)
+    });
+}
+
+/// `PlantedBug::HandOutUnwrittenSession` (a session's id given out though the engine did not
+/// take its record) is caught by (l).
+#[test]
+fn cluster_planted_hand_out_unwritten_session_is_caught() {
+    planted_caught(
+        "cluster_planted_hand_out_unwritten_session_is_caught",
+        gateway_core::PlantedBug::HandOutUnwrittenSession,
+        "(l)",
+        run_session_begun_through_a_cut_replica,
+    );
 }
 
 #[test]

@@ -215,13 +215,14 @@ impl Written {
 
     /// Every key written, for a project that is gone.
     fn keys(&self, base: &str) -> Vec<String> {
-        let counters = self.counters.map(|_| format!("{base}.c"));
+        let counters = self.counters.map(|_| Which::Counters);
         counters
             .into_iter()
-            .chain(self.board.keys().map(|k| format!("{base}.b.{}", hex(k))))
-            .chain(self.leases.keys().map(|r| format!("{base}.l.{}", hex(r))))
-            .chain(self.messages.keys().map(|id| format!("{base}.m.{id}")))
-            .chain(self.members.keys().map(|a| format!("{base}.u.{}", hex(a))))
+            .chain(self.board.keys().cloned().map(Which::Board))
+            .chain(self.leases.keys().cloned().map(Which::Lease))
+            .chain(self.messages.keys().copied().map(Which::Message))
+            .chain(self.members.keys().cloned().map(Which::Member))
+            .map(|which| which.key(base))
             .collect()
     }
 }

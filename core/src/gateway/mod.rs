@@ -247,6 +247,10 @@ pub enum PlantedBug {
     /// moved to closes the old uplink at once, cutting the calls still running on it, instead
     /// of letting them answer first (issue 30: make-before-break).
     HandoverCutsCalls,
+    /// In a cluster: a new session is given out even when the engine did not take its
+    /// record, as before `session_not_stored`: the next request naming it on another replica
+    /// finds no such session (issue 25).
+    HandOutUnwrittenSession,
 }
 
 impl Default for Config {

@@ -68,9 +68,7 @@
 //!   ([`CLIENT_TIMEOUT`]) with a result or a proper JSON-RPC error (`uplink_lost`, `timeout`,
 //!   `sled_not_connected`, `sled_elsewhere`, `too_many_calls`, `cancelled`), unless the replica
 //!   it was sent to was crashed or paused meanwhile (then the transport may fail or time out).
-//!   HTTP 503 is allowed only during an impairment; HTTP 404 (the session is unknown) only
-//!   during one, or within [`PROPAGATION`] of the session's `initialize` (its record is
-//!   written to the engine after the answer).
+//!   HTTP 503 is allowed only during an impairment (HTTP 404 is judged by (l)).
 //! - **(d) one default per session on every replica.** A `create_story` without `project`,
 //!   sent at least [`PROPAGATION`] after the session's last `switch_project` (or
 //!   `initialize`) was answered, with no impairment of any replica from that switch's sending
@@ -102,6 +100,16 @@
 //!   (`cluster_planted_stop_without_drain_is_caught`), and so is
 //!   `PlantedBug::HandoverCutsCalls` (the old uplink closed as soon as the project is claimed
 //!   elsewhere; `cluster_planted_handover_cuts_calls_is_caught`).
+//! - **(l) a session handed out is known everywhere.** No request naming a session id that
+//!   a client got from `initialize` is answered HTTP 404 (`unknown_session`), through any
+//!   replica, at any moment, faults or not: a replica gives a new session's id out only once
+//!   the engine has its record (one the engine did not take is answered
+//!   `503 session_not_stored`, and the client initializes again), and a replica that does not
+//!   know a session reads it from the engine (503 while it cannot). In
+//!   [`run_session_begun_through_a_cut_replica`] sessions begin through a replica cut off
+//!   from the engine and are used through the others at once.
+//!   `PlantedBug::HandOutUnwrittenSession` (the id given out though its write failed) is
+//!   caught by (l) (`cluster_planted_hand_out_unwritten_session_is_caught`).
 //! - **(k) coordination moves with its project.** In the graceful-stop runs the session
 //!   also writes beta's board (`board_set` of key `k` to 1, 2, 3, …) and reads it back
 //!   (`board_get`) through the replicas not holding beta, while beta's holder is stopped and
@@ -637,8 +645,6 @@ struct Call {
     sent: Duration,
     done: Duration,
     outcome: Outcome,
-    /// When the session's current `initialize` was answered.
-    session_since: Duration,
     /// When the client's connection to the replica was opened (a connection opened before a
     /// crash fails when first used after it).
     conn_since: Duration,
@@ -1060,7 +1066,6 @@ impl Session {
             sent,
             done: now(),
             outcome: outcome.clone(),
-            session_since: self.since,
         });
     }
 
@@ -1262,7 +1267,6 @@ async fn probe_routable(replica: usize, deadline: Duration, log: Arc<Log>) {
                     sent,
                     done: now(),
                     outcome: outcome.clone(),
-                    session_since: Duration::ZERO,
                     conn_since,
                 });
                 if !matches!(outcome, Outcome::Ok(_)) {
@@ -1608,6 +1612,33 @@ pub fn run_failed_session_write(seed: u64) -> ClusterReport {
         tokio::time::sleep(PROPAGATION + Duration::from_millis(200)).await;
         for r in [1, 2, 0] {
             session.create(r, None).await;
+        }
+    })
+}
+
+/// (l): one session begins through `r1` while `r1` is cut off from the engine (at a moment
+/// of the cut drawn from the seed), initializing again after each `503` until an id is given
+/// out, and uses it at once through every replica, then calls `create_story` through each.
+/// Every id given out must be known everywhere. `PlantedBug::HandOutUnwrittenSession` (the id
+/// given out though the engine did not take the record) is caught by (l).
+pub fn run_session_begun_through_a_cut_replica(
+    seed: u64,
+    bug: Option<PlantedBug>,
+) -> ClusterReport {
+    let secs = Duration::from_secs;
+    let cut = Fault::CutFromEngine {
+        replica: 0,
+        at: secs(4),
+        until: secs(9),
+    };
+    let mut s = scripted(seed, secs(20), vec![cut]);
+    s.bug = bug;
+    let begin = secs(4) + Duration::from_millis(350 * (seed % 10));
+    run_script(&s, move |mut session| async move {
+        until(begin).await;
+        session.start(0).await;
+        for r in [1, 2, 0] {
+            session.create(r, Some(PROJECTS[r % 2].to_owned())).await;
         }
     })
 }
@@ -2149,16 +2180,16 @@ fn judge(
             }
             Outcome::Http(status, _) => {
                 cover(&format!("HTTP {status}"), 1);
-                let allowed = match status {
-                    503 => global,
-                    404 => {
-                        global
-                            || s.any_impaired(c.session_since, c.done)
-                            || c.sent <= c.session_since + PROPAGATION
-                    }
-                    _ => false,
-                };
-                if !allowed {
+                // (l) a session handed out is known on every replica, always.
+                if *status == 404 {
+                    f.push(
+                        "(l) session handed out unknown",
+                        format!(
+                            "(l) a session id given out by initialize was unknown: {}",
+                            c.line()
+                        ),
+                    );
+                } else if !(*status == 503 && global) {
                     f.push(
                         "(c) bad status",
                         format!("(c) HTTP {status} outside any fault: {}", c.line()),
