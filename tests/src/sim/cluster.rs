@@ -1378,6 +1378,24 @@ fn scripted(seed: u64, run_for: Duration, faults: Vec<Fault>) -> ClusterScenario
     }
 }
 
+/// A scripted run of `run_for` in which `r1` is cut off from the engine from 4 s to `until`,
+/// with `bug` planted.
+fn r1_cut(
+    seed: u64,
+    until: Duration,
+    run_for: Duration,
+    bug: Option<PlantedBug>,
+) -> ClusterScenario {
+    let cut = Fault::CutFromEngine {
+        replica: 0,
+        at: Duration::from_secs(4),
+        until,
+    };
+    let mut s = scripted(seed, run_for, vec![cut]);
+    s.bug = bug;
+    s
+}
+
 /// Runs `s` with one session on the client host, driven by `script`.
 fn run_script<F, Fut>(s: &ClusterScenario, script: F) -> ClusterReport
 where
@@ -1540,13 +1558,7 @@ pub fn run_switch_race(seed: u64, rounds: usize) -> ClusterReport {
 /// `bug`, the replicas run with that planted bug.
 pub fn run_relays_while_cut(seed: u64, bug: Option<PlantedBug>) -> ClusterReport {
     let secs = Duration::from_secs;
-    let cut = Fault::CutFromEngine {
-        replica: 0,
-        at: secs(4),
-        until: secs(12),
-    };
-    let mut s = scripted(seed, secs(20), vec![cut]);
-    s.bug = bug;
+    let s = r1_cut(seed, secs(12), secs(20), bug);
     run_script(&s, move |mut session| async move {
         until(WARMUP).await;
         session.start(0).await;
@@ -1596,12 +1608,7 @@ pub fn run_relay_cut_in_flight(seed: u64, rounds: u32, bug: Option<PlantedBug>) 
 /// through every replica: each call must land on that project ((d), judged strictly).
 pub fn run_failed_session_write(seed: u64) -> ClusterReport {
     let secs = Duration::from_secs;
-    let cut = Fault::CutFromEngine {
-        replica: 0,
-        at: secs(4),
-        until: secs(6),
-    };
-    let s = scripted(seed, secs(16), vec![cut]);
+    let s = r1_cut(seed, secs(6), secs(16), None);
     run_script(&s, move |mut session| async move {
         until(WARMUP).await;
         session.start(1).await;
@@ -1626,13 +1633,7 @@ pub fn run_session_begun_through_a_cut_replica(
     bug: Option<PlantedBug>,
 ) -> ClusterReport {
     let secs = Duration::from_secs;
-    let cut = Fault::CutFromEngine {
-        replica: 0,
-        at: secs(4),
-        until: secs(9),
-    };
-    let mut s = scripted(seed, secs(20), vec![cut]);
-    s.bug = bug;
+    let s = r1_cut(seed, secs(9), secs(20), bug);
     let begin = secs(4) + Duration::from_millis(350 * (seed % 10));
     run_script(&s, move |mut session| async move {
         until(begin).await;
