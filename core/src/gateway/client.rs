@@ -348,9 +348,10 @@ impl Gateway {
         // next request finds it on any replica; one the engine did not take is not given out
         // at all (503, retry). A single gateway gives it out anyway: it serves the session
         // itself, and only a restart would lose it.
-        let if_unwritten = (self.clustered()
-            && self.config.planted != Some(PlantedBug::HandOutUnwrittenSession))
-        .then(|| HttpError::SessionNotStored.reply());
+        let checked = self.clustered();
+        #[cfg(feature = "planted-bugs")]
+        let checked = checked && self.config.planted != Some(PlantedBug::HandOutUnwrittenSession);
+        let if_unwritten = checked.then(|| HttpError::SessionNotStored.reply());
         self.reply_when_stored_or(token, &session, reply, if_unwritten);
     }
 
