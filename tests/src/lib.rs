@@ -1,6 +1,7 @@
 //! Shared helpers for the black-box tests (`tests/tests/*.rs`) and the deterministic
 //! simulation (`tests/tests/simulation.rs`).
 
+pub mod coord_load;
 pub mod crash_disk;
 pub mod engine_model;
 pub mod engine_net;

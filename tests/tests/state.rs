@@ -18,6 +18,7 @@ use std::time::Duration;
 use gateway_client::{ClientError, McpClient, TokioConnect};
 use gateway_server::store::redb::RedbStore;
 use gateway_server::ServerOptions;
+use gateway_tests::coord_load::Load;
 use gateway_tests::hooked_store::HookedStore;
 use processes::{SingleGateway, SLED_TOKEN};
 use serde_json::{json, Value};
@@ -330,225 +331,30 @@ async fn leases_messages_and_the_board_survive_sigterm_and_kill_9_of_a_single_ga
     assert_eq!(held, [&json!("story:beta-2")], "{claims}");
 }
 
-/// Writers under a load of their own in the load test below.
-const WRITERS: usize = 8;
-/// Messages each writer sends at most (every fourth write), so the receiver's inbox holds them
-/// all.
-const MESSAGES_EACH: u64 = 20;
-
-/// What one writer had acknowledged, and what was in flight, when the gateway was killed.
-#[derive(Default)]
-struct Acked {
-    /// The last board value (and its revision) answered.
-    value: u64,
-    revision: u64,
-    /// The board value whose write was in flight.
-    in_flight: Option<u64>,
-    /// Message bodies answered, and the one whose send was in flight.
-    sent: Vec<String>,
-    sending: Option<String>,
-}
-
-/// One writer: board writes of its own key, 1, 2, 3, …, and a message to `to` with every
-/// fourth, until a call fails (the gateway was killed).
-async fn write_until_killed(mcp: String, session: String, w: usize, to: Value) -> Acked {
-    let mut c = McpClient::connect(TokioConnect, &mcp)
-        .await
-        .expect("connects");
-    c.set_session_id(Some(session));
-    c.set_timeout(Some(Duration::from_secs(10)));
-    let mut acked = Acked::default();
-    for i in 1.. {
-        let args = json!({"project": "beta", "key": format!("w{w}"), "value": i});
-        acked.in_flight = Some(i);
-        let Ok(r) = c.tools_call(json!(i), "board_set", args).await else {
-            return acked;
-        };
-        let set = &r["result"]["structuredContent"];
-        let revision = set["revision"].as_u64().unwrap_or_else(|| panic!("{r}"));
-        (acked.value, acked.revision, acked.in_flight) = (i, revision, None);
-        if i % 4 == 0 && i / 4 <= MESSAGES_EACH {
-            let body = format!("w{w}-{i}");
-            acked.sending = Some(body.clone());
-            let args = json!({"project": "beta", "to": to, "body": body});
-            let Ok(r) = c.tools_call(json!(i), "send", args).await else {
-                return acked;
-            };
-            assert!(r["result"]["structuredContent"]["id"].is_u64(), "{r}");
-            acked.sent.push(body);
-            acked.sending = None;
-        }
-    }
-    unreachable!("writes until a call fails")
-}
-
 /// Issue 25's proof on real processes: `kill -9` of a single gateway while eight sessions
-/// write the board and send messages as fast as it answers them (each holding a lease), and a
-/// restart. Every acknowledged board value is there (or the one in flight, which may have
-/// been written), every lease is held by the same agent under the same fence, every
-/// acknowledged message is in the receiver's inbox exactly once (with at most those in
-/// flight besides), board revisions go on above every one answered, and every session
-/// answers. (With `PlantedBug::CoordAckBeforeDurable` forced on in the gateway binary, the
-/// acknowledged board values were behind in 4 runs of 4 on 2026-12-07.)
+/// write the board and send messages as fast as it answers them, each holding a lease, and a
+/// restart: every acknowledged write is there (`gateway_tests::coord_load::Load::check`) and
+/// every session answers. (With `PlantedBug::CoordAckBeforeDurable` forced on in the gateway
+/// binary, the acknowledged board values were behind in 4 runs of 4 on 2026-12-07.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_coordination_writes_under_load_survive_kill_9_of_a_single_gateway() {
     let mut gw = SingleGateway::start(&projects_toml()).await;
     let mcp = format!("{}/mcp", gw.url());
-    let mut receiver = McpClient::connect(TokioConnect, &mcp)
-        .await
-        .expect("connects");
-    receiver.initialize().await.expect("a session");
-    let checked_in = coord(
-        &mut receiver,
-        "checkin",
-        json!({"project": "beta", "name": "receiver"}),
-    )
-    .await;
-    let to = checked_in["agent"].clone();
-    assert!(to.is_string(), "{checked_in}");
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let mut c = McpClient::connect(TokioConnect, &mcp)
-            .await
-            .expect("connects");
-        c.initialize().await.expect("a session");
-        let args = json!({"project": "beta", "resource": format!("story:w{w}"), "ttl_s": 600});
-        let claimed = coord(&mut c, "claim", args).await;
-        assert_eq!(claimed["acquired"], true, "{claimed}");
-        writers.push(c);
-    }
-    // Each lease's resource, holder and fence (its time left goes down meanwhile).
-    let held = |claims: &Value| -> Vec<(Value, Value, Value)> {
-        let leases = claims["leases"].as_array().cloned().unwrap_or_default();
-        let lease = |l: &Value| {
-            (
-                l["resource"].clone(),
-                l["holder"].clone(),
-                l["fence"].clone(),
-            )
-        };
-        leases.iter().map(lease).collect()
-    };
-    let before = coord(&mut receiver, "claims", json!({"project": "beta"})).await;
-    let leases = held(&before);
-    assert_eq!(leases.len(), WRITERS, "{before}");
-
-    let tasks: Vec<_> = writers
-        .iter()
-        .enumerate()
-        .map(|(w, c)| {
-            let session = c.session_id().expect("a session id").to_owned();
-            tokio::spawn(write_until_killed(mcp.clone(), session, w, to.clone()))
-        })
-        .collect();
+    let mut load = Load::start(&mcp, "beta", 8).await;
+    let writers = load.spawn(tokio::time::Instant::now() + Duration::from_secs(60));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     gw.kill9().await;
     let mut acked = Vec::new();
-    for t in tasks {
-        acked.push(t.await.expect("a writer"));
+    for w in writers {
+        acked.push(w.await.expect("a writer"));
     }
     let writes: u64 = acked.iter().map(|a| a.value).sum();
     assert!(
-        writes >= 8 * WRITERS as u64,
-        "the load was a load: {writes} writes answered before the kill"
+        writes >= 64,
+        "a load: {writes} writes answered before the kill"
     );
     gw.restart().await;
-
-    // Every session answers, every lease is as it was, every acknowledged value is there.
-    let after = coord(&mut receiver, "claims", json!({"project": "beta"})).await;
-    assert_eq!(
-        held(&after),
-        leases,
-        "leases after kill -9: {after}\n{}",
-        gw.log()
-    );
-    let mut top_revision = 0;
-    for (w, (c, a)) in writers.iter_mut().zip(&acked).enumerate() {
-        let got = coord(
-            c,
-            "board_get",
-            json!({"project": "beta", "key": format!("w{w}")}),
-        )
-        .await;
-        let value = got["value"].as_u64().unwrap_or_else(|| panic!("{got}"));
-        assert!(
-            value == a.value || Some(value) == a.in_flight,
-            "writer {w}: {value} on the board; {} acknowledged, {:?} in flight\n{}",
-            a.value,
-            a.in_flight,
-            gw.log()
-        );
-        let revision = got["revision"].as_u64().unwrap_or_else(|| panic!("{got}"));
-        assert!(
-            revision >= a.revision,
-            "writer {w}: {got}, acknowledged {}",
-            a.revision
-        );
-        top_revision = top_revision.max(revision);
-        let resource = format!("story:w{w}");
-        let renewed = coord(c, "renew", json!({"project": "beta", "resource": resource})).await;
-        let (_, _, fence) = leases
-            .iter()
-            .find(|(r, _, _)| *r == json!(resource))
-            .unwrap_or_else(|| panic!("{resource} in {leases:?}"));
-        assert_eq!(&renewed["fence"], fence, "writer {w} renews: {renewed}");
-    }
-    let mut bodies: Vec<String> = Vec::new();
-    loop {
-        let page = coord(
-            &mut receiver,
-            "inbox",
-            json!({"project": "beta", "limit": 100}),
-        )
-        .await;
-        let messages = page["messages"].as_array().cloned().unwrap_or_default();
-        if messages.is_empty() {
-            break;
-        }
-        bodies.extend(
-            messages
-                .iter()
-                .map(|m| m["body"].as_str().unwrap_or_default().to_owned()),
-        );
-    }
-    let mut sorted = bodies.clone();
-    sorted.sort();
-    sorted.dedup();
-    assert_eq!(
-        sorted.len(),
-        bodies.len(),
-        "a message delivered twice: {bodies:?}"
-    );
-    for (w, a) in acked.iter().enumerate() {
-        for body in &a.sent {
-            assert!(
-                bodies.contains(body),
-                "writer {w}'s {body} is lost\n{}",
-                gw.log()
-            );
-        }
-    }
-    let expected: usize = acked.iter().map(|a| a.sent.len()).sum();
-    let in_flight = acked.iter().filter(|a| a.sending.is_some()).count();
-    assert!(
-        bodies.len() <= expected + in_flight
-            && bodies.iter().all(|b| acked
-                .iter()
-                .any(|a| a.sent.contains(b) || a.sending.as_ref() == Some(b))),
-        "only what was sent: {bodies:?}"
-    );
-    // Revisions go on above every one answered before the kill.
-    let set = coord(
-        &mut writers[0],
-        "board_set",
-        json!({"project": "beta", "key": "after", "value": 1}),
-    )
-    .await;
-    let revision = set["revision"].as_u64().unwrap_or_else(|| panic!("{set}"));
-    assert!(
-        revision > top_revision,
-        "a revision reused: {revision} after {top_revision}"
-    );
+    load.check(&acked, || gw.log()).await;
 }
 
 #[tokio::test]
