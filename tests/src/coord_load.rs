@@ -1,9 +1,11 @@
-//! A coordination load for the `kill -9` tests (issue 25: acknowledged means durable): writers
-//! each holding a lease write the board and send messages as fast as they are answered, until
-//! a call fails or their time is up; then every acknowledged write must be there.
-//! `tests/tests/state.rs` kills a single gateway under it, `tests/tests/replicas.rs` the
-//! replica holding the project.
+//! A coordination load (issue 25: acknowledged means durable): writers each holding a lease
+//! write the board and send messages as fast as they are answered, until they are stopped;
+//! then every acknowledged write must be there. `tests/tests/state.rs` kills a single gateway
+//! under it, `tests/tests/replicas.rs` the replica holding the project, and restarts every
+//! replica in turn under it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -15,18 +17,20 @@ use tokio::time::Instant;
 /// holds them all.
 const MESSAGES_EACH: u64 = 20;
 
-/// What one writer had acknowledged, and what was in flight (or failed, its outcome unknown)
-/// when it stopped.
+/// What one writer had acknowledged, and what it sent that did not succeed (its outcome
+/// unknown: cut off, or refused with an error that may come after the write).
 #[derive(Debug, Default)]
 pub struct Acked {
     /// The last board value (and its revision) answered.
     pub value: u64,
     pub revision: u64,
-    /// The board value whose write did not succeed.
-    pub in_flight: Option<u64>,
-    /// Message bodies answered, and the one whose send did not succeed.
+    /// The board values written after it whose writes did not succeed.
+    pub unsure: Vec<u64>,
+    /// Message bodies answered, and those whose sends did not succeed.
     pub sent: Vec<String>,
-    pub sending: Option<String>,
+    pub unsure_sent: Vec<String>,
+    /// Calls that did not succeed.
+    pub failed: u64,
 }
 
 /// The receiver and the writers, each writer holding the lease `story:w<n>` of the project.
@@ -39,6 +43,7 @@ pub struct Load {
     writers: Vec<McpClient<TokioConnect>>,
     /// Each lease's resource, holder and fence.
     leases: Vec<(Value, Value, Value)>,
+    stop: Arc<AtomicBool>,
 }
 
 /// A coordination tool's structured result, once it succeeds (a project between holders may
@@ -111,21 +116,27 @@ impl Load {
             to,
             writers: all,
             leases,
+            stop: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// The writers, each on a connection of its own, until `until` or their first call that
-    /// does not succeed.
-    pub fn spawn(&self, until: Instant) -> Vec<JoinHandle<Acked>> {
+    /// The writers, each on a connection of its own, until [`Load::stop`] (a call that does not
+    /// succeed is tried again with the next value a moment later).
+    pub fn spawn(&self) -> Vec<JoinHandle<Acked>> {
         self.writers
             .iter()
             .enumerate()
             .map(|(w, c)| {
                 let session = c.session_id().expect("a session id").to_owned();
                 let (mcp, project, to) = (self.mcp.clone(), self.project.clone(), self.to.clone());
-                tokio::spawn(write(mcp, session, project, w, to, until))
+                tokio::spawn(write(mcp, session, project, w, to, self.stop.clone()))
             })
             .collect()
+    }
+
+    /// Stops the writers: each ends after its call in flight.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
     }
 
     /// Every acknowledged write is there: each writer's board value (or the one it did not
@@ -143,10 +154,10 @@ impl Load {
             let got = coord_eventually(c, "board_get", key).await;
             let value = got["value"].as_u64().unwrap_or_else(|| panic!("{got}"));
             assert!(
-                value == a.value || Some(value) == a.in_flight,
+                value == a.value || a.unsure.contains(&value),
                 "writer {w}: {value} on the board; {} acknowledged, {:?} not seen to succeed\n{}",
                 a.value,
-                a.in_flight,
+                a.unsure,
                 log()
             );
             let revision = got["revision"].as_u64().unwrap_or_else(|| panic!("{got}"));
@@ -197,7 +208,7 @@ impl Load {
         let asked = |b: &String| {
             acked
                 .iter()
-                .any(|a| a.sent.contains(b) || a.sending.as_ref() == Some(b))
+                .any(|a| a.sent.contains(b) || a.unsure_sent.contains(b))
         };
         assert!(bodies.iter().all(asked), "only what was sent: {bodies:?}");
         let after = json!({"project": project, "key": "after", "value": 1});
@@ -211,14 +222,14 @@ impl Load {
 }
 
 /// One writer: board writes of its own key, 1, 2, 3, …, and a message to `to` with every
-/// fourth, until `until` or a call that does not succeed.
+/// fourth, until `stop`.
 async fn write(
     mcp: String,
     session: String,
     project: String,
     w: usize,
     to: Value,
-    until: Instant,
+    stop: Arc<AtomicBool>,
 ) -> Acked {
     let mut c = McpClient::connect(TokioConnect, &mcp)
         .await
@@ -231,27 +242,31 @@ async fn write(
     };
     let mut acked = Acked::default();
     let mut i = 0;
-    while Instant::now() < until {
+    while !stop.load(Ordering::SeqCst) {
         i += 1;
         let args = json!({"project": project, "key": format!("w{w}"), "value": i});
         let r = c.tools_call(json!(i), "board_set", args).await;
         if !ok(&r) {
-            acked.in_flight = Some(i);
-            return acked;
+            acked.unsure.push(i);
+            acked.failed += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         }
         let set = r.expect("answered");
         let set = &set["result"]["structuredContent"];
         let revision = set["revision"].as_u64().unwrap_or_else(|| panic!("{set}"));
         (acked.value, acked.revision) = (i, revision);
+        acked.unsure.clear();
         if i % 4 == 0 && i / 4 <= MESSAGES_EACH {
             let body = format!("w{w}-{i}");
             let args = json!({"project": project, "to": to, "body": body});
             let r = c.tools_call(json!(i), "send", args).await;
-            if !ok(&r) {
-                acked.sending = Some(body);
-                return acked;
+            if ok(&r) {
+                acked.sent.push(body);
+            } else {
+                acked.unsure_sent.push(body);
+                acked.failed += 1;
             }
-            acked.sent.push(body);
         }
     }
     acked

@@ -341,9 +341,10 @@ async fn acknowledged_coordination_writes_under_load_survive_kill_9_of_a_single_
     let mut gw = SingleGateway::start(&projects_toml()).await;
     let mcp = format!("{}/mcp", gw.url());
     let mut load = Load::start(&mcp, "beta", 8).await;
-    let writers = load.spawn(tokio::time::Instant::now() + Duration::from_secs(60));
+    let writers = load.spawn();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     gw.kill9().await;
+    load.stop();
     let mut acked = Vec::new();
     for w in writers {
         acked.push(w.await.expect("a writer"));
