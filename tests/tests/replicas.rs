@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_tests::coord_load::Load;
+use gateway_tests::coord_load::{coord_eventually, Load};
 use processes::{GatewayProcess, Nginx};
 use serde_json::{json, Value};
 use sled_sim::{McpClient, TokioConnect};
@@ -89,6 +89,12 @@ impl Cluster {
     fn replica(&mut self, name: &str) -> &mut GatewayProcess {
         self.replicas.iter_mut().find(|r| r.name == name).unwrap()
     }
+
+    /// Every replica's log, one after the other.
+    fn logs(&self) -> String {
+        let log = |r: &GatewayProcess| format!("--- {}\n{}", r.name, r.log());
+        self.replicas.iter().map(log).collect()
+    }
 }
 
 async fn client(base: &str, session: Option<&str>) -> McpClient<TokioConnect> {
@@ -144,6 +150,21 @@ async fn wait_live(base: &str, projects: &[&str]) -> Vec<(String, String)> {
 
 fn holder_of(h: &[(String, String)], project: &str) -> String {
     h.iter().find(|(n, _)| n == project).unwrap().1.clone()
+}
+
+/// The replica holding `project` once it is held by one other than `from`, within 30 s.
+async fn moved(base: &str, project: &str, from: &str) -> String {
+    within(Duration::from_secs(30), "the project moves", async {
+        loop {
+            if let Some(h) = holders(base).await {
+                if let Some((_, r)) = h.iter().find(|(p, r)| p == project && r != from) {
+                    return r.clone();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
 }
 
 /// A create_story that must succeed, retried while the project is between replicas (a sled
@@ -286,30 +307,6 @@ async fn a_session_outlives_the_replica_that_made_it() {
     assert!(h.iter().all(|(_, r)| r != "r1"), "{h:?}");
 }
 
-/// A coordination tool's structured result through `c`, once the call is answered without
-/// an error (a project between holders is waited out, or refused for a moment).
-async fn coordination_eventually(
-    c: &mut McpClient<TokioConnect>,
-    tool: &str,
-    arguments: Value,
-) -> Value {
-    within(
-        Duration::from_secs(30),
-        "a coordination call succeeds",
-        async {
-            loop {
-                match c.tools_call(json!(1), tool, arguments.clone()).await {
-                    Ok(r) if r.get("error").is_none() && r["result"]["isError"] != true => {
-                        return r["result"]["structuredContent"].clone()
-                    }
-                    _ => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        },
-    )
-    .await
-}
-
 /// Issue 25: a project's coordination state goes with its sled from replica to replica, through
 /// a graceful stop of its holder and then a `kill -9` of the next: the lease stays its agent's
 /// under the same fence (another agent is refused), and the board keeps what was written.
@@ -326,9 +323,9 @@ async fn coordination_state_moves_with_its_project_through_a_stop_and_a_kill_9()
     let mut bob = client(&lb, None).await;
     bob.initialize().await.unwrap();
     let lease = json!({"project": "beta", "resource": "story:beta-1", "ttl_s": 600});
-    let held = coordination_eventually(&mut ann, "claim", lease.clone()).await;
+    let held = coord_eventually(&mut ann, "claim", lease.clone()).await;
     assert_eq!(held["acquired"], true, "{held}");
-    let set = coordination_eventually(
+    let set = coord_eventually(
         &mut ann,
         "board_set",
         json!({"project": "beta", "key": "plan", "value": "ship it"}),
@@ -341,18 +338,8 @@ async fn coordination_state_moves_with_its_project_through_a_stop_and_a_kill_9()
             _ => cluster.replica(&moved_from).kill9().await,
         }
         // Beta's next holder serves what the last one kept.
-        let now_at = within(Duration::from_secs(30), "beta moves", async {
-            loop {
-                if let Some(h) = holders(&lb).await {
-                    if let Some((_, r)) = h.iter().find(|(p, r)| p == "beta" && *r != moved_from) {
-                        return r.clone();
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-        .await;
-        let got = coordination_eventually(
+        let now_at = moved(&lb, "beta", &moved_from).await;
+        let got = coord_eventually(
             &mut bob,
             "board_get",
             json!({"project": "beta", "key": "plan"}),
@@ -360,12 +347,12 @@ async fn coordination_state_moves_with_its_project_through_a_stop_and_a_kill_9()
         .await;
         assert_eq!(got["value"], "ship it", "after {how}, on {now_at}: {got}");
         assert_eq!(got["revision"], set["revision"], "after {how}: {got}");
-        let refused = coordination_eventually(&mut bob, "claim", lease.clone()).await;
+        let refused = coord_eventually(&mut bob, "claim", lease.clone()).await;
         assert_eq!(
             refused["acquired"], false,
             "after {how}, on {now_at}: {refused}"
         );
-        let again = coordination_eventually(&mut ann, "claim", lease.clone()).await;
+        let again = coord_eventually(&mut ann, "claim", lease.clone()).await;
         assert_eq!(again["acquired"], true, "after {how}: {again}");
         assert_eq!(
             again["fence"], held["fence"],
@@ -381,8 +368,8 @@ async fn coordination_state_moves_with_its_project_through_a_stop_and_a_kill_9()
 /// Issue 25's proof on replicas behind nginx: `kill -9` of the replica holding beta while
 /// eight sessions write beta's board and send messages through the balancer as fast as they
 /// are answered, each holding a lease, and stop at the kill; beta's sled moves to another
-/// replica, and there every acknowledged write is there, with the leases, the messages (none twice) and board revisions going on
-/// (`gateway_tests::coord_load::Load::check`). (With `PlantedBug::CoordAckBeforeDurable`
+/// replica, which has every acknowledged write: the leases, the messages (none twice), and
+/// board revisions going on (`gateway_tests::coord_load::Load::check`). (With `PlantedBug::CoordAckBeforeDurable`
 /// forced on in the gateway binary, acknowledged board values were lost in 3 runs of 3 on
 /// 2026-12-07.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -405,22 +392,8 @@ async fn acknowledged_coordination_writes_under_load_survive_kill_9_of_their_hol
     let writes: u64 = acked.iter().map(|a| a.value).sum();
     println!("{writes} board writes acknowledged; beta's holder {first} killed under them");
     assert!(writes >= 64, "a load: {writes} writes answered");
-    let now_at = within(Duration::from_secs(30), "beta moves", async {
-        loop {
-            if let Some(h) = holders(&lb).await {
-                if let Some((_, r)) = h.iter().find(|(p, r)| p == "beta" && *r != first) {
-                    return r.clone();
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
-    let logs = || {
-        let log = |r: &GatewayProcess| format!("--- {}\n{}", r.name, r.log());
-        cluster.replicas.iter().map(log).collect::<String>()
-    };
-    load.check(&acked, logs).await;
+    let now_at = moved(&lb, "beta", &first).await;
+    load.check(&acked, || cluster.logs()).await;
     println!("beta on {now_at}: every acknowledged write there");
 }
 
@@ -451,11 +424,7 @@ async fn a_rolling_restart_under_a_coordination_load_keeps_every_acknowledged_wr
     let failed: u64 = acked.iter().map(|a| a.failed).sum();
     println!("rolling restart of 3 replicas under 8 coordination writers: {writes} board writes acknowledged, {failed} calls did not succeed");
     assert!(writes >= 64, "a load: {writes} writes answered");
-    let logs = || {
-        let log = |r: &GatewayProcess| format!("--- {}\n{}", r.name, r.log());
-        cluster.replicas.iter().map(log).collect::<String>()
-    };
-    load.check(&acked, logs).await;
+    load.check(&acked, || cluster.logs()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
