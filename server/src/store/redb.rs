@@ -401,9 +401,13 @@ fn open_db(backend: impl StorageBackend, name: &str) -> Result<(Database, Expiri
         reason: e.to_string(),
     };
     let repair_name = name.to_owned();
+    // redb calls back with each step of one repair's progress: said once.
+    let said = std::sync::Once::new();
     let db = Database::builder()
         .set_repair_callback(move |_| {
-            tracing::warn!(file = %repair_name, "the state file was not closed cleanly; checking and repairing it");
+            said.call_once(|| {
+                tracing::warn!(file = %repair_name, "the state file was not closed cleanly; checking and repairing it");
+            });
         })
         .create_with_backend(backend)
         .map_err(|e| match e {
