@@ -153,6 +153,8 @@ pub(crate) struct Replica {
     directory: Directory,
     /// Uplinks that passed every check and wait for their project's claim, by project.
     waiting: BTreeMap<String, Waiting>,
+    /// When this replica last asked for each project's claim.
+    claims_asked: BTreeMap<String, Instant>,
     /// Projects whose claim this replica won and whose uplink serves (until it goes).
     serving: BTreeMap<String, UplinkId>,
     /// Projects whose claim this replica won, whose coordination records are being read before
@@ -187,6 +189,7 @@ impl Replica {
         Replica {
             directory: Directory::new(config.replica.clone(), config.directory.clone()),
             waiting: BTreeMap::new(),
+            claims_asked: BTreeMap::new(),
             serving: BTreeMap::new(),
             loading: BTreeMap::new(),
             loads_coordination: false,
@@ -255,6 +258,17 @@ impl Replica {
             }
             Owner::Replica(_) | Owner::Nobody => Place::Nowhere,
         }
+    }
+
+    /// Whether an uplink of `project` here waits for the claim this replica asked for less
+    /// than a move's grace ago (a request held for it is answered when the grace is over, and
+    /// not held again for the same claim).
+    pub(crate) fn claiming(&self, now: Instant, project: &str) -> bool {
+        self.waiting.contains_key(project)
+            && self
+                .claims_asked
+                .get(project)
+                .is_some_and(|at| now < *at + self.move_grace)
     }
 
     /// The replica that takes relays for `project`, when it is another one.
@@ -641,6 +655,7 @@ impl Replica {
         epoch_seen: Option<Epoch>,
         moving: bool,
     ) {
+        self.claims_asked.insert(project.to_owned(), now);
         self.directory
             .handle_hello(now, project, epoch_seen, moving);
         self.drain_directory(now);
@@ -900,9 +915,17 @@ impl Replica {
         }
     }
 
-    /// Holds a request until `project` has a holder again, or its move takes too long.
-    pub(crate) fn hold(&mut self, token: HttpToken, project: String, request: HttpRequest) {
+    /// Holds a request until `project` has a holder again, or its move takes too long (a
+    /// request held where no move is going on yet begins one: every hold ends).
+    pub(crate) fn hold(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        project: String,
+        request: HttpRequest,
+    ) {
         self.counts.held += 1;
+        self.begin_move(now, &project);
         tracing::debug!(token = token.0, project, "held while the project moves");
         self.held.entry(project).or_default().push((token, request));
     }
@@ -1062,7 +1085,7 @@ mod tests {
             Place::Here,
             "no longer than the grace"
         );
-        r.hold(HttpToken(1), "alpha".into(), request(1));
+        r.hold(t0, HttpToken(1), "alpha".into(), request(1));
         // A read that failed is asked again, and the held request keeps waiting.
         r.handle_coord_loaded(t0, "alpha", false);
         assert_eq!(r.poll_timeout(), Some(t0 + ENGINE_RETRY));
@@ -1332,8 +1355,8 @@ mod tests {
             [ClusterAction::Release { .. }]
         ));
         assert_eq!(r.place(t0, "alpha"), Place::Moving);
-        r.hold(HttpToken(1), "alpha".into(), request(1));
-        r.hold(HttpToken(2), "alpha".into(), request(2));
+        r.hold(t0, HttpToken(1), "alpha".into(), request(1));
+        r.hold(t0, HttpToken(2), "alpha".into(), request(2));
         assert!(r.unhold(HttpToken(2)), "its client went away");
         assert_eq!(r.poll_timeout(), Some(t0 + GRACE));
         // Another replica claims it: the held request goes there.
@@ -1352,7 +1375,7 @@ mod tests {
         );
         // A move that takes too long: answered as it is then.
         r.handle_entry(t0, "beta", 3, EntryState::Deleted);
-        r.hold(HttpToken(3), "beta".into(), request(3));
+        r.hold(t0, HttpToken(3), "beta".into(), request(3));
         r.handle_timeout(t0 + GRACE - Duration::from_millis(1));
         assert_eq!(events(&mut r), []);
         r.handle_timeout(t0 + GRACE);
@@ -1405,7 +1428,7 @@ mod tests {
             GRACE,
         );
         r.handle_entry(t0, "gamma", 3, EntryState::Expired);
-        r.hold(HttpToken(2), "gamma".into(), request(2));
+        r.hold(t0, HttpToken(2), "gamma".into(), request(2));
         events(&mut r);
         actions(&mut r);
         r.handle_shutdown(t0);

@@ -228,7 +228,9 @@ impl Gateway {
                     Ok(Served::Away(Away::Relay { project, replica })) => {
                         self.relay(now, token, replica, project, id.as_str(), false, request)
                     }
-                    Ok(Served::Away(Away::Hold { project })) => self.hold(token, project, request),
+                    Ok(Served::Away(Away::Hold { project })) => {
+                        self.hold(now, token, project, request)
+                    }
                     Ok(Served::AwaitListing { project }) => {
                         self.hold_for_listing(now, token, request, &id, project, false)
                     }

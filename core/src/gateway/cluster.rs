@@ -135,9 +135,15 @@ impl Gateway {
     }
 
     /// Holds a request until `project` has a holder again, or its move takes too long.
-    pub(super) fn hold(&mut self, token: HttpToken, project: String, request: HttpRequest) {
+    pub(super) fn hold(
+        &mut self,
+        now: Instant,
+        token: HttpToken,
+        project: String,
+        request: HttpRequest,
+    ) {
         if let Some(r) = self.cluster.as_mut() {
-            r.hold(token, project, request);
+            r.hold(now, token, project, request);
         }
     }
 
@@ -238,8 +244,21 @@ impl Gateway {
     /// `None` when nowhere. In a cluster, on the replica holding the sled (the request is
     /// relayed there whole, unless it was relayed here: the holder lost the sled meanwhile);
     /// or, for a sled that just left its replica, wherever it lands next.
+    ///
+    /// A request relayed here while this replica claims the project waits for the claim's
+    /// answer: the replica that relayed it saw the claim in the directory before this one
+    /// heard it was won (a move's race, seen as `sled_not_connected` in a rolling restart
+    /// under `wrk -c16`).
     pub(super) fn away(&self, req: &Req<'_>, project: &str) -> Result<Option<Away>, RpcError> {
         let project = project.to_owned();
+        if req.relayed
+            && self
+                .cluster
+                .as_ref()
+                .is_some_and(|r| r.claiming(req.now, &project))
+        {
+            return Ok(Some(Away::Hold { project }));
+        }
         match self.place(req.now, &project) {
             Place::Relay(replica) if !req.relayed => Ok(Some(Away::Relay { project, replica })),
             Place::Relay(replica) => Err(RpcError::OwnedElsewhere {

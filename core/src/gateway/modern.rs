@@ -167,7 +167,7 @@ impl Gateway {
                     self.relay_is_retry(token);
                 }
             }
-            Ok(Served::Away(Away::Hold { project })) => self.hold(token, project, request),
+            Ok(Served::Away(Away::Hold { project })) => self.hold(now, token, project, request),
             Ok(Served::AwaitListing { project }) => {
                 self.hold_for_listing(now, token, request, &id, project, true)
             }

@@ -313,6 +313,80 @@ fn a_relayed_request_is_served_here_or_answered_never_relayed_again() {
     assert!(h.reply_json(t).unwrap()["result"].is_object());
 }
 
+/// A move's race (issue 30): the replica that relays a call sees the new holder's claim in
+/// the directory before the new holder hears its claim was won. The new holder holds the
+/// request until then, rather than answer `sled_not_connected` (or `sled_elsewhere`, naming
+/// the last holder) for a sled that is arriving; no longer than the move grace.
+#[test]
+fn a_request_relayed_to_a_replica_still_claiming_its_project_waits_for_the_claim() {
+    let mut h = replica("r2");
+    owned_by(&mut h, "beta", "r1", 8);
+    let relayed = |id: u64| HttpRequest {
+        method: HttpMethod::Post,
+        content_type: Some("application/json".into()),
+        accept: Some("application/json".into()),
+        relayed: true,
+        access_token: crate::AccessToken::Relayed(crate::auth::Caller::Anonymous),
+        body: Harness::call_body(json!(id), "echo", json!({"project":"beta"})).into_bytes(),
+        ..HttpRequest::default()
+    };
+    // beta's sled moves here from r1: its hello asks for the claim.
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta","moving":true}),
+    );
+    assert!(take_actions(&mut h)
+        .iter()
+        .any(|a| matches!(a, ClusterAction::Claim { project, .. } if project == "beta")));
+    // Relayed before this replica's watch shows its own claim, and after.
+    let early = h.request(relayed(1));
+    owned_by(&mut h, "beta", "r2", 9);
+    let late = h.request(relayed(2));
+    assert_eq!(h.reply_json(early), None, "held, not answered");
+    assert_eq!(h.reply_json(late), None, "held, not answered");
+    event(
+        &mut h,
+        ClusterEvent::Claimed {
+            project: "beta".into(),
+            outcome: ClaimOutcome::Won(9),
+        },
+    );
+    // Welcomed, and the held calls go to the sled at once.
+    let frames = h.take_frames(u);
+    assert_eq!(frames[0]["uplink"], "welcome", "{frames:?}");
+    let calls: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 2, "{frames:?}");
+    for call in calls {
+        h.sled_says(
+            u,
+            json!({"jsonrpc":"2.0","id":call["id"],"result":{"content":[]}}),
+        );
+    }
+    for t in [early, late] {
+        let r = h.reply_json(t).unwrap();
+        assert!(r["result"].is_object(), "{r}");
+    }
+    // A claim that is not answered within the grace: the request is answered as the project
+    // is then, and not held again for that claim.
+    let mut h = replica("r2");
+    owned_by(&mut h, "beta", "r1", 8);
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta","moving":true}),
+    );
+    owned_by(&mut h, "beta", "r2", 9);
+    let t = h.request(relayed(3));
+    assert_eq!(h.reply_json(t), None);
+    h.advance(Duration::from_secs(3));
+    let r = h.reply_json(t).expect("answered once the grace is over");
+    assert_eq!(r["error"]["data"]["kind"], "sled_not_connected", "{r}");
+}
+
 #[test]
 fn list_projects_names_the_replica_holding_each_sled() {
     let mut h = replica("r1");
