@@ -295,6 +295,7 @@ where
     let admission = Arc::new(admission::Admission::new(&registry));
     #[cfg(feature = "planted-bugs")]
     let core_planted = core.planted;
+    let registry_names: Vec<String> = registry.names().map(str::to_owned).collect();
     let mut gateway = gateway_core::Gateway::new(registry, core, seed);
     let counters = Arc::new(fleet::ServerCounters::default());
     // The pins from an earlier run go in before any event, so no sled is pinned anew by
@@ -373,6 +374,7 @@ where
                 cmd_tx.downgrade(),
                 ids.clone(),
                 (draining.clone(), counters.clone()),
+                registry_names,
             )
             .await
             .map_err(|e| std::io::Error::other(format!("joining the cluster: {e}")))?;
@@ -444,6 +446,15 @@ where
         let _alive = driver_alive;
         driver::run(gateway, cmd_rx, drain_grace, fleet_io).await;
     });
+    // A replica's driver learns where each project's sled is before it takes any request
+    // (the accept loop starts below).
+    let mut cluster_tasks = cluster_tasks;
+    if let Some(running) = cluster_tasks.as_mut() {
+        for event in std::mem::take(&mut running.directory) {
+            // The driver is running: the queue frees up; a driver gone fails the start below.
+            let _ = cmd_tx.send(driver::Command::Cluster(event)).await;
+        }
+    }
     // The watcher holds a sender of the driver's: it is stopped when shutdown starts, so the
     // driver can end once the connections have.
     let watcher = reload_from.map(|(path, text)| {
