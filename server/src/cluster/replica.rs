@@ -323,6 +323,7 @@ pub(crate) struct Running {
 
 /// Makes the buckets, subscribes to the relay subject and starts the tasks. Fails when the
 /// engine cannot be reached or a name breaks the rules: a replica must not serve without it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn start(
     opts: &ClusterOptions,
     seal: Arc<Seal>,
