@@ -231,7 +231,62 @@ pub(crate) fn inject_project(tool: &mut Value) -> bool {
             "x-mcp-header": "Project",
         }),
     );
+    if let Some(schema) = tool.get_mut("inputSchema") {
+        admit_project(schema);
+    }
     false
+}
+
+/// The most subschemas [`admit_project`] visits in one tool's schema.
+const MAX_SUBSCHEMAS: usize = 256;
+
+/// Lets `project` through every subschema the root's object is also validated against (issue
+/// 26: schemas as real servers write them). In JSON Schema 2020-12 a `$ref` beside other
+/// keywords applies too, and so does each `allOf`, `anyOf` and `oneOf` branch. One of them that
+/// closes its object (`additionalProperties` or `unevaluatedProperties` other than `true`)
+/// would refuse the `project` the root now lists, so `project` is listed in its `properties`
+/// too. Only local references (`#/...`) are followed, each once; a branch's other rules are
+/// untouched (so `oneOf` picks the same branch as before).
+fn admit_project(root: &mut Value) {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut todo: Vec<String> = vec![String::new()];
+    let mut closed: Vec<String> = Vec::new();
+    while let Some(at) = todo.pop() {
+        if seen.len() >= MAX_SUBSCHEMAS || !seen.insert(at.clone()) {
+            continue;
+        }
+        let Some(schema) = root.pointer(&at).and_then(Value::as_object) else {
+            continue;
+        };
+        let closes = |k: &str| schema.get(k).is_some_and(|v| *v != Value::Bool(true));
+        if !at.is_empty() && (closes("additionalProperties") || closes("unevaluatedProperties")) {
+            closed.push(at.clone());
+        }
+        if let Some(target) = schema
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix('#'))
+        {
+            todo.push(target.to_owned());
+        }
+        for k in ["allOf", "anyOf", "oneOf"] {
+            if let Some(branches) = schema.get(k).and_then(Value::as_array) {
+                todo.extend((0..branches.len()).map(|i| format!("{at}/{k}/{i}")));
+            }
+        }
+    }
+    let property = json!({ "type": "string" });
+    for at in closed {
+        let Some(schema) = root.pointer_mut(&at).and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let props = schema
+            .entry("properties")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(props) = props.as_object_mut() {
+            props.entry("project").or_insert_with(|| property.clone());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -258,6 +313,51 @@ mod tests {
         assert!(!inject_project(&mut no_props));
         assert_eq!(no_props["inputSchema"]["required"], json!([]));
         assert!(no_props["inputSchema"]["properties"]["project"].is_object());
+    }
+
+    /// Schemas as real servers write them (issue 26): the root a `$ref` into `$defs`, a
+    /// composition, a closed object. `project` is listed wherever the object is also checked
+    /// against a closed schema; open ones and non-local references are left alone.
+    #[test]
+    fn injection_reaches_referenced_and_composed_schemas_that_close_the_object() {
+        let mut by_ref = json!({"name": "create_entities", "inputSchema": {
+            "$ref": "#/$defs/Args",
+            "$defs": {"Args": {"type": "object", "properties": {"name": {"type": "string"}},
+                "required": ["name"], "additionalProperties": false}}
+        }});
+        inject_project(&mut by_ref);
+        insta::assert_json_snapshot!("by_ref", by_ref);
+        let mut composed = json!({"name": "c", "inputSchema": {
+            "type": "object",
+            "allOf": [
+                {"$ref": "#/definitions/Base"},
+                {"properties": {"n": {"type": "integer"}}, "unevaluatedProperties": false}
+            ],
+            "anyOf": [
+                {"properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": false},
+                {"properties": {"b": {"type": "string"}}, "required": ["b"], "additionalProperties": {"type": "number"}},
+                {"properties": {"c": {"type": "string"}}, "additionalProperties": true}
+            ],
+            "oneOf": [{"$ref": "https://example.com/other.json"}],
+            "definitions": {"Base": {"type": "object", "additionalProperties": false}}
+        }});
+        inject_project(&mut composed);
+        insta::assert_json_snapshot!("composed", composed);
+        let s = &composed["inputSchema"];
+        for at in ["/definitions/Base", "/allOf/1", "/anyOf/0", "/anyOf/1"] {
+            assert!(
+                s.pointer(&format!("{at}/properties/project")).is_some(),
+                "{at}"
+            );
+        }
+        assert!(s.pointer("/anyOf/2/properties/project").is_none(), "open");
+        assert!(s.pointer("/oneOf/0/properties").is_none(), "not local");
+        // A reference to itself is followed once.
+        let mut cycle = json!({"name": "d", "inputSchema": {
+            "$ref": "#", "type": "object", "additionalProperties": false
+        }});
+        inject_project(&mut cycle);
+        assert!(cycle["inputSchema"]["properties"]["project"].is_object());
     }
 
     #[test]
