@@ -98,14 +98,14 @@ impl Outcomes {
     }
 
     /// A relayed request was answered with `handoff` (a refusal included).
-    pub fn handle_answered(&mut self, now_ms: u64, nonce: [u8; 16], handoff: &Handoff) {
+    pub fn handle_answered(&mut self, now_ms: u64, nonce: [u8; 16], handoff: Handoff) {
         self.expire(now_ms);
-        let len = body_len(handoff);
+        let len = body_len(&handoff);
         if len > 0 {
             self.body_bytes += len;
             self.bodies.push_back((now_ms, nonce));
         }
-        self.set(now_ms, nonce, State::Done(handoff.clone()));
+        self.set(now_ms, nonce, State::Done(handoff));
         while self.body_bytes > BODY_BUDGET {
             let Some((_, oldest)) = self.bodies.pop_front() else {
                 break;
@@ -200,7 +200,7 @@ mod tests {
         let n = [1; 16];
         assert!(o.handle_taken(T0 + 10, n));
         assert_eq!(o.handle_query(T0 + 20, n, T0 + 5), Recovered::Running);
-        o.handle_answered(T0 + 30, n, &answered("{}"));
+        o.handle_answered(T0 + 30, n, answered("{}"));
         assert_eq!(
             o.handle_query(T0 + 40, n, T0 + 5),
             Recovered::Done {
@@ -251,7 +251,7 @@ mod tests {
         let big = "x".repeat(BODY_BUDGET / 3 + 1);
         for i in 0..3u8 {
             assert!(o.handle_taken(T0 + u64::from(i), [i; 16]));
-            o.handle_answered(T0 + u64::from(i), [i; 16], &answered(&big));
+            o.handle_answered(T0 + u64::from(i), [i; 16], answered(&big));
         }
         let q = |o: &mut Outcomes, i: u8| o.handle_query(T0 + 10, [i; 16], T0);
         assert_eq!(

@@ -108,15 +108,15 @@ pub enum Handoff {
 }
 
 impl Handoff {
-    pub fn answered(reply: &HttpReply) -> Handoff {
+    pub fn answered(reply: HttpReply) -> Handoff {
         Handoff::Answered {
             status: reply.status,
             headers: reply
                 .headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), v.clone()))
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v))
                 .collect(),
-            body: reply.body.clone(),
+            body: reply.body,
         }
     }
 }
@@ -387,7 +387,7 @@ mod tests {
             headers: vec![("Retry-After", "1".into())],
             body: Some("{}".into()),
         };
-        let wire = serde_json::to_string(&Handoff::answered(&reply)).unwrap();
+        let wire = serde_json::to_string(&Handoff::answered(reply.clone())).unwrap();
         let Handoff::Answered {
             status,
             headers,

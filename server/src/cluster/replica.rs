@@ -1659,18 +1659,18 @@ async fn serve_relays(
             },
         };
         let handoff = Handoff::Refused { reason: refused };
+        let sealed = seal.seal_message(
+            &handoff_to,
+            &serde_json::to_vec(&handoff).expect("a handoff serialises"),
+        );
         if keeps {
             let mut outcomes = outcomes.lock().expect("not poisoned");
             if outcomes.handle_taken(now_ms, nonce) {
-                outcomes.handle_answered(now_ms, nonce, &handoff);
+                outcomes.handle_answered(now_ms, nonce, handoff);
             }
         }
         if let Some(reply) = message.reply {
-            let payload = seal.seal_message(
-                &handoff_to,
-                &serde_json::to_vec(&handoff).expect("a handoff serialises"),
-            );
-            publish(reply, payload).await;
+            publish(reply, sealed).await;
         }
     }
 }
@@ -1715,29 +1715,26 @@ async fn answer_relay(
             }
         }
     };
-    let handoff = match &first {
+    let handoff = match first {
         Some(HttpMsg::Reply(reply)) => Handoff::answered(reply),
         Some(HttpMsg::Open) => Handoff::Streaming,
         // The driver dropped it (shutdown), or a stream message came first (never): lost.
         Some(HttpMsg::Event { .. } | HttpMsg::Close) | None => Handoff::Lost,
     };
     let streaming = handoff == Handoff::Streaming;
+    let sealed = seal.seal_message(
+        &handoff_to,
+        &serde_json::to_vec(&handoff).expect("a handoff serialises"),
+    );
     // Recorded before it is sent: a relaying replica that loses the reply asks for it.
     if let Some((outcomes, nonce)) = &outcome {
         let now_ms = seal.now_ms();
         outcomes
             .lock()
             .expect("not poisoned")
-            .handle_answered(now_ms, *nonce, &handoff);
+            .handle_answered(now_ms, *nonce, handoff);
     }
-    publish(
-        reply_to,
-        seal.seal_message(
-            &handoff_to,
-            &serde_json::to_vec(&handoff).expect("a handoff serialises"),
-        ),
-    )
-    .await;
+    publish(reply_to, sealed).await;
     if !streaming {
         serving.lock().expect("not poisoned").remove(&inbox);
         return;
