@@ -197,7 +197,8 @@ pub enum WireCaller {
 }
 
 impl WireRequest {
-    pub fn from_request(r: &HttpRequest) -> WireRequest {
+    /// The request as it crosses the wire (taken whole: nothing is copied).
+    pub fn from_request(r: HttpRequest) -> WireRequest {
         WireRequest {
             method: match r.method {
                 HttpMethod::Post => "POST",
@@ -205,26 +206,29 @@ impl WireRequest {
                 HttpMethod::Delete => "DELETE",
             }
             .into(),
-            session: r.session.clone(),
-            content_type: r.content_type.clone(),
-            accept: r.accept.clone(),
-            protocol_version: r.protocol_version.clone(),
-            origin: r.origin.clone(),
-            last_event_id: r.last_event_id.clone(),
-            mcp_method: r.mcp_method.clone(),
-            mcp_name: r.mcp_name.clone(),
-            mcp_param_project: r.mcp_param_project.clone(),
-            caller: match &r.access_token {
-                AccessToken::Relayed(Caller::ClientToken { owner }) => WireCaller::ClientToken {
-                    owner: owner.clone(),
-                },
-                AccessToken::Relayed(Caller::Token(p)) => WireCaller::OAuth {
-                    issuer: p.issuer.clone(),
-                    subject: p.subject.clone(),
-                    client_id: p.client_id.clone(),
-                    scopes: p.scopes.clone(),
-                    groups: p.groups.clone(),
-                },
+            session: r.session,
+            content_type: r.content_type,
+            accept: r.accept,
+            protocol_version: r.protocol_version,
+            origin: r.origin,
+            last_event_id: r.last_event_id,
+            mcp_method: r.mcp_method,
+            mcp_name: r.mcp_name,
+            mcp_param_project: r.mcp_param_project,
+            caller: match r.access_token {
+                AccessToken::Relayed(Caller::ClientToken { owner }) => {
+                    WireCaller::ClientToken { owner }
+                }
+                AccessToken::Relayed(Caller::Token(p)) => {
+                    let p = *p;
+                    WireCaller::OAuth {
+                        issuer: p.issuer,
+                        subject: p.subject,
+                        client_id: p.client_id,
+                        scopes: p.scopes,
+                        groups: p.groups,
+                    }
+                }
                 // The core relays only requests it let in, as their caller; anything else
                 // goes as nobody, which a replica with authentication on refuses.
                 AccessToken::Relayed(Caller::Anonymous)
@@ -232,7 +236,8 @@ impl WireRequest {
                 | AccessToken::Valid(_)
                 | AccessToken::Invalid => WireCaller::Anonymous,
             },
-            body: String::from_utf8_lossy(&r.body).into_owned(),
+            body: String::from_utf8(r.body)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
         }
     }
 
@@ -334,7 +339,7 @@ mod tests {
         };
         let wire = serde_json::to_string(&Envelope::Request {
             inbox: "i".into(),
-            request: Box::new(WireRequest::from_request(&request)),
+            request: Box::new(WireRequest::from_request(request.clone())),
         })
         .unwrap();
         let Envelope::Request { request: back, .. } = serde_json::from_str(&wire).unwrap() else {
@@ -360,7 +365,7 @@ mod tests {
             }),
             ..HttpRequest::default()
         };
-        let wire = serde_json::to_string(&WireRequest::from_request(&request)).unwrap();
+        let wire = serde_json::to_string(&WireRequest::from_request(request.clone())).unwrap();
         assert!(!wire.contains("secret-token"), "{wire}");
         assert!(wire.contains("\"owner\":\"ops\""), "{wire}");
         // A request the core did not let in as a caller goes as nobody.
@@ -374,7 +379,7 @@ mod tests {
             })),
             ..HttpRequest::default()
         };
-        let back = WireRequest::from_request(&unchecked)
+        let back = WireRequest::from_request(unchecked.clone())
             .into_request()
             .unwrap();
         assert_eq!(back.access_token, AccessToken::Relayed(Caller::Anonymous));
@@ -407,7 +412,7 @@ mod tests {
         assert!(serde_json::from_str::<Answer>(r#"{"kind":"teleport"}"#).is_err());
         let bad = WireRequest {
             method: "PATCH".into(),
-            ..WireRequest::from_request(&HttpRequest::default())
+            ..WireRequest::from_request(HttpRequest::default())
         };
         assert!(bad.into_request().is_err());
     }

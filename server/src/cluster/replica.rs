@@ -963,7 +963,7 @@ async fn execute(
                     token,
                     to: opts.relay_subject(&replica),
                     inbox: format!("{}.{}.{number}", inbox_prefix(&opts, &run), token.0),
-                    request: WireRequest::from_request(&request),
+                    request: WireRequest::from_request(*request),
                     timeout,
                     recover: opts.recovers_outcomes(),
                 };
