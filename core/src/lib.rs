@@ -61,7 +61,9 @@ pub use io::{
     HttpMethod, HttpReply, HttpRequest, HttpToken, Input, Output, ProbeId, ProbeOutcome, UplinkId,
 };
 pub use metrics::{CallCount, Histogram, Metrics, Outcome, LATENCY_BUCKETS_SECONDS};
-pub use registry::{LeaseMode, ProjectKind, ProjectSpec, Registry, RegistryError, Secret};
+pub use registry::{
+    LeaseMode, ProjectKind, ProjectSpec, ReadOnlyTools, Registry, RegistryError, Secret,
+};
 pub use strict::{Unreadable, MAX_CLIENT_DEPTH, MAX_FRAME_DEPTH};
 pub use tools::{tool_definitions as gateway_tool_definitions, GATEWAY_TOOLS};
 pub use trace::{AttributeValue, SpanRecord};

@@ -16,6 +16,9 @@
 //! leases = "required"            # optional: every write to a leasable resource needs a lease
 //!                                # (default "optional": writes nobody holds a lease on pass)
 //! forward_principal = true       # optional: the sled learns who calls, in `_meta`
+//! read_only_tools = ["status"]   # optional: the tools the `read` right covers; or, instead,
+//! # trust_read_only_hints = true  # the tools the sled annotates `readOnlyHint: true`; with
+//!                                # neither, `read` covers none of the project's tools
 //! ```
 //!
 //! Client authentication, both optional: `client_tokens = ["…"]` (static bearer tokens; an
@@ -23,7 +26,7 @@
 //! gateway as an OAuth resource server); see [`crate::auth`]. Who may do what on which project:
 //! `[[access]]`, see [`crate::rights`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -127,6 +130,34 @@ pub struct ProjectSpec {
     /// Whether the sled learns who calls (`forward_principal = true`): the caller's subject
     /// and client id (or client token's name) in the forwarded request's `_meta`.
     pub forward_principal: bool,
+    /// Which of the project's tools the `read` right covers.
+    pub read_only_tools: ReadOnlyTools,
+}
+
+/// Which of a project's tools the `read` right covers. The gateway decides this, not the sled:
+/// a server's `readOnlyHint` is a hint from the side the rule guards against, and a server
+/// that mislabels a writing tool would hand it to read-only callers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ReadOnlyTools {
+    /// Neither `read_only_tools` nor `trust_read_only_hints`: `read` covers none of them.
+    #[default]
+    None,
+    /// `trust_read_only_hints = true`: the tools the sled annotates `readOnlyHint: true`.
+    Hints,
+    /// `read_only_tools = [...]`: these, whatever the sled says.
+    Listed(BTreeSet<String>),
+}
+
+impl ReadOnlyTools {
+    /// Whether calling `tool`, which the sled annotates read-only or not (`annotated`), needs
+    /// only the `read` right.
+    pub fn covers(&self, tool: &str, annotated: bool) -> bool {
+        match self {
+            ReadOnlyTools::None => false,
+            ReadOnlyTools::Hints => annotated,
+            ReadOnlyTools::Listed(tools) => tools.contains(tool),
+        }
+    }
 }
 
 impl ProjectSpec {
@@ -144,6 +175,7 @@ impl ProjectSpec {
             token: None,
             leases_required: false,
             forward_principal: false,
+            read_only_tools: ReadOnlyTools::None,
         }
     }
 }
@@ -223,6 +255,8 @@ struct RawProject {
     token: Option<Spanned<String>>,
     leases: Option<LeaseMode>,
     forward_principal: Option<bool>,
+    read_only_tools: Option<Spanned<Vec<String>>>,
+    trust_read_only_hints: Option<Spanned<bool>>,
 }
 
 impl Registry {
@@ -285,8 +319,37 @@ impl Registry {
                 }
                 None => None,
             };
+            let read_only_tools = match (p.read_only_tools, p.trust_read_only_hints) {
+                (Some(_), Some(t)) => {
+                    return Err(at(
+                        Some(t.span()),
+                        field("trust_read_only_hints"),
+                        "set either read_only_tools (the list decides) or \
+                         trust_read_only_hints (the sled's annotations decide), not both"
+                            .into(),
+                    ))
+                }
+                (Some(list), None) => {
+                    let span = list.span();
+                    let mut tools = BTreeSet::new();
+                    for t in list.into_inner() {
+                        if !crate::tools::valid_tool_name(&t) {
+                            return Err(at(
+                                Some(span),
+                                field("read_only_tools"),
+                                format!("'{t}' is not a tool name (1 to 128 of A-Z a-z 0-9 _ . -)"),
+                            ));
+                        }
+                        tools.insert(t);
+                    }
+                    ReadOnlyTools::Listed(tools)
+                }
+                (None, Some(t)) if *t.get_ref() => ReadOnlyTools::Hints,
+                (None, _) => ReadOnlyTools::None,
+            };
             index.insert(name.clone(), i);
             projects.push(ProjectSpec {
+                read_only_tools,
                 token,
                 name: p.name.into_inner(),
                 url: p.url.into_inner(),
@@ -630,6 +693,29 @@ call_timeout_ms = 5000
 "#;
 
     #[test]
+    fn the_read_right_covers_a_list_the_sleds_hints_or_no_tool() {
+        let file = "[[project]]\nname = \"a\"\nurl = \"http://x\"\nread_only_tools = [\"show\", \"status\"]\n\
+                    [[project]]\nname = \"b\"\nurl = \"http://y\"\ntrust_read_only_hints = true\n\
+                    [[project]]\nname = \"c\"\nurl = \"http://z\"\ntrust_read_only_hints = false\n\
+                    [[project]]\nname = \"d\"\nurl = \"http://w\"\n";
+        let r = Registry::parse("projects.toml", file).unwrap();
+        let covers = |p: &str, tool: &str, annotated: bool| {
+            r.get(p).unwrap().1.read_only_tools.covers(tool, annotated)
+        };
+        assert!(covers("a", "status", false) && !covers("a", "wipe", true));
+        assert!(covers("b", "show", true) && !covers("b", "status", false));
+        assert!(!covers("c", "show", true) && !covers("d", "show", true));
+        assert_eq!(
+            err("[[project]]\nname = \"a\"\nurl = \"http://x\"\nread_only_tools = [\"show\"]\ntrust_read_only_hints = true\n"),
+            "projects.toml:5:25: `project[0].trust_read_only_hints`: set either read_only_tools (the list decides) or trust_read_only_hints (the sled's annotations decide), not both"
+        );
+        assert_eq!(
+            err("[[project]]\nname = \"a\"\nurl = \"http://x\"\nread_only_tools = [\"a b\"]\n"),
+            "projects.toml:4:19: `project[0].read_only_tools`: 'a b' is not a tool name (1 to 128 of A-Z a-z 0-9 _ . -)"
+        );
+    }
+
+    #[test]
     fn parses_the_documented_shape() {
         let r = Registry::parse("projects.toml", GOOD).unwrap();
         assert_eq!(r.default_project(), Some("alpha"));
@@ -660,7 +746,7 @@ call_timeout_ms = 5000
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\nsssh_port = 22\n",
-                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`, `leases`, `forward_principal`",
+                "projects.toml:4:1: `project[0].sssh_port`: unknown field `sssh_port`, expected one of `name`, `url`, `ssh_port`, `host_path`, `kind`, `sled`, `call_timeout_ms`, `token`, `leases`, `forward_principal`, `read_only_tools`, `trust_read_only_hints`",
             ),
             (
                 "[[project]]\nname = \"a\"\nurl = \"http://x\"\n[[project]]\nname = \"a\"\nurl = \"http://y\"\n",

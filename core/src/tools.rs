@@ -129,7 +129,8 @@ pub(crate) struct CachedTool {
     /// The property naming the resource this tool writes, and the resource's kind, when the
     /// sled marked one with [`crate::uplink::LEASE_KEYWORD`]: the call writes `kind:value`.
     pub(crate) lease: Option<(String, String)>,
-    /// The sled annotates it `readOnlyHint: true`: calling it needs the `read` right only.
+    /// The sled annotates it `readOnlyHint: true`: calling it needs only the `read` right
+    /// where its project says `trust_read_only_hints` ([`crate::ReadOnlyTools`]).
     pub(crate) read_only: bool,
 }
 

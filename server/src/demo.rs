@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gateway_core::{ProjectSpec, Registry};
+use gateway_core::{ProjectSpec, ReadOnlyTools, Registry};
 use gateway_server::ServerOptions;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -226,7 +226,10 @@ pub(crate) async fn run(
         let addr = listener
             .local_addr()
             .map_err(|e| format!("cannot read the bound address: {e}"))?;
-        specs.push(ProjectSpec::new(name.clone(), format!("http://{addr}")));
+        let mut spec = ProjectSpec::new(name.clone(), format!("http://{addr}"));
+        // The demo's sleds are sled-sim: its `readOnlyHint`s say which tools `read` covers.
+        spec.read_only_tools = ReadOnlyTools::Hints;
+        specs.push(spec);
         if plan.modes[name] != Mode::Stopped {
             ports.insert(name.clone(), listener);
         }

@@ -112,6 +112,8 @@ pub(crate) async fn run(
         .map(|(i, name)| {
             let mut spec = ProjectSpec::new(name.clone(), format!("http://127.0.0.1:{}", 9101 + i));
             spec.token = Some(uplink_token.clone());
+            // The demo's sleds are sled-sim: its `readOnlyHint`s say which tools `read` covers.
+            spec.read_only_tools = gateway_core::ReadOnlyTools::Hints;
             spec
         })
         .collect();

@@ -128,14 +128,17 @@ allow_unauthenticated_uplinks = true
 [[project]]
 name = "alpha"
 url = "http://127.0.0.1:9101"
+trust_read_only_hints = true
 
 [[project]]
 name = "beta"
 url = "http://127.0.0.1:9102"
+trust_read_only_hints = true
 
 [[project]]
 name = "gamma"
 url = "http://127.0.0.1:9103"
+trust_read_only_hints = true
 
 [oauth]
 resource = "{resource}"

@@ -62,6 +62,27 @@ impl Gateway {
             .collect()
     }
 
+    /// The right calling `project`'s tool `tool` needs: `read` for a tool the project's
+    /// `read_only_tools` covers (its list, or the sled's `readOnlyHint` where the project says
+    /// `trust_read_only_hints`), `write` for any other, unlisted ones too.
+    pub(super) fn right_for_tool(&self, project: &str, tool: &str) -> Right {
+        let annotated = self
+            .projects
+            .get(project)
+            .and_then(|s| s.tools.as_deref())
+            .and_then(|ts| ts.iter().find(|t| t.name == tool))
+            .is_some_and(|t| t.read_only);
+        let covered = self
+            .registry
+            .get(project)
+            .is_some_and(|(_, spec)| spec.read_only_tools.covers(tool, annotated));
+        if covered {
+            Right::Read
+        } else {
+            Right::Write
+        }
+    }
+
     /// `Ok` when `who` has `need` on `project`; else `forbidden`, or, when it may not see
     /// the project at all, the answer for an unregistered one.
     pub(super) fn require(

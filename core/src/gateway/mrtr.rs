@@ -388,20 +388,14 @@ impl Gateway {
     }
 
     /// A parked call's right, asked again of its retry's principal under the rules in force
-    /// (security review finding 13): `read` for a prompt, a resource, or a tool its sled
-    /// lists as read-only; `write` for any other tool.
+    /// (security review finding 13): `read` for a prompt, a resource, or a tool its
+    /// project's `read_only_tools` covers; `write` for any other tool.
     fn require_on_resume(&self, req: &Req<'_>, call: &Call, method: &str) -> Result<(), RpcError> {
         let name = call.mrtr.as_ref().and_then(|m| m.name.as_deref());
-        let read_only = self
-            .projects
-            .get(&call.project)
-            .and_then(|s| s.tools.as_deref())
-            .and_then(|ts| ts.iter().find(|t| Some(t.name.as_str()) == name))
-            .is_some_and(|t| t.read_only);
-        let need = if method != "tools/call" || read_only {
-            Right::Read
+        let need = if method == "tools/call" {
+            self.right_for_tool(&call.project, name.unwrap_or_default())
         } else {
-            Right::Write
+            Right::Read
         };
         self.require(
             req.principal,

@@ -3,6 +3,7 @@
 //! down, into the features and the call path.
 
 use super::*;
+use crate::ReadOnlyTools;
 use basics::{only_arguments, tool_result};
 
 /// `tools/call` params. The arguments stay raw: the gateway's own tools read them as a
@@ -82,16 +83,10 @@ impl Gateway {
             .get(&route.project)
             .and_then(|s| s.tools.as_deref())
             .and_then(|ts| ts.iter().find(|t| t.name == tool));
-        // A tool the sled annotates read-only needs `read`; any other (unlisted ones too), `write`.
-        let need = if listed.is_some_and(|t| t.read_only) {
-            Right::Read
-        } else {
-            Right::Write
-        };
         self.require(
             req.principal,
             &route.project,
-            need,
+            self.right_for_tool(&route.project, &tool),
             format_args!("tools/call {tool}"),
         )?;
         if !listed.is_some_and(|t| t.declares_project) {
@@ -277,6 +272,13 @@ impl Gateway {
                     "sled": p.sled,
                     "live": self.is_live(&p.name) || self.relay_target(&p.name).is_some(),
                     "active": active == Some(p.name.as_str()),
+                    // What the `read` right covers: the tools the sled annotates read-only
+                    // (`"annotated"`), or a list (empty: none of them).
+                    "read_only_tools": match &p.read_only_tools {
+                        ReadOnlyTools::Hints => json!("annotated"),
+                        ReadOnlyTools::Listed(tools) => json!(tools),
+                        ReadOnlyTools::None => json!([]),
+                    },
                 });
                 // In a cluster: the replica that holds the project's uplink.
                 if let Some(replica) = self.holder_of(&p.name) {

@@ -21,6 +21,7 @@ client_tokens = [
 [[project]]
 name = "alpha"
 url = "http://127.0.0.1:9101"
+trust_read_only_hints = true
 
 [[project]]
 name = "beta"
@@ -371,4 +372,96 @@ fn an_uplink_refused_for_an_unknown_project_learns_no_names_whoever_asked_last()
             );
         }
     }
+}
+
+/// Which tools `read` covers is the gateway's to say, per project: the sled's `readOnlyHint`
+/// only where projects.toml trusts it, a list where it gives one, and else none. A sled that
+/// annotates a writing tool read-only hands it to no reader of a project that does not trust it.
+#[test]
+fn the_read_right_covers_the_tools_projects_toml_says_whatever_the_sled_annotates() {
+    let file = r#"
+client_tokens = [{ name = "reader", token = "reader-token-0123456789" }]
+
+[[project]]
+name = "hinted"
+url = "http://127.0.0.1:9101"
+trust_read_only_hints = true
+
+[[project]]
+name = "listed"
+url = "http://127.0.0.1:9102"
+read_only_tools = ["status"]
+
+[[project]]
+name = "plain"
+url = "http://127.0.0.1:9103"
+
+[[access]]
+token = "reader"
+projects = ["*"]
+right = "read"
+"#;
+    let mut h = Harness::new();
+    let registry = Registry::parse("projects.toml", file)
+        .unwrap()
+        .allowing_unauthenticated_uplinks();
+    h.gw = Gateway::new(registry, Config::default(), [3; 32]);
+    let mut uplinks = Vec::new();
+    for project in ["hinted", "listed", "plain"] {
+        let u = h.open_uplink();
+        h.sled_says(
+            u,
+            json!({"uplink":"hello","protocol":1,"project":project,"sled":project}),
+        );
+        let f = h.take_frames(u);
+        // `show` reads and says so; `wipe` writes and says it reads; `status` reads and says
+        // nothing.
+        h.sled_says(
+            u,
+            json!({"jsonrpc":"2.0","id":f[1]["id"],"result":{"tools":[
+                {"name":"show","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}},
+                {"name":"wipe","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}},
+                {"name":"status","inputSchema":{"type":"object"}},
+            ]}}),
+        );
+        uplinks.push((project, u));
+    }
+    let s = initialize(&mut h, READER);
+    for (project, u) in uplinks {
+        for tool in ["show", "wipe", "status"] {
+            let covered = match project {
+                "hinted" => tool != "status",
+                "listed" => tool == "status",
+                _ => false,
+            };
+            let t = call(&mut h, READER, &s, tool, json!({ "project": project }));
+            if covered {
+                assert_eq!(h.take_frames(u).len(), 1, "{project} {tool}: forwarded");
+                continue;
+            }
+            let r = answer(&mut h, t);
+            assert_eq!(
+                r["error"]["data"]["kind"], "forbidden",
+                "{project} {tool}: {r}"
+            );
+            assert_eq!(
+                r["error"]["data"]["right"], "write",
+                "{project} {tool}: {r}"
+            );
+            assert!(
+                h.take_frames(u).is_empty(),
+                "{project} {tool}: nothing sent"
+            );
+        }
+    }
+    // `list_projects` says what `read` covers, for `gateway doctor`.
+    let t = call(&mut h, READER, &s, "list_projects", json!({}));
+    let listed = structured(&answer(&mut h, t));
+    let covers: Vec<Value> = listed["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["read_only_tools"].clone())
+        .collect();
+    assert_eq!(covers, [json!("annotated"), json!(["status"]), json!([])]);
 }

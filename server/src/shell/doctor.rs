@@ -256,6 +256,9 @@ async fn fleet_checks(conn: &Conn, session: &mut Session, checks: &mut Vec<Check
             &find(&health, &name),
             &find(&identity, &name),
         ));
+        if let Some(check) = read_right_check(&name, &p["read_only_tools"]) {
+            checks.push(check);
+        }
         if is_live {
             live.push((name, p["sled"].clone(), p["fence_floor"].as_u64()));
         }
@@ -367,6 +370,22 @@ fn project_check(name: &str, live: bool, health: &Value, identity: &Value) -> Ch
     } else {
         failed(check, problems.join("; "))
     }
+}
+
+/// `read right on P`, when projects.toml gives the `read` right none of P's tools (it names
+/// neither `read_only_tools` nor `trust_read_only_hints`): not a failure, since a project may
+/// want it so, but said, since a reader then can call none of its tools.
+fn read_right_check(project: &str, covers: &Value) -> Option<Check> {
+    covers.as_array().filter(|tools| tools.is_empty())?;
+    Some(ok(
+        format!("read right on {project}"),
+        format!(
+            "covers none of its tools: callers with the read right may see {project}, read its \
+             resources and prompts, and call no tool; to change that, list the tools in \
+             projects.toml (read_only_tools = [\"...\"]) or, for a sled you trust, take its \
+             annotations (trust_read_only_hints = true)"
+        ),
+    ))
 }
 
 /// `whoami P`: the per-call project reaches P's sled. Also the sled's `fence_high_water`,
@@ -768,6 +787,14 @@ mod tests {
 
         let unsigned = json!({"status": "unsigned", "refused": null});
         assert!(!project_check("delta", true, &up, &unsigned).ok);
+    }
+
+    #[test]
+    fn a_read_right_covering_no_tool_is_said() {
+        let none = read_right_check("alpha", &json!([])).expect("said");
+        assert!(none.ok && none.detail.contains("covers none"), "{none:?}");
+        assert_eq!(read_right_check("alpha", &json!(["status"])), None);
+        assert_eq!(read_right_check("alpha", &json!("annotated")), None);
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub fn projects_toml(s: &Scenario) -> String {
             "\n[[project]]\nname = \"{p}\"\nurl = \"http://sled-{p}:9000\"\ntoken = \"{}\"\n",
             uplink_token(p).expose()
         ));
+        // The sim's sleds are ours: their `readOnlyHint`s say which tools `read` covers.
+        text.push_str("trust_read_only_hints = true\n");
         if s.access.forward_principal.contains(p) {
             text.push_str("forward_principal = true\n");
         }
