@@ -253,6 +253,13 @@ pub trait Handler: Send + Sync + 'static {
     fn fence_high_water(&self) -> Option<u64> {
         None
     }
+
+    /// Notifications it sends of its own accord, not for one call (a list changed, a
+    /// resource updated, progress under a token it was given): each text is sent as it is
+    /// on every welcomed connection. `None`, the default: it sends none.
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
 }
 
 /// What an uplink serves.
@@ -302,7 +309,7 @@ impl Backend {
     fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         match self {
             Backend::Story(s) => Some(s.subscribe_notices()),
-            Backend::Handler(_) => None,
+            Backend::Handler(h) => h.notices(),
         }
     }
 }

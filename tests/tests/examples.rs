@@ -41,6 +41,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "oauth_client.py",
         "access.toml",
         "tls.sh",
+        "sleds.toml",
     ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(

@@ -1,0 +1,288 @@
+//! What `gateway-sled` runs: the gateway to dial and, per project, the MCP server behind it.
+//!
+//! One server comes from flags (`--gateway URL --project NAME -- COMMAND ARGS...`); several
+//! from a file (`--config sleds.toml`):
+//!
+//! ```toml
+//! gateway = "https://gateway.example.com:7878"   # the gateway's base URL (wss:// uplinks with https)
+//! state_dir = "/var/lib/gateway-sled"             # optional: identity keys (default ./gateway-sled-state)
+//!
+//! [[project]]
+//! name = "memory"                                  # the project's name in the gateway's projects.toml
+//! command = ["npx", "-y", "@modelcontextprotocol/server-memory"]
+//! cwd = "/srv/memory"                              # optional: the child's working directory
+//! env = { MEMORY_FILE_PATH = "/srv/memory/memory.json" }   # optional: added to its environment
+//! token_file = "/run/secrets/memory-uplink-token"  # optional: the project's uplink token, or
+//! # token_env = "MEMORY_UPLINK_TOKEN"             # the variable holding it (never on the command line)
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use gateway_core::Secret;
+use serde::Deserialize;
+
+/// The default directory of the identity keys, relative to the working directory.
+pub const DEFAULT_STATE_DIR: &str = "gateway-sled-state";
+
+/// What the connector runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectorConfig {
+    /// The gateway's base URL (`http://host:port` or `https://host:port`).
+    pub gateway: String,
+    /// Where each project's identity key is kept (`<name>.key`).
+    pub state_dir: PathBuf,
+    pub projects: Vec<ProjectConfig>,
+}
+
+/// One project: the MCP server that serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectConfig {
+    pub name: String,
+    /// The child's program and arguments.
+    pub command: Vec<String>,
+    pub cwd: Option<PathBuf>,
+    /// Added to the child's environment (which is otherwise the connector's).
+    pub env: BTreeMap<String, String>,
+    /// Where the uplink token comes from, if the project has one.
+    pub token: TokenSource,
+}
+
+/// Where a project's uplink token is read from: a file or an environment variable, never a
+/// command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    None,
+    File(PathBuf),
+    Env(String),
+}
+
+impl TokenSource {
+    /// The token, or why it cannot be read. An empty file or variable is an error: a project
+    /// that names a source means to present a token.
+    pub fn read(&self) -> Result<Option<Secret>, String> {
+        let text = match self {
+            TokenSource::None => return Ok(None),
+            TokenSource::File(path) => std::fs::read_to_string(path).map_err(|e| {
+                format!("cannot read the uplink token file {}: {e}", path.display())
+            })?,
+            TokenSource::Env(var) => std::env::var(var)
+                .map_err(|_| format!("the uplink token variable {var} is not set"))?,
+        };
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(match self {
+                TokenSource::File(path) => {
+                    format!("the uplink token file {} is empty", path.display())
+                }
+                _ => "the uplink token variable is empty".to_owned(),
+            });
+        }
+        Ok(Some(Secret::new(token.to_owned())))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    gateway: String,
+    state_dir: Option<PathBuf>,
+    #[serde(default)]
+    project: Vec<RawProject>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProject {
+    name: String,
+    command: Vec<String>,
+    cwd: Option<PathBuf>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    token_file: Option<PathBuf>,
+    token_env: Option<String>,
+}
+
+impl ConnectorConfig {
+    /// Parses a `sleds.toml`; `file` names it in errors.
+    pub fn parse(file: &Path, text: &str) -> Result<ConnectorConfig, String> {
+        let raw: RawFile =
+            toml::from_str(text).map_err(|e| format!("{}: {}", file.display(), e.message()))?;
+        let mut projects = Vec::with_capacity(raw.project.len());
+        for (i, p) in raw.project.into_iter().enumerate() {
+            let at = |m: String| format!("{}: project[{i}]: {m}", file.display());
+            let token = match (p.token_file, p.token_env) {
+                (Some(_), Some(_)) => {
+                    return Err(at("set token_file or token_env, not both".into()))
+                }
+                (Some(f), None) => TokenSource::File(f),
+                (None, Some(v)) => TokenSource::Env(v),
+                (None, None) => TokenSource::None,
+            };
+            projects.push(
+                ProjectConfig {
+                    name: p.name,
+                    command: p.command,
+                    cwd: p.cwd,
+                    env: p.env,
+                    token,
+                }
+                .checked()
+                .map_err(at)?,
+            );
+        }
+        let config = ConnectorConfig {
+            gateway: raw.gateway,
+            state_dir: raw
+                .state_dir
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
+            projects,
+        };
+        config
+            .checked()
+            .map_err(|m| format!("{}: {m}", file.display()))
+    }
+
+    /// Refuses what cannot run: no project, one named twice, a gateway URL that is not one.
+    pub fn checked(self) -> Result<ConnectorConfig, String> {
+        sled_sim::GatewayAddr::parse(&self.gateway)
+            .map_err(|e| format!("gateway: {}", e.reason))?;
+        if self.projects.is_empty() {
+            return Err(
+                "no project: add a [[project]] table (or pass --project and a command)".into(),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &self.projects {
+            if !seen.insert(p.name.as_str()) {
+                return Err(format!("project '{}' is named twice", p.name));
+            }
+        }
+        Ok(self)
+    }
+}
+
+impl ProjectConfig {
+    fn checked(self) -> Result<ProjectConfig, String> {
+        let name_ok = (1..=64).contains(&self.name.len())
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !name_ok {
+            return Err(format!(
+                "'{}' is not a project name (1 to 64 of A-Z a-z 0-9 _ . -)",
+                self.name
+            ));
+        }
+        if self.command.first().is_none_or(|c| c.is_empty()) {
+            return Err(format!("project '{}' has no command", self.name));
+        }
+        Ok(self)
+    }
+
+    /// One project from flags.
+    pub fn from_flags(
+        name: String,
+        command: Vec<String>,
+        cwd: Option<PathBuf>,
+        env: BTreeMap<String, String>,
+        token: TokenSource,
+    ) -> Result<ProjectConfig, String> {
+        ProjectConfig {
+            name,
+            command,
+            cwd,
+            env,
+            token,
+        }
+        .checked()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_file() {
+        let text = r#"
+gateway = "https://gateway.example.com:7878"
+state_dir = "/var/lib/gateway-sled"
+
+[[project]]
+name = "memory"
+command = ["npx", "-y", "@modelcontextprotocol/server-memory"]
+cwd = "/srv/memory"
+env = { MEMORY_FILE_PATH = "/srv/memory/memory.json" }
+token_file = "/run/secrets/memory-uplink-token"
+
+[[project]]
+name = "everything"
+command = ["node", "index.js", "stdio"]
+token_env = "EVERYTHING_UPLINK_TOKEN"
+"#;
+        let c = ConnectorConfig::parse(Path::new("sleds.toml"), text).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/var/lib/gateway-sled"));
+        assert_eq!(c.projects.len(), 2);
+        assert_eq!(
+            c.projects[0].env["MEMORY_FILE_PATH"],
+            "/srv/memory/memory.json"
+        );
+        assert_eq!(
+            c.projects[0].token,
+            TokenSource::File("/run/secrets/memory-uplink-token".into())
+        );
+        assert_eq!(
+            c.projects[1].token,
+            TokenSource::Env("EVERYTHING_UPLINK_TOKEN".into())
+        );
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/sleds.toml"
+        ));
+        let c = ConnectorConfig::parse(path, &std::fs::read_to_string(path).unwrap()).unwrap();
+        assert_eq!(c.gateway, "http://127.0.0.1:7878");
+        let names: Vec<&str> = c.projects.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["memory", "everything"]);
+        assert_eq!(
+            c.projects[0].token,
+            TokenSource::Env("MEMORY_UPLINK_TOKEN".into())
+        );
+        assert_eq!(
+            c.projects[1].token,
+            TokenSource::File("everything.token".into())
+        );
+    }
+
+    #[test]
+    fn refuses_what_cannot_run() {
+        let parse = |t: &str| ConnectorConfig::parse(Path::new("s.toml"), t).unwrap_err();
+        assert!(parse("gateway = \"http://h:1\"\n").contains("no project"));
+        assert!(
+            parse("gateway = \"ftp://h\"\n[[project]]\nname=\"a\"\ncommand=[\"x\"]\n")
+                .contains("gateway")
+        );
+        assert!(
+            parse("gateway = \"http://h:1\"\n[[project]]\nname=\"a b\"\ncommand=[\"x\"]\n")
+                .contains("not a project name")
+        );
+        assert!(
+            parse("gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\ncommand=[]\n")
+                .contains("no command")
+        );
+        assert!(parse(
+            "gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\ncommand=[\"x\"]\n[[project]]\nname=\"a\"\ncommand=[\"y\"]\n"
+        )
+        .contains("named twice"));
+        assert!(parse(
+            "gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\ncommand=[\"x\"]\ntoken_env=\"A\"\ntoken_file=\"b\"\n"
+        )
+        .contains("not both"));
+        assert!(parse("gateway = \"http://h:1\"\nshell = true\n").contains("unknown field"));
+    }
+}

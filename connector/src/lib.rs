@@ -1,0 +1,15 @@
+//! gateway-sled: existing MCP servers as projects of the gateway.
+//!
+//! Each configured project's server runs as a child over stdio ([`stdio::StdioServer`]), and
+//! the connector dials the gateway's `/uplink` for it, as a sled does: the hello with the
+//! project's token and its identity key ([`identity`]), heartbeats, reconnects with backoff,
+//! epochs (sled-sim's uplink, `sled_sim::uplink`). The gateway then lists the server's tools
+//! with `project` injected and routes each call to it, like any sled's. [`config`] says what
+//! runs.
+
+pub mod config;
+pub mod identity;
+pub mod stdio;
+
+pub use config::{ConnectorConfig, ProjectConfig, TokenSource};
+pub use stdio::{Status, StdioServer};

@@ -1,0 +1,196 @@
+//! `gateway-sled`: puts existing MCP servers behind the gateway, one uplink per project.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use gateway_connector::{identity, ConnectorConfig, ProjectConfig, StdioServer, TokenSource};
+use sled_sim::uplink::{run_uplink_with, Backend, UplinkOptions};
+use sled_sim::{GatewayAddr, TokioConnect};
+use tokio::sync::watch;
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+/// Put existing MCP servers behind the gateway: each runs as a child over stdio, and the
+/// connector dials the gateway's /uplink for its project, as a sled does.
+///
+/// One server: `gateway-sled --gateway URL --project NAME -- COMMAND ARGS...`.
+/// Several: `gateway-sled --config sleds.toml` (see the README).
+#[derive(Debug, Parser)]
+#[command(name = "gateway-sled", version)]
+struct Args {
+    /// A file naming the gateway and each project's server (instead of the flags below).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["gateway", "project", "command"])]
+    config: Option<PathBuf>,
+
+    /// The gateway's base URL: http://host:port, or https://host:port (the uplink is then wss://).
+    #[arg(long, value_name = "URL")]
+    gateway: Option<String>,
+
+    /// The project the server serves, as the gateway's projects.toml names it.
+    #[arg(long, value_name = "NAME")]
+    project: Option<String>,
+
+    /// The server's working directory.
+    #[arg(long, value_name = "DIR")]
+    cwd: Option<PathBuf>,
+
+    /// A variable added to the server's environment (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE", value_parser = parse_env)]
+    env: Vec<(String, String)>,
+
+    /// A file holding the project's uplink token.
+    #[arg(long, value_name = "FILE", conflicts_with = "token_env")]
+    token_file: Option<PathBuf>,
+
+    /// The environment variable holding the project's uplink token (default: SLED_UPLINK_TOKEN,
+    /// when it is set).
+    #[arg(long, value_name = "VAR")]
+    token_env: Option<String>,
+
+    /// Where each project's identity key is kept (made on first run, mode 0600).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+
+    /// The certificate authorities a https:// gateway is verified against (default: the
+    /// system's; also GATEWAY_CA_FILE).
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+
+    /// The server's command and arguments, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn parse_env(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| "expected KEY=VALUE".to_owned())
+}
+
+fn config(args: Args) -> Result<ConnectorConfig, String> {
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut config = ConnectorConfig::parse(path, &text)?;
+        if let Some(dir) = args.state_dir {
+            config.state_dir = dir;
+        }
+        return Ok(config);
+    }
+    let gateway = args.gateway.ok_or("--gateway (or --config) is required")?;
+    let project = args.project.ok_or("--project (or --config) is required")?;
+    if args.command.is_empty() {
+        return Err("the server's command is required, after `--`".into());
+    }
+    let token = match (args.token_file, args.token_env) {
+        (Some(f), _) => TokenSource::File(f),
+        (None, Some(v)) => TokenSource::Env(v),
+        (None, None) if std::env::var_os("SLED_UPLINK_TOKEN").is_some() => {
+            TokenSource::Env("SLED_UPLINK_TOKEN".into())
+        }
+        (None, None) => TokenSource::None,
+    };
+    let env: BTreeMap<String, String> = args.env.into_iter().collect();
+    ConnectorConfig {
+        gateway,
+        state_dir: args
+            .state_dir
+            .unwrap_or_else(|| PathBuf::from(gateway_connector::config::DEFAULT_STATE_DIR)),
+        projects: vec![ProjectConfig::from_flags(
+            project,
+            args.command,
+            args.cwd,
+            env,
+            token,
+        )?],
+    }
+    .checked()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let env = |k: &str| std::env::var(k).ok();
+    let tls = match gateway_client::TlsTrust::from_flag_or_env(args.ca_file.as_deref(), &env) {
+        Ok(t) => t,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let config = match config(args) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let gateway = GatewayAddr::parse(&config.gateway).expect("a checked config's URL parses");
+    let (stop_tx, stop) = watch::channel(false);
+    let mut running = tokio::task::JoinSet::new();
+    for project in &config.projects {
+        let token = match project.token.read() {
+            Ok(t) => t,
+            Err(e) => {
+                error!(project = %project.name, "{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let key = match identity::load_or_create(&config.state_dir, &project.name) {
+            Ok(k) => k,
+            Err(e) => {
+                error!(project = %project.name, "{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let server = StdioServer::new(project.clone());
+        running.spawn(server.clone().supervise(stop.clone()));
+        let opts = UplinkOptions {
+            sled_name: project.name.clone(),
+            token,
+            identity: Some(key),
+            backoff_min: Duration::from_millis(250),
+            backoff_max: Duration::from_secs(10),
+            tls: tls.clone(),
+            ..UplinkOptions::default()
+        };
+        let mut stopping = stop.clone();
+        running.spawn(run_uplink_with(
+            TokioConnect,
+            gateway.clone(),
+            Backend::Handler(server),
+            opts,
+            async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            },
+        ));
+        info!(project = %project.name, gateway = %config.gateway, "serving");
+    }
+    shutdown_signal().await;
+    info!("stopping: closing the uplinks and the servers");
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while running.join_next().await.is_some() {}
+    })
+    .await;
+    ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler can be installed");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

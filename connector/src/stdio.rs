@@ -1,0 +1,707 @@
+//! An MCP server run as a child over stdio, served to the gateway as a project: the
+//! connector is the server's client (it initializes it), and relays the gateway's requests to
+//! it and its answers and notifications back.
+//!
+//! - **The child's life.** Started with the project's command, environment and working
+//!   directory; its stderr goes to the log, line by line. When it exits (or cannot start, or
+//!   does not answer `initialize` within [`INIT_TIMEOUT`]) every call in flight is answered at
+//!   once with `upstream_exited` (outcome unknown: the server may have acted), and it is
+//!   started again after a backoff that doubles from [`BACKOFF_MIN`] to [`BACKOFF_MAX`] (and
+//!   starts over once a child has run for [`STABLE_AFTER`]). After each start its tools are
+//!   listed, and `notifications/tools/list_changed` goes to the gateway when they differ from
+//!   the last listing.
+//! - **Calls.** Each request from the gateway goes to the child under an id of the
+//!   connector's own (the gateway's ids are unique per uplink connection only) and its answer
+//!   comes back under the gateway's. While the child is not running a request is answered at
+//!   once with `upstream_down`, naming the project and the reason. A call the gateway cancels
+//!   is cancelled at the child (`notifications/cancelled` with the child's id).
+//! - **What the child sends.** A line that is not a JSON object, a response for an id that is
+//!   not in flight and a message that is no JSON-RPC are logged and counted, never forwarded;
+//!   a line longer than [`MAX_LINE_BYTES`] (the gateway's uplink limit) is skipped and counted.
+//!   Progress (under the token the gateway gave the call), list changes and
+//!   `resources/updated` go to the gateway as they are. Another notification (a log message)
+//!   names no call on stdio: it goes to the call in flight when there is exactly one, and is
+//!   dropped (and counted) otherwise. Of the child's own requests `ping` is answered; others
+//!   (sampling, elicitation, roots) are refused with -32601, and the connector's `initialize`
+//!   declares none of those capabilities, so a server that checks does not ask.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use serde_json::{json, Value};
+use sled_sim::{CallContext, Handler};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+use tokio::time::{sleep, timeout, Instant};
+use tracing::{debug, info, warn};
+
+use crate::config::ProjectConfig;
+
+/// How long a started child has to answer `initialize`.
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first restart delay.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// The longest restart delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A child that ran this long resets the backoff.
+pub const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// The longest line read from a child: the gateway's limit for one uplink message.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+/// The MCP revision the connector asks its child for.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// What the child is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Started, not yet initialized.
+    Starting,
+    /// Initialized: calls go to it.
+    Running,
+    /// Not running: why.
+    Down(String),
+}
+
+/// What went wrong with what the child sent, and its restarts.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub restarts: AtomicU64,
+    pub non_json_lines: AtomicU64,
+    pub oversized_lines: AtomicU64,
+    pub invalid_messages: AtomicU64,
+    pub unknown_responses: AtomicU64,
+    pub dropped_notifications: AtomicU64,
+}
+
+/// A call in flight at the child, by the connector's id.
+struct Pending {
+    reply: oneshot::Sender<Value>,
+    /// The uplink connection and the gateway's id, for a call from the gateway; `None` for
+    /// the connector's own requests.
+    call: Option<(u64, u64)>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Lines for the running child's stdin.
+    stdin: Option<mpsc::UnboundedSender<String>>,
+    status: Option<Status>,
+    /// The last child's end, for the calls it took with it.
+    last_exit: Option<String>,
+    next_id: u64,
+    pending: HashMap<u64, Pending>,
+    /// The connector's id of each call from the gateway, by connection and gateway id.
+    by_call: HashMap<(u64, u64), u64>,
+    /// The tools the last child listed.
+    tools: Option<Vec<Value>>,
+}
+
+/// One project's MCP server, as a child over stdio.
+pub struct StdioServer {
+    spec: ProjectConfig,
+    shared: Mutex<Shared>,
+    notices: broadcast::Sender<String>,
+    pub counters: Counters,
+}
+
+impl std::fmt::Debug for StdioServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdioServer")
+            .field("project", &self.spec.name)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+/// The JSON-RPC error answering `id` for a call the child could not take or finish.
+fn upstream_error(id: &Value, project: &str, kind: &str, outcome: &str, reason: &str) -> Value {
+    let message = match kind {
+        "upstream_down" => format!("project {project}'s MCP server is not running: {reason}"),
+        _ => format!(
+            "project {project}'s MCP server exited during the call ({reason}); whether it acted is unknown"
+        ),
+    };
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": -32603,
+            "message": message,
+            "data": {"kind": kind, "project": project, "reason": reason, "outcome": outcome},
+        },
+    })
+}
+
+impl StdioServer {
+    pub fn new(spec: ProjectConfig) -> Arc<StdioServer> {
+        Arc::new(StdioServer {
+            spec,
+            shared: Mutex::default(),
+            notices: broadcast::channel(1024).0,
+            counters: Counters::default(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the child is doing now.
+    pub fn status(&self) -> Status {
+        self.lock()
+            .status
+            .clone()
+            .unwrap_or_else(|| Status::Down("not started yet".into()))
+    }
+
+    fn project(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Runs the child, and again each time it ends, until `stop` turns true; then stops the
+    /// last one (its stdin closed, then killed after 2 s).
+    pub async fn supervise(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut failures: u32 = 0;
+        loop {
+            let started = Instant::now();
+            let ended = tokio::select! {
+                reason = self.clone().run_child() => reason,
+                _ = stop.wait_for(|s| *s) => "the connector is stopping".to_owned(),
+            };
+            self.child_ended(&ended);
+            if *stop.borrow() {
+                return;
+            }
+            if started.elapsed() >= STABLE_AFTER {
+                failures = 0;
+            }
+            let delay = BACKOFF_MIN
+                .saturating_mul(1 << failures.min(16))
+                .min(BACKOFF_MAX);
+            failures = failures.saturating_add(1);
+            warn!(project = self.project(), reason = %ended, retry_in = ?delay, "the MCP server is down; restarting it");
+            tokio::select! {
+                () = sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            self.counters.restarts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The child is gone: every call in flight is answered (`upstream_exited`), and new ones
+    /// are refused until the next one runs.
+    fn child_ended(&self, reason: &str) {
+        let mut s = self.lock();
+        s.stdin = None;
+        s.status = Some(Status::Down(reason.to_owned()));
+        s.last_exit = Some(reason.to_owned());
+        // Dropping the senders answers each waiting call.
+        s.pending.clear();
+        s.by_call.clear();
+    }
+
+    /// One child, from its start to its end: why it ended.
+    async fn run_child(self: Arc<Self>) -> String {
+        let (program, args) = self
+            .spec
+            .command
+            .split_first()
+            .expect("a checked config has a command");
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(&self.spec.env)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(cwd) = &self.spec.cwd {
+            command.current_dir(cwd);
+        }
+        self.lock().status = Some(Status::Starting);
+        let mut child = match command.spawn() {
+            Ok(c) => c,
+            Err(e) => return format!("cannot start {program}: {e}"),
+        };
+        info!(
+            project = self.project(),
+            pid = child.id(),
+            "started the MCP server"
+        );
+        let (mut stdin, stdout, stderr) = (
+            child.stdin.take().expect("piped"),
+            child.stdout.take().expect("piped"),
+            child.stderr.take().expect("piped"),
+        );
+        let (lines, mut to_write) = mpsc::unbounded_channel::<String>();
+        let writer = async move {
+            while let Some(mut line) = to_write.recv().await {
+                line.push('\n');
+                if stdin.write_all(line.as_bytes()).await.is_err() || stdin.flush().await.is_err() {
+                    break;
+                }
+            }
+            // Its stdin closes here: a server reading it ends.
+        };
+        let project = self.project().to_owned();
+        tokio::spawn(async move {
+            let mut stderr = BufReader::new(stderr);
+            loop {
+                match read_line(&mut stderr, 64 << 10).await {
+                    Ok(Line::Text(line)) => {
+                        info!(
+                            project,
+                            "stderr: {}",
+                            String::from_utf8_lossy(&line).trim_end()
+                        )
+                    }
+                    Ok(Line::TooLong) => info!(project, "stderr: (a line over 64 KiB, skipped)"),
+                    Ok(Line::End) | Err(_) => break,
+                }
+            }
+        });
+        let me = self.clone();
+        let reader = async move {
+            let mut stdout = BufReader::new(stdout);
+            loop {
+                match read_line(&mut stdout, MAX_LINE_BYTES).await {
+                    Ok(Line::Text(line)) => me.on_line(&line),
+                    Ok(Line::TooLong) => {
+                        me.counters.oversized_lines.fetch_add(1, Ordering::Relaxed);
+                        warn!(
+                            project = me.project(),
+                            limit = MAX_LINE_BYTES,
+                            "the MCP server wrote a message over the limit; skipped"
+                        );
+                    }
+                    Ok(Line::End) => return "its stdout closed".to_owned(),
+                    Err(e) => return format!("reading its stdout failed: {e}"),
+                }
+            }
+        };
+        self.lock().stdin = Some(lines);
+        let me = self.clone();
+        let life = async move {
+            tokio::pin!(reader);
+            let init = me.initialize();
+            tokio::pin!(init);
+            // Initialized while its stdout is read: the answer comes through the reader.
+            tokio::select! {
+                ended = &mut reader => return ended,
+                r = &mut init => if let Err(e) = r { return e },
+            }
+            reader.await
+        };
+        let ended = tokio::select! {
+            ended = life => ended,
+            () = writer => "its stdin closed".to_owned(),
+        };
+        exit_of(&mut child, ended).await
+    }
+
+    /// Initializes the child as its client, then lists its tools: the gateway is told when
+    /// they are not the ones the last child listed.
+    async fn initialize(&self) -> Result<(), String> {
+        let init = self
+            .request(
+                "initialize",
+                json!({
+                    "protocolVersion": PROTOCOL_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "gateway-sled", "version": env!("CARGO_PKG_VERSION")},
+                }),
+            )
+            .await?;
+        if let Some(e) = init.get("error") {
+            return Err(format!("it refused initialize: {e}"));
+        }
+        let version = init.pointer("/result/protocolVersion").cloned();
+        self.send_line(
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
+        );
+        self.lock().status = Some(Status::Running);
+        info!(project = self.project(), protocol = ?version, "the MCP server is initialized");
+        let mut tools = Vec::new();
+        let mut cursor: Option<Value> = None;
+        loop {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let page = self.request("tools/list", params).await?;
+            if let Some(t) = page.pointer("/result/tools").and_then(Value::as_array) {
+                tools.extend(t.iter().cloned());
+            }
+            cursor = page
+                .pointer("/result/nextCursor")
+                .filter(|c| !c.is_null())
+                .cloned();
+            if cursor.is_none() || tools.len() > 100_000 {
+                break;
+            }
+        }
+        let changed = {
+            let mut s = self.lock();
+            let changed = s.tools.as_ref() != Some(&tools);
+            s.tools = Some(tools);
+            changed
+        };
+        if changed {
+            debug!(
+                project = self.project(),
+                "its tools differ from the last listing; telling the gateway"
+            );
+            let _ = self.notices.send(
+                json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    /// A request of the connector's own to the child, answered within [`INIT_TIMEOUT`].
+    async fn request(&self, method: &str, params: Value) -> Result<Value, String> {
+        let (reply, answer) = oneshot::channel();
+        let id = {
+            let mut s = self.lock();
+            s.next_id += 1;
+            let id = s.next_id;
+            s.pending.insert(id, Pending { reply, call: None });
+            id
+        };
+        self.send_line(
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+        match timeout(INIT_TIMEOUT, answer).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(format!("it ended before answering {method}")),
+            Err(_) => {
+                self.lock().pending.remove(&id);
+                Err(format!("no answer to {method} within {INIT_TIMEOUT:?}"))
+            }
+        }
+    }
+
+    fn send_line(&self, line: String) -> bool {
+        self.lock()
+            .stdin
+            .as_ref()
+            .is_some_and(|w| w.send(line).is_ok())
+    }
+
+    /// One line from the child's stdout.
+    fn on_line(&self, line: &[u8]) {
+        let project = self.project();
+        let v: Value = match serde_json::from_slice(line) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                self.counters.non_json_lines.fetch_add(1, Ordering::Relaxed);
+                let shown = String::from_utf8_lossy(&line[..line.len().min(200)]).into_owned();
+                warn!(project, line = %shown.trim_end(), "the MCP server wrote a line that is not a JSON object; ignored");
+                return;
+            }
+        };
+        if v.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            self.counters
+                .invalid_messages
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(
+                project,
+                "the MCP server wrote a message that is not JSON-RPC 2.0; ignored"
+            );
+            return;
+        }
+        let method = v.get("method").and_then(Value::as_str);
+        match (method, v.get("id")) {
+            (None, Some(id)) if v.get("result").is_some() || v.get("error").is_some() => {
+                let pending = id.as_u64().and_then(|id| {
+                    let mut s = self.lock();
+                    let p = s.pending.remove(&id)?;
+                    if let Some(call) = p.call {
+                        s.by_call.remove(&call);
+                    }
+                    Some(p)
+                });
+                match pending {
+                    Some(p) => {
+                        let _ = p.reply.send(v);
+                    }
+                    None => {
+                        self.counters
+                            .unknown_responses
+                            .fetch_add(1, Ordering::Relaxed);
+                        warn!(project, id = %id, "the MCP server answered a request that is not in flight; ignored");
+                    }
+                }
+            }
+            (Some(m), Some(id)) => {
+                let answer = if m == "ping" {
+                    json!({"jsonrpc": "2.0", "id": id, "result": {}})
+                } else {
+                    debug!(
+                        project,
+                        method = m,
+                        "the MCP server asked for what the connector does not relay"
+                    );
+                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601,
+                        "message": format!("gateway-sled does not relay {m} from a server yet")}})
+                };
+                self.send_line(answer.to_string());
+            }
+            (Some(m), None) => {
+                let m = m.to_owned();
+                self.on_notification(&m, v)
+            }
+            _ => {
+                self.counters
+                    .invalid_messages
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(project, "the MCP server wrote a JSON-RPC message that is neither request, response nor notification; ignored");
+            }
+        }
+    }
+
+    fn on_notification(&self, method: &str, mut v: Value) {
+        const AS_THEY_ARE: [&str; 5] = [
+            "notifications/progress",
+            "notifications/tools/list_changed",
+            "notifications/resources/list_changed",
+            "notifications/prompts/list_changed",
+            "notifications/resources/updated",
+        ];
+        if !AS_THEY_ARE.contains(&method) {
+            // Names no call on stdio: the one in flight, if there is exactly one.
+            let calls: Vec<u64> = {
+                let s = self.lock();
+                s.pending
+                    .values()
+                    .filter_map(|p| p.call)
+                    .map(|(_, id)| id)
+                    .take(2)
+                    .collect()
+            };
+            let [call] = calls[..] else {
+                self.counters
+                    .dropped_notifications
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(project = self.project(), method, calls = calls.len(), "a notification that names no call, with not exactly one call in flight; dropped");
+                return;
+            };
+            if !v.get("params").is_some_and(Value::is_object) {
+                v["params"] = json!({});
+            }
+            let meta = v["params"]
+                .as_object_mut()
+                .expect("made an object")
+                .entry("_meta")
+                .or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert(
+                    gateway_core::uplink::RELATED_REQUEST_META.to_owned(),
+                    json!(call),
+                );
+            }
+        }
+        let _ = self.notices.send(v.to_string());
+    }
+
+    /// Sends the gateway's request to the child under an id of the connector's own; its
+    /// answer under the gateway's id.
+    async fn forward(self: Arc<Self>, mut msg: Value, ctx: CallContext) -> Option<Value> {
+        let Some(gateway_id) = msg.get("id").cloned() else {
+            // A notification for the server.
+            self.send_line(msg.to_string());
+            return None;
+        };
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut s = self.lock();
+            let running = s.status == Some(Status::Running) && s.stdin.is_some();
+            if !running {
+                let reason = match &s.status {
+                    Some(Status::Down(r)) => r.clone(),
+                    Some(Status::Starting) => "it is starting".to_owned(),
+                    _ => "not started yet".to_owned(),
+                };
+                return Some(upstream_error(
+                    &gateway_id,
+                    self.project(),
+                    "upstream_down",
+                    "not_sent",
+                    &reason,
+                ));
+            }
+            s.next_id += 1;
+            let id = s.next_id;
+            let call = ctx.request_id().map(|r| (ctx.connection(), r));
+            s.pending.insert(id, Pending { reply, call });
+            if let Some(call) = call {
+                s.by_call.insert(call, id);
+            }
+            msg["id"] = json!(id);
+            let sent = s
+                .stdin
+                .as_ref()
+                .is_some_and(|w| w.send(msg.to_string()).is_ok());
+            if !sent {
+                s.pending.remove(&id);
+                return Some(upstream_error(
+                    &gateway_id,
+                    self.project(),
+                    "upstream_down",
+                    "not_sent",
+                    "its stdin is closed",
+                ));
+            }
+        }
+        match answer.await {
+            Ok(mut v) => {
+                v["id"] = gateway_id;
+                Some(v)
+            }
+            Err(_) => {
+                let reason = self
+                    .lock()
+                    .last_exit
+                    .clone()
+                    .unwrap_or_else(|| "it exited".into());
+                Some(upstream_error(
+                    &gateway_id,
+                    self.project(),
+                    "upstream_exited",
+                    "unknown",
+                    &reason,
+                ))
+            }
+        }
+    }
+}
+
+impl Handler for StdioServer {
+    fn project_name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>> {
+        self.forward(msg, ctx).boxed()
+    }
+
+    fn cancelled(&self, connection: u64, params: &Value) {
+        let Some(rid) = params.get("requestId").and_then(Value::as_u64) else {
+            return;
+        };
+        let id = {
+            let mut s = self.lock();
+            let Some(id) = s.by_call.remove(&(connection, rid)) else {
+                return;
+            };
+            s.pending.remove(&id);
+            id
+        };
+        let mut cancel = json!({"requestId": id});
+        if let Some(reason) = params.get("reason") {
+            cancel["reason"] = reason.clone();
+        }
+        debug!(
+            project = self.project(),
+            request = id,
+            "cancelling a call at the MCP server"
+        );
+        self.send_line(
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+                .to_string(),
+        );
+    }
+
+    fn notices(&self) -> Option<broadcast::Receiver<String>> {
+        Some(self.notices.subscribe())
+    }
+}
+
+/// How the child ended, once `ended` says its pipes did: its exit status if it exits within
+/// 2 s, else it is killed.
+async fn exit_of(child: &mut Child, ended: String) -> String {
+    let status = match timeout(Duration::from_secs(2), child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(e)) => format!("waiting for it failed: {e}"),
+        Err(_) => {
+            let _ = child.kill().await;
+            "killed: it did not exit".to_owned()
+        }
+    };
+    format!("{ended}; {status}")
+}
+
+/// One line read from a child.
+enum Line {
+    /// Without its newline.
+    Text(Vec<u8>),
+    /// Longer than the limit: skipped up to its newline.
+    TooLong,
+    End,
+}
+
+/// Reads one line of at most `limit` bytes (without buffering more than that of a longer one).
+async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R, limit: usize) -> std::io::Result<Line> {
+    let mut line = Vec::new();
+    let mut too_long = false;
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(if too_long {
+                Line::TooLong
+            } else if line.is_empty() {
+                Line::End
+            } else {
+                Line::Text(line)
+            });
+        }
+        let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(at) => (&buf[..at], Some(at + 1)),
+            None => (buf, None),
+        };
+        if !too_long && line.len() + chunk.len() > limit {
+            too_long = true;
+            line = Vec::new();
+        }
+        if !too_long {
+            line.extend_from_slice(chunk);
+        }
+        let used = done.unwrap_or(buf.len());
+        r.consume(used);
+        if done.is_some() {
+            if too_long {
+                return Ok(Line::TooLong);
+            }
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            return Ok(Line::Text(line));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_over_the_limit_are_skipped_whole() {
+        let input = b"short\nthis one is too long\r\nok\r\nlast".to_vec();
+        let mut r = BufReader::with_capacity(4, &input[..]);
+        let mut got = Vec::new();
+        loop {
+            match read_line(&mut r, 8).await.unwrap() {
+                Line::Text(t) => got.push(String::from_utf8(t).unwrap()),
+                Line::TooLong => got.push("<too long>".into()),
+                Line::End => break,
+            }
+        }
+        assert_eq!(got, ["short", "<too long>", "ok", "last"]);
+    }
+}

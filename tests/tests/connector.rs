@@ -1,0 +1,374 @@
+//! `gateway-sled` (issue 26) with an MCP server nobody here wrote: npm's
+//! `@modelcontextprotocol/server-everything`, run by the connector as a child over stdio and
+//! reached through a real gateway, over a real uplink with a token and an identity key.
+//!
+//! - Everything it lists is listed by the gateway with `project` injected, and its tools,
+//!   prompts, completion, resources and logging level answer through the gateway; its
+//!   long-running operation's progress reaches the caller.
+//! - A child killed during a call: the call is answered at once (`upstream_exited`, outcome
+//!   unknown), a call meanwhile is refused at once (`upstream_down`), and the child is started
+//!   again and serves.
+//! - A child that writes what is not JSON-RPC (lines that are not JSON, answers to ids never
+//!   asked): each is logged and skipped, and calls go on.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sled_sim::{McpClient, TokioConnect};
+use tokio::process::{Child, Command};
+
+#[path = "support/node.rs"]
+mod node;
+#[path = "support/processes.rs"]
+mod processes;
+
+/// The MCP servers the tests run, pinned.
+const SERVERS: [(&str, &str); 1] = [("@modelcontextprotocol/server-everything", "2026.8.31")];
+
+const TOKEN: &str = "everything-uplink-token-0123";
+
+fn projects_toml() -> String {
+    format!(
+        "[[project]]\nname = \"everything\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n\
+         call_timeout_ms = 60000\n"
+    )
+}
+
+/// Node and server-everything's stdio entry point.
+async fn everything_command() -> Vec<String> {
+    let node = node::node().await;
+    let dir = node::packages("servers", &SERVERS).await;
+    let entry = dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    vec![
+        node.node.display().to_string(),
+        entry.display().to_string(),
+        "stdio".into(),
+    ]
+}
+
+/// `gateway-sled` for project `everything` of the gateway at `url`, running `command`; its
+/// token from a file, its key in `dir`, its log in `dir/sled.log`.
+fn connector(url: &str, dir: &Path, command: &[String]) -> Child {
+    let token = dir.join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let log = std::fs::File::create(dir.join("sled.log")).unwrap();
+    Command::new(processes::workspace_bin("gateway-sled"))
+        .args(["--gateway", url, "--project", "everything", "--token-file"])
+        .arg(&token)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--")
+        .args(command)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("gateway-sled starts")
+}
+
+async fn session(url: &str) -> McpClient<TokioConnect> {
+    let mut c = McpClient::connect(TokioConnect, &format!("{url}/mcp"))
+        .await
+        .unwrap();
+    c.set_timeout(Some(Duration::from_secs(30)));
+    c.initialize().await.unwrap();
+    c
+}
+
+/// Calls `echo` until the server answers (within 60 s: the first start may install nothing,
+/// but Node takes a moment).
+async fn until_served(c: &mut McpClient<TokioConnect>, log: &Path) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = c
+            .tools_call(
+                json!("ready"),
+                "echo",
+                json!({"project": "everything", "message": "ready?"}),
+            )
+            .await
+            .unwrap();
+        if r["result"]["content"][0]["text"] == "Echo: ready?" {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-everything never answered through the gateway: {r}\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn text(r: &Value) -> &str {
+    r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text in {r}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_over_stdio_is_a_project_of_the_gateway() {
+    let command = everything_command().await;
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector");
+    let _sled = connector(&gw.url(), &dir, &command);
+    let mut c = session(&gw.url()).await;
+    until_served(&mut c, &dir.join("sled.log")).await;
+
+    // Its tools, listed as the session's default project's: each with `project` injected.
+    let switched = c
+        .tools_call(json!(1), "switch_project", json!({"project": "everything"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        switched["result"]["structuredContent"]["live"], true,
+        "{switched}"
+    );
+    let listed = c.tools_list(json!(2), None).await.unwrap();
+    let tools = listed["result"]["tools"].as_array().unwrap();
+    for name in [
+        "echo",
+        "get-sum",
+        "trigger-long-running-operation",
+        "get-env",
+    ] {
+        let tool = tools
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not listed: {listed}"));
+        assert_eq!(
+            tool["inputSchema"]["properties"]["project"]["type"], "string",
+            "{tool}"
+        );
+    }
+    let sum = c
+        .tools_call(json!(3), "get-sum", json!({"a": 2, "b": 3}))
+        .await
+        .unwrap();
+    assert_eq!(text(&sum), "The sum of 2 and 3 is 5.");
+
+    // Progress of its long-running operation, under the caller's own token.
+    let mut progress = Vec::new();
+    let (done, _) = c
+        .request_streaming(
+            json!(4),
+            "tools/call",
+            json!({"name": "trigger-long-running-operation",
+                   "arguments": {"duration": 1, "steps": 3},
+                   "_meta": {"progressToken": "mine"}}),
+            &[],
+            &mut |_| json!(null),
+            &mut |n| progress.push(n.clone()),
+        )
+        .await
+        .unwrap();
+    assert!(
+        text(&done).starts_with("Long running operation completed"),
+        "{done}"
+    );
+    let steps: Vec<(Value, Value)> = progress
+        .iter()
+        .filter(|n| n["method"] == "notifications/progress")
+        .map(|n| {
+            (
+                n["params"]["progressToken"].clone(),
+                n["params"]["progress"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (json!("mine"), json!(1)),
+            (json!("mine"), json!(2)),
+            (json!("mine"), json!(3))
+        ],
+        "{progress:?}"
+    );
+
+    // Prompts with arguments, completion, resources and templates, the logging level.
+    let prompt = c
+        .request(
+            json!(5),
+            "prompts/get",
+            json!({"name": "args-prompt", "arguments": {"city": "Paris"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        prompt["result"]["messages"][0]["content"]["text"], "What's weather in Paris?",
+        "{prompt}"
+    );
+    let completion = c
+        .request(
+            json!(6),
+            "completion/complete",
+            json!({"ref": {"type": "ref/prompt", "name": "completable-prompt"},
+                   "argument": {"name": "department", "value": "E"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        completion["result"]["completion"]["values"],
+        json!(["Engineering"]),
+        "{completion}"
+    );
+    let resources = c
+        .request(json!(7), "resources/list", json!({}))
+        .await
+        .unwrap();
+    let first = resources["result"]["resources"][0]["uri"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{resources}"))
+        .to_owned();
+    let read = c
+        .request(json!(8), "resources/read", json!({"uri": first}))
+        .await
+        .unwrap();
+    assert!(read["result"]["contents"][0]["text"].is_string(), "{read}");
+    let templates = c
+        .request(json!(9), "resources/templates/list", json!({}))
+        .await
+        .unwrap();
+    assert!(
+        !templates["result"]["resourceTemplates"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{templates}"
+    );
+    let level = c
+        .request(json!(10), "logging/setLevel", json!({"level": "debug"}))
+        .await
+        .unwrap();
+    assert_eq!(level["result"], json!({}), "{level}");
+
+    // The project's identity key was made on first run, readable by its owner only.
+    let key = dir.join("state/everything.key");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+/// The pid of `parent`'s one child.
+fn child_of(parent: u32) -> u32 {
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &parent.to_string()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("{parent} has no child"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_dies_mid_call_fails_its_calls_at_once_and_is_started_again() {
+    let command = everything_command().await;
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-dies");
+    let sled = connector(&gw.url(), &dir, &command);
+    let log = dir.join("sled.log");
+    let mut c = session(&gw.url()).await;
+    until_served(&mut c, &log).await;
+
+    // A 30 s operation; its server is killed a second in.
+    let server = child_of(sled.id().unwrap());
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &server.to_string()])
+            .status();
+    });
+    let long = c
+        .tools_call(
+            json!(1),
+            "trigger-long-running-operation",
+            json!({"project": "everything", "duration": 30, "steps": 2}),
+        )
+        .await
+        .unwrap();
+    killer.await.unwrap();
+    assert_eq!(long["error"]["data"]["kind"], "upstream_exited", "{long}");
+    assert_eq!(long["error"]["data"]["outcome"], "unknown", "{long}");
+    assert_eq!(long["error"]["data"]["project"], "everything", "{long}");
+    assert!(
+        long["error"]["data"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("SIGKILL")),
+        "{long}"
+    );
+    // Served again once it is started again.
+    until_served(&mut c, &log).await;
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(log_text.contains("restarting it"), "{log_text}");
+}
+
+/// A stdio MCP server that writes what no client should take: a line that is not JSON, an
+/// answer to an id never asked, a JSON-RPC message of no kind; then serves one tool, `ping2`.
+const UNRULY: &str = r#"
+const rl = require('readline').createInterface({ input: process.stdin });
+const out = (m) => process.stdout.write(JSON.stringify(m) + '\n');
+rl.on('line', (line) => {
+  const m = JSON.parse(line);
+  if (m.method === 'initialize') {
+    process.stdout.write('this is not JSON\n');
+    out({ jsonrpc: '2.0', id: 99999, result: {} });
+    out({ jsonrpc: '2.0' });
+    out({ jsonrpc: '2.0', id: m.id, result: { protocolVersion: '2025-11-25', capabilities: { tools: {} },
+          serverInfo: { name: 'unruly', version: '0' } } });
+  } else if (m.method === 'tools/list') {
+    out({ jsonrpc: '2.0', id: m.id, result: { tools: [{ name: 'ping2', inputSchema: { type: 'object' } }] } });
+  } else if (m.method === 'tools/call') {
+    process.stdout.write('{"half": \n');
+    out({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: 'pong' }] } });
+  }
+});
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_server_writes_that_is_not_json_rpc_is_logged_and_skipped() {
+    let node = node::node().await;
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-unruly");
+    let script: PathBuf = dir.join("unruly.js");
+    std::fs::write(&script, UNRULY).unwrap();
+    let _sled = connector(
+        &gw.url(),
+        &dir,
+        &[
+            node.node.display().to_string(),
+            script.display().to_string(),
+        ],
+    );
+    let mut c = session(&gw.url()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let r = c
+            .tools_call(json!(1), "ping2", json!({"project": "everything"}))
+            .await
+            .unwrap();
+        if r.get("result").is_some() || tokio::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(text(&answer), "pong", "{answer}");
+    let log = std::fs::read_to_string(dir.join("sled.log")).unwrap();
+    for said in [
+        "a line that is not a JSON object",
+        "answered a request that is not in flight",
+        "neither request, response nor notification",
+    ] {
+        assert!(log.contains(said), "{said}: {log}");
+    }
+    assert!(
+        !log.contains("restarting it"),
+        "the server was never restarted: {log}"
+    );
+}
