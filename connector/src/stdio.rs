@@ -18,12 +18,16 @@
 //! - **What the child sends.** A line that is not a JSON object, a response for an id that is
 //!   not in flight and a message that is no JSON-RPC are logged and counted, never forwarded;
 //!   a line longer than [`MAX_LINE_BYTES`] (the gateway's uplink limit) is skipped and counted.
-//!   Progress (under the token the gateway gave the call), list changes and
-//!   `resources/updated` go to the gateway as they are. Another notification (a log message)
-//!   names no call on stdio: it goes to the call in flight when there is exactly one, and is
-//!   dropped (and counted) otherwise. Of the child's own requests `ping` is answered; others
-//!   (sampling, elicitation, roots) are refused with -32601, and the connector's `initialize`
-//!   declares none of those capabilities, so a server that checks does not ask.
+//!   Progress goes to the gateway as it is, on the way of the call whose token it names, so it
+//!   arrives before that call's answer (as the server sent them); list changes and
+//!   `resources/updated` go as they are. Another notification (a log message) names no call on
+//!   stdio: it goes to the call in flight when there is exactly one, and is dropped (and
+//!   counted) otherwise. Of the child's own requests `ping` is answered here;
+//!   sampling and elicitation go to the client of the call in flight through the gateway (which
+//!   refuses them for a client that did not declare them), and its answer back to the child,
+//!   when exactly one call is in flight, for a request on stdio names no call; with none or
+//!   several they are refused. Roots, which are a client's and not one call's, are refused
+//!   with -32601 and not declared.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,7 +87,18 @@ struct Pending {
     /// The uplink connection and the gateway's id, for a call from the gateway; `None` for
     /// the connector's own requests.
     call: Option<(u64, u64)>,
+    /// The call's way to its client, for the server's requests and notifications during it.
+    ctx: Option<CallContext>,
+    /// The progress token the gateway gave the call.
+    progress: Option<Value>,
 }
+
+/// How long the server's sampling or elicitation request may wait for the client's answer
+/// (a person may be answering); the call's own deadline at the gateway ends it sooner.
+pub const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
+
+/// The requests a server may make of the calling client, relayed to it through the gateway.
+const RELAYED_REQUESTS: [&str; 2] = ["sampling/createMessage", "elicitation/create"];
 
 #[derive(Default)]
 struct Shared {
@@ -313,7 +328,9 @@ impl StdioServer {
                 "initialize",
                 json!({
                     "protocolVersion": PROTOCOL_VERSION,
-                    "capabilities": {},
+                    // What it relays to the calling client (see `RELAYED_REQUESTS`); not roots,
+                    // which are a client's and not one call's.
+                    "capabilities": {"sampling": {}, "elicitation": {}},
                     "clientInfo": {"name": "gateway-sled", "version": env!("CARGO_PKG_VERSION")},
                 }),
             )
@@ -371,7 +388,15 @@ impl StdioServer {
             let mut s = self.lock();
             s.next_id += 1;
             let id = s.next_id;
-            s.pending.insert(id, Pending { reply, call: None });
+            s.pending.insert(
+                id,
+                Pending {
+                    reply,
+                    call: None,
+                    ctx: None,
+                    progress: None,
+                },
+            );
             id
         };
         self.send_line(
@@ -439,20 +464,7 @@ impl StdioServer {
                     }
                 }
             }
-            (Some(m), Some(id)) => {
-                let answer = if m == "ping" {
-                    json!({"jsonrpc": "2.0", "id": id, "result": {}})
-                } else {
-                    debug!(
-                        project,
-                        method = m,
-                        "the MCP server asked for what the connector does not relay"
-                    );
-                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601,
-                        "message": format!("gateway-sled does not relay {m} from a server yet")}})
-                };
-                self.send_line(answer.to_string());
-            }
+            (Some(m), Some(_)) => self.on_request(m.to_owned(), v),
             (Some(m), None) => {
                 let m = m.to_owned();
                 self.on_notification(&m, v)
@@ -466,32 +478,100 @@ impl StdioServer {
         }
     }
 
+    /// The server's own request: `ping` answered here; sampling and elicitation relayed to
+    /// the client of the call in flight (on stdio a request names no call, so there must be
+    /// exactly one); anything else refused.
+    fn on_request(&self, method: String, v: Value) {
+        let id = v["id"].clone();
+        let refuse = |code: i64, message: String| json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        if method == "ping" {
+            self.send_line(json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string());
+            return;
+        }
+        if !RELAYED_REQUESTS.contains(&method.as_str()) {
+            debug!(
+                project = self.project(),
+                method, "the MCP server asked for what the connector does not relay"
+            );
+            self.send_line(
+                refuse(-32601, format!("gateway-sled does not relay {method}")).to_string(),
+            );
+            return;
+        }
+        let calls: Vec<CallContext> = {
+            let s = self.lock();
+            s.pending
+                .values()
+                .filter_map(|p| p.ctx.clone())
+                .take(2)
+                .collect()
+        };
+        let [ctx] = &calls[..] else {
+            self.send_line(
+                refuse(
+                    -32603,
+                    format!(
+                        "gateway-sled cannot tell which call this {method} belongs to: {} calls are in flight, and a request on stdio names none",
+                        if calls.is_empty() { "no" } else { "several" }
+                    ),
+                )
+                .to_string(),
+            );
+            return;
+        };
+        let (ctx, stdin) = (ctx.clone(), self.lock().stdin.clone());
+        let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
+        tokio::spawn(async move {
+            let answer = match ctx.request(&method, params, CLIENT_ANSWER_WAIT).await {
+                Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                Err(sled_sim::uplink::RequestError::Rpc { code, message }) => {
+                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+                }
+                Err(e) => json!({"jsonrpc": "2.0", "id": id,
+                    "error": {"code": -32603, "message": format!("the client's answer to {method} did not come: {e}")}}),
+            };
+            // To the child that asked, not a later one.
+            if let Some(stdin) = stdin {
+                let _ = stdin.send(answer.to_string());
+            }
+        });
+    }
+
+    /// A notification from the server. One for a call goes up through that call's context, so
+    /// that it reaches the gateway before the call's answer, as the server sent them: progress
+    /// by the call's token, anything else (a log message) to the call in flight when there is
+    /// exactly one (on stdio it names none). List changes and `resources/updated` are the
+    /// project's, not a call's.
     fn on_notification(&self, method: &str, mut v: Value) {
-        const AS_THEY_ARE: [&str; 5] = [
-            "notifications/progress",
+        const THE_PROJECTS: [&str; 4] = [
             "notifications/tools/list_changed",
             "notifications/resources/list_changed",
             "notifications/prompts/list_changed",
             "notifications/resources/updated",
         ];
-        if !AS_THEY_ARE.contains(&method) {
-            // Names no call on stdio: the one in flight, if there is exactly one.
-            let calls: Vec<u64> = {
-                let s = self.lock();
-                s.pending
-                    .values()
-                    .filter_map(|p| p.call)
-                    .map(|(_, id)| id)
-                    .take(2)
-                    .collect()
-            };
-            let [call] = calls[..] else {
-                self.counters
-                    .dropped_notifications
-                    .fetch_add(1, Ordering::Relaxed);
-                debug!(project = self.project(), method, calls = calls.len(), "a notification that names no call, with not exactly one call in flight; dropped");
-                return;
-            };
+        if THE_PROJECTS.contains(&method) {
+            let _ = self.notices.send(v.to_string());
+            return;
+        }
+        let progress = method == "notifications/progress";
+        let calls: Vec<(u64, CallContext)> = {
+            let s = self.lock();
+            let token = v.pointer("/params/progressToken");
+            s.pending
+                .values()
+                .filter(|p| !progress || (p.progress.is_some() && p.progress.as_ref() == token))
+                .filter_map(|p| Some((p.call?.1, p.ctx.clone()?)))
+                .take(2)
+                .collect()
+        };
+        let [(call, ctx)] = &calls[..] else {
+            self.counters
+                .dropped_notifications
+                .fetch_add(1, Ordering::Relaxed);
+            debug!(project = self.project(), method, calls = calls.len(), "a notification for no call in flight, or one that names none with several in flight; dropped");
+            return;
+        };
+        if !progress {
             if !v.get("params").is_some_and(Value::is_object) {
                 v["params"] = json!({});
             }
@@ -507,7 +587,7 @@ impl StdioServer {
                 );
             }
         }
-        let _ = self.notices.send(v.to_string());
+        ctx.send_as_is(&v);
     }
 
     /// Sends the gateway's request to the child under an id of the connector's own; its
@@ -539,7 +619,15 @@ impl StdioServer {
             s.next_id += 1;
             let id = s.next_id;
             let call = ctx.request_id().map(|r| (ctx.connection(), r));
-            s.pending.insert(id, Pending { reply, call });
+            s.pending.insert(
+                id,
+                Pending {
+                    reply,
+                    call,
+                    ctx: Some(ctx.clone()),
+                    progress: ctx.progress_token().cloned(),
+                },
+            );
             if let Some(call) = call {
                 s.by_call.insert(call, id);
             }

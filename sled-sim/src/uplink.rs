@@ -422,6 +422,13 @@ impl CallContext {
         self.peer.tx.send(Message::text(msg.to_string())).is_ok()
     }
 
+    /// Sends `msg` up the uplink as it is (a notification already shaped for this call, such
+    /// as a server's own progress under the call's token), after whatever was sent before it
+    /// and before the call's answer, which goes the same way once the handler returns it.
+    pub fn send_as_is(&self, msg: &Value) -> bool {
+        self.send(msg)
+    }
+
     /// Sends `notifications/progress` under the request's token; does nothing (and returns
     /// false) when the client asked for no progress.
     pub fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> bool {

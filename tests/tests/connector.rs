@@ -4,7 +4,8 @@
 //!
 //! - Everything it lists is listed by the gateway with `project` injected, and its tools,
 //!   prompts, completion, resources and logging level answer through the gateway; its
-//!   long-running operation's progress reaches the caller.
+//!   long-running operation's progress reaches the caller; its own sampling and elicitation
+//!   requests reach the calling client, and the client's answers reach it.
 //! - A child killed during a call: the call is answered at once (`upstream_exited`, outcome
 //!   unknown), a call meanwhile is refused at once (`upstream_down`), and the child is started
 //!   again and serves.
@@ -245,6 +246,53 @@ async fn server_everything_over_stdio_is_a_project_of_the_gateway() {
         .await
         .unwrap();
     assert_eq!(level["result"], json!({}), "{level}");
+
+    // The server's own sampling and elicitation requests, answered by a client that declared
+    // both, through the gateway.
+    let mut asker = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+        .await
+        .unwrap();
+    asker.set_timeout(Some(Duration::from_secs(30)));
+    asker
+        .initialize_with(json!({"sampling": {}, "elicitation": {}}))
+        .await
+        .unwrap();
+    let answer = &mut |r: &Value| match r["method"].as_str() {
+        Some("sampling/createMessage") => json!({"jsonrpc": "2.0", "id": r["id"], "result": {
+            "role": "assistant", "model": "test-model", "stopReason": "endTurn",
+            "content": {"type": "text", "text": "sampled by the test"}}}),
+        _ => json!({"jsonrpc": "2.0", "id": r["id"], "result": {"action": "decline"}}),
+    };
+    let (sampled, asked) = asker
+        .request_answering(
+            json!(11),
+            "tools/call",
+            json!({"name": "trigger-sampling-request",
+                   "arguments": {"project": "everything", "prompt": "hi", "maxTokens": 10}}),
+            answer,
+        )
+        .await
+        .unwrap();
+    assert!(text(&sampled).contains("sampled by the test"), "{sampled}");
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(
+        asked[0].request["params"]["messages"][0]["content"]["text"],
+        "Resource trigger-sampling-request context: hi"
+    );
+    let (elicited, asked) = asker
+        .request_answering(
+            json!(12),
+            "tools/call",
+            json!({"name": "trigger-elicitation-request", "arguments": {"project": "everything"}}),
+            answer,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        asked[0].request["method"], "elicitation/create",
+        "{asked:?}"
+    );
+    assert!(text(&elicited).contains("declined"), "{elicited}");
 
     // The project's identity key was made on first run, readable by its owner only.
     let key = dir.join("state/everything.key");
