@@ -57,6 +57,10 @@ fn hyper_err(e: hyper::Error) -> ClientError {
     ClientError::Io(io::Error::other(e))
 }
 
+/// The JSON-RPC response to a server's request, once it is made
+/// ([`McpClient::request_streaming_async`]).
+pub type AnswerFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>;
+
 /// An MCP client session against one endpoint.
 pub struct McpClient<C: Connect> {
     connector: C,
@@ -349,6 +353,26 @@ impl<C: Connect> McpClient<C> {
         answer: &mut (dyn FnMut(&Value) -> Value + Send),
         notified: &mut (dyn FnMut(&Value) + Send),
     ) -> Result<(Value, Vec<AnsweredRequest>), ClientError> {
+        let answer = &mut |m: &Value| -> AnswerFuture {
+            let reply = answer(m);
+            Box::pin(async move { reply })
+        };
+        self.request_streaming_async(id, method, params, headers, answer, notified)
+            .await
+    }
+
+    /// [`McpClient::request_streaming`] whose answers to the server's requests take time to
+    /// make (a relay asks someone else): `answer` returns a future of the JSON-RPC response,
+    /// awaited before the stream is read further.
+    pub async fn request_streaming_async(
+        &mut self,
+        id: Value,
+        method: &str,
+        params: Value,
+        headers: &[(&str, &str)],
+        answer: &mut (dyn FnMut(&Value) -> AnswerFuture + Send),
+        notified: &mut (dyn FnMut(&Value) + Send),
+    ) -> Result<(Value, Vec<AnsweredRequest>), ClientError> {
         let mut msg = json!({ "jsonrpc": "2.0", "id": id, "method": method });
         if !params.is_null() {
             msg["params"] = params;
@@ -402,7 +426,7 @@ impl<C: Connect> McpClient<C> {
                     } else if is_response {
                         fallback = Some(m);
                     } else if m.get("method").is_some() && m.get("id").is_some() {
-                        let reply = answer(&m);
+                        let reply = answer(&m).await;
                         let answered = self.post_aside(reply.to_string().into_bytes()).await;
                         seen.push(AnsweredRequest {
                             request: m,

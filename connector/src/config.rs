@@ -14,6 +14,11 @@
 //! env = { MEMORY_FILE_PATH = "/srv/memory/memory.json" }   # optional: added to its environment
 //! token_file = "/run/secrets/memory-uplink-token"  # optional: the project's uplink token, or
 //! # token_env = "MEMORY_UPLINK_TOKEN"             # the variable holding it (never on the command line)
+//!
+//! [[project]]
+//! name = "search"
+//! url = "http://127.0.0.1:3001/mcp"               # a Streamable HTTP server instead of a command
+//! bearer_token_env = "SEARCH_TOKEN"                # optional: its bearer token (or bearer_token_file)
 //! ```
 
 use std::collections::BTreeMap;
@@ -39,13 +44,24 @@ pub struct ConnectorConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProjectConfig {
     pub name: String,
-    /// The child's program and arguments.
-    pub command: Vec<String>,
-    pub cwd: Option<PathBuf>,
-    /// Added to the child's environment (which is otherwise the connector's).
-    pub env: BTreeMap<String, String>,
+    pub upstream: Upstream,
     /// Where the uplink token comes from, if the project has one.
     pub token: TokenSource,
+}
+
+/// Where the project's MCP server is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// A child over stdio.
+    Stdio {
+        /// The child's program and arguments.
+        command: Vec<String>,
+        cwd: Option<PathBuf>,
+        /// Added to the child's environment (which is otherwise the connector's).
+        env: BTreeMap<String, String>,
+    },
+    /// A server over Streamable HTTP at `url`, with a bearer token for it if it wants one.
+    Http { url: String, bearer: TokenSource },
 }
 
 /// Where a project's uplink token is read from: a file or an environment variable, never a
@@ -95,12 +111,56 @@ struct RawFile {
 #[serde(deny_unknown_fields)]
 struct RawProject {
     name: String,
-    command: Vec<String>,
+    command: Option<Vec<String>>,
     cwd: Option<PathBuf>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    url: Option<String>,
+    bearer_token_file: Option<PathBuf>,
+    bearer_token_env: Option<String>,
     token_file: Option<PathBuf>,
     token_env: Option<String>,
+}
+
+/// A secret from a file or a variable, at most one of them (`what_file`, `what_env`).
+fn source(file: Option<PathBuf>, env: Option<String>, what: &str) -> Result<TokenSource, String> {
+    match (file, env) {
+        (Some(_), Some(_)) => Err(format!("set {what}_file or {what}_env, not both")),
+        (Some(f), None) => Ok(TokenSource::File(f)),
+        (None, Some(v)) => Ok(TokenSource::Env(v)),
+        (None, None) => Ok(TokenSource::None),
+    }
+}
+
+impl RawProject {
+    fn upstream(self) -> Result<(String, Upstream, TokenSource), String> {
+        let token = source(self.token_file, self.token_env, "token")?;
+        let bearer = source(
+            self.bearer_token_file,
+            self.bearer_token_env,
+            "bearer_token",
+        )?;
+        let upstream = match (self.command, self.url) {
+            (Some(_), None) if bearer != TokenSource::None => {
+                return Err("a bearer token is for a server at a url, not a command".into())
+            }
+            (Some(command), None) => Upstream::Stdio {
+                command,
+                cwd: self.cwd,
+                env: self.env,
+            },
+            (None, Some(_)) if self.cwd.is_some() || !self.env.is_empty() => {
+                return Err("cwd and env are for a command, not a server at a url".into())
+            }
+            (None, Some(url)) => Upstream::Http { url, bearer },
+            _ => {
+                return Err(
+                    "set either command (a stdio server) or url (a Streamable HTTP server)".into(),
+                )
+            }
+        };
+        Ok((self.name, upstream, token))
+    }
 }
 
 impl ConnectorConfig {
@@ -111,25 +171,8 @@ impl ConnectorConfig {
         let mut projects = Vec::with_capacity(raw.project.len());
         for (i, p) in raw.project.into_iter().enumerate() {
             let at = |m: String| format!("{}: project[{i}]: {m}", file.display());
-            let token = match (p.token_file, p.token_env) {
-                (Some(_), Some(_)) => {
-                    return Err(at("set token_file or token_env, not both".into()))
-                }
-                (Some(f), None) => TokenSource::File(f),
-                (None, Some(v)) => TokenSource::Env(v),
-                (None, None) => TokenSource::None,
-            };
-            projects.push(
-                ProjectConfig {
-                    name: p.name,
-                    command: p.command,
-                    cwd: p.cwd,
-                    env: p.env,
-                    token,
-                }
-                .checked()
-                .map_err(at)?,
-            );
+            let (name, upstream, token) = p.upstream().map_err(at)?;
+            projects.push(ProjectConfig::from_flags(name, upstream, token).map_err(at)?);
         }
         let config = ConnectorConfig {
             gateway: raw.gateway,
@@ -163,40 +206,41 @@ impl ConnectorConfig {
 }
 
 impl ProjectConfig {
-    fn checked(self) -> Result<ProjectConfig, String> {
-        let name_ok = (1..=64).contains(&self.name.len())
-            && self
-                .name
+    /// One project, checked: its name, and a command or a URL with a path.
+    pub fn from_flags(
+        name: String,
+        upstream: Upstream,
+        token: TokenSource,
+    ) -> Result<ProjectConfig, String> {
+        let name_ok = (1..=64).contains(&name.len())
+            && name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
         if !name_ok {
             return Err(format!(
-                "'{}' is not a project name (1 to 64 of A-Z a-z 0-9 _ . -)",
-                self.name
+                "'{name}' is not a project name (1 to 64 of A-Z a-z 0-9 _ . -)"
             ));
         }
-        if self.command.first().is_none_or(|c| c.is_empty()) {
-            return Err(format!("project '{}' has no command", self.name));
+        match &upstream {
+            Upstream::Stdio { command, .. } if command.first().is_none_or(|c| c.is_empty()) => {
+                return Err(format!("project '{name}' has no command"));
+            }
+            Upstream::Http { url, .. } => {
+                let parsed = gateway_client::net::HttpUrl::parse(url)
+                    .map_err(|e| format!("project '{name}': url: {}", e.reason))?;
+                if parsed.path == "/" {
+                    return Err(format!(
+                        "project '{name}': the url names no path (a server's MCP endpoint is usually /mcp)"
+                    ));
+                }
+            }
+            Upstream::Stdio { .. } => {}
         }
-        Ok(self)
-    }
-
-    /// One project from flags.
-    pub fn from_flags(
-        name: String,
-        command: Vec<String>,
-        cwd: Option<PathBuf>,
-        env: BTreeMap<String, String>,
-        token: TokenSource,
-    ) -> Result<ProjectConfig, String> {
-        ProjectConfig {
+        Ok(ProjectConfig {
             name,
-            command,
-            cwd,
-            env,
+            upstream,
             token,
-        }
-        .checked()
+        })
     }
 }
 
@@ -221,14 +265,20 @@ token_file = "/run/secrets/memory-uplink-token"
 name = "everything"
 command = ["node", "index.js", "stdio"]
 token_env = "EVERYTHING_UPLINK_TOKEN"
+
+[[project]]
+name = "search"
+url = "http://127.0.0.1:3001/mcp"
+bearer_token_env = "SEARCH_TOKEN"
 "#;
         let c = ConnectorConfig::parse(Path::new("sleds.toml"), text).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/gateway-sled"));
-        assert_eq!(c.projects.len(), 2);
-        assert_eq!(
-            c.projects[0].env["MEMORY_FILE_PATH"],
-            "/srv/memory/memory.json"
-        );
+        assert_eq!(c.projects.len(), 3);
+        let Upstream::Stdio { env, cwd, .. } = &c.projects[0].upstream else {
+            panic!("a command is a stdio server")
+        };
+        assert_eq!(env["MEMORY_FILE_PATH"], "/srv/memory/memory.json");
+        assert_eq!(cwd.as_deref(), Some(Path::new("/srv/memory")));
         assert_eq!(
             c.projects[0].token,
             TokenSource::File("/run/secrets/memory-uplink-token".into())
@@ -236,6 +286,13 @@ token_env = "EVERYTHING_UPLINK_TOKEN"
         assert_eq!(
             c.projects[1].token,
             TokenSource::Env("EVERYTHING_UPLINK_TOKEN".into())
+        );
+        assert_eq!(
+            c.projects[2].upstream,
+            Upstream::Http {
+                url: "http://127.0.0.1:3001/mcp".into(),
+                bearer: TokenSource::Env("SEARCH_TOKEN".into())
+            }
         );
     }
 
@@ -262,6 +319,11 @@ token_env = "EVERYTHING_UPLINK_TOKEN"
     #[test]
     fn refuses_what_cannot_run() {
         let parse = |t: &str| ConnectorConfig::parse(Path::new("s.toml"), t).unwrap_err();
+        let one = |p: &str| {
+            parse(&format!(
+                "gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\n{p}"
+            ))
+        };
         assert!(parse("gateway = \"http://h:1\"\n").contains("no project"));
         assert!(
             parse("gateway = \"ftp://h\"\n[[project]]\nname=\"a\"\ncommand=[\"x\"]\n")
@@ -271,18 +333,17 @@ token_env = "EVERYTHING_UPLINK_TOKEN"
             parse("gateway = \"http://h:1\"\n[[project]]\nname=\"a b\"\ncommand=[\"x\"]\n")
                 .contains("not a project name")
         );
+        assert!(one("command=[]\n").contains("no command"));
         assert!(
-            parse("gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\ncommand=[]\n")
-                .contains("no command")
+            one("command=[\"x\"]\n[[project]]\nname=\"a\"\ncommand=[\"y\"]\n")
+                .contains("named twice")
         );
-        assert!(parse(
-            "gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\ncommand=[\"x\"]\n[[project]]\nname=\"a\"\ncommand=[\"y\"]\n"
-        )
-        .contains("named twice"));
-        assert!(parse(
-            "gateway = \"http://h:1\"\n[[project]]\nname=\"a\"\ncommand=[\"x\"]\ntoken_env=\"A\"\ntoken_file=\"b\"\n"
-        )
-        .contains("not both"));
+        assert!(one("command=[\"x\"]\ntoken_env=\"A\"\ntoken_file=\"b\"\n").contains("not both"));
         assert!(parse("gateway = \"http://h:1\"\nshell = true\n").contains("unknown field"));
+        assert!(one("command=[\"x\"]\nurl=\"http://h:2/mcp\"\n").contains("either command"));
+        assert!(one("\n").contains("either command"));
+        assert!(one("url=\"http://h:2\"\n").contains("no path"));
+        assert!(one("url=\"http://h:2/mcp\"\ncwd=\"/\"\n").contains("not a server at a url"));
+        assert!(one("command=[\"x\"]\nbearer_token_env=\"T\"\n").contains("not a command"));
     }
 }

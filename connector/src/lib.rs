@@ -1,6 +1,7 @@
 //! gateway-sled: existing MCP servers as projects of the gateway.
 //!
-//! Each configured project's server runs as a child over stdio ([`stdio::StdioServer`]), and
+//! Each configured project's server runs as a child over stdio ([`stdio::StdioServer`]) or is
+//! reached over Streamable HTTP ([`http::HttpServer`]), and
 //! the connector dials the gateway's `/uplink` for it, as a sled does: the hello with the
 //! project's token and its identity key ([`identity`]), heartbeats, reconnects with backoff,
 //! epochs (sled-sim's uplink, `sled_sim::uplink`). The gateway then lists the server's tools
@@ -8,8 +9,12 @@
 //! runs.
 
 pub mod config;
+pub mod http;
 pub mod identity;
 pub mod stdio;
+pub mod upstream;
 
-pub use config::{ConnectorConfig, ProjectConfig, TokenSource};
-pub use stdio::{Status, StdioServer};
+pub use config::{ConnectorConfig, ProjectConfig, TokenSource, Upstream};
+pub use http::HttpServer;
+pub use stdio::StdioServer;
+pub use upstream::Status;

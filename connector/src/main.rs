@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gateway_connector::{identity, ConnectorConfig, ProjectConfig, StdioServer, TokenSource};
+use gateway_connector::{
+    identity, ConnectorConfig, HttpServer, ProjectConfig, StdioServer, TokenSource, Upstream,
+};
 use sled_sim::uplink::{run_uplink_with, Backend, UplinkOptions};
 use sled_sim::{GatewayAddr, TokioConnect};
 use tokio::sync::watch;
@@ -16,13 +18,14 @@ use tracing_subscriber::EnvFilter;
 /// Put existing MCP servers behind the gateway: each runs as a child over stdio, and the
 /// connector dials the gateway's /uplink for its project, as a sled does.
 ///
-/// One server: `gateway-sled --gateway URL --project NAME -- COMMAND ARGS...`.
+/// One server: `gateway-sled --gateway URL --project NAME -- COMMAND ARGS...` (a stdio server),
+/// or `gateway-sled --gateway URL --project NAME --url http://host:port/mcp` (Streamable HTTP).
 /// Several: `gateway-sled --config sleds.toml` (see the README).
 #[derive(Debug, Parser)]
 #[command(name = "gateway-sled", version)]
 struct Args {
     /// A file naming the gateway and each project's server (instead of the flags below).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["gateway", "project", "command"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["gateway", "project", "command", "url"])]
     config: Option<PathBuf>,
 
     /// The gateway's base URL: http://host:port, or https://host:port (the uplink is then wss://).
@@ -32,6 +35,23 @@ struct Args {
     /// The project the server serves, as the gateway's projects.toml names it.
     #[arg(long, value_name = "NAME")]
     project: Option<String>,
+
+    /// The server's Streamable HTTP endpoint (instead of a command).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["command", "cwd", "env"])]
+    url: Option<String>,
+
+    /// A file holding the bearer token for the server at --url.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "url",
+        conflicts_with = "bearer_token_env"
+    )]
+    bearer_token_file: Option<PathBuf>,
+
+    /// The environment variable holding the bearer token for the server at --url.
+    #[arg(long, value_name = "VAR", requires = "url")]
+    bearer_token_env: Option<String>,
 
     /// The server's working directory.
     #[arg(long, value_name = "DIR")]
@@ -83,9 +103,24 @@ fn config(args: Args) -> Result<ConnectorConfig, String> {
     }
     let gateway = args.gateway.ok_or("--gateway (or --config) is required")?;
     let project = args.project.ok_or("--project (or --config) is required")?;
-    if args.command.is_empty() {
-        return Err("the server's command is required, after `--`".into());
-    }
+    let upstream = match args.url {
+        Some(url) => Upstream::Http {
+            url,
+            bearer: match (args.bearer_token_file, args.bearer_token_env) {
+                (Some(f), _) => TokenSource::File(f),
+                (None, Some(v)) => TokenSource::Env(v),
+                (None, None) => TokenSource::None,
+            },
+        },
+        None if args.command.is_empty() => {
+            return Err("the server's command (after `--`) or --url is required".into())
+        }
+        None => Upstream::Stdio {
+            command: args.command,
+            cwd: args.cwd,
+            env: args.env.into_iter().collect::<BTreeMap<_, _>>(),
+        },
+    };
     let token = match (args.token_file, args.token_env) {
         (Some(f), _) => TokenSource::File(f),
         (None, Some(v)) => TokenSource::Env(v),
@@ -94,19 +129,12 @@ fn config(args: Args) -> Result<ConnectorConfig, String> {
         }
         (None, None) => TokenSource::None,
     };
-    let env: BTreeMap<String, String> = args.env.into_iter().collect();
     ConnectorConfig {
         gateway,
         state_dir: args
             .state_dir
             .unwrap_or_else(|| PathBuf::from(gateway_connector::config::DEFAULT_STATE_DIR)),
-        projects: vec![ProjectConfig::from_flags(
-            project,
-            args.command,
-            args.cwd,
-            env,
-            token,
-        )?],
+        projects: vec![ProjectConfig::from_flags(project, upstream, token)?],
     }
     .checked()
 }
@@ -153,8 +181,26 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let server = StdioServer::new(project.clone());
-        running.spawn(server.clone().supervise(stop.clone()));
+        let backend = match &project.upstream {
+            Upstream::Stdio { command, cwd, env } => {
+                let server =
+                    StdioServer::new(&project.name, command.clone(), cwd.clone(), env.clone());
+                running.spawn(server.clone().supervise(stop.clone()));
+                Backend::Handler(server)
+            }
+            Upstream::Http { url, bearer } => {
+                let bearer = match bearer.read() {
+                    Ok(b) => b,
+                    Err(e) => {
+                        error!(project = %project.name, "the server's bearer token: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let server = HttpServer::new(&project.name, url, bearer, tls.clone());
+                running.spawn(server.clone().supervise(stop.clone()));
+                Backend::Handler(server)
+            }
+        };
         let opts = UplinkOptions {
             sled_name: project.name.clone(),
             token,
@@ -168,7 +214,7 @@ async fn main() -> ExitCode {
         running.spawn(run_uplink_with(
             TokioConnect,
             gateway.clone(),
-            Backend::Handler(server),
+            backend,
             opts,
             async move {
                 let _ = stopping.wait_for(|s| *s).await;

@@ -44,7 +44,10 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{sleep, timeout, Instant};
 use tracing::{debug, info, warn};
 
-use crate::config::ProjectConfig;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::upstream::{upstream_error, Status};
 
 /// How long a started child has to answer `initialize`.
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -58,17 +61,6 @@ pub const STABLE_AFTER: Duration = Duration::from_secs(60);
 pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// The MCP revision the connector asks its child for.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
-
-/// What the child is doing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
-    /// Started, not yet initialized.
-    Starting,
-    /// Initialized: calls go to it.
-    Running,
-    /// Not running: why.
-    Down(String),
-}
 
 /// What went wrong with what the child sent, and its restarts.
 #[derive(Debug, Default)]
@@ -117,7 +109,11 @@ struct Shared {
 
 /// One project's MCP server, as a child over stdio.
 pub struct StdioServer {
-    spec: ProjectConfig,
+    project: String,
+    /// The program and its arguments.
+    command: Vec<String>,
+    cwd: Option<PathBuf>,
+    env: BTreeMap<String, String>,
     shared: Mutex<Shared>,
     notices: broadcast::Sender<String>,
     pub counters: Counters,
@@ -126,35 +122,25 @@ pub struct StdioServer {
 impl std::fmt::Debug for StdioServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StdioServer")
-            .field("project", &self.spec.name)
+            .field("project", &self.project)
             .field("status", &self.status())
             .finish()
     }
 }
 
-/// The JSON-RPC error answering `id` for a call the child could not take or finish.
-fn upstream_error(id: &Value, project: &str, kind: &str, outcome: &str, reason: &str) -> Value {
-    let message = match kind {
-        "upstream_down" => format!("project {project}'s MCP server is not running: {reason}"),
-        _ => format!(
-            "project {project}'s MCP server exited during the call ({reason}); whether it acted is unknown"
-        ),
-    };
-    json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": {
-            "code": -32603,
-            "message": message,
-            "data": {"kind": kind, "project": project, "reason": reason, "outcome": outcome},
-        },
-    })
-}
-
 impl StdioServer {
-    pub fn new(spec: ProjectConfig) -> Arc<StdioServer> {
+    /// `project`'s server, run as `command` (not empty) in `cwd` with `env` added.
+    pub fn new(
+        project: &str,
+        command: Vec<String>,
+        cwd: Option<PathBuf>,
+        env: BTreeMap<String, String>,
+    ) -> Arc<StdioServer> {
         Arc::new(StdioServer {
-            spec,
+            project: project.to_owned(),
+            command,
+            cwd,
+            env,
             shared: Mutex::default(),
             notices: broadcast::channel(1024).0,
             counters: Counters::default(),
@@ -176,7 +162,7 @@ impl StdioServer {
     }
 
     fn project(&self) -> &str {
-        &self.spec.name
+        &self.project
     }
 
     /// Runs the child, and again each time it ends, until `stop` turns true; then stops the
@@ -224,19 +210,18 @@ impl StdioServer {
     /// One child, from its start to its end: why it ended.
     async fn run_child(self: Arc<Self>) -> String {
         let (program, args) = self
-            .spec
             .command
             .split_first()
             .expect("a checked config has a command");
         let mut command = Command::new(program);
         command
             .args(args)
-            .envs(&self.spec.env)
+            .envs(&self.env)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
-        if let Some(cwd) = &self.spec.cwd {
+        if let Some(cwd) = &self.cwd {
             command.current_dir(cwd);
         }
         self.lock().status = Some(Status::Starting);
@@ -672,7 +657,7 @@ impl StdioServer {
 
 impl Handler for StdioServer {
     fn project_name(&self) -> &str {
-        &self.spec.name
+        &self.project
     }
 
     fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>> {

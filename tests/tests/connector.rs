@@ -6,9 +6,13 @@
 //!   prompts, completion, resources and logging level answer through the gateway; its
 //!   long-running operation's progress reaches the caller; its own sampling and elicitation
 //!   requests reach the calling client, and the client's answers reach it.
+//! - The same over Streamable HTTP: server-everything as its own process, the connector its
+//!   client at a URL.
 //! - A child killed during a call: the call is answered at once (`upstream_exited`, outcome
 //!   unknown), a call meanwhile is refused at once (`upstream_down`), and the child is started
-//!   again and serves.
+//!   again and serves. A server at a URL that goes away: the call in flight is answered at once
+//!   (`upstream_unreachable`), calls meanwhile are refused, and a new session is made once it
+//!   is back.
 //! - A child that writes what is not JSON-RPC (lines that are not JSON, answers to ids never
 //!   asked): each is logged and skipped, and calls go on.
 
@@ -49,9 +53,10 @@ async fn everything_command() -> Vec<String> {
     ]
 }
 
-/// `gateway-sled` for project `everything` of the gateway at `url`, running `command`; its
-/// token from a file, its key in `dir`, its log in `dir/sled.log`.
-fn connector(url: &str, dir: &Path, command: &[String]) -> Child {
+/// `gateway-sled` for project `everything` of the gateway at `url`, serving the server that
+/// `upstream` names (`--` and a command, or `--url` and a URL); its token from a file, its
+/// key in `dir`, its log in `dir/sled.log`.
+fn connector(url: &str, dir: &Path, upstream: &[String]) -> Child {
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).unwrap();
     let log = std::fs::File::create(dir.join("sled.log")).unwrap();
@@ -60,8 +65,7 @@ fn connector(url: &str, dir: &Path, command: &[String]) -> Child {
         .arg(&token)
         .arg("--state-dir")
         .arg(dir.join("state"))
-        .arg("--")
-        .args(command)
+        .args(upstream)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -105,6 +109,39 @@ async fn until_served(c: &mut McpClient<TokioConnect>, log: &Path) {
     }
 }
 
+/// `--` and `command`: a stdio server for [`connector`].
+fn stdio(command: Vec<String>) -> Vec<String> {
+    std::iter::once("--".to_owned()).chain(command).collect()
+}
+
+/// server-everything over Streamable HTTP on `port`, as its own process.
+async fn everything_http(port: u16, dir: &Path) -> Child {
+    let command = everything_command().await;
+    let log = std::fs::File::create(dir.join("server.log")).unwrap();
+    let child = Command::new(&command[0])
+        .arg(&command[1])
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("server-everything starts");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-everything did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    child
+}
+
 fn text(r: &Value) -> &str {
     r["result"]["content"][0]["text"]
         .as_str()
@@ -116,8 +153,25 @@ async fn server_everything_over_stdio_is_a_project_of_the_gateway() {
     let command = everything_command().await;
     let gw = processes::SingleGateway::start(&projects_toml()).await;
     let dir = processes::scratch("connector");
-    let _sled = connector(&gw.url(), &dir, &command);
-    let mut c = session(&gw.url()).await;
+    let _sled = connector(&gw.url(), &dir, &stdio(command));
+    everything_through_the_gateway(&gw.url(), &dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_over_streamable_http_is_a_project_of_the_gateway() {
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-http");
+    let port = processes::free_port();
+    let _server = everything_http(port, &dir).await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let _sled = connector(&gw.url(), &dir, &["--url".to_owned(), url]);
+    everything_through_the_gateway(&gw.url(), &dir).await;
+}
+
+/// What a client of the gateway at `url` finds of server-everything, behind the connector
+/// logging to `dir/sled.log`.
+async fn everything_through_the_gateway(url: &str, dir: &Path) {
+    let mut c = session(url).await;
     until_served(&mut c, &dir.join("sled.log")).await;
 
     // Its tools, listed as the session's default project's: each with `project` injected.
@@ -249,7 +303,7 @@ async fn server_everything_over_stdio_is_a_project_of_the_gateway() {
 
     // The server's own sampling and elicitation requests, answered by a client that declared
     // both, through the gateway.
-    let mut asker = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+    let mut asker = McpClient::connect(TokioConnect, &format!("{url}/mcp"))
         .await
         .unwrap();
     asker.set_timeout(Some(Duration::from_secs(30)));
@@ -320,7 +374,7 @@ async fn a_server_that_dies_mid_call_fails_its_calls_at_once_and_is_started_agai
     let command = everything_command().await;
     let gw = processes::SingleGateway::start(&projects_toml()).await;
     let dir = processes::scratch("connector-dies");
-    let sled = connector(&gw.url(), &dir, &command);
+    let sled = connector(&gw.url(), &dir, &stdio(command));
     let log = dir.join("sled.log");
     let mut c = session(&gw.url()).await;
     until_served(&mut c, &log).await;
@@ -389,10 +443,10 @@ async fn what_a_server_writes_that_is_not_json_rpc_is_logged_and_skipped() {
     let _sled = connector(
         &gw.url(),
         &dir,
-        &[
+        &stdio(vec![
             node.node.display().to_string(),
             script.display().to_string(),
-        ],
+        ]),
     );
     let mut c = session(&gw.url()).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -419,4 +473,55 @@ async fn what_a_server_writes_that_is_not_json_rpc_is_logged_and_skipped() {
         !log.contains("restarting it"),
         "the server was never restarted: {log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_at_a_url_that_goes_away_fails_calls_at_once_and_is_found_again() {
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-http-away");
+    let port = processes::free_port();
+    let mut server = everything_http(port, &dir).await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let _sled = connector(&gw.url(), &dir, &["--url".to_owned(), url]);
+    let log = dir.join("sled.log");
+    let mut c = session(&gw.url()).await;
+    until_served(&mut c, &log).await;
+
+    // Gone during a 30 s operation: the call is answered at once, outcome unknown.
+    let pid = server.id().unwrap();
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    });
+    let long = c
+        .tools_call(
+            json!(1),
+            "trigger-long-running-operation",
+            json!({"project": "everything", "duration": 30, "steps": 2}),
+        )
+        .await
+        .unwrap();
+    killer.await.unwrap();
+    let _ = server.wait().await;
+    assert_eq!(
+        long["error"]["data"]["kind"], "upstream_unreachable",
+        "{long}"
+    );
+    assert_eq!(long["error"]["data"]["outcome"], "unknown", "{long}");
+    // Meanwhile: refused at once, naming the project and why.
+    let down = c
+        .tools_call(
+            json!(2),
+            "echo",
+            json!({"project": "everything", "message": "x"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(down["error"]["data"]["kind"], "upstream_down", "{down}");
+    assert_eq!(down["error"]["data"]["project"], "everything", "{down}");
+    // Back on the same port (a new process, so a new session): served again.
+    let _server = everything_http(port, &dir).await;
+    until_served(&mut c, &log).await;
 }

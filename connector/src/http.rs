@@ -1,0 +1,414 @@
+//! An MCP server over Streamable HTTP, served to the gateway as a project: the connector is
+//! its client (one session, initialized by the connector), and relays each of the gateway's
+//! requests to it as a POST of its own.
+//!
+//! - **The session.** Initialized at start, declaring sampling and elicitation (which the
+//!   connector relays to the calling client); its tools are then listed, and
+//!   `notifications/tools/list_changed` goes to the gateway when they differ from the last
+//!   listing. A call that finds the session gone (404) or the server unreachable marks the
+//!   server down and wakes the supervisor, which initializes a new session, retrying with a
+//!   backoff while it cannot ([`crate::stdio::BACKOFF_MIN`] to [`crate::stdio::BACKOFF_MAX`]).
+//! - **Calls.** Each request goes to the server under an id of the connector's own, on a
+//!   connection of its own, and its answer (a JSON body or an event stream) comes back under
+//!   the gateway's id. On the answer's event stream, progress and other notifications belong
+//!   to that call and go up through its context, before its answer; the server's sampling and
+//!   elicitation requests go to the call's client through the gateway, and the client's answer
+//!   back to the server. While the server is down a request is answered at once with
+//!   `upstream_down`; one whose connection fails midway, with `upstream_unreachable` (outcome
+//!   unknown). A call the gateway cancels is cancelled at the server.
+//! - **The bearer token** for the server, when it wants one, is read once at start from a file
+//!   or the environment ([`crate::TokenSource`]) and sent on every request to it, never logged.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use gateway_client::client::{AnswerFuture, ClientError, McpClient};
+use gateway_client::TlsTrust;
+use gateway_core::Secret;
+use serde_json::{json, Value};
+use sled_sim::uplink::RequestError;
+use sled_sim::{CallContext, Handler, TokioConnect};
+use tokio::sync::{broadcast, watch, Notify};
+use tokio::time::{sleep, Instant};
+use tracing::{debug, info, warn};
+
+use crate::stdio::{BACKOFF_MAX, BACKOFF_MIN, CLIENT_ANSWER_WAIT, STABLE_AFTER};
+use crate::upstream::{upstream_error, Status};
+
+#[derive(Default)]
+struct State {
+    status: Option<Status>,
+    /// The session: its id (if the server gave one) and the protocol version agreed.
+    session: Option<(Option<String>, Option<String>)>,
+    tools: Option<Vec<Value>>,
+    /// The connector's id of each call from the gateway, by connection and gateway id.
+    by_call: HashMap<(u64, u64), u64>,
+}
+
+/// One project's MCP server, at a URL.
+pub struct HttpServer {
+    project: String,
+    url: String,
+    bearer: Option<Secret>,
+    tls: TlsTrust,
+    state: Mutex<State>,
+    /// A call found the server gone: the supervisor initializes again.
+    lost: Notify,
+    notices: broadcast::Sender<String>,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for HttpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer")
+            .field("project", &self.project)
+            .field("url", &self.url)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl HttpServer {
+    /// `project`'s server at `url` (checked), sent `bearer` when given, over TLS verified
+    /// against `tls` for an `https` URL.
+    pub fn new(project: &str, url: &str, bearer: Option<Secret>, tls: TlsTrust) -> Arc<HttpServer> {
+        Arc::new(HttpServer {
+            project: project.to_owned(),
+            url: url.to_owned(),
+            bearer,
+            tls,
+            state: Mutex::default(),
+            lost: Notify::new(),
+            notices: broadcast::channel(256).0,
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What the server is doing now.
+    pub fn status(&self) -> Status {
+        self.lock()
+            .status
+            .clone()
+            .unwrap_or_else(|| Status::Down("not started yet".into()))
+    }
+
+    /// A client for one exchange, in the session when there is one.
+    async fn client(&self) -> Result<McpClient<TokioConnect>, String> {
+        let mut c = McpClient::connect_with(TokioConnect, &self.url, self.tls.clone())
+            .await
+            .map_err(|e| format!("cannot reach {}: {e}", self.url))?;
+        c.set_client_name("gateway-sled");
+        c.set_bearer_token(self.bearer.as_ref().map(|b| b.expose().to_owned()));
+        c.set_timeout(None);
+        if let Some((session, version)) = self.lock().session.clone() {
+            c.set_session_id(session);
+            c.set_protocol_version(version);
+        }
+        Ok(c)
+    }
+
+    /// The server is not serving (`reason`): calls are refused until a new session is made.
+    fn mark_lost(&self, reason: &str) {
+        let mut s = self.lock();
+        if s.status == Some(Status::Running) {
+            warn!(project = %self.project, reason, "the MCP server is unreachable or its session is gone; initializing again");
+            s.status = Some(Status::Down(reason.to_owned()));
+            s.session = None;
+            self.lost.notify_one();
+        }
+    }
+
+    /// Keeps a session with the server until `stop` turns true: initializes one, and again
+    /// after a call found it gone, with a backoff while it cannot.
+    pub async fn supervise(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut failures: u32 = 0;
+        loop {
+            let started = Instant::now();
+            match self.initialize().await {
+                Ok(()) => {
+                    tokio::select! {
+                        () = self.lost.notified() => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+                Err(reason) => {
+                    warn!(project = %self.project, url = %self.url, %reason, "cannot initialize the MCP server");
+                    self.lock().status = Some(Status::Down(reason));
+                }
+            }
+            if started.elapsed() >= STABLE_AFTER {
+                failures = 0;
+            }
+            let delay = BACKOFF_MIN
+                .saturating_mul(1 << failures.min(16))
+                .min(BACKOFF_MAX);
+            failures = failures.saturating_add(1);
+            tokio::select! {
+                () = sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// A new session, then its tools: the gateway is told when they are not the last ones.
+    async fn initialize(&self) -> Result<(), String> {
+        {
+            let mut s = self.lock();
+            s.session = None;
+            s.status = Some(Status::Starting);
+        }
+        let mut c = self.client().await?;
+        let init = c
+            .initialize_with(json!({"sampling": {}, "elicitation": {}}))
+            .await
+            .map_err(|e| format!("initialize failed: {e}"))?;
+        let session = (
+            c.session_id().map(str::to_owned),
+            c.protocol_version().map(str::to_owned),
+        );
+        let server = init
+            .pointer("/result/serverInfo/name")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        info!(project = %self.project, url = %self.url, protocol = ?session.1, server,
+            "the MCP server is initialized");
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = c
+                .tools_list(json!("gateway-sled-tools"), cursor.as_deref())
+                .await
+                .map_err(|e| format!("tools/list failed: {e}"))?;
+            if let Some(t) = page.pointer("/result/tools").and_then(Value::as_array) {
+                tools.extend(t.iter().cloned());
+            }
+            cursor = page
+                .pointer("/result/nextCursor")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            if cursor.is_none() || tools.len() > 100_000 {
+                break;
+            }
+        }
+        let changed = {
+            let mut s = self.lock();
+            let changed = s.tools.as_ref() != Some(&tools);
+            s.tools = Some(tools);
+            s.session = Some(session);
+            s.status = Some(Status::Running);
+            changed
+        };
+        if changed {
+            let _ = self.notices.send(
+                json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}).to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    async fn forward(self: Arc<Self>, msg: Value, ctx: CallContext) -> Option<Value> {
+        let method = msg
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let Some(gateway_id) = msg.get("id").cloned() else {
+            // A notification for the server.
+            if let Ok(mut c) = self.client().await {
+                if let Err(e) = c.notify(&method, params).await {
+                    debug!(project = %self.project, method, error = %e, "a notification did not reach the MCP server");
+                }
+            }
+            return None;
+        };
+        let refused = match self.lock().status.clone() {
+            Some(Status::Running) => None,
+            Some(Status::Down(reason)) => Some(reason),
+            Some(Status::Starting) => Some("it is being initialized".to_owned()),
+            None => Some("not started yet".to_owned()),
+        };
+        if let Some(reason) = refused {
+            return Some(upstream_error(
+                &gateway_id,
+                &self.project,
+                "upstream_down",
+                "not_sent",
+                &reason,
+            ));
+        }
+        let mut client = match self.client().await {
+            Ok(c) => c,
+            Err(reason) => {
+                self.mark_lost(&reason);
+                return Some(upstream_error(
+                    &gateway_id,
+                    &self.project,
+                    "upstream_down",
+                    "not_sent",
+                    &reason,
+                ));
+            }
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let call = ctx.request_id().map(|r| (ctx.connection(), r));
+        if let Some(call) = call {
+            self.lock().by_call.insert(call, id);
+        }
+        let token = ctx.progress_token().cloned();
+        let asker = ctx.clone();
+        let answer = &mut move |m: &Value| -> AnswerFuture {
+            let (ctx, m) = (asker.clone(), m.clone());
+            Box::pin(async move { relay_request(&ctx, &m).await })
+        };
+        let notified = &mut |n: &Value| {
+            let method = n.get("method").and_then(Value::as_str).unwrap_or_default();
+            if method == "notifications/progress" {
+                if token.is_some() && n.pointer("/params/progressToken") == token.as_ref() {
+                    ctx.send_as_is(n);
+                }
+            } else if method.ends_with("/list_changed")
+                || method == "notifications/resources/updated"
+            {
+                let _ = self.notices.send(n.to_string());
+            } else if let Some(call) = ctx.request_id() {
+                let mut n = n.clone();
+                if !n.get("params").is_some_and(Value::is_object) {
+                    n["params"] = json!({});
+                }
+                if let Some(p) = n["params"].as_object_mut() {
+                    let meta = p.entry("_meta").or_insert_with(|| json!({}));
+                    if let Some(meta) = meta.as_object_mut() {
+                        meta.insert(
+                            gateway_core::uplink::RELATED_REQUEST_META.to_owned(),
+                            json!(call),
+                        );
+                    }
+                }
+                ctx.send_as_is(&n);
+            }
+        };
+        let answered = client
+            .request_streaming_async(json!(id), &method, params, &[], answer, notified)
+            .await;
+        if let Some(call) = call {
+            self.lock().by_call.remove(&call);
+        }
+        Some(match answered {
+            Ok((mut v, _)) => {
+                v["id"] = gateway_id;
+                v
+            }
+            Err(ClientError::Http { status: 404, .. }) => {
+                self.mark_lost("its session is gone (404)");
+                upstream_error(
+                    &gateway_id,
+                    &self.project,
+                    "upstream_down",
+                    "not_sent",
+                    "its session is gone (404); initializing a new one",
+                )
+            }
+            Err(ClientError::Http { status, body }) => {
+                let body: String = body.chars().take(200).collect();
+                upstream_error(
+                    &gateway_id,
+                    &self.project,
+                    "upstream_unreachable",
+                    "unknown",
+                    &format!("it answered HTTP {status}: {body}"),
+                )
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                self.mark_lost(&reason);
+                upstream_error(
+                    &gateway_id,
+                    &self.project,
+                    "upstream_unreachable",
+                    "unknown",
+                    &reason,
+                )
+            }
+        })
+    }
+}
+
+/// The server's sampling or elicitation request during a call, asked of the call's client
+/// through the gateway: the JSON-RPC response to give the server.
+async fn relay_request(ctx: &CallContext, m: &Value) -> Value {
+    let id = m.get("id").cloned().unwrap_or(Value::Null);
+    let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
+    if method == "ping" {
+        return json!({"jsonrpc": "2.0", "id": id, "result": {}});
+    }
+    if !matches!(method, "sampling/createMessage" | "elicitation/create") {
+        return json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601,
+            "message": format!("gateway-sled does not relay {method}")}});
+    }
+    let params = m.get("params").cloned().unwrap_or_else(|| json!({}));
+    match ctx.request(method, params, CLIENT_ANSWER_WAIT).await {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(RequestError::Rpc { code, message }) => {
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+        }
+        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603,
+            "message": format!("the client's answer to {method} did not come: {e}")}}),
+    }
+}
+
+impl Handler for HttpServer {
+    fn project_name(&self) -> &str {
+        &self.project
+    }
+
+    fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>> {
+        self.forward(msg, ctx).boxed()
+    }
+
+    fn cancelled(&self, connection: u64, params: &Value) {
+        let Some(rid) = params.get("requestId").and_then(Value::as_u64) else {
+            return;
+        };
+        let Some(id) = self.lock().by_call.remove(&(connection, rid)) else {
+            return;
+        };
+        let mut cancel = json!({"requestId": id});
+        if let Some(reason) = params.get("reason") {
+            cancel["reason"] = reason.clone();
+        }
+        let (url, tls, bearer, session) = (
+            self.url.clone(),
+            self.tls.clone(),
+            self.bearer.as_ref().map(|b| b.expose().to_owned()),
+            self.lock().session.clone(),
+        );
+        let project = self.project.clone();
+        tokio::spawn(async move {
+            let Ok(mut c) = McpClient::connect_with(TokioConnect, &url, tls).await else {
+                return;
+            };
+            c.set_bearer_token(bearer);
+            if let Some((session, version)) = session {
+                c.set_session_id(session);
+                c.set_protocol_version(version);
+            }
+            if let Err(e) = c.notify("notifications/cancelled", cancel).await {
+                debug!(project, error = %e, "the cancellation did not reach the MCP server");
+            }
+        });
+    }
+
+    fn notices(&self) -> Option<broadcast::Receiver<String>> {
+        Some(self.notices.subscribe())
+    }
+}
