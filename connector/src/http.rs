@@ -36,7 +36,7 @@ use tokio::time::{sleep, Instant};
 use tracing::{debug, info, warn};
 
 use crate::stdio::{BACKOFF_MAX, BACKOFF_MIN, CLIENT_ANSWER_WAIT, STABLE_AFTER};
-use crate::upstream::{upstream_error, Status};
+use crate::upstream::{status_frame, upstream_error, Status};
 
 #[derive(Default)]
 struct State {
@@ -59,6 +59,8 @@ pub struct HttpServer {
     lost: Notify,
     notices: broadcast::Sender<String>,
     next_id: AtomicU64,
+    /// Sessions made after the first.
+    restarts: AtomicU64,
 }
 
 impl std::fmt::Debug for HttpServer {
@@ -84,6 +86,7 @@ impl HttpServer {
             lost: Notify::new(),
             notices: broadcast::channel(256).0,
             next_id: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
         })
     }
 
@@ -116,12 +119,19 @@ impl HttpServer {
         Ok(c)
     }
 
+    /// Sets the server's status, and says it to the gateway (an `upstream` frame).
+    fn say(&self, s: &mut State, status: Status) {
+        let restarts = self.restarts.load(Ordering::Relaxed);
+        let _ = self.notices.send(status_frame(&status, restarts));
+        s.status = Some(status);
+    }
+
     /// The server is not serving (`reason`): calls are refused until a new session is made.
     fn mark_lost(&self, reason: &str) {
         let mut s = self.lock();
         if s.status == Some(Status::Running) {
             warn!(project = %self.project, reason, "the MCP server is unreachable or its session is gone; initializing again");
-            s.status = Some(Status::Down(reason.to_owned()));
+            self.say(&mut s, Status::Down(reason.to_owned()));
             s.session = None;
             self.lost.notify_one();
         }
@@ -131,7 +141,11 @@ impl HttpServer {
     /// after a call found it gone, with a backoff while it cannot.
     pub async fn supervise(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let mut failures: u32 = 0;
+        let mut first = true;
         loop {
+            if !std::mem::take(&mut first) {
+                self.restarts.fetch_add(1, Ordering::Relaxed);
+            }
             let started = Instant::now();
             match self.initialize().await {
                 Ok(()) => {
@@ -142,7 +156,7 @@ impl HttpServer {
                 }
                 Err(reason) => {
                     warn!(project = %self.project, url = %self.url, %reason, "cannot initialize the MCP server");
-                    self.lock().status = Some(Status::Down(reason));
+                    self.say(&mut self.lock(), Status::Down(reason));
                 }
             }
             if started.elapsed() >= STABLE_AFTER {
@@ -164,7 +178,7 @@ impl HttpServer {
         {
             let mut s = self.lock();
             s.session = None;
-            s.status = Some(Status::Starting);
+            self.say(&mut s, Status::Starting);
         }
         let mut c = self.client().await?;
         let init = c
@@ -204,7 +218,7 @@ impl HttpServer {
             let changed = s.tools.as_ref() != Some(&tools);
             s.tools = Some(tools);
             s.session = Some(session);
-            s.status = Some(Status::Running);
+            self.say(&mut s, Status::Running);
             changed
         };
         if changed {
@@ -410,5 +424,12 @@ impl Handler for HttpServer {
 
     fn notices(&self) -> Option<broadcast::Receiver<String>> {
         Some(self.notices.subscribe())
+    }
+
+    fn welcome_frames(&self) -> Vec<String> {
+        vec![status_frame(
+            &self.status(),
+            self.restarts.load(Ordering::Relaxed),
+        )]
     }
 }

@@ -47,7 +47,7 @@ use tracing::{debug, info, warn};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::upstream::{upstream_error, Status};
+use crate::upstream::{status_frame, upstream_error, Status};
 
 /// How long a started child has to answer `initialize`.
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -195,12 +195,19 @@ impl StdioServer {
         }
     }
 
+    /// Sets the server's status, and says it to the gateway (an `upstream` frame).
+    fn say(&self, s: &mut Shared, status: Status) {
+        let restarts = self.counters.restarts.load(Ordering::Relaxed);
+        let _ = self.notices.send(status_frame(&status, restarts));
+        s.status = Some(status);
+    }
+
     /// The child is gone: every call in flight is answered (`upstream_exited`), and new ones
     /// are refused until the next one runs.
     fn child_ended(&self, reason: &str) {
         let mut s = self.lock();
         s.stdin = None;
-        s.status = Some(Status::Down(reason.to_owned()));
+        self.say(&mut s, Status::Down(reason.to_owned()));
         s.last_exit = Some(reason.to_owned());
         // Dropping the senders answers each waiting call.
         s.pending.clear();
@@ -224,7 +231,7 @@ impl StdioServer {
         if let Some(cwd) = &self.cwd {
             command.current_dir(cwd);
         }
-        self.lock().status = Some(Status::Starting);
+        self.say(&mut self.lock(), Status::Starting);
         let mut child = match command.spawn() {
             Ok(c) => c,
             Err(e) => return format!("cannot start {program}: {e}"),
@@ -327,7 +334,7 @@ impl StdioServer {
         self.send_line(
             json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string(),
         );
-        self.lock().status = Some(Status::Running);
+        self.say(&mut self.lock(), Status::Running);
         info!(project = self.project(), protocol = ?version, "the MCP server is initialized");
         let mut tools = Vec::new();
         let mut cursor: Option<Value> = None;
@@ -693,6 +700,13 @@ impl Handler for StdioServer {
 
     fn notices(&self) -> Option<broadcast::Receiver<String>> {
         Some(self.notices.subscribe())
+    }
+
+    fn welcome_frames(&self) -> Vec<String> {
+        vec![status_frame(
+            &self.status(),
+            self.counters.restarts.load(Ordering::Relaxed),
+        )]
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the two kinds of upstream (a child over stdio, a server over Streamable HTTP) share:
 //! their state, and the errors that answer a call they could not take or finish.
 
+use gateway_core::uplink::{Control, UpstreamState};
 use serde_json::{json, Value};
 
 /// What the server is doing.
@@ -12,6 +13,22 @@ pub enum Status {
     Running,
     /// Not serving: why.
     Down(String),
+}
+
+/// The `upstream` control frame saying `status` to the gateway (for `gateway_health` and
+/// `gateway doctor`), with how many times the server was started again.
+pub fn status_frame(status: &Status, restarts: u64) -> String {
+    let (state, reason) = match status {
+        Status::Starting => (UpstreamState::Starting, None),
+        Status::Running => (UpstreamState::Running, None),
+        Status::Down(reason) => (UpstreamState::Down, Some(reason.clone())),
+    };
+    Control::Upstream {
+        state,
+        reason,
+        restarts,
+    }
+    .to_text()
 }
 
 /// The JSON-RPC error answering `id`, a call to `project`'s server that it could not take

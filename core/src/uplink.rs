@@ -149,7 +149,46 @@ pub enum Control {
     /// running on it, then closes it with [`CloseCode::Superseded`]. A sled that does not
     /// know the frame ignores it and moves when the replica closes the uplink, as before.
     Move { reason: String },
+    /// sled → gateway, on a live uplink: the state of the MCP server behind a sled that
+    /// fronts one (a connector, `gateway-sled`), sent after each welcome and whenever it
+    /// changes. The gateway shows it in `gateway_health` (a server that is down makes its
+    /// project `down`, naming why) and so in `gateway doctor`. A sled that serves its tools
+    /// itself never sends it.
+    Upstream {
+        state: UpstreamState,
+        /// Why it is not running (at most [`MAX_UPSTREAM_REASON`] characters are kept).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// How many times it was started again since the sled started.
+        #[serde(default)]
+        restarts: u64,
+    },
 }
+
+/// The state of the MCP server behind a connector sled ([`Control::Upstream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamState {
+    /// Being started or initialized.
+    Starting,
+    /// Serving calls.
+    Running,
+    /// Not serving; calls are refused at once.
+    Down,
+}
+
+impl UpstreamState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamState::Starting => "starting",
+            UpstreamState::Running => "running",
+            UpstreamState::Down => "down",
+        }
+    }
+}
+
+/// The longest [`Control::Upstream`] reason the gateway keeps, in characters.
+pub const MAX_UPSTREAM_REASON: usize = 512;
 
 impl Control {
     /// The frame as the text of one WebSocket message.

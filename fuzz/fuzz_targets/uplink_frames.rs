@@ -25,6 +25,9 @@ enum Frame {
     /// A notification naming the latest request in `_meta`.
     Related { method: String, params: String },
     Binary(u16),
+    /// A connector sled's word on its server: a state (one the protocol names, or not), a
+    /// reason and a restart count.
+    Upstream { state: u8, reason: String, restarts: u64 },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -96,6 +99,13 @@ fuzz_target!(|ops: Vec<Op>| {
                     Frame::Related { method, params } => format!(
                         r#"{{"jsonrpc":"2.0","method":{},"params":{{"_meta":{{"io.mcp-gateway/relatedRequest":{latest}}},"x":{params}}}}}"#,
                         serde_json::Value::String(method)
+                    ),
+                    Frame::Upstream { state, reason, restarts } => format!(
+                        r#"{{"uplink":"upstream","state":{},"reason":{},"restarts":{restarts}}}"#,
+                        serde_json::Value::String(
+                            ["starting", "running", "down", "melting"][usize::from(state % 4)].into()
+                        ),
+                        serde_json::Value::String(reason)
                     ),
                     Frame::Binary(len) => {
                         gw.handle(now, Input::UplinkBinary { uplink, len: usize::from(len) });

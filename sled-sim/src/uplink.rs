@@ -260,6 +260,12 @@ pub trait Handler: Send + Sync + 'static {
     fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
         None
     }
+
+    /// Frames to send on each newly welcomed connection before anything else (a connector's
+    /// `upstream` control frame: the state of its server now). None by default.
+    fn welcome_frames(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What an uplink serves.
@@ -294,6 +300,14 @@ impl Backend {
         match self {
             Backend::Story(s) => s.fence_high_water(),
             Backend::Handler(h) => h.fence_high_water(),
+        }
+    }
+
+    /// Frames for a newly welcomed connection ([`Handler::welcome_frames`]).
+    fn welcome_frames(&self) -> Vec<String> {
+        match self {
+            Backend::Story(_) => Vec::new(),
+            Backend::Handler(h) => h.welcome_frames(),
         }
     }
 
@@ -1079,6 +1093,9 @@ where
     let mut deadline = silence.and_then(deadline_after);
     let peer = Peer::new(tx.clone());
     let connection = relay.next_connection();
+    for frame in backend.welcome_frames() {
+        send(frame);
+    }
     let (mut tools_changed, mut tools_open) = match backend.tools_changed() {
         Some(rx) => (rx, true),
         None => (watch::channel(0).1, false),

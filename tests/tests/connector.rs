@@ -525,3 +525,71 @@ async fn a_server_at_a_url_that_goes_away_fails_calls_at_once_and_is_found_again
     let _server = everything_http(port, &dir).await;
     until_served(&mut c, &log).await;
 }
+
+/// A server that cannot start: its project is down in `gateway_health`, naming why, calls are
+/// refused at once with the reason, and `gateway doctor` fails on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_cannot_start_is_down_in_health_and_doctor_says_why() {
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-missing");
+    let _sled = connector(
+        &gw.url(),
+        &dir,
+        &stdio(vec!["/nonexistent/mcp-server".to_owned()]),
+    );
+    let mut c = session(&gw.url()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let row = loop {
+        let health = c
+            .tools_call(json!(1), "gateway_health", json!({}))
+            .await
+            .unwrap();
+        let row = health["result"]["structuredContent"]["projects"][0].clone();
+        if row["upstream"]["state"] == "down" || tokio::time::Instant::now() > deadline {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(row["status"], "down", "{row}");
+    assert!(
+        row["reasons"][0].as_str().is_some_and(
+            |r| r.starts_with("its MCP server is down: cannot start /nonexistent/mcp-server")
+        ),
+        "{row}"
+    );
+    let refused = c
+        .tools_call(
+            json!(2),
+            "echo",
+            json!({"project": "everything", "message": "x"}),
+        )
+        .await
+        .unwrap();
+    // Refused at once, by the connector (the tool is not listed: the gateway sends it anyway,
+    // as a call to a tool its sled may list later), or as the server starts once more.
+    assert_eq!(
+        refused["error"]["data"]["kind"], "upstream_down",
+        "{refused}"
+    );
+    assert!(
+        refused["error"]["data"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("/nonexistent/mcp-server") || r.contains("starting")),
+        "{refused}"
+    );
+    let doctor = Command::new(processes::workspace_bin("gateway"))
+        .args(["doctor", "--url", &format!("{}/mcp", gw.url())])
+        .env_remove("MCP_GATEWAY_TOKEN")
+        .env_remove("MCP_GATEWAY_URL")
+        .output()
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&doctor.stdout);
+    assert!(!doctor.status.success(), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL")
+            && l.contains("project everything")
+            && l.contains("its MCP server is down")),
+        "{out}"
+    );
+}

@@ -475,6 +475,17 @@ struct Uplink {
     epoch_seen: Option<u64>,
     /// The hello answers a move (`Control::Move`) of the sled's other uplink.
     moving: bool,
+    /// What the sled last said of the MCP server behind it (`Control::Upstream`), when it
+    /// fronts one.
+    upstream: Option<UpstreamReport>,
+}
+
+/// A connector sled's word on its MCP server (`Control::Upstream`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct UpstreamReport {
+    state: crate::uplink::UpstreamState,
+    reason: Option<String>,
+    restarts: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,6 +24,7 @@ impl Gateway {
                 timer: Some(at),
                 key: None,
                 fence_floor: None,
+                upstream: None,
                 epoch_seen: None,
                 moving: false,
             },
@@ -110,6 +111,22 @@ impl Gateway {
                 }
                 Ok(Control::Unreadable { id: rid, reason }) if !awaiting_hello => {
                     self.on_unreadable(now, id, rid, &reason)
+                }
+                Ok(Control::Upstream {
+                    state,
+                    reason,
+                    restarts,
+                }) if !awaiting_hello => {
+                    if let Some(u) = self.uplinks.get_mut(&id) {
+                        // Bounded: a sled's text is kept for the health rows.
+                        let reason = reason
+                            .map(|r| r.chars().take(crate::uplink::MAX_UPSTREAM_REASON).collect());
+                        u.upstream = Some(UpstreamReport {
+                            state,
+                            reason,
+                            restarts,
+                        });
+                    }
                 }
                 // Named by kind only: a frame's text may hold a token.
                 Ok(other) => self.invalid_frame(
@@ -601,6 +618,7 @@ fn control_kind(c: &Control) -> &'static str {
         Control::Event { .. } => "event",
         Control::Unreadable { .. } => "unreadable",
         Control::Move { .. } => "move",
+        Control::Upstream { .. } => "upstream",
     }
 }
 

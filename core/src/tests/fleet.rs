@@ -626,3 +626,55 @@ fn a_fleet_pinned_in_a_burst_is_saved_once_and_shutdown_saves_what_is_pending() 
     h.hello_signed("beta", &key(2), "beta");
     assert_eq!(h.saved_pins.len(), 2);
 }
+
+/// A connector sled says how the MCP server behind it is: `gateway_health` shows it, and a
+/// server that is down makes its project down, saying why; a long reason is cut.
+#[test]
+fn health_shows_the_server_behind_a_connector_sled() {
+    let mut h = Harness::with(&["alpha", "beta"], Some("alpha"));
+    let alpha = h.connect_sled("alpha");
+    h.connect_sled("beta");
+    let row = |h: &mut Harness, i: usize| {
+        h.structured("gateway_health", json!({}))["projects"][i].clone()
+    };
+    // A sled that says nothing of a server has no upstream in its row.
+    assert!(
+        row(&mut h, 1).get("upstream").is_none(),
+        "{}",
+        row(&mut h, 1)
+    );
+
+    h.sled_says(
+        alpha,
+        json!({"uplink":"upstream","state":"down","reason":"its stdout closed; signal: 9 (SIGKILL)","restarts":2}),
+    );
+    let r = row(&mut h, 0);
+    assert_eq!(r["status"], "down", "{r}");
+    assert_eq!(
+        r["reasons"][0],
+        "its MCP server is down: its stdout closed; signal: 9 (SIGKILL) (2 restarts)"
+    );
+    assert_eq!(
+        r["upstream"],
+        json!({"state": "down", "reason": "its stdout closed; signal: 9 (SIGKILL)", "restarts": 2})
+    );
+
+    h.sled_says(
+        alpha,
+        json!({"uplink":"upstream","state":"starting","restarts":3}),
+    );
+    assert_eq!(row(&mut h, 0)["status"], "unknown");
+    h.sled_says(
+        alpha,
+        json!({"uplink":"upstream","state":"running","restarts":3,"reason":"x".repeat(5000)}),
+    );
+    let r = row(&mut h, 0);
+    assert_eq!(r["status"], "up", "{r}");
+    assert_eq!(
+        r["upstream"]["reason"].as_str().map(str::len),
+        Some(crate::uplink::MAX_UPSTREAM_REASON)
+    );
+    // A state the protocol does not name is an invalid frame, and changes nothing.
+    h.sled_says(alpha, json!({"uplink":"upstream","state":"melting"}));
+    assert_eq!(row(&mut h, 0)["upstream"]["state"], "running");
+}

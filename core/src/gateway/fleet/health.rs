@@ -2,6 +2,7 @@
 //! the `gateway_health` tool.
 
 use super::*;
+use crate::uplink::UpstreamState;
 
 /// Relay event kinds are kept for display only; longer ones are cut.
 const MAX_EVENT_KIND: usize = 64;
@@ -216,7 +217,29 @@ impl Gateway {
                             ),
                         });
                     }
-                    (if reasons.is_empty() { "up" } else { "stale" }, "uplink")
+                    // A connector sled's server: down (calls refused) or starting.
+                    let server = u.upstream.as_ref().map(|r| (r.state, r));
+                    match server {
+                        Some((UpstreamState::Down, r)) => {
+                            reasons.insert(
+                                0,
+                                format!(
+                                    "its MCP server is down: {} ({} restarts)",
+                                    r.reason.as_deref().unwrap_or("no reason given"),
+                                    r.restarts
+                                ),
+                            );
+                            ("down", "uplink")
+                        }
+                        Some((UpstreamState::Starting, r)) => {
+                            reasons.insert(
+                                0,
+                                format!("its MCP server is starting ({} restarts)", r.restarts),
+                            );
+                            ("unknown", "uplink")
+                        }
+                        _ => (if reasons.is_empty() { "up" } else { "stale" }, "uplink"),
+                    }
                 }
                 None => match &h.probe {
                     Some(p) if p.ok() => {
@@ -262,7 +285,7 @@ impl Gateway {
                 },
             };
             summary.entry(status).or_default().push(spec.name.clone());
-            rows.push(json!({
+            let mut row = json!({
                 "project": spec.name,
                 "sled": spec.sled,
                 "status": status,
@@ -286,7 +309,16 @@ impl Gateway {
                     "events": h.events,
                     "threshold_ms": millis(threshold),
                 },
-            }));
+            });
+            // A connector sled's server, when it fronts one.
+            if let Some(r) = uplink.and_then(|u| u.upstream.as_ref()) {
+                row["upstream"] = json!({
+                    "state": r.state.as_str(),
+                    "reason": r.reason,
+                    "restarts": r.restarts,
+                });
+            }
+            rows.push(row);
         }
         Ok(json!({
             "projects": rows,
