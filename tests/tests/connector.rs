@@ -28,6 +28,8 @@ use tokio::process::{Child, Command};
 mod node;
 #[path = "support/processes.rs"]
 mod processes;
+#[path = "support/python.rs"]
+mod python;
 
 /// The MCP servers the tests run, pinned.
 const SERVERS: [(&str, &str); 1] = [("@modelcontextprotocol/server-everything", "2026.8.31")];
@@ -36,7 +38,7 @@ const TOKEN: &str = "everything-uplink-token-0123";
 
 fn projects_toml() -> String {
     format!(
-        "[[project]]\nname = \"everything\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n\
+        "default = \"everything\"\n[[project]]\nname = \"everything\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n\
          call_timeout_ms = 60000\n"
     )
 }
@@ -66,7 +68,7 @@ fn connector(url: &str, dir: &Path, upstream: &[String]) -> Child {
         .arg("--state-dir")
         .arg(dir.join("state"))
         .args(upstream)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,gateway_connector=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -592,4 +594,92 @@ async fn a_server_that_cannot_start_is_down_in_health_and_doctor_says_why() {
             && l.contains("its MCP server is down")),
         "{out}"
     );
+}
+
+/// Runs a Node program to completion within 120 s: its status and its stdout.
+async fn run_node(mut cmd: Command, what: &str) -> (bool, String) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} finished within 120 s"))
+        .unwrap_or_else(|e| panic!("{what} ran: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        println!("{what} stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
+    (out.status.success(), stdout)
+}
+
+/// The clients people use, against server-everything behind the connector: the TypeScript
+/// SDK (tools, progress, its own sampling and elicitation answers, prompts, completion,
+/// resources, a cancellation that reaches the server), the Python SDK in both eras (calls,
+/// progress, sampling), and the Inspector CLI (lists and calls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_and_the_inspector_use_server_everything_through_the_connector() {
+    let command = everything_command().await;
+    let node = node::node().await;
+    let python = python::python_with_sdk().await;
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-sdks");
+    let _sled = connector(&gw.url(), &dir, &stdio(command));
+    let log = dir.join("sled.log");
+    let mut c = session(&gw.url()).await;
+    until_served(&mut c, &log).await;
+    let mcp = format!("{}/mcp", gw.url());
+
+    // The TypeScript SDK, run from its install directory so that its imports find it.
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_connector_client.mjs");
+    let script = node.dir.join("ts_connector_client.mjs");
+    std::fs::copy(&source, &script).unwrap();
+    let mut cmd = node.command();
+    cmd.arg(&script).arg(&mcp);
+    let (ok, stdout) = run_node(cmd, "the TypeScript client").await;
+    println!("{stdout}");
+    assert!(ok && stdout.contains(" passed, 0 failed"), "{stdout}");
+    // Its cancellation reached the server: the connector sent it on.
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log_text.contains("cancelling a call at the MCP server"),
+        "{log_text}"
+    );
+
+    python::run_checks(&python, "python_connector_client.py", &[&mcp]).await;
+
+    // The Inspector CLI lists and calls.
+    let inspector = node.bin("@modelcontextprotocol/inspector", "mcp-inspector");
+    let mut cmd = node.command();
+    cmd.arg(&inspector).args([
+        "--cli",
+        &mcp,
+        "--transport",
+        "http",
+        "--method",
+        "tools/list",
+    ]);
+    let (ok, stdout) = run_node(cmd, "the Inspector CLI").await;
+    assert!(ok, "{stdout}");
+    let listed: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let echo = listed["tools"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == "echo"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(
+        echo["inputSchema"]["properties"]["project"]["type"],
+        "string"
+    );
+    let mut cmd = node.command();
+    cmd.arg(&inspector)
+        .args([
+            "--cli",
+            &mcp,
+            "--transport",
+            "http",
+            "--method",
+            "tools/call",
+        ])
+        .args(["--tool-name", "echo", "--tool-arg", "message=inspected"]);
+    let (ok, stdout) = run_node(cmd, "the Inspector CLI").await;
+    assert!(ok, "{stdout}");
+    let called: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(called["content"][0]["text"], "Echo: inspected", "{stdout}");
 }
