@@ -19,12 +19,16 @@
 //! name = "search"
 //! url = "http://127.0.0.1:3001/mcp"               # a Streamable HTTP server instead of a command
 //! bearer_token_env = "SEARCH_TOKEN"                # optional: its bearer token (or bearer_token_file)
+//! # Leases for a server that knows nothing of them: the argument naming what a tool writes.
+//! leases = { "write_doc" = { argument = "title", kind = "doc" } }
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gateway_core::Secret;
+
+use crate::leases::LeasedArgument;
 use serde::Deserialize;
 
 /// The default directory of the identity keys, relative to the working directory.
@@ -47,6 +51,8 @@ pub struct ProjectConfig {
     pub upstream: Upstream,
     /// Where the uplink token comes from, if the project has one.
     pub token: TokenSource,
+    /// The tools whose calls write a leasable resource, and the argument that names it.
+    pub leases: BTreeMap<String, LeasedArgument>,
 }
 
 /// Where the project's MCP server is.
@@ -120,6 +126,8 @@ struct RawProject {
     bearer_token_env: Option<String>,
     token_file: Option<PathBuf>,
     token_env: Option<String>,
+    #[serde(default)]
+    leases: BTreeMap<String, LeasedArgument>,
 }
 
 /// A secret from a file or a variable, at most one of them (`what_file`, `what_env`).
@@ -133,7 +141,17 @@ fn source(file: Option<PathBuf>, env: Option<String>, what: &str) -> Result<Toke
 }
 
 impl RawProject {
-    fn upstream(self) -> Result<(String, Upstream, TokenSource), String> {
+    fn upstream(
+        self,
+    ) -> Result<
+        (
+            String,
+            Upstream,
+            TokenSource,
+            BTreeMap<String, LeasedArgument>,
+        ),
+        String,
+    > {
         let token = source(self.token_file, self.token_env, "token")?;
         let bearer = source(
             self.bearer_token_file,
@@ -159,7 +177,7 @@ impl RawProject {
                 )
             }
         };
-        Ok((self.name, upstream, token))
+        Ok((self.name, upstream, token, self.leases))
     }
 }
 
@@ -171,8 +189,8 @@ impl ConnectorConfig {
         let mut projects = Vec::with_capacity(raw.project.len());
         for (i, p) in raw.project.into_iter().enumerate() {
             let at = |m: String| format!("{}: project[{i}]: {m}", file.display());
-            let (name, upstream, token) = p.upstream().map_err(at)?;
-            projects.push(ProjectConfig::from_flags(name, upstream, token).map_err(at)?);
+            let (name, upstream, token, leases) = p.upstream().map_err(at)?;
+            projects.push(ProjectConfig::from_flags(name, upstream, token, leases).map_err(at)?);
         }
         let config = ConnectorConfig {
             gateway: raw.gateway,
@@ -211,7 +229,16 @@ impl ProjectConfig {
         name: String,
         upstream: Upstream,
         token: TokenSource,
+        leases: BTreeMap<String, LeasedArgument>,
     ) -> Result<ProjectConfig, String> {
+        if let Some((tool, _)) = leases
+            .iter()
+            .find(|(t, l)| t.is_empty() || l.argument.is_empty() || l.kind.is_empty())
+        {
+            return Err(format!(
+                "project '{name}': the lease of '{tool}' needs a tool, an argument and a kind"
+            ));
+        }
         let name_ok = (1..=64).contains(&name.len())
             && name
                 .bytes()
@@ -240,6 +267,7 @@ impl ProjectConfig {
             name,
             upstream,
             token,
+            leases,
         })
     }
 }
@@ -266,12 +294,21 @@ name = "everything"
 command = ["node", "index.js", "stdio"]
 token_env = "EVERYTHING_UPLINK_TOKEN"
 
+leases = { "gzip-file-as-resource" = { argument = "name", kind = "file" } }
+
 [[project]]
 name = "search"
 url = "http://127.0.0.1:3001/mcp"
 bearer_token_env = "SEARCH_TOKEN"
 "#;
         let c = ConnectorConfig::parse(Path::new("sleds.toml"), text).unwrap();
+        assert_eq!(
+            c.projects[1].leases["gzip-file-as-resource"],
+            LeasedArgument {
+                argument: "name".into(),
+                kind: "file".into()
+            }
+        );
         assert_eq!(c.state_dir, PathBuf::from("/var/lib/gateway-sled"));
         assert_eq!(c.projects.len(), 3);
         let Upstream::Stdio { env, cwd, .. } = &c.projects[0].upstream else {
@@ -306,6 +343,7 @@ bearer_token_env = "SEARCH_TOKEN"
         assert_eq!(c.gateway, "http://127.0.0.1:7878");
         let names: Vec<&str> = c.projects.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["memory", "everything"]);
+        assert_eq!(c.projects[1].leases["gzip-file-as-resource"].kind, "file");
         assert_eq!(
             c.projects[0].token,
             TokenSource::Env("MEMORY_UPLINK_TOKEN".into())

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod http;
 pub mod identity;
+pub mod leases;
 pub mod stdio;
 pub mod upstream;
 

@@ -6,11 +6,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use gateway_connector::leases::Leased;
 use gateway_connector::{
     identity, ConnectorConfig, HttpServer, ProjectConfig, StdioServer, TokenSource, Upstream,
 };
-use sled_sim::uplink::{run_uplink_with, Backend, UplinkOptions};
+use sled_sim::uplink::{run_uplink_with, Backend, Handler, UplinkOptions};
 use sled_sim::{GatewayAddr, TokioConnect};
+use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
@@ -52,6 +54,12 @@ struct Args {
     /// The environment variable holding the bearer token for the server at --url.
     #[arg(long, value_name = "VAR", requires = "url")]
     bearer_token_env: Option<String>,
+
+    /// A tool whose calls write a leasable resource: `TOOL=ARGUMENT:KIND` (the resource is
+    /// `KIND:<the argument's value>`; repeatable). The connector marks the argument for the
+    /// gateway and refuses a call whose fence is stale before the server sees it.
+    #[arg(long = "lease", value_name = "TOOL=ARGUMENT:KIND", value_parser = gateway_connector::leases::parse_flag)]
+    leases: Vec<(String, gateway_connector::leases::LeasedArgument)>,
 
     /// The server's working directory.
     #[arg(long, value_name = "DIR")]
@@ -134,7 +142,12 @@ fn config(args: Args) -> Result<ConnectorConfig, String> {
         state_dir: args
             .state_dir
             .unwrap_or_else(|| PathBuf::from(gateway_connector::config::DEFAULT_STATE_DIR)),
-        projects: vec![ProjectConfig::from_flags(project, upstream, token)?],
+        projects: vec![ProjectConfig::from_flags(
+            project,
+            upstream,
+            token,
+            args.leases.into_iter().collect(),
+        )?],
     }
     .checked()
 }
@@ -181,12 +194,12 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let backend = match &project.upstream {
+        let server: Arc<dyn Handler> = match &project.upstream {
             Upstream::Stdio { command, cwd, env } => {
                 let server =
                     StdioServer::new(&project.name, command.clone(), cwd.clone(), env.clone());
                 running.spawn(server.clone().supervise(stop.clone()));
-                Backend::Handler(server)
+                server
             }
             Upstream::Http { url, bearer } => {
                 let bearer = match bearer.read() {
@@ -198,7 +211,18 @@ async fn main() -> ExitCode {
                 };
                 let server = HttpServer::new(&project.name, url, bearer, tls.clone());
                 running.spawn(server.clone().supervise(stop.clone()));
-                Backend::Handler(server)
+                server
+            }
+        };
+        let backend = if project.leases.is_empty() {
+            Backend::Handler(server)
+        } else {
+            match Leased::new(server, project.leases.clone(), &config.state_dir) {
+                Ok(leased) => Backend::Handler(leased),
+                Err(e) => {
+                    error!(project = %project.name, "{e}");
+                    return ExitCode::FAILURE;
+                }
             }
         };
         let opts = UplinkOptions {

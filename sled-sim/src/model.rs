@@ -361,6 +361,11 @@ impl Fences {
         self.high_water
     }
 
+    /// Each resource with the highest fence accepted for it, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.highest.iter().map(|(r, f)| (r.as_str(), *f))
+    }
+
     /// Admits a write to `resource` under `fence`: refused (`Err` with the highest accepted)
     /// when `fence` is below the highest accepted for it; otherwise recorded (when higher) and
     /// `Ok`. Equal is admitted: one holder writes several times under one fence.

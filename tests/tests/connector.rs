@@ -683,3 +683,252 @@ async fn the_official_sdks_and_the_inspector_use_server_everything_through_the_c
     let called: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(called["content"][0]["text"], "Echo: inspected", "{stdout}");
 }
+
+/// A stdio MCP server that knows nothing of leases: `write_note` appends the arguments and
+/// `_meta` of each call it gets to the file its first argument names.
+const NOTES: &str = r#"
+const fs = require('fs');
+const seen = process.argv[2];
+const rl = require('readline').createInterface({ input: process.stdin });
+const out = (m) => process.stdout.write(JSON.stringify(m) + '\n');
+rl.on('line', (line) => {
+  const m = JSON.parse(line);
+  if (m.method === 'initialize') {
+    out({ jsonrpc: '2.0', id: m.id, result: { protocolVersion: '2025-11-25', capabilities: { tools: {} },
+          serverInfo: { name: 'notes', version: '0' } } });
+  } else if (m.method === 'tools/list') {
+    out({ jsonrpc: '2.0', id: m.id, result: { tools: [{ name: 'write_note', inputSchema: { type: 'object',
+          properties: { title: { type: 'string' }, body: { type: 'string' } }, required: ['title'] } }] } });
+  } else if (m.method === 'tools/call') {
+    fs.appendFileSync(seen, JSON.stringify({ arguments: m.params.arguments, meta: m.params._meta ?? null }) + '\n');
+    out({ jsonrpc: '2.0', id: m.id, result: { content: [{ type: 'text', text: 'written' }] } });
+  }
+});
+"#;
+
+/// The notes server behind a connector that leases `write_note`'s `title` as `note:`: the
+/// connector's arguments, and the file where the server records each call it gets.
+async fn notes_upstream(dir: &Path) -> (Vec<String>, PathBuf) {
+    let node = node::node().await;
+    let script = dir.join("notes.js");
+    std::fs::write(&script, NOTES).unwrap();
+    let seen = dir.join("seen.jsonl");
+    let mut args = vec!["--lease".to_owned(), "write_note=title:note".to_owned()];
+    args.extend(stdio(vec![
+        node.node.display().to_string(),
+        script.display().to_string(),
+        seen.display().to_string(),
+    ]));
+    (args, seen)
+}
+
+fn seen_calls(seen: &Path) -> Vec<Value> {
+    std::fs::read_to_string(seen)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Leases for a server that knows nothing of them, through a real gateway whose project
+/// requires them: a write without the lease is refused by the gateway, one under it reaches
+/// the server (its fence taken out), the fence is kept on disk, and a restarted connector
+/// reports it in its hello, so the gateway's next fence is above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_for_a_server_that_knows_nothing_of_them() {
+    let toml = projects_toml() + "leases = \"required\"\n";
+    let gw = processes::SingleGateway::start(&toml).await;
+    let dir = processes::scratch("connector-leases");
+    let (args, seen) = notes_upstream(&dir).await;
+    let mut sled = connector(&gw.url(), &dir, &args);
+    let mut c = session(&gw.url()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    // Until listed: the gateway then knows the lease.
+    let refused = loop {
+        let r = c
+            .tools_call(
+                json!(1),
+                "write_note",
+                json!({"title": "x", "body": "no lease"}),
+            )
+            .await
+            .unwrap();
+        if r["error"]["data"]["kind"] == "lease_required" || tokio::time::Instant::now() > deadline
+        {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        refused["error"]["data"]["kind"], "lease_required",
+        "{refused}"
+    );
+    assert_eq!(refused["error"]["data"]["resource"], "note:x", "{refused}");
+
+    let agent = c.tools_call(json!(2), "checkin", json!({})).await.unwrap();
+    let handle = agent["result"]["structuredContent"]["handle"].clone();
+    let claim = c
+        .tools_call(
+            json!(3),
+            "claim",
+            json!({"resource": "note:x", "agent": handle}),
+        )
+        .await
+        .unwrap();
+    let fence = claim["result"]["structuredContent"]["fence"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{claim}"));
+    let written = c
+        .tools_call(
+            json!(4),
+            "write_note",
+            json!({"title": "x", "body": "leased"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        written["result"]["content"][0]["text"], "written",
+        "{written}"
+    );
+    let calls = seen_calls(&seen);
+    assert_eq!(
+        calls.len(),
+        1,
+        "only the leased write reached the server: {calls:?}"
+    );
+    assert_eq!(calls[0]["arguments"]["body"], "leased");
+    assert!(
+        calls[0]["meta"]
+            .get(gateway_core::uplink::FENCE_META)
+            .is_none(),
+        "the server never sees the fence: {calls:?}"
+    );
+    let kept: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("state/everything.fences.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(kept, json!({"note:x": fence}));
+
+    // A restarted connector says, in its hello, the highest fence it has accepted.
+    sled.kill().await.unwrap();
+    let (args, _) = notes_upstream(&dir).await;
+    let _sled = connector(&gw.url(), &dir, &args);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = c
+            .tools_call(json!(5), "list_projects", json!({}))
+            .await
+            .unwrap();
+        let floor = listed["result"]["structuredContent"]["projects"][0]["fence_floor"].clone();
+        if floor == json!(fence) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{listed}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The connector's own fence check, as a gateway drives it: a write whose fence is below one
+/// the connector accepted since (the lease was lost while the write was on its way) is refused
+/// with sled-sim's `stale_fence`, and one whose fence names another resource with
+/// `fence_mismatch`; the server sees neither. Driven by a stand-in for the gateway's uplink
+/// endpoint, which sends the frames in that order.
+type Uplink = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// The next text frame from the connector, as JSON.
+async fn frame(ws: &mut Uplink) -> Value {
+    use futures_util::StreamExt;
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(30), ws.next())
+            .await
+            .expect("a frame within 30 s")
+            .expect("the uplink is open")
+            .unwrap();
+        if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
+            return serde_json::from_str(&t).unwrap();
+        }
+    }
+}
+
+/// Sends a request down the uplink: its response (frames before it are passed over).
+async fn ask(ws: &mut Uplink, id: u64, method: &str, params: Value) -> Value {
+    use futures_util::SinkExt;
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    ws.send(tokio_tungstenite::tungstenite::Message::text(
+        request.to_string(),
+    ))
+    .await
+    .unwrap();
+    loop {
+        let f = frame(ws).await;
+        if f["id"] == id {
+            return f;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connector_refuses_a_stale_fence_before_the_server_sees_the_write() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dir = processes::scratch("connector-stale");
+    let (args, seen) = notes_upstream(&dir).await;
+    let _sled = connector(&url, &dir, &args);
+    let (tcp, _) = tokio::time::timeout(Duration::from_secs(30), listener.accept())
+        .await
+        .expect("the connector dials")
+        .unwrap();
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    let hello = frame(&mut ws).await;
+    assert_eq!(hello["uplink"], "hello", "{hello}");
+    assert!(
+        hello.get("fence").is_none(),
+        "no fence accepted yet: {hello}"
+    );
+    ws.send(Message::text(
+        r#"{"uplink":"welcome","protocol":1,"heartbeat_ms":60000}"#,
+    ))
+    .await
+    .unwrap();
+    // Once the server runs, list and call.
+    loop {
+        let f = frame(&mut ws).await;
+        if f["uplink"] == "upstream" && f["state"] == "running" {
+            break;
+        }
+    }
+    let listed = ask(&mut ws, 1, "tools/list", json!({})).await;
+    assert_eq!(
+        listed["result"]["tools"][0]["inputSchema"]["properties"]["title"]
+            [gateway_core::uplink::LEASE_KEYWORD],
+        "note",
+        "{listed}"
+    );
+    let fenced = |title: &str, resource: &str, fence: u64| {
+        json!({"name": "write_note", "arguments": {"title": title, "body": format!("fence {fence}")},
+               "_meta": {gateway_core::uplink::FENCE_META: {"resource": resource, "fence": fence}}})
+    };
+    let newer = ask(&mut ws, 2, "tools/call", fenced("x", "note:x", 7)).await;
+    assert_eq!(newer["result"]["content"][0]["text"], "written", "{newer}");
+    let stale = ask(&mut ws, 3, "tools/call", fenced("x", "note:x", 6)).await;
+    assert_eq!(stale["result"]["isError"], true, "{stale}");
+    assert_eq!(
+        stale["result"]["structuredContent"]["kind"], "stale_fence",
+        "{stale}"
+    );
+    assert_eq!(
+        stale["result"]["structuredContent"]["highest"], 7,
+        "{stale}"
+    );
+    let other = ask(&mut ws, 4, "tools/call", fenced("y", "note:x", 8)).await;
+    assert_eq!(
+        other["result"]["structuredContent"]["kind"], "fence_mismatch",
+        "{other}"
+    );
+    let calls = seen_calls(&seen);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["arguments"]["body"], "fence 7");
+}

@@ -783,3 +783,42 @@ fn a_stateless_write_is_held_too_and_refused_with_the_stateless_shape() {
     let r = h.reply_json(t).expect("served");
     assert!(r.get("error").is_none(), "{r}");
 }
+
+/// A project that requires leases: before its sled's first listing the gateway cannot tell a
+/// write from a read, so a call waits for the listing even while nobody holds a lease, and is
+/// then refused for want of one (found with gateway-sled: a write before the listing reached
+/// a server unfenced).
+#[test]
+fn with_leases_required_a_call_before_the_first_listing_waits_for_it_even_without_leases() {
+    let mut h = Harness::new();
+    let specs = ["alpha", "beta"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut spec = crate::ProjectSpec::new(*p, format!("http://127.0.0.1:{}", 9101 + i));
+            spec.leases_required = *p == "beta";
+            spec
+        })
+        .collect();
+    let registry = crate::Registry::from_projects(specs, Some("alpha"))
+        .unwrap()
+        .allowing_unauthenticated_uplinks();
+    h.gw = crate::Gateway::new(registry, crate::Config::default(), [7; 32]);
+    let a = h.initialize();
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let list_id = h.take_frames(u)[1]["id"].clone();
+    let t = move_story(&mut h, &a, "beta-1");
+    assert!(h.reply_json(t).is_none(), "held, not sent unchecked");
+    assert!(h.take_frames(u).is_empty(), "nothing sent unchecked");
+    list_beta_tools(&mut h, u, list_id);
+    let r = h.reply_json(t).expect("checked once listed");
+    assert_eq!(kind(&r), "lease_required", "{r}");
+    assert!(
+        h.take_frames(u).is_empty(),
+        "a write nobody holds never reaches the sled"
+    );
+}

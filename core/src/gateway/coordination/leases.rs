@@ -5,8 +5,10 @@ use super::*;
 
 impl Gateway {
     /// The lease annotation of `tool` as `project`'s sled last listed it. Before any listing
-    /// in this gateway's life, a call cannot be checked: while the project has live leases it
-    /// must wait for the listing (`None`) rather than be sent unchecked.
+    /// in this gateway's life, a call cannot be checked: while the project has live leases, or
+    /// when it requires them (`leases = "required"`: a write nobody holds must be refused, and
+    /// only the listing says which calls write), it must wait for the listing (`None`) rather
+    /// than be sent unchecked.
     #[allow(clippy::option_option)]
     pub(in crate::gateway) fn remembered_lease(
         &mut self,
@@ -20,6 +22,13 @@ impl Gateway {
             .and_then(|p| p.leases_known.as_ref())
         {
             Some(known) => Some(known.get(tool).cloned()),
+            None if self
+                .registry
+                .get(project)
+                .is_some_and(|(_, spec)| spec.leases_required) =>
+            {
+                None
+            }
             None if self.coordination.coord.claims(now, project).is_empty() => Some(None),
             None => None,
         }
