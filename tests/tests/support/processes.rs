@@ -32,7 +32,7 @@ pub fn workspace_bin(name: &str) -> PathBuf {
     let path = target_dir().join(profile).join(name);
     assert!(
         path.exists(),
-        "{} is missing: run the tests with `cargo test --workspace` (which builds it), or `cargo build -p gateway-server -p sled-sim --bins` first",
+        "{} is missing: run the tests with `cargo test --workspace` (which builds it), or `cargo build -p gateway-server -p sled-sim -p gateway-connector --bins` first",
         path.display()
     );
     path
