@@ -413,14 +413,16 @@ async fn a_server_that_dies_mid_call_fails_its_calls_at_once_and_is_started_agai
     assert!(log_text.contains("restarting it"), "{log_text}");
 }
 
-/// A stdio MCP server that writes what no client should take: a line that is not JSON, an
-/// answer to an id never asked, a JSON-RPC message of no kind; then serves one tool, `ping2`.
+/// A stdio MCP server that writes what no client should take: a line over 16 MiB, a line that
+/// is not JSON, an answer to an id never asked, a JSON-RPC message of no kind; then serves one
+/// tool, `ping2`.
 const UNRULY: &str = r#"
 const rl = require('readline').createInterface({ input: process.stdin });
 const out = (m) => process.stdout.write(JSON.stringify(m) + '\n');
 rl.on('line', (line) => {
   const m = JSON.parse(line);
   if (m.method === 'initialize') {
+    process.stdout.write('"' + 'x'.repeat(17 * 1024 * 1024) + '"\n');
     process.stdout.write('this is not JSON\n');
     out({ jsonrpc: '2.0', id: 99999, result: {} });
     out({ jsonrpc: '2.0' });
@@ -465,6 +467,7 @@ async fn what_a_server_writes_that_is_not_json_rpc_is_logged_and_skipped() {
     assert_eq!(text(&answer), "pong", "{answer}");
     let log = std::fs::read_to_string(dir.join("sled.log")).unwrap();
     for said in [
+        "a message over the limit",
         "a line that is not a JSON object",
         "answered a request that is not in flight",
         "neither request, response nor notification",
@@ -931,4 +934,76 @@ async fn the_connector_refuses_a_stale_fence_before_the_server_sees_the_write() 
     let calls = seen_calls(&seen);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(calls[0]["arguments"]["body"], "fence 7");
+}
+
+/// A stdio MCP server that never answers a call: it records each notification it gets.
+const SILENT: &str = r#"
+const fs = require('fs');
+const heard = process.argv[2];
+const rl = require('readline').createInterface({ input: process.stdin });
+const out = (m) => process.stdout.write(JSON.stringify(m) + '\n');
+rl.on('line', (line) => {
+  const m = JSON.parse(line);
+  if (m.method === 'initialize') {
+    out({ jsonrpc: '2.0', id: m.id, result: { protocolVersion: '2025-11-25', capabilities: { tools: {} },
+          serverInfo: { name: 'silent', version: '0' } } });
+  } else if (m.method === 'tools/list') {
+    out({ jsonrpc: '2.0', id: m.id, result: { tools: [{ name: 'hang', inputSchema: { type: 'object' } }] } });
+  } else if (m.id === undefined) {
+    fs.appendFileSync(heard, JSON.stringify(m) + '\n');
+  }
+});
+"#;
+
+/// An upstream that never answers: the call ends at the project's deadline (the gateway's
+/// `timeout`), and the cancellation the gateway then sends reaches the server, naming the
+/// server's own id for the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_server_never_answers_ends_at_its_deadline_and_is_cancelled_at_the_server() {
+    let node = node::node().await;
+    let toml = projects_toml().replace("call_timeout_ms = 60000", "call_timeout_ms = 1500");
+    let gw = processes::SingleGateway::start(&toml).await;
+    let dir = processes::scratch("connector-silent");
+    let script = dir.join("silent.js");
+    std::fs::write(&script, SILENT).unwrap();
+    let heard = dir.join("heard.jsonl");
+    let _sled = connector(
+        &gw.url(),
+        &dir,
+        &stdio(vec![
+            node.node.display().to_string(),
+            script.display().to_string(),
+            heard.display().to_string(),
+        ]),
+    );
+    let mut c = session(&gw.url()).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let timed_out = loop {
+        let r = c
+            .tools_call(json!(1), "hang", json!({"project": "everything"}))
+            .await
+            .unwrap();
+        if r["error"]["data"]["kind"] == "timeout" || tokio::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(timed_out["error"]["data"]["kind"], "timeout", "{timed_out}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let cancelled = loop {
+        let heard = std::fs::read_to_string(&heard).unwrap_or_default();
+        if let Some(line) = heard
+            .lines()
+            .find(|l| l.contains("notifications/cancelled"))
+        {
+            break serde_json::from_str::<Value>(line).unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no cancellation: {heard}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // The server's own id for the call: the connector's, not the gateway's.
+    assert!(cancelled["params"]["requestId"].is_u64(), "{cancelled}");
 }
