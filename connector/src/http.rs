@@ -407,6 +407,7 @@ impl Handler for HttpServer {
             self.lock().session.clone(),
         );
         let project = self.project.clone();
+        debug!(project, request = id, "cancelling a call at the MCP server");
         tokio::spawn(async move {
             let Ok(mut c) = McpClient::connect_with(TokioConnect, &url, tls).await else {
                 return;

@@ -59,11 +59,16 @@ async fn everything_command() -> Vec<String> {
 /// `upstream` names (`--` and a command, or `--url` and a URL); its token from a file, its
 /// key in `dir`, its log in `dir/sled.log`.
 fn connector(url: &str, dir: &Path, upstream: &[String]) -> Child {
+    connector_for("everything", url, dir, upstream)
+}
+
+/// [`connector`] for `project` (whose uplink token is also [`TOKEN`]).
+fn connector_for(project: &str, url: &str, dir: &Path, upstream: &[String]) -> Child {
     let token = dir.join("token");
     std::fs::write(&token, TOKEN).unwrap();
     let log = std::fs::File::create(dir.join("sled.log")).unwrap();
     Command::new(processes::workspace_bin("gateway-sled"))
-        .args(["--gateway", url, "--project", "everything", "--token-file"])
+        .args(["--gateway", url, "--project", project, "--token-file"])
         .arg(&token)
         .arg("--state-dir")
         .arg(dir.join("state"))
@@ -616,15 +621,25 @@ async fn run_node(mut cmd: Command, what: &str) -> (bool, String) {
 /// The clients people use, against server-everything behind the connector: the TypeScript
 /// SDK (tools, progress, its own sampling and elicitation answers, prompts, completion,
 /// resources, a cancellation that reaches the server), the Python SDK in both eras (calls,
-/// progress, sampling), and the Inspector CLI (lists and calls).
+/// progress, sampling), and the Inspector CLI (lists and calls); over stdio, then over
+/// server-everything's Streamable HTTP transport.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_and_the_inspector_use_server_everything_through_the_connector() {
     let command = everything_command().await;
+    let dir = processes::scratch("connector-sdks");
+    sdks_and_inspector(&dir, &stdio(command)).await;
+    let dir = processes::scratch("connector-sdks-http");
+    let port = processes::free_port();
+    let _server = everything_http(port, &dir).await;
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    sdks_and_inspector(&dir, &["--url".to_owned(), url]).await;
+}
+
+async fn sdks_and_inspector(dir: &Path, upstream: &[String]) {
     let node = node::node().await;
     let python = python::python_with_sdk().await;
     let gw = processes::SingleGateway::start(&projects_toml()).await;
-    let dir = processes::scratch("connector-sdks");
-    let _sled = connector(&gw.url(), &dir, &stdio(command));
+    let _sled = connector(&gw.url(), dir, upstream);
     let log = dir.join("sled.log");
     let mut c = session(&gw.url()).await;
     until_served(&mut c, &log).await;
@@ -1006,4 +1021,68 @@ async fn a_call_the_server_never_answers_ends_at_its_deadline_and_is_cancelled_a
     };
     // The server's own id for the call: the connector's, not the gateway's.
     assert!(cancelled["params"]["requestId"].is_u64(), "{cancelled}");
+}
+
+/// A server's `readOnlyHint` is not a grant (where-the-issues-meet §12): server-everything
+/// annotates `echo` and `get-sum` read-only. A reader is refused both on a project that trusts
+/// no hints, and may call only what `read_only_tools` lists on one that lists `echo`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_read_only_hints_grant_a_reader_nothing_unless_projects_toml_says_so() {
+    let command = everything_command().await;
+    let toml = format!(
+        "client_tokens = [{{ name = \"reader\", token = \"reader-token-0123456789\" }}]\n\
+         [[project]]\nname = \"everything\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n\
+         [[project]]\nname = \"listed\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n\
+         read_only_tools = [\"echo\"]\n\
+         [[access]]\ntoken = \"reader\"\nprojects = [\"*\"]\nright = \"read\"\n"
+    );
+    let gw = processes::SingleGateway::start(&toml).await;
+    let (a, b) = (
+        processes::scratch("connector-hints-a"),
+        processes::scratch("connector-hints-b"),
+    );
+    let _sleds = (
+        connector_for("everything", &gw.url(), &a, &stdio(command.clone())),
+        connector_for("listed", &gw.url(), &b, &stdio(command)),
+    );
+    let mut c = McpClient::connect(TokioConnect, &format!("{}/mcp", gw.url()))
+        .await
+        .unwrap();
+    c.set_bearer_token(Some("reader-token-0123456789".into()));
+    c.initialize().await.unwrap();
+    let call = async |c: &mut McpClient<TokioConnect>, project: &str, tool: &str, args: Value| {
+        let mut args = args;
+        args["project"] = json!(project);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = c.tools_call(json!(1), tool, args.clone()).await.unwrap();
+            // Until the project's server is up and listed.
+            let kind = r["error"]["data"]["kind"].as_str().unwrap_or_default();
+            let waiting = matches!(
+                kind,
+                "sled_not_connected" | "upstream_down" | "tools_pending"
+            );
+            if !waiting || tokio::time::Instant::now() > deadline {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let listed = call(&mut c, "listed", "echo", json!({"message": "read"})).await;
+    assert_eq!(text(&listed), "Echo: read", "{listed}");
+    for (project, tool, args) in [
+        ("everything", "echo", json!({"message": "x"})),
+        ("everything", "get-sum", json!({"a": 1, "b": 2})),
+        ("listed", "get-sum", json!({"a": 1, "b": 2})),
+    ] {
+        let r = call(&mut c, project, tool, args).await;
+        assert_eq!(
+            r["error"]["data"]["kind"], "forbidden",
+            "{project} {tool}: {r}"
+        );
+        assert_eq!(
+            r["error"]["data"]["right"], "write",
+            "{project} {tool}: {r}"
+        );
+    }
 }
