@@ -314,6 +314,11 @@ struct ClusterFlags {
         requires = "cluster"
     )]
     previous_cluster_secret_file: Option<PathBuf>,
+    /// Benchmarks only (a build with the insecure-unauthenticated-cluster-bench feature):
+    /// nothing in the cluster is signed or verified.
+    #[cfg(feature = "insecure-unauthenticated-cluster-bench")]
+    #[arg(long, hide = true, requires = "cluster")]
+    insecure_unauthenticated_cluster_for_bench: bool,
     #[command(flatten)]
     nats: Box<gateway_server::cluster::nats_auth::NatsAuthFlags>,
 }
@@ -328,6 +333,15 @@ impl ClusterFlags {
             return Ok(None);
         };
         nats_auth::check_cluster_url(url)?;
+        #[cfg(feature = "insecure-unauthenticated-cluster-bench")]
+        if self.insecure_unauthenticated_cluster_for_bench {
+            gateway_core::keys::set_unauthenticated_for_bench();
+            tracing::error!(
+                "--insecure-unauthenticated-cluster-for-bench: this replica's cluster neither \
+                 signs nor verifies anything, and anyone who reaches NATS can act as a replica. \
+                 For benchmarks only; never serve anyone with it"
+            );
+        }
         let keys = gateway_server::cluster::seal::resolve_keys(
             self.cluster_secret_file.as_deref(),
             self.previous_cluster_secret_file.as_deref(),

@@ -9,7 +9,11 @@
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CreateMessageRequestSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import {
+  CreateMessageRequestSchema,
+  ElicitRequestSchema,
+  ResourceUpdatedNotificationSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 
 const URL_ = new URL(process.argv[2]);
 const results = [];
@@ -27,6 +31,8 @@ async function attempt(name, f) {
     check(name, false, String(e?.stack ?? e));
   }
 }
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 const text = (r) => r?.content?.map((c) => c.text ?? "").join("\n") ?? "";
 
@@ -94,6 +100,20 @@ async function main() {
     check("resources/read", typeof read.contents[0]?.text === "string", read);
     const { resourceTemplates } = await client.listResourceTemplates();
     check("resources/templates/list", resourceTemplates.length > 0, resourceTemplates);
+  });
+
+  await attempt("subscriptions", async () => {
+    // server-everything sends resources/updated for each subscribed resource every 5 s while
+    // its subscriber updates are on.
+    const updated = [];
+    client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => updated.push(n.params.uri));
+    const { resources } = await client.listResources();
+    const uri = resources[0].uri;
+    await client.subscribeResource({ uri });
+    await client.callTool({ name: "toggle-subscriber-updates", arguments: {} });
+    for (let i = 0; i < 160 && updated.length === 0; i++) await sleep(50);
+    await client.callTool({ name: "toggle-subscriber-updates", arguments: {} });
+    check("resources/updated of a subscribed resource reaches the client", updated.includes(uri), updated);
   });
 
   await attempt("cancel", async () => {

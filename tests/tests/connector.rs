@@ -620,7 +620,7 @@ async fn run_node(mut cmd: Command, what: &str) -> (bool, String) {
 
 /// The clients people use, against server-everything behind the connector: the TypeScript
 /// SDK (tools, progress, its own sampling and elicitation answers, prompts, completion,
-/// resources, a cancellation that reaches the server), the Python SDK in both eras (calls,
+/// resources, a subscription's `resources/updated`, a cancellation that reaches the server), the Python SDK in both eras (calls,
 /// progress, sampling), and the Inspector CLI (lists and calls); over stdio, then over
 /// server-everything's Streamable HTTP transport.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

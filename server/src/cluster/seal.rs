@@ -243,7 +243,7 @@ impl Seal {
             .keys
             .open_message(context, now, message)
             .and_then(|o: Opened<'_>| {
-                if once && !self.forgetful {
+                if once && !self.forgetful && gateway_core::keys::authenticated() {
                     let lifetime = gateway_core::keys::MESSAGE_LIFETIME.as_millis() as u64;
                     if o.expires_ms.saturating_sub(lifetime) < self.started_ms {
                         return Err(Refusal::Replayed);

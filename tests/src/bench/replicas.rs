@@ -326,13 +326,20 @@ pub(super) async fn sealed_relay(args: &Args, tmp: &TempDir, targets: &mut Targe
         a
     };
     let sealed = |r: &str| in_namespace(cluster_args(tmp, &nats, r), "sealed");
+    // The gateway before the cluster secret takes none; this code built without
+    // authentication takes it like the sealed pair.
+    let same_code = args.baseline_unauthenticated;
     let plain = |r: &str| {
         let mut a = cluster_args(tmp, &nats, r);
-        let at = a
-            .iter()
-            .position(|x| x == "--cluster-secret-file")
-            .expect("cluster_args names the secret");
-        a.drain(at..at + 2);
+        if same_code {
+            a.push("--insecure-unauthenticated-cluster-for-bench".into());
+        } else {
+            let at = a
+                .iter()
+                .position(|x| x == "--cluster-secret-file")
+                .expect("cluster_args names the secret");
+            a.drain(at..at + 2);
+        }
         in_namespace(a, "plain")
     };
     let (mut s1, as1) = start_gateway(args, tmp, "s1", &projects, &sealed("s1"))?;
@@ -394,11 +401,16 @@ pub(super) async fn sealed_relay(args: &Args, tmp: &TempDir, targets: &mut Targe
         hists[0].len()
     );
     println!("|---|---|---|---|");
+    let baseline = if same_code {
+        "unauthenticated (this code)"
+    } else {
+        "baseline"
+    };
     for (i, what) in [
-        "sealed: the owner",
-        "sealed: relayed",
-        "baseline: the owner",
-        "baseline: relayed",
+        "sealed: the owner".to_owned(),
+        "sealed: relayed".to_owned(),
+        format!("{baseline}: the owner"),
+        format!("{baseline}: relayed"),
     ]
     .iter()
     .enumerate()

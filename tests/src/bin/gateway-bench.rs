@@ -183,6 +183,12 @@ struct Args {
     /// one built before coordination was kept (bc9971d).
     #[arg(long)]
     baseline_gateway_bin: Option<PathBuf>,
+    /// `--run sealed-relay`: the baseline is this code built with
+    /// `--features insecure-unauthenticated-cluster-bench`, run with
+    /// `--insecure-unauthenticated-cluster-for-bench` (authentication off, everything else the
+    /// same); give the same binary as --gateway-bin, so that both pairs run one build.
+    #[arg(long)]
+    baseline_unauthenticated: bool,
     /// The nats-server for `--run replicas` (default: PATH, then the tests' install in
     /// target/clients/nats-server/).
     #[arg(long)]
