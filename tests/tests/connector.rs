@@ -1086,3 +1086,81 @@ async fn a_servers_read_only_hints_grant_a_reader_nothing_unless_projects_toml_s
         );
     }
 }
+
+/// Several projects in one connector process, one uplink each, from a config file as
+/// `examples/sleds.toml` writes one: server-everything over stdio as `everything` (its uplink
+/// token from a file) and over Streamable HTTP as `web` (its token from the environment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connector_serves_several_projects_from_a_config_file() {
+    let command = everything_command().await;
+    let toml = format!(
+        "{}[[project]]\nname = \"web\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n",
+        projects_toml()
+    );
+    let gw = processes::SingleGateway::start(&toml).await;
+    let dir = processes::scratch("connector-several");
+    let port = processes::free_port();
+    let _server = everything_http(port, &dir).await;
+    std::fs::write(dir.join("everything.token"), TOKEN).unwrap();
+    let quoted: Vec<String> = command.iter().map(|c| format!("{c:?}")).collect();
+    let config = format!(
+        "gateway = \"{}\"\nstate_dir = \"{}\"\n\n\
+         [[project]]\nname = \"everything\"\ncommand = [{}]\ntoken_file = \"{}\"\n\n\
+         [[project]]\nname = \"web\"\nurl = \"http://127.0.0.1:{port}/mcp\"\ntoken_env = \"WEB_UPLINK_TOKEN\"\n",
+        gw.url(),
+        dir.join("state").display(),
+        quoted.join(", "),
+        dir.join("everything.token").display(),
+    );
+    std::fs::write(dir.join("sleds.toml"), config).unwrap();
+    let log = dir.join("sled.log");
+    let _sled = Command::new(processes::workspace_bin("gateway-sled"))
+        .arg("--config")
+        .arg(dir.join("sleds.toml"))
+        .env("WEB_UPLINK_TOKEN", TOKEN)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut c = session(&gw.url()).await;
+    for project in ["everything", "web"] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = c
+                .tools_call(
+                    json!(1),
+                    "echo",
+                    json!({"project": project, "message": project}),
+                )
+                .await
+                .unwrap();
+            if r["result"]["content"][0]["text"] == format!("Echo: {project}") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{project}: {r}\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // One identity key per project.
+    for project in ["everything", "web"] {
+        assert!(dir.join(format!("state/{project}.key")).exists());
+    }
+    let health = c
+        .tools_call(json!(2), "gateway_health", json!({}))
+        .await
+        .unwrap();
+    let states: Vec<Value> = health["result"]["structuredContent"]["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["upstream"]["state"].clone())
+        .collect();
+    assert_eq!(states, [json!("running"), json!("running")], "{health}");
+}
