@@ -7,7 +7,7 @@
 //!   `notifications/tools/list_changed` goes to the gateway when they differ from the last
 //!   listing. A call that finds the session gone (404) or the server unreachable marks the
 //!   server down and wakes the supervisor, which initializes a new session, retrying with a
-//!   backoff while it cannot ([`crate::stdio::BACKOFF_MIN`] to [`crate::stdio::BACKOFF_MAX`]).
+//!   backoff while it cannot ([`crate::upstream::backoff`]).
 //! - **Calls.** Each request goes to the server under an id of the connector's own, on a
 //!   connection of its own, and its answer (a JSON body or an event stream) comes back under
 //!   the gateway's id. On the answer's event stream, progress and other notifications belong
@@ -29,14 +29,14 @@ use gateway_client::client::{AnswerFuture, ClientError, McpClient};
 use gateway_client::TlsTrust;
 use gateway_core::Secret;
 use serde_json::{json, Value};
-use sled_sim::uplink::RequestError;
 use sled_sim::{CallContext, Handler, TokioConnect};
 use tokio::sync::{broadcast, watch, Notify};
 use tokio::time::{sleep, Instant};
 use tracing::{debug, info, warn};
 
-use crate::stdio::{BACKOFF_MAX, BACKOFF_MIN, CLIENT_ANSWER_WAIT, STABLE_AFTER};
-use crate::upstream::{status_frame, upstream_error, Status};
+use crate::upstream::{
+    backoff, related_to, relay_request, status_frame, upstream_error, Status, STABLE_AFTER,
+};
 
 #[derive(Default)]
 struct State {
@@ -162,9 +162,7 @@ impl HttpServer {
             if started.elapsed() >= STABLE_AFTER {
                 failures = 0;
             }
-            let delay = BACKOFF_MIN
-                .saturating_mul(1 << failures.min(16))
-                .min(BACKOFF_MAX);
+            let delay = backoff(failures);
             failures = failures.saturating_add(1);
             tokio::select! {
                 () = sleep(delay) => {}
@@ -295,20 +293,7 @@ impl HttpServer {
             {
                 let _ = self.notices.send(n.to_string());
             } else if let Some(call) = ctx.request_id() {
-                let mut n = n.clone();
-                if !n.get("params").is_some_and(Value::is_object) {
-                    n["params"] = json!({});
-                }
-                if let Some(p) = n["params"].as_object_mut() {
-                    let meta = p.entry("_meta").or_insert_with(|| json!({}));
-                    if let Some(meta) = meta.as_object_mut() {
-                        meta.insert(
-                            gateway_core::uplink::RELATED_REQUEST_META.to_owned(),
-                            json!(call),
-                        );
-                    }
-                }
-                ctx.send_as_is(&n);
+                ctx.send_as_is(&related_to(n.clone(), call));
             }
         };
         let answered = client
@@ -354,29 +339,6 @@ impl HttpServer {
                 )
             }
         })
-    }
-}
-
-/// The server's sampling or elicitation request during a call, asked of the call's client
-/// through the gateway: the JSON-RPC response to give the server.
-async fn relay_request(ctx: &CallContext, m: &Value) -> Value {
-    let id = m.get("id").cloned().unwrap_or(Value::Null);
-    let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
-    if method == "ping" {
-        return json!({"jsonrpc": "2.0", "id": id, "result": {}});
-    }
-    if !matches!(method, "sampling/createMessage" | "elicitation/create") {
-        return json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601,
-            "message": format!("gateway-sled does not relay {method}")}});
-    }
-    let params = m.get("params").cloned().unwrap_or_else(|| json!({}));
-    match ctx.request(method, params, CLIENT_ANSWER_WAIT).await {
-        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-        Err(RequestError::Rpc { code, message }) => {
-            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-        }
-        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603,
-            "message": format!("the client's answer to {method} did not come: {e}")}}),
     }
 }
 

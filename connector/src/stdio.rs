@@ -47,16 +47,13 @@ use tracing::{debug, info, warn};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::upstream::{status_frame, upstream_error, Status};
+use crate::upstream::{
+    answer_at_once, backoff, related_to, relay_request, status_frame, upstream_error, Status,
+    STABLE_AFTER,
+};
 
 /// How long a started child has to answer `initialize`.
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(30);
-/// The first restart delay.
-pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
-/// The longest restart delay.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// A child that ran this long resets the backoff.
-pub const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// The longest line read from a child: the gateway's limit for one uplink message.
 pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// The MCP revision the connector asks its child for.
@@ -84,13 +81,6 @@ struct Pending {
     /// The progress token the gateway gave the call.
     progress: Option<Value>,
 }
-
-/// How long the server's sampling or elicitation request may wait for the client's answer
-/// (a person may be answering); the call's own deadline at the gateway ends it sooner.
-pub const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
-
-/// The requests a server may make of the calling client, relayed to it through the gateway.
-const RELAYED_REQUESTS: [&str; 2] = ["sampling/createMessage", "elicitation/create"];
 
 #[derive(Default)]
 struct Shared {
@@ -182,9 +172,7 @@ impl StdioServer {
             if started.elapsed() >= STABLE_AFTER {
                 failures = 0;
             }
-            let delay = BACKOFF_MIN
-                .saturating_mul(1 << failures.min(16))
-                .min(BACKOFF_MAX);
+            let delay = backoff(failures);
             failures = failures.saturating_add(1);
             warn!(project = self.project(), reason = %ended, retry_in = ?delay, "the MCP server is down; restarting it");
             tokio::select! {
@@ -320,7 +308,7 @@ impl StdioServer {
                 "initialize",
                 json!({
                     "protocolVersion": PROTOCOL_VERSION,
-                    // What it relays to the calling client (see `RELAYED_REQUESTS`); not roots,
+                    // What it relays to the calling client (`upstream::RELAYED_REQUESTS`); not roots,
                     // which are a client's and not one call's.
                     "capabilities": {"sampling": {}, "elicitation": {}},
                     "clientInfo": {"name": "gateway-sled", "version": env!("CARGO_PKG_VERSION")},
@@ -474,20 +462,8 @@ impl StdioServer {
     /// the client of the call in flight (on stdio a request names no call, so there must be
     /// exactly one); anything else refused.
     fn on_request(&self, method: String, v: Value) {
-        let id = v["id"].clone();
-        let refuse = |code: i64, message: String| json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
-        if method == "ping" {
-            self.send_line(json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string());
-            return;
-        }
-        if !RELAYED_REQUESTS.contains(&method.as_str()) {
-            debug!(
-                project = self.project(),
-                method, "the MCP server asked for what the connector does not relay"
-            );
-            self.send_line(
-                refuse(-32601, format!("gateway-sled does not relay {method}")).to_string(),
-            );
+        if let Some(answer) = answer_at_once(&v) {
+            self.send_line(answer.to_string());
             return;
         }
         let calls: Vec<CallContext> = {
@@ -499,29 +475,17 @@ impl StdioServer {
                 .collect()
         };
         let [ctx] = &calls[..] else {
-            self.send_line(
-                refuse(
-                    -32603,
-                    format!(
-                        "gateway-sled cannot tell which call this {method} belongs to: {} calls are in flight, and a request on stdio names none",
-                        if calls.is_empty() { "no" } else { "several" }
-                    ),
-                )
-                .to_string(),
-            );
+            let refusal = json!({"jsonrpc": "2.0", "id": v["id"], "error": {"code": -32603,
+            "message": format!(
+                "gateway-sled cannot tell which call this {method} belongs to: {} calls are in flight, and a request on stdio names none",
+                if calls.is_empty() { "no" } else { "several" }
+            )}});
+            self.send_line(refusal.to_string());
             return;
         };
         let (ctx, stdin) = (ctx.clone(), self.lock().stdin.clone());
-        let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
         tokio::spawn(async move {
-            let answer = match ctx.request(&method, params, CLIENT_ANSWER_WAIT).await {
-                Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                Err(sled_sim::uplink::RequestError::Rpc { code, message }) => {
-                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-                }
-                Err(e) => json!({"jsonrpc": "2.0", "id": id,
-                    "error": {"code": -32603, "message": format!("the client's answer to {method} did not come: {e}")}}),
-            };
+            let answer = relay_request(&ctx, &v).await;
             // To the child that asked, not a later one.
             if let Some(stdin) = stdin {
                 let _ = stdin.send(answer.to_string());
@@ -564,20 +528,7 @@ impl StdioServer {
             return;
         };
         if !progress {
-            if !v.get("params").is_some_and(Value::is_object) {
-                v["params"] = json!({});
-            }
-            let meta = v["params"]
-                .as_object_mut()
-                .expect("made an object")
-                .entry("_meta")
-                .or_insert_with(|| json!({}));
-            if let Some(meta) = meta.as_object_mut() {
-                meta.insert(
-                    gateway_core::uplink::RELATED_REQUEST_META.to_owned(),
-                    json!(call),
-                );
-            }
+            v = related_to(v, *call);
         }
         ctx.send_as_is(&v);
     }

@@ -1,8 +1,83 @@
 //! What the two kinds of upstream (a child over stdio, a server over Streamable HTTP) share:
 //! their state, and the errors that answer a call they could not take or finish.
 
-use gateway_core::uplink::{Control, UpstreamState};
+use std::time::Duration;
+
+use gateway_core::uplink::{Control, UpstreamState, RELATED_REQUEST_META};
 use serde_json::{json, Value};
+use sled_sim::uplink::RequestError;
+use sled_sim::CallContext;
+
+/// The first restart (or re-initialization) delay.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
+/// The longest restart delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// A server that served this long resets the backoff.
+pub const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// How long the server's sampling or elicitation request may wait for the client's answer
+/// (a person may be answering); the call's own deadline at the gateway ends it sooner.
+pub const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
+
+/// The delay before the next start after `failures` in a row: doubling from
+/// [`BACKOFF_MIN`] to [`BACKOFF_MAX`].
+pub fn backoff(failures: u32) -> Duration {
+    BACKOFF_MIN
+        .saturating_mul(1 << failures.min(16))
+        .min(BACKOFF_MAX)
+}
+
+/// `n` (a notification) naming the gateway's call `call` in `params._meta`, so that the
+/// gateway relays it to that call's client.
+pub fn related_to(mut n: Value, call: u64) -> Value {
+    if !n.get("params").is_some_and(Value::is_object) {
+        n["params"] = json!({});
+    }
+    if let Some(params) = n["params"].as_object_mut() {
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(RELATED_REQUEST_META.to_owned(), json!(call));
+        }
+    }
+    n
+}
+
+/// The requests a server may make of the calling client, relayed to it through the gateway
+/// (not roots, which are a client's and not one call's).
+pub const RELAYED_REQUESTS: [&str; 2] = ["sampling/createMessage", "elicitation/create"];
+
+/// The answer to the server's own request `m` that needs no client: `ping`'s, or the refusal
+/// of what the connector does not relay. `None` for sampling and elicitation.
+pub fn answer_at_once(m: &Value) -> Option<Value> {
+    let id = m.get("id").cloned().unwrap_or(Value::Null);
+    let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
+    if method == "ping" {
+        return Some(json!({"jsonrpc": "2.0", "id": id, "result": {}}));
+    }
+    (!RELAYED_REQUESTS.contains(&method)).then(|| {
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601,
+            "message": format!("gateway-sled does not relay {method}")}})
+    })
+}
+
+/// The server's own request `m` during a call: [`answer_at_once`] when it can be, else
+/// (sampling, elicitation) asked of the call's client through the gateway (`ctx`). The
+/// JSON-RPC response to give the server.
+pub async fn relay_request(ctx: &CallContext, m: &Value) -> Value {
+    if let Some(answer) = answer_at_once(m) {
+        return answer;
+    }
+    let id = m.get("id").cloned().unwrap_or(Value::Null);
+    let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
+    let params = m.get("params").cloned().unwrap_or_else(|| json!({}));
+    match ctx.request(method, params, CLIENT_ANSWER_WAIT).await {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(RequestError::Rpc { code, message }) => {
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+        }
+        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603,
+            "message": format!("the client's answer to {method} did not come: {e}")}}),
+    }
+}
 
 /// What the server is doing.
 #[derive(Debug, Clone, PartialEq, Eq)]

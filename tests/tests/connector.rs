@@ -627,15 +627,15 @@ async fn run_node(mut cmd: Command, what: &str) -> (bool, String) {
 async fn the_official_sdks_and_the_inspector_use_server_everything_through_the_connector() {
     let command = everything_command().await;
     let dir = processes::scratch("connector-sdks");
-    sdks_and_inspector(&dir, &stdio(command)).await;
+    sdks_and_inspector(&dir, &stdio(command), "stdio").await;
     let dir = processes::scratch("connector-sdks-http");
     let port = processes::free_port();
     let _server = everything_http(port, &dir).await;
     let url = format!("http://127.0.0.1:{port}/mcp");
-    sdks_and_inspector(&dir, &["--url".to_owned(), url]).await;
+    sdks_and_inspector(&dir, &["--url".to_owned(), url], "http").await;
 }
 
-async fn sdks_and_inspector(dir: &Path, upstream: &[String]) {
+async fn sdks_and_inspector(dir: &Path, upstream: &[String], kind: &str) {
     let node = node::node().await;
     let python = python::python_with_sdk().await;
     let gw = processes::SingleGateway::start(&projects_toml()).await;
@@ -650,7 +650,7 @@ async fn sdks_and_inspector(dir: &Path, upstream: &[String]) {
     let script = node.dir.join("ts_connector_client.mjs");
     std::fs::copy(&source, &script).unwrap();
     let mut cmd = node.command();
-    cmd.arg(&script).arg(&mcp);
+    cmd.arg(&script).arg(&mcp).arg(kind);
     let (ok, stdout) = run_node(cmd, "the TypeScript client").await;
     println!("{stdout}");
     assert!(ok && stdout.contains(" passed, 0 failed"), "{stdout}");
