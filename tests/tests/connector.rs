@@ -160,8 +160,25 @@ async fn server_everything_over_stdio_is_a_project_of_the_gateway() {
     let command = everything_command().await;
     let gw = processes::SingleGateway::start(&projects_toml()).await;
     let dir = processes::scratch("connector");
-    let _sled = connector(&gw.url(), &dir, &stdio(command));
+    // The child's environment from the command line (`--env`), and its working directory.
+    let mut upstream = vec![
+        "--env".to_owned(),
+        "GATEWAY_SLED_CHECK=set-by-the-connector".to_owned(),
+        "--cwd".to_owned(),
+        dir.display().to_string(),
+    ];
+    upstream.extend(stdio(command));
+    let _sled = connector(&gw.url(), &dir, &upstream);
     everything_through_the_gateway(&gw.url(), &dir).await;
+    let mut c = session(&gw.url()).await;
+    let env = c
+        .tools_call(json!(1), "get-env", json!({"project": "everything"}))
+        .await
+        .unwrap();
+    assert!(
+        text(&env).contains("\"GATEWAY_SLED_CHECK\": \"set-by-the-connector\""),
+        "{env}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
