@@ -91,8 +91,8 @@ async fn session(url: &str) -> McpClient<TokioConnect> {
     c
 }
 
-/// Calls `echo` until the server answers (within 60 s: the first start may install nothing,
-/// but Node takes a moment).
+/// Calls `echo` until the server answers and the gateway lists its tools to this session
+/// (whose default project is `everything`), within 60 s.
 async fn until_served(c: &mut McpClient<TokioConnect>, log: &Path) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -104,8 +104,17 @@ async fn until_served(c: &mut McpClient<TokioConnect>, log: &Path) {
             )
             .await
             .unwrap();
+        // Served, and listed: a call can reach the server before the gateway has its tools
+        // (the first listing may find it starting), and tools/list shows them only after.
         if r["result"]["content"][0]["text"] == "Echo: ready?" {
-            return;
+            let listed = c.tools_list(json!("listed?"), None).await.unwrap();
+            let tools = listed["result"]["tools"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if tools.iter().any(|t| t["name"] == "echo") {
+                return;
+            }
         }
         assert!(
             tokio::time::Instant::now() < deadline,
