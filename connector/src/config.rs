@@ -21,6 +21,8 @@
 //! bearer_token_env = "SEARCH_TOKEN"                # optional: its bearer token (or bearer_token_file)
 //! # Leases for a server that knows nothing of them: the argument naming what a tool writes.
 //! leases = { "write_doc" = { argument = "title", kind = "doc" } }
+//! # An argument may also name each string of an array ("names[]") or a field of each object
+//! # of one ("docs[].title"): a call then writes one resource per item.
 //! ```
 
 use std::collections::BTreeMap;
@@ -29,6 +31,7 @@ use std::path::{Path, PathBuf};
 use gateway_core::Secret;
 
 use crate::leases::LeasedArgument;
+use gateway_core::lease_spot::LeaseSpot;
 use serde::Deserialize;
 
 /// The default directory of the identity keys, relative to the working directory.
@@ -231,13 +234,12 @@ impl ProjectConfig {
         token: TokenSource,
         leases: BTreeMap<String, LeasedArgument>,
     ) -> Result<ProjectConfig, String> {
-        if let Some((tool, _)) = leases
-            .iter()
-            .find(|(t, l)| t.is_empty() || l.argument.is_empty() || l.kind.is_empty())
-        {
-            return Err(format!(
-                "project '{name}': the lease of '{tool}' needs a tool, an argument and a kind"
-            ));
+        for (tool, l) in &leases {
+            if tool.is_empty() {
+                return Err(format!("project '{name}': a lease needs a tool name"));
+            }
+            LeaseSpot::parse(&l.argument, &l.kind)
+                .map_err(|e| format!("project '{name}': the lease of '{tool}': {e}"))?;
         }
         let name_ok = (1..=64).contains(&name.len())
             && name
@@ -344,6 +346,20 @@ bearer_token_env = "SEARCH_TOKEN"
         let names: Vec<&str> = c.projects.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["memory", "everything"]);
         assert_eq!(c.projects[1].leases["gzip-file-as-resource"].kind, "file");
+        let memory: Vec<(&str, &str)> = c.projects[0]
+            .leases
+            .iter()
+            .map(|(tool, l)| (tool.as_str(), l.argument.as_str()))
+            .collect();
+        assert_eq!(
+            memory,
+            [
+                ("add_observations", "observations[].entityName"),
+                ("create_entities", "entities[].name"),
+                ("delete_entities", "entityNames[]"),
+                ("delete_observations", "deletions[].entityName"),
+            ]
+        );
         assert_eq!(
             c.projects[0].token,
             TokenSource::Env("MEMORY_UPLINK_TOKEN".into())

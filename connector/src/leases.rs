@@ -1,10 +1,14 @@
 //! Leases for servers that know nothing of them. The config names, per tool, the argument
 //! that names a leasable resource and the resource's kind (`leases = { "write_note" = {
-//! argument = "title", kind = "note" } }`); the connector then
+//! argument = "title", kind = "note" } }`), or where in an array argument the resources are
+//! named (`argument = "entityNames[]"`, each string of an array; `argument =
+//! "observations[].entityName"`, a field of each object of an array: a
+//! [`gateway_core::lease_spot::LeaseSpot`]); the connector then
 //!
-//! - annotates that property of the tool's input schema with the lease keyword
+//! - annotates that spot of the tool's input schema with the lease keyword
 //!   ([`gateway_core::uplink::LEASE_KEYWORD`]) in the listings it passes to the gateway, so the
-//!   gateway grants leases on `<kind>:<value>` and puts the holder's fence on each such call;
+//!   gateway grants leases on `<kind>:<value>` and puts the holder's fences on each such call
+//!   (a call that names a resource another agent holds is refused by the gateway);
 //! - checks the fence before it forwards the call, as a sled that knows leases does: a fence
 //!   below the highest it has accepted for the resource, or one for another resource, is
 //!   refused with the same typed tool error as sled-sim's (`stale_fence`, `fence_mismatch`),
@@ -22,9 +26,9 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use gateway_core::uplink::{FENCE_META, LEASE_KEYWORD};
+use gateway_core::lease_spot::{fences_from_meta, LeaseSpot};
+use gateway_core::uplink::FENCE_META;
 use serde_json::{json, Value};
-use sled_sim::mcp::Fence;
 use sled_sim::model::Fences;
 use sled_sim::{CallContext, Handler};
 use tracing::{info, warn};
@@ -41,7 +45,7 @@ pub struct LeasedArgument {
 pub struct Leased {
     inner: Arc<dyn Handler>,
     project: String,
-    tools: BTreeMap<String, LeasedArgument>,
+    tools: BTreeMap<String, LeaseSpot>,
     fences: Mutex<Fences>,
     file: PathBuf,
 }
@@ -117,6 +121,10 @@ impl Leased {
         let file = fences_path(state_dir, &project);
         std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
         let fences = Mutex::new(read_fences(&file)?);
+        let tools = tools
+            .into_iter()
+            .map(|(tool, l)| Ok((tool, LeaseSpot::parse(&l.argument, &l.kind)?)))
+            .collect::<Result<_, String>>()?;
         Ok(Arc::new(Leased {
             inner,
             project,
@@ -126,7 +134,7 @@ impl Leased {
         }))
     }
 
-    /// The listing with each leased tool's argument marked.
+    /// The listing with each leased tool's spot marked.
     fn annotate(&self, response: &mut Value) {
         let Some(tools) = response
             .pointer_mut("/result/tools")
@@ -135,73 +143,83 @@ impl Leased {
             return;
         };
         for tool in tools {
-            let Some(leased) = tool
+            let Some(spot) = tool
                 .get("name")
                 .and_then(Value::as_str)
                 .and_then(|n| self.tools.get(n))
             else {
                 continue;
             };
-            match tool
-                .pointer_mut(&format!("/inputSchema/properties/{}", leased.argument))
-                .and_then(Value::as_object_mut)
-            {
-                Some(property) => {
-                    property.insert(LEASE_KEYWORD.to_owned(), json!(leased.kind));
-                }
-                None => {
-                    warn!(project = %self.project, tool = %tool["name"], argument = %leased.argument,
-                    "the config leases an argument the tool's schema does not list; not leased")
-                }
+            if !spot.mark(tool) {
+                warn!(project = %self.project, tool = %tool["name"], argument = %spot,
+                    "the config leases an argument the tool's schema does not list in that shape; not leased");
             }
         }
     }
 
-    /// A `tools/call` of a leased tool with a fence: `None` when it may go on (its fence
-    /// recorded), else the result that refuses it.
-    fn admit(&self, tool: &str, arguments: Option<&Value>, fence: &Fence) -> Option<Value> {
-        let leased = self.tools.get(tool)?;
-        let value = arguments?.get(&leased.argument)?.as_str()?;
-        let resource = format!("{}:{value}", leased.kind);
+    /// A `tools/call` of a leased tool with fences: `None` when it may go on (its fences
+    /// recorded), else the result that refuses it. Each fence must be for a resource the call
+    /// writes and not below the highest accepted for it; a resource without a fence is one
+    /// nobody held when the gateway checked the call.
+    fn admit(
+        &self,
+        tool: &str,
+        arguments: Option<&Value>,
+        given: &[(String, u64)],
+    ) -> Option<Value> {
+        let spot = self.tools.get(tool)?;
         let project = &self.project;
+        let resources = match spot.resources(arguments.and_then(|a| a.get(&spot.argument))) {
+            Ok(r) => r,
+            Err(e) => {
+                return Some(refusal(
+                    format!("{tool} (project {project}): refused: {e}"),
+                    json!({"kind": "too_many_resources", "project": project}),
+                ))
+            }
+        };
         let mut fences = self
             .fences
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if fence.resource != resource {
-            info!(project, tool, resource, fence_resource = %fence.resource, fence = fence.fence,
+        if let Some((other, fence)) = given.iter().find(|(r, _)| !resources.contains(r)) {
+            let writes = resources.join(", ");
+            info!(project, tool, writes, fence_resource = %other, fence,
                 "refused a write whose fence names another resource");
             return Some(refusal(
                 format!(
-                    "{tool} (project {project}): refused: the call writes {resource} but its \
-                     fence {} is for {}; a fence covers only the resource whose lease granted it",
-                    fence.fence, fence.resource
+                    "{tool} (project {project}): refused: the call writes {writes} but its \
+                     fence {fence} is for {other}; a fence covers only the resource whose lease \
+                     granted it"
                 ),
-                json!({"kind": "fence_mismatch", "resource": resource, "fence_resource": fence.resource,
-                       "fence": fence.fence, "highest": fences.highest(&resource), "project": project}),
+                json!({"kind": "fence_mismatch", "resource": resources.first(), "resources": resources,
+                       "fence_resource": other, "fence": fence,
+                       "highest": fences.highest(other), "project": project}),
             ));
         }
         let before = fences.clone();
-        if let Err(highest) = fences.admit(&resource, fence.fence) {
-            info!(
-                project,
-                tool,
-                resource,
-                fence = fence.fence,
-                highest,
-                "refused a stale write: its fence is below the highest accepted"
-            );
-            return Some(refusal(
-                format!(
-                    "{tool} (project {project}): refused: the lease on {resource} was lost: this \
-                     call's fence {} is below {highest}, the highest accepted for it, so a newer \
-                     holder has written since. Nothing was changed; acquire the lease again and \
-                     re-read {resource} before writing",
-                    fence.fence
-                ),
-                json!({"kind": "stale_fence", "resource": resource, "fence": fence.fence,
-                       "highest": highest, "project": project}),
-            ));
+        for (resource, fence) in given {
+            if let Err(highest) = fences.admit(resource, *fence) {
+                *fences = before;
+                info!(
+                    project,
+                    tool,
+                    resource,
+                    fence,
+                    highest,
+                    "refused a stale write: its fence is below the highest accepted"
+                );
+                return Some(refusal(
+                    format!(
+                        "{tool} (project {project}): refused: the lease on {resource} was lost: \
+                         this call's fence {fence} is below {highest}, the highest accepted for \
+                         it, so a newer holder has written since. Nothing was changed; acquire \
+                         the lease again and re-read {resource} before writing"
+                    ),
+                    json!({"kind": "stale_fence", "resource": resource, "fence": fence,
+                           "highest": highest, "project": project}),
+                ));
+            }
         }
         // Kept before the server sees the write: a restart must not forget it.
         if *fences != before {
@@ -210,7 +228,7 @@ impl Leased {
                 warn!(project, file = %self.file.display(), error = %e, "could not keep a fence; the write is refused");
                 return Some(refusal(
                     format!("{tool} (project {project}): refused: the connector could not record the fence: {e}"),
-                    json!({"kind": "fence_not_recorded", "resource": resource, "fence": fence.fence, "project": project}),
+                    json!({"kind": "fence_not_recorded", "resources": resources, "project": project}),
                 ));
             }
         }
@@ -224,19 +242,20 @@ impl Leased {
             .unwrap_or_default()
             .to_owned();
         if method == "tools/call" {
-            let fence = match Fence::from_meta(msg.pointer("/params/_meta")) {
+            let meta = msg.pointer("/params/_meta").and_then(Value::as_object);
+            let fences = match fences_from_meta(meta) {
                 Ok(f) => f,
                 Err(problem) => {
                     return Some(json!({"jsonrpc": "2.0", "id": msg.get("id"),
                         "error": {"code": -32602, "message": problem}}))
                 }
             };
-            if let Some(fence) = fence {
+            if !fences.is_empty() {
                 let tool = msg
                     .pointer("/params/name")
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                if let Some(result) = self.admit(tool, msg.pointer("/params/arguments"), &fence) {
+                if let Some(result) = self.admit(tool, msg.pointer("/params/arguments"), &fences) {
                     return Some(json!({"jsonrpc": "2.0", "id": msg.get("id"), "result": result}));
                 }
                 // The server knows nothing of fences.
@@ -306,6 +325,7 @@ pub fn parse_flag(value: &str) -> Result<(String, LeasedArgument), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_core::uplink::LEASE_KEYWORD;
 
     struct Nothing;
     impl Handler for Nothing {
@@ -330,11 +350,8 @@ mod tests {
         Leased::new(Arc::new(Nothing), tools, dir).unwrap()
     }
 
-    fn fence(resource: &str, fence: u64) -> Fence {
-        Fence {
-            resource: resource.into(),
-            fence,
-        }
+    fn fence(resource: &str, fence: u64) -> [(String, u64); 1] {
+        [(resource.into(), fence)]
     }
 
     #[test]
@@ -382,6 +399,52 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// server-memory's shape: the resources are named in an array's objects. Each fence must
+    /// be for one of them, none stale; a refused call records none of its fences.
+    #[test]
+    fn a_call_naming_several_resources_is_checked_for_each_fence() {
+        let dir = std::env::temp_dir().join(format!("gateway-sled-several-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let tools = [(
+            "add_observations".to_owned(),
+            LeasedArgument {
+                argument: "observations[].entityName".into(),
+                kind: "entity".into(),
+            },
+        )]
+        .into_iter()
+        .collect();
+        let l = Leased::new(Arc::new(Nothing), tools, &dir).unwrap();
+        let args = json!({"observations": [{"entityName": "a", "contents": []},
+                                           {"entityName": "b", "contents": []}]});
+        let both = [("entity:a".to_owned(), 4), ("entity:b".to_owned(), 7)];
+        assert_eq!(l.admit("add_observations", Some(&args), &both), None);
+        assert_eq!(l.fence_high_water(), Some(7));
+        // One stale fence refuses the call, and the other (higher) is not recorded.
+        let mixed = [("entity:a".to_owned(), 9), ("entity:b".to_owned(), 6)];
+        let r = l.admit("add_observations", Some(&args), &mixed).unwrap();
+        assert_eq!(r["structuredContent"]["kind"], "stale_fence");
+        assert_eq!(r["structuredContent"]["resource"], "entity:b");
+        assert_eq!(l.fence_high_water(), Some(7));
+        let r = l
+            .admit("add_observations", Some(&args), &fence("entity:a", 3))
+            .unwrap();
+        assert_eq!(
+            r["structuredContent"]["kind"], "stale_fence",
+            "a's 4 was kept"
+        );
+        // A fence for an entity the call does not write.
+        let r = l
+            .admit("add_observations", Some(&args), &fence("entity:c", 99))
+            .unwrap();
+        assert_eq!(r["structuredContent"]["kind"], "fence_mismatch");
+        assert_eq!(
+            r["structuredContent"]["resources"],
+            json!(["entity:a", "entity:b"])
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn listings_mark_the_leased_argument() {
         let dir =
@@ -417,6 +480,13 @@ mod tests {
             )
         );
         assert!(parse_flag("write_note=title").is_err());
+        assert_eq!(
+            parse_flag("add_observations=observations[].entityName:entity")
+                .unwrap()
+                .1
+                .argument,
+            "observations[].entityName"
+        );
         assert!(parse_flag("=title:note").is_err());
     }
 }

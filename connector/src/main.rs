@@ -56,8 +56,10 @@ struct Args {
     bearer_token_env: Option<String>,
 
     /// A tool whose calls write a leasable resource: `TOOL=ARGUMENT:KIND` (the resource is
-    /// `KIND:<the argument's value>`; repeatable). The connector marks the argument for the
-    /// gateway and refuses a call whose fence is stale before the server sees it.
+    /// `KIND:<the argument's value>`; repeatable). ARGUMENT may name each string of an array
+    /// (`entityNames[]`) or a field of each object of one (`observations[].entityName`). The
+    /// connector marks it for the gateway and refuses a call whose fence is stale before the
+    /// server sees it.
     #[arg(long = "lease", value_name = "TOOL=ARGUMENT:KIND", value_parser = gateway_connector::leases::parse_flag)]
     leases: Vec<(String, gateway_connector::leases::LeasedArgument)>,
 

@@ -37,6 +37,7 @@ pub mod identity;
 mod io;
 mod jsonrpc;
 pub mod keys;
+pub mod lease_spot;
 mod metrics;
 mod records;
 mod registry;

@@ -11,6 +11,8 @@ use std::collections::HashSet;
 
 use serde_json::{json, Map, Value};
 
+use crate::lease_spot::LeaseSpot;
+
 pub(crate) mod coordination;
 
 /// Names of the gateway's own tools. They are answered by the gateway, and a sled tool with
@@ -126,9 +128,9 @@ pub(crate) struct CachedTool {
     pub(crate) declares_project: bool,
     /// The tool definition with `project` injected, serialised.
     pub(crate) json: String,
-    /// The property naming the resource this tool writes, and the resource's kind, when the
-    /// sled marked one with [`crate::uplink::LEASE_KEYWORD`]: the call writes `kind:value`.
-    pub(crate) lease: Option<(String, String)>,
+    /// Where the tool's arguments name the resources it writes, when the sled marked a spot
+    /// with [`crate::uplink::LEASE_KEYWORD`]: the call writes `kind:value` for each.
+    pub(crate) lease: Option<LeaseSpot>,
     /// The sled annotates it `readOnlyHint: true`: calling it needs only the `read` right
     /// where its project says `trust_read_only_hints` ([`crate::ReadOnlyTools`]).
     pub(crate) read_only: bool,
@@ -171,7 +173,7 @@ pub(crate) fn prepare_sled_tools(project: &str, tools: Vec<Value>) -> Vec<Cached
         if declares_project {
             tracing::warn!(project, tool = %name, "sled tool declares its own `project` property; its values must be registered project names, since the gateway routes on them");
         }
-        let lease = leased_property(&tool);
+        let lease = LeaseSpot::in_tool(&tool);
         let read_only = tool
             .pointer("/annotations/readOnlyHint")
             .and_then(Value::as_bool)
@@ -185,18 +187,6 @@ pub(crate) fn prepare_sled_tools(project: &str, tools: Vec<Value>) -> Vec<Cached
         });
     }
     out
-}
-
-/// The first property of the tool's schema (in name order) marked with the lease keyword, with
-/// the resource kind it names (a non-empty string).
-fn leased_property(tool: &Value) -> Option<(String, String)> {
-    tool.pointer("/inputSchema/properties")?
-        .as_object()?
-        .iter()
-        .find_map(|(name, schema)| {
-            let kind = schema.get(crate::uplink::LEASE_KEYWORD)?.as_str()?;
-            (!kind.is_empty()).then(|| (name.clone(), kind.to_owned()))
-        })
 }
 
 /// Adds the `project` property to a tool's `inputSchema.properties`, creating the objects when

@@ -33,10 +33,12 @@
 //!
 //! Leases: a sled declares which tool arguments name a leasable resource by giving that
 //! property of the tool's input schema the keyword [`LEASE_KEYWORD`] (`"story"` on `story_id`:
-//! the resource is `"story:<story_id>"`). A forwarded `tools/call` whose session holds that
-//! resource's lease carries `params._meta[`[`FENCE_META`]`]` = `{"resource":"story:beta-1",
-//! "fence":7}`; the sled keeps the highest fence it has accepted per resource and refuses a
-//! write with a lower one (and one whose fence names another resource).
+//! the resource is `"story:<story_id>"`; or inside an array, see [`crate::lease_spot`]). A
+//! forwarded `tools/call` whose session holds that resource's lease carries
+//! `params._meta[`[`FENCE_META`]`]` = `{"resource":"story:beta-1","fence":7}` (an array of such
+//! objects when it writes several resources the session holds); the sled keeps the highest
+//! fence it has accepted per resource and refuses a write with a lower one (and one whose fence
+//! names another resource).
 
 use serde::{Deserialize, Serialize};
 

@@ -15,6 +15,9 @@
 //!   is back.
 //! - A child that writes what is not JSON-RPC (lines that are not JSON, answers to ids never
 //!   asked): each is logged and skipped, and calls go on.
+//! - npm's `@modelcontextprotocol/server-memory`, which knows nothing of leases and names the
+//!   entities it writes inside arrays, with the lease config `examples/sleds.toml` ships: two
+//!   sessions writing one entity are kept apart, and the holder's fenced writes go through.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -1189,4 +1192,214 @@ async fn one_connector_serves_several_projects_from_a_config_file() {
         .map(|p| p["upstream"]["state"].clone())
         .collect();
     assert_eq!(states, [json!("running"), json!("running")], "{health}");
+}
+
+/// npm's server-memory, pinned: a server that knows nothing of leases and names the entities
+/// it writes inside arrays.
+const MEMORY: [(&str, &str); 1] = [("@modelcontextprotocol/server-memory", "2026.8.31")];
+
+/// The leases server-memory's writing tools take, as `examples/sleds.toml` ships them: its
+/// `[project.leases]` table, verbatim (a test of the connector parses the whole file).
+fn shipped_memory_leases() -> String {
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/sleds.toml"
+    ))
+    .unwrap();
+    let table = shipped
+        .split("[project.leases]\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("examples/sleds.toml has server-memory's [project.leases]");
+    format!("[project.leases]\n{table}\n")
+}
+
+/// Issue 26: two sessions write the same entity of npm's server-memory, through the gateway and
+/// the connector with the lease config of `examples/sleds.toml`. The second is refused naming the first, whether the
+/// entity is the only one its call names or one of several; the holder's writes go through,
+/// fenced (the connector keeps the fence on disk); a free entity is written by anyone; once
+/// released, the other takes the lease with a higher fence and writes. The server's graph
+/// holds exactly the writes that were let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_writing_one_entity_of_server_memory_are_kept_apart_by_leases() {
+    let toml =
+        "default = \"memory\"\n[[project]]\nname = \"memory\"\nurl = \"http://127.0.0.1:9\"\n"
+            .to_owned()
+            + &format!("token = \"{TOKEN}\"\ncall_timeout_ms = 60000\n");
+    let gw = processes::SingleGateway::start(&toml).await;
+    let dir = processes::scratch("connector-memory");
+    let node = node::node().await;
+    let modules = node::packages("memory", &MEMORY).await;
+    let entry = modules.join("node_modules/@modelcontextprotocol/server-memory/dist/index.js");
+    std::fs::write(dir.join("memory.token"), TOKEN).unwrap();
+    let config = format!(
+        "gateway = \"{}\"\nstate_dir = \"{}\"\n\n[[project]]\nname = \"memory\"\n\
+         command = [{:?}, {:?}]\nenv = {{ MEMORY_FILE_PATH = {:?} }}\ntoken_file = {:?}\n{}",
+        gw.url(),
+        dir.join("state").display(),
+        node.node.display().to_string(),
+        entry.display().to_string(),
+        dir.join("memory.jsonl").display().to_string(),
+        dir.join("memory.token").display().to_string(),
+        shipped_memory_leases(),
+    );
+    std::fs::write(dir.join("sleds.toml"), config).unwrap();
+    let _sled = Command::new(processes::workspace_bin("gateway-sled"))
+        .arg("--config")
+        .arg(dir.join("sleds.toml"))
+        .env("RUST_LOG", "info,gateway_connector=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("sled.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("gateway-sled starts");
+    let (mut a, mut b) = (session(&gw.url()).await, session(&gw.url()).await);
+
+    // Until the gateway lists the tools, with the spot the connector marked.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let listed = a.tools_list(json!(1), None).await.unwrap();
+        let marked = listed["result"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| t["name"] == "add_observations")
+            .map(|t| {
+                t["inputSchema"]["properties"]["observations"]["items"]["properties"]["entityName"]
+                    [gateway_core::uplink::LEASE_KEYWORD]
+                    .clone()
+            });
+        if marked == Some(json!("entity")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-memory's tools never listed with their lease: {listed}\n{}",
+            std::fs::read_to_string(dir.join("sled.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let call = |name: &'static str, arguments: Value| {
+        let mut arguments = arguments;
+        arguments["project"] = json!("memory");
+        (name, arguments)
+    };
+    async fn run(c: &mut McpClient<TokioConnect>, (name, arguments): (&str, Value)) -> Value {
+        c.tools_call(json!(name), name, arguments).await.unwrap()
+    }
+    fn ok(r: &Value) {
+        assert!(
+            r["result"].is_object() && r["result"]["isError"] != true,
+            "not written: {r}"
+        );
+    }
+    let entity = |name: &str, note: &str| json!({"name": name, "entityType": "person", "observations": [note]});
+    run(&mut a, call("checkin", json!({"name": "ann"}))).await;
+    run(&mut b, call("checkin", json!({"name": "bob"}))).await;
+    let claim = run(&mut a, call("claim", json!({"resource": "entity:alice"}))).await;
+    let fence = claim["result"]["structuredContent"]["fence"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{claim}"));
+
+    // The holder writes alice.
+    ok(&run(
+        &mut a,
+        call(
+            "create_entities",
+            json!({"entities": [entity("alice", "likes tea")]}),
+        ),
+    )
+    .await);
+    // The other is refused naming the holder: alone, among others, and by each writing tool.
+    let refusals = [
+        call(
+            "add_observations",
+            json!({"observations": [{"entityName": "alice", "contents": ["bob was here"]}]}),
+        ),
+        call(
+            "create_entities",
+            json!({"entities": [entity("bob", "b"), entity("alice", "bob's alice")]}),
+        ),
+        call(
+            "delete_entities",
+            json!({"entityNames": ["carol", "alice"]}),
+        ),
+        call(
+            "delete_observations",
+            json!({"deletions": [{"entityName": "alice", "observations": ["likes tea"]}]}),
+        ),
+    ];
+    for refused in refusals {
+        let tool = refused.0;
+        let r = run(&mut b, refused).await;
+        assert_eq!(r["error"]["data"]["kind"], "lease_held", "{tool}: {r}");
+        assert_eq!(
+            r["error"]["data"]["resource"], "entity:alice",
+            "{tool}: {r}"
+        );
+        assert_eq!(r["error"]["data"]["holder_name"], "ann", "{tool}: {r}");
+    }
+    // A free entity is anyone's to write; the holder goes on writing hers.
+    ok(&run(
+        &mut b,
+        call(
+            "create_entities",
+            json!({"entities": [entity("bob", "likes coffee")]}),
+        ),
+    )
+    .await);
+    ok(&run(
+        &mut a,
+        call(
+            "add_observations",
+            json!({"observations": [{"entityName": "alice", "contents": ["reads a lot"]}]}),
+        ),
+    )
+    .await);
+    let kept: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("state/memory.fences.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        kept,
+        json!({"entity:alice": fence}),
+        "the connector kept the fence"
+    );
+
+    // Released: bob takes it, with a higher fence, and writes.
+    let r = run(&mut a, call("release", json!({"resource": "entity:alice"}))).await;
+    assert_eq!(r["result"]["structuredContent"]["released"], true, "{r}");
+    let claim = run(&mut b, call("claim", json!({"resource": "entity:alice"}))).await;
+    let next = claim["result"]["structuredContent"]["fence"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{claim}"));
+    assert!(next > fence);
+    ok(&run(
+        &mut b,
+        call(
+            "add_observations",
+            json!({"observations": [{"entityName": "alice", "contents": ["met bob"]}]}),
+        ),
+    )
+    .await);
+
+    // The graph holds what was let through, and nothing that was refused.
+    let graph = run(&mut a, call("read_graph", json!({}))).await;
+    let graph = graph["result"]["structuredContent"].clone();
+    let observations = |name: &str| -> Vec<Value> {
+        graph["entities"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == name)
+            .map(|e| e["observations"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_else(|| panic!("no {name} in {graph}"))
+    };
+    assert_eq!(
+        observations("alice"),
+        vec![json!("likes tea"), json!("reads a lot"), json!("met bob")],
+        "{graph}"
+    );
+    assert_eq!(observations("bob"), vec![json!("likes coffee")], "{graph}");
 }

@@ -49,6 +49,7 @@ use serde_json::{json, Map, Value};
 use crate::error::{CallLimit, HttpError, RpcError, SledRequestRefused, UplinkLoss};
 use crate::http::{self as headers, PROTOCOL_VERSIONS};
 use crate::jsonrpc::{self, ClientMessage, RawId};
+use crate::lease_spot::LeaseSpot;
 use crate::metrics::Outcome;
 use crate::registry::Registry;
 use crate::rights::Right;
@@ -428,10 +429,10 @@ struct ProjectState {
     listing: Option<String>,
     /// Bumped at every new refresh, so an older refresh's pages are ignored.
     refresh: u64,
-    /// The lease annotations of its tools as last listed (tool → resource property and kind),
+    /// The lease annotations of its tools as last listed (tool → where it names resources),
     /// kept when the uplink goes, so that writes stay checked until the tools are listed
     /// again; `None` until a listing arrived in this gateway's life.
-    leases_known: Option<HashMap<String, (String, String)>>,
+    leases_known: Option<HashMap<String, LeaseSpot>>,
     /// Heartbeats, probes, relay and identity, for the fleet tools.
     health: fleet::Health,
 }

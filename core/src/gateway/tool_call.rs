@@ -3,6 +3,7 @@
 //! down, into the features and the call path.
 
 use super::*;
+use crate::lease_spot;
 use crate::ReadOnlyTools;
 use basics::{only_arguments, tool_result};
 
@@ -150,28 +151,40 @@ impl Gateway {
             Some(_) => Some(self.writer_of(req, handle.as_ref())?),
             None => None,
         };
-        // A write to a resource the sled declared leasable: refused if another agent holds
-        // it, fenced if the caller does.
-        let leased = lease.as_ref().and_then(|(property, kind)| {
-            let value = arguments.get(property)?;
-            let value: String = serde_json::from_str(value.get()).ok()?;
-            Some(format!("{kind}:{value}"))
-        });
-        if let Some(resource) = leased {
+        // A write to resources the sled declared leasable: refused if another agent holds any
+        // of them, fenced for each the caller holds.
+        let resources = match &lease {
+            Some(spot) => {
+                let value = match arguments.get(&spot.argument) {
+                    Some(raw) => serde_json::from_str::<Value>(raw.get()).ok(),
+                    None => None,
+                };
+                spot.resources(value.as_ref())
+                    .map_err(|detail| RpcError::InvalidParams {
+                        method: "tools/call".into(),
+                        detail,
+                    })?
+            }
+            None => Vec::new(),
+        };
+        let mut fences = Vec::new();
+        if !resources.is_empty() {
             let agent = match named {
                 Some(agent) => agent,
                 None => self.writer_of(req, None)?,
             };
-            if let Some(fence) =
-                self.check_lease(now, agent.as_deref(), &route.project, &resource)?
-            {
-                let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
-                if let Value::Object(m) = m {
-                    m.insert(
-                        FENCE_META.to_owned(),
-                        json!({ "resource": resource, "fence": fence }),
-                    );
+            for resource in resources {
+                if let Some(fence) =
+                    self.check_lease(now, agent.as_deref(), &route.project, &resource)?
+                {
+                    fences.push((resource, fence));
                 }
+            }
+        }
+        if let Some(fenced) = lease_spot::fences_meta(&fences) {
+            let m = meta.get_or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(m) = m {
+                m.insert(FENCE_META.to_owned(), fenced);
             }
         }
         self.forward(

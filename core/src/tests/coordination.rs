@@ -822,3 +822,109 @@ fn with_leases_required_a_call_before_the_first_listing_waits_for_it_even_withou
         "a write nobody holds never reaches the sled"
     );
 }
+
+/// Issue 26: a server whose writes name their resources inside arrays (server-memory's
+/// `observations[].entityName`, `entityNames[]`). Every resource a call names is checked: one
+/// held by another agent refuses the whole call, and the holder's call carries a fence for each
+/// resource it holds (one object for one, an array for several).
+#[test]
+fn a_call_that_names_several_resources_in_an_array_is_checked_for_each() {
+    let mut h = Harness::new();
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let frames = h.take_frames(u);
+    let id = frames[1]["id"].clone();
+    let tools = json!([
+        {"name":"add_observations","inputSchema":{"type":"object","properties":{"observations":
+            {"type":"array","items":{"type":"object","properties":{
+                "entityName":{"type":"string","x-mcp-gateway-lease":"entity"},
+                "contents":{"type":"array","items":{"type":"string"}}}}}}}},
+        {"name":"delete_entities","inputSchema":{"type":"object","properties":{"entityNames":
+            {"type":"array","items":{"type":"string","x-mcp-gateway-lease":"entity"}}}}},
+    ]);
+    h.sled_says(u, json!({"jsonrpc":"2.0","id":id,"result":{"tools":tools}}));
+    let (a, b) = (h.initialize(), h.initialize());
+    tool(
+        &mut h,
+        &a,
+        "checkin",
+        json!({"project":"beta","name":"ann"}),
+    );
+    tool(
+        &mut h,
+        &b,
+        "checkin",
+        json!({"project":"beta","name":"bob"}),
+    );
+    let claim = |h: &mut Harness, s: &str, r: &str| {
+        let c = tool(h, s, "claim", json!({"project":"beta","resource":r}));
+        assert_eq!(c["acquired"], true, "{c}");
+        c["fence"].as_u64().unwrap()
+    };
+    let alice = claim(&mut h, &a, "entity:alice");
+    let observe = |h: &mut Harness, s: &str, names: &[&str]| {
+        let observations: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"entityName": n, "contents": ["x"]}))
+            .collect();
+        h.call(
+            Some(s),
+            json!(5),
+            "add_observations",
+            json!({"project":"beta","observations":observations}),
+        )
+    };
+
+    // bob names alice among others: refused naming ann, nothing sent.
+    let t = observe(&mut h, &b, &["carol", "alice"]);
+    let r = h.reply_json(t).expect("refused at once");
+    assert_eq!(kind(&r), "lease_held", "{r}");
+    assert_eq!(r["error"]["data"]["resource"], "entity:alice");
+    assert_eq!(r["error"]["data"]["holder_name"], "ann");
+    assert!(
+        h.take_frames(u).is_empty(),
+        "the refused write was not sent"
+    );
+    let t = h.call(
+        Some(&b),
+        json!(6),
+        "delete_entities",
+        json!({"project":"beta","entityNames":["alice"]}),
+    );
+    assert_eq!(kind(&h.reply_json(t).unwrap()), "lease_held");
+
+    // ann's write of alice and a free entity: one fence, for alice.
+    let t = observe(&mut h, &a, &["alice", "dave", "alice"]);
+    let f = h.take_frames(u);
+    assert_eq!(
+        f[0]["params"]["_meta"]["io.mcp-gateway/fence"],
+        json!({"resource":"entity:alice","fence":alice})
+    );
+    h.sled_answers_all_frames(u, f);
+    h.reply_json(t).unwrap();
+    // With a second lease, both fences, in the call's order.
+    let dave = claim(&mut h, &a, "entity:dave");
+    let t = observe(&mut h, &a, &["dave", "alice"]);
+    let f = h.take_frames(u);
+    assert_eq!(
+        f[0]["params"]["_meta"]["io.mcp-gateway/fence"],
+        json!([{"resource":"entity:dave","fence":dave},{"resource":"entity:alice","fence":alice}])
+    );
+    h.sled_answers_all_frames(u, f);
+    h.reply_json(t).unwrap();
+
+    // A call naming more resources than one call may: refused before any check.
+    let names: Vec<String> = (0..65).map(|i| format!("e{i}")).collect();
+    let t = h.call(
+        Some(&b),
+        json!(7),
+        "delete_entities",
+        json!({"project":"beta","entityNames":names}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(h.take_frames(u).is_empty());
+}

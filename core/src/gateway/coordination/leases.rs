@@ -15,7 +15,7 @@ impl Gateway {
         now: Instant,
         project: &str,
         tool: &str,
-    ) -> Option<Option<(String, String)>> {
+    ) -> Option<Option<LeaseSpot>> {
         match self
             .projects
             .get(project)
