@@ -480,6 +480,79 @@ impl<C: Connect> McpClient<C> {
         Ok(status)
     }
 
+    /// Opens the session's standalone event stream (a GET, on a connection of its own) and
+    /// hands `on_message` each JSON-RPC message the server sends on it, until the server ends
+    /// it (`Ok`). A server that offers none answers 405: [`ClientError::Http`], as for any
+    /// other non-2xx status. An event over `max_event` bytes ends the stream with an error.
+    /// No timeout: the stream is meant to stay open; drop the future to close it.
+    pub async fn listen(
+        &self,
+        max_event: usize,
+        on_message: &mut (dyn FnMut(Value) + Send),
+    ) -> Result<(), ClientError> {
+        let stream = dial(&self.connector, &self.url, &self.trust).await?;
+        let (mut sender, conn) = http1::handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+            .await
+            .map_err(hyper_err)?;
+        let conn = tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "MCP client event stream connection ended");
+            }
+        });
+        // The connection ends with the stream, whoever stops first.
+        struct Abort(tokio::task::JoinHandle<()>);
+        impl Drop for Abort {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        let _conn = Abort(conn);
+        let request =
+            self.build_request(Method::GET, Vec::new(), &[("accept", "text/event-stream")])?;
+        let response = sender.send_request(request).await.map_err(hyper_err)?;
+        let (parts, mut body) = response.into_parts();
+        let status = parts.status.as_u16();
+        if !(200..300).contains(&status) {
+            let bytes = body.collect().await.map_err(hyper_err)?.to_bytes();
+            return Err(ClientError::Http {
+                status,
+                body: String::from_utf8_lossy(&bytes).into_owned(),
+            });
+        }
+        let is_sse = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if !is_sse {
+            return Err(ClientError::Protocol(format!(
+                "the answer to GET {} is not an event stream",
+                self.url.path
+            )));
+        }
+        let mut buf = String::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(hyper_err)?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.push_str(&String::from_utf8_lossy(&data));
+            buf = buf.replace("\r\n", "\n");
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                if let Some(m) = sse_message(&event) {
+                    on_message(m);
+                }
+            }
+            if buf.len() > max_event {
+                return Err(ClientError::Protocol(format!(
+                    "an event over {max_event} bytes on the event stream"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Sends a JSON-RPC notification; returns the HTTP status (202 expected). A non-2xx status
     /// is [`ClientError::Http`].
     pub async fn notify(&mut self, method: &str, params: Value) -> Result<u16, ClientError> {

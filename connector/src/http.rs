@@ -35,8 +35,13 @@ use tokio::time::{sleep, Instant};
 use tracing::{debug, info, warn};
 
 use crate::upstream::{
-    backoff, related_to, relay_request, status_frame, upstream_error, Status, STABLE_AFTER,
+    answer_at_once, backoff, related_to, relay_request, status_frame, upstream_error, Status,
+    PROJECT_NOTIFICATIONS, STABLE_AFTER,
 };
+
+/// The largest event read from the server's own event stream: the gateway's limit for one
+/// uplink message.
+const MAX_EVENT: usize = 16 * 1024 * 1024;
 
 #[derive(Default)]
 struct State {
@@ -61,6 +66,8 @@ pub struct HttpServer {
     next_id: AtomicU64,
     /// Sessions made after the first.
     restarts: AtomicU64,
+    /// Notifications on the server's own event stream that name no call.
+    pub dropped_notifications: AtomicU64,
 }
 
 impl std::fmt::Debug for HttpServer {
@@ -87,6 +94,7 @@ impl HttpServer {
             notices: broadcast::channel(256).0,
             next_id: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
+            dropped_notifications: AtomicU64::new(0),
         })
     }
 
@@ -149,9 +157,15 @@ impl HttpServer {
             let started = Instant::now();
             match self.initialize().await {
                 Ok(()) => {
-                    tokio::select! {
-                        () = self.lost.notified() => {}
-                        _ = stop.wait_for(|s| *s) => return,
+                    // The session's own event stream, for as long as the session lasts.
+                    let listening = tokio::spawn(Arc::clone(&self).listen());
+                    let stopped = tokio::select! {
+                        () = self.lost.notified() => false,
+                        _ = stop.wait_for(|s| *s) => true,
+                    };
+                    listening.abort();
+                    if stopped {
+                        return;
                     }
                 }
                 Err(reason) => {
@@ -168,6 +182,72 @@ impl HttpServer {
                 () = sleep(delay) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
+        }
+    }
+
+    /// Reads the session's standalone event stream (GET), opening it again with a backoff when
+    /// it ends, until the session is lost (the supervisor then aborts this task): what the
+    /// server says there of its own accord is its project's (list changes, resource updates).
+    /// A server that offers no such stream (405) is not asked again in this session.
+    async fn listen(self: Arc<Self>) {
+        let mut failures: u32 = 0;
+        loop {
+            let started = Instant::now();
+            let ended = match self.client().await {
+                Ok(c) => {
+                    let this = Arc::clone(&self);
+                    c.listen(MAX_EVENT, &mut |m| this.on_stream_message(m))
+                        .await
+                }
+                Err(reason) => Err(ClientError::Protocol(reason)),
+            };
+            match ended {
+                Err(ClientError::Http { status: 405, .. }) => {
+                    info!(project = %self.project, "the MCP server offers no event stream of its own (GET: 405): what it says there (list changes, resource updates) cannot reach the gateway");
+                    return;
+                }
+                Err(ClientError::Http { status: 404, .. }) => {
+                    self.mark_lost("its session is gone (404 on its event stream)");
+                    return;
+                }
+                Err(e) => {
+                    debug!(project = %self.project, error = %e, "the MCP server's event stream ended; opening it again")
+                }
+                Ok(()) => {
+                    debug!(project = %self.project, "the MCP server ended its event stream; opening it again")
+                }
+            }
+            if started.elapsed() >= STABLE_AFTER {
+                failures = 0;
+            }
+            sleep(backoff(failures)).await;
+            failures = failures.saturating_add(1);
+        }
+    }
+
+    /// A message on the session's own event stream: it names no call. A list change or a
+    /// resource update goes to the gateway; a `ping` is answered, another request refused (it
+    /// has no client to go to); anything else is dropped and counted.
+    fn on_stream_message(self: &Arc<Self>, m: Value) {
+        let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
+        if m.get("id").is_some() && !method.is_empty() {
+            let reply = answer_at_once(&m).unwrap_or_else(|| {
+                json!({"jsonrpc": "2.0", "id": m["id"], "error": {"code": -32601,
+                    "message": format!("{method} on the session's own stream names no call whose client could answer it")}})
+            });
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                if let Ok(mut c) = this.client().await {
+                    if let Err(e) = c.post_raw(reply.to_string().into_bytes(), &[]).await {
+                        debug!(project = %this.project, error = %e, "an answer did not reach the MCP server");
+                    }
+                }
+            });
+        } else if PROJECT_NOTIFICATIONS.contains(&method) {
+            let _ = self.notices.send(m.to_string());
+        } else {
+            self.dropped_notifications.fetch_add(1, Ordering::Relaxed);
+            debug!(project = %self.project, method, "a notification on the server's own stream names no call; dropped");
         }
     }
 
@@ -288,9 +368,7 @@ impl HttpServer {
                 if token.is_some() && n.pointer("/params/progressToken") == token.as_ref() {
                     ctx.send_as_is(n);
                 }
-            } else if method.ends_with("/list_changed")
-                || method == "notifications/resources/updated"
-            {
+            } else if PROJECT_NOTIFICATIONS.contains(&method) {
                 let _ = self.notices.send(n.to_string());
             } else if let Some(call) = ctx.request_id() {
                 ctx.send_as_is(&related_to(n.clone(), call));

@@ -49,7 +49,7 @@ use std::path::PathBuf;
 
 use crate::upstream::{
     answer_at_once, backoff, related_to, relay_request, status_frame, upstream_error, Status,
-    STABLE_AFTER,
+    PROJECT_NOTIFICATIONS, STABLE_AFTER,
 };
 
 /// How long a started child has to answer `initialize`.
@@ -499,13 +499,7 @@ impl StdioServer {
     /// exactly one (on stdio it names none). List changes and `resources/updated` are the
     /// project's, not a call's.
     fn on_notification(&self, method: &str, mut v: Value) {
-        const THE_PROJECTS: [&str; 4] = [
-            "notifications/tools/list_changed",
-            "notifications/resources/list_changed",
-            "notifications/prompts/list_changed",
-            "notifications/resources/updated",
-        ];
-        if THE_PROJECTS.contains(&method) {
+        if PROJECT_NOTIFICATIONS.contains(&method) {
             let _ = self.notices.send(v.to_string());
             return;
         }

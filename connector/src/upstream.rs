@@ -41,6 +41,15 @@ pub fn related_to(mut n: Value, call: u64) -> Value {
     n
 }
 
+/// The server's notifications that are its project's, not one call's: the gateway refreshes
+/// its listings on a list change and tells the subscribers of a resource it was updated.
+pub const PROJECT_NOTIFICATIONS: [&str; 4] = [
+    "notifications/tools/list_changed",
+    "notifications/resources/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/resources/updated",
+];
+
 /// The requests a server may make of the calling client, relayed to it through the gateway
 /// (not roots, which are a client's and not one call's).
 pub const RELAYED_REQUESTS: [&str; 2] = ["sampling/createMessage", "elicitation/create"];

@@ -16,8 +16,8 @@ import {
 } from "@modelcontextprotocol/sdk/types.js";
 
 const URL_ = new URL(process.argv[2]);
-// How the connector reaches server-everything: "stdio" or "http". Over HTTP the server sends
-// resources/updated on its own GET stream, which the connector does not read yet.
+// How the connector reaches server-everything: "stdio" or "http" (where the server sends
+// resources/updated on the session's own GET stream, which the connector reads).
 const UPSTREAM = process.argv[3] ?? "stdio";
 const results = [];
 
@@ -105,7 +105,7 @@ async function main() {
     check("resources/templates/list", resourceTemplates.length > 0, resourceTemplates);
   });
 
-  if (UPSTREAM === "stdio") await attempt("subscriptions", async () => {
+  await attempt(`subscriptions (${UPSTREAM})`, async () => {
     // server-everything sends resources/updated for each subscribed resource every 5 s while
     // its subscriber updates are on.
     const updated = [];
