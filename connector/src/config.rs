@@ -209,7 +209,7 @@ impl ConnectorConfig {
 
     /// Refuses what cannot run: no project, one named twice, a gateway URL that is not one.
     pub fn checked(self) -> Result<ConnectorConfig, String> {
-        sled_sim::GatewayAddr::parse(&self.gateway)
+        sled_uplink::GatewayAddr::parse(&self.gateway)
             .map_err(|e| format!("gateway: {}", e.reason))?;
         if self.projects.is_empty() {
             return Err(

@@ -29,7 +29,7 @@ use gateway_client::client::{AnswerFuture, ClientError, McpClient};
 use gateway_client::TlsTrust;
 use gateway_core::Secret;
 use serde_json::{json, Value};
-use sled_sim::{CallContext, Handler, TokioConnect};
+use sled_uplink::{CallContext, Handler, TokioConnect};
 use tokio::sync::{broadcast, watch, Notify};
 use tokio::time::{sleep, Instant};
 use tracing::{debug, info, warn};

@@ -20,8 +20,7 @@
 //! The fence itself is taken out of the call's `_meta` before the server sees the call.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
@@ -29,8 +28,8 @@ use futures_util::FutureExt;
 use gateway_core::lease_spot::{fences_from_meta, LeaseSpot};
 use gateway_core::uplink::FENCE_META;
 use serde_json::{json, Value};
-use sled_sim::model::Fences;
-use sled_sim::{CallContext, Handler};
+use sled_uplink::fences::{FenceFile, Fences};
+use sled_uplink::{CallContext, Handler};
 use tracing::{info, warn};
 
 /// The argument of a tool that names the resource it writes, and the resource's kind.
@@ -47,7 +46,7 @@ pub struct Leased {
     project: String,
     tools: BTreeMap<String, LeaseSpot>,
     fences: Mutex<Fences>,
-    file: PathBuf,
+    file: FenceFile,
 }
 
 impl std::fmt::Debug for Leased {
@@ -57,48 +56,6 @@ impl std::fmt::Debug for Leased {
             .field("tools", &self.tools)
             .finish()
     }
-}
-
-/// Where `project`'s accepted fences are kept.
-pub fn fences_path(state_dir: &Path, project: &str) -> PathBuf {
-    state_dir.join(format!("{project}.fences.json"))
-}
-
-fn read_fences(file: &Path) -> Result<Fences, String> {
-    let mut fences = Fences::default();
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(fences),
-        Err(e) => return Err(format!("{}: {e}", file.display())),
-    };
-    let kept: BTreeMap<String, u64> = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: not a map of resources to fences ({e}); a connector that forgot its fences \
-             could take a stale write, so it does not start: restore the file",
-            file.display()
-        )
-    })?;
-    for (resource, fence) in kept {
-        let _ = fences.admit(&resource, fence);
-    }
-    Ok(fences)
-}
-
-fn write_fences(file: &Path, fences: &Fences) -> std::io::Result<()> {
-    let map: BTreeMap<&str, u64> = fences.iter().collect();
-    let tmp = file.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(
-        serde_json::to_string(&map)
-            .expect("a map serialises")
-            .as_bytes(),
-    )?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, file)?;
-    if let Some(dir) = file.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// A refused call's result, as sled-sim words it: `isError`, with a typed `structuredContent`.
@@ -118,9 +75,9 @@ impl Leased {
         state_dir: &Path,
     ) -> Result<Arc<Leased>, String> {
         let project = inner.project_name().to_owned();
-        let file = fences_path(state_dir, &project);
+        let file = FenceFile::in_state_dir(state_dir, &project);
         std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-        let fences = Mutex::new(read_fences(&file)?);
+        let fences = Mutex::new(file.load()?);
         let tools = tools
             .into_iter()
             .map(|(tool, l)| Ok((tool, LeaseSpot::parse(&l.argument, &l.kind)?)))
@@ -223,9 +180,9 @@ impl Leased {
         }
         // Kept before the server sees the write: a restart must not forget it.
         if *fences != before {
-            if let Err(e) = write_fences(&self.file, &fences) {
+            if let Err(e) = self.file.save(&fences) {
                 *fences = before;
-                warn!(project, file = %self.file.display(), error = %e, "could not keep a fence; the write is refused");
+                warn!(project, file = %self.file.path().display(), error = %e, "could not keep a fence; the write is refused");
                 return Some(refusal(
                     format!("{tool} (project {project}): refused: the connector could not record the fence: {e}"),
                     json!({"kind": "fence_not_recorded", "resources": resources, "project": project}),
@@ -391,7 +348,7 @@ mod tests {
         assert_eq!(stale["structuredContent"]["kind"], "stale_fence");
 
         // A fence file it cannot read stops it: forgetting could take a stale write.
-        std::fs::write(fences_path(&dir, "notes"), "nonsense").unwrap();
+        std::fs::write(FenceFile::in_state_dir(&dir, "notes").path(), "nonsense").unwrap();
         let tools = BTreeMap::new();
         assert!(Leased::new(Arc::new(Nothing), tools, &dir)
             .unwrap_err()

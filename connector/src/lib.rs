@@ -4,16 +4,18 @@
 //! reached over Streamable HTTP ([`http::HttpServer`]), and
 //! the connector dials the gateway's `/uplink` for it, as a sled does: the hello with the
 //! project's token and its identity key ([`identity`]), heartbeats, reconnects with backoff,
-//! epochs (sled-sim's uplink, `sled_sim::uplink`). The gateway then lists the server's tools
+//! epochs (the sled-uplink library). The gateway then lists the server's tools
 //! with `project` injected and routes each call to it, like any sled's. [`config`] says what
 //! runs.
 
 pub mod config;
 pub mod http;
-pub mod identity;
 pub mod leases;
 pub mod stdio;
 pub mod upstream;
+
+/// Each project's identity key file, sled-uplink's.
+pub use sled_uplink::identity;
 
 pub use config::{ConnectorConfig, ProjectConfig, TokenSource, Upstream};
 pub use http::HttpServer;

@@ -10,8 +10,8 @@ use gateway_connector::leases::Leased;
 use gateway_connector::{
     identity, ConnectorConfig, HttpServer, ProjectConfig, StdioServer, TokenSource, Upstream,
 };
-use sled_sim::uplink::{run_uplink_with, Backend, Handler, UplinkOptions};
-use sled_sim::{GatewayAddr, TokioConnect};
+use sled_uplink::uplink::{run_uplink_with, Backend, Handler, UplinkOptions};
+use sled_uplink::{GatewayAddr, TokioConnect};
 use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::{error, info};
@@ -89,6 +89,11 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     ca_file: Option<PathBuf>,
 
+    /// At SIGTERM or Ctrl-C, how long the calls running may take to be answered before the
+    /// uplinks close (new calls are refused meanwhile); the servers stop after.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    drain_secs: u64,
+
     /// The server's command and arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -163,6 +168,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    let drain = Duration::from_secs(args.drain_secs);
     let env = |k: &str| std::env::var(k).ok();
     let tls = match gateway_client::TlsTrust::from_flag_or_env(args.ca_file.as_deref(), &env) {
         Ok(t) => t,
@@ -179,8 +185,12 @@ async fn main() -> ExitCode {
         }
     };
     let gateway = GatewayAddr::parse(&config.gateway).expect("a checked config's URL parses");
+    // The uplinks stop first (each answers the calls running on it, up to `drain`), then the
+    // servers that answer them.
     let (stop_tx, stop) = watch::channel(false);
+    let (stop_uplinks_tx, stop_uplinks) = watch::channel(false);
     let mut running = tokio::task::JoinSet::new();
+    let mut uplinks = tokio::task::JoinSet::new();
     for project in &config.projects {
         let token = match project.token.read() {
             Ok(t) => t,
@@ -234,10 +244,11 @@ async fn main() -> ExitCode {
             backoff_min: Duration::from_millis(250),
             backoff_max: Duration::from_secs(10),
             tls: tls.clone(),
+            drain: Some(drain),
             ..UplinkOptions::default()
         };
-        let mut stopping = stop.clone();
-        running.spawn(run_uplink_with(
+        let mut stopping = stop_uplinks.clone();
+        uplinks.spawn(run_uplink_with(
             TokioConnect,
             gateway.clone(),
             backend,
@@ -249,7 +260,12 @@ async fn main() -> ExitCode {
         info!(project = %project.name, gateway = %config.gateway, "serving");
     }
     shutdown_signal().await;
-    info!("stopping: closing the uplinks and the servers");
+    info!(drain = ?drain, "stopping: answering the calls running, then closing the uplinks and the servers");
+    let _ = stop_uplinks_tx.send(true);
+    let _ = tokio::time::timeout(drain + Duration::from_secs(2), async {
+        while uplinks.join_next().await.is_some() {}
+    })
+    .await;
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while running.join_next().await.is_some() {}

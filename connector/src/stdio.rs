@@ -37,7 +37,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::{json, Value};
-use sled_sim::{CallContext, Handler};
+use sled_uplink::{CallContext, Handler};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};

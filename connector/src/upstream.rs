@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use gateway_core::uplink::{Control, UpstreamState, RELATED_REQUEST_META};
 use serde_json::{json, Value};
-use sled_sim::uplink::RequestError;
-use sled_sim::CallContext;
+use sled_uplink::uplink::RequestError;
+use sled_uplink::CallContext;
 
 /// The first restart (or re-initialization) delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(250);

@@ -128,6 +128,8 @@ type Starter = Arc<dyn Fn(&Backend) -> JoinHandle<()> + Send + Sync>;
 
 struct Member {
     backend: Backend,
+    /// The story-model sled behind `backend` (none for a fixture project).
+    sled: Option<SharedSled>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -198,16 +200,21 @@ impl Fleet {
                 warn!(project = %project, "fleet: project listed twice; one sled only");
                 continue;
             }
-            let backend = if opts.fixture_projects.contains(project) {
-                Backend::Handler(Arc::new(Fixture::new(project)))
+            let (backend, sled) = if opts.fixture_projects.contains(project) {
+                (Backend::Handler(Arc::new(Fixture::new(project))), None)
             } else {
-                Backend::Story(SharedSled::new(Sled::seeded(
-                    project,
-                    sled_seed(opts.seed, project),
-                )))
+                let sled = SharedSled::new(Sled::seeded(project, sled_seed(opts.seed, project)));
+                (crate::uplink::story(sled.clone()), Some(sled))
             };
             let task = starter.as_ref().map(|start| start(&backend));
-            members.insert(project.clone(), Member { backend, task });
+            members.insert(
+                project.clone(),
+                Member {
+                    backend,
+                    sled,
+                    task,
+                },
+            );
         }
         Fleet {
             members,
@@ -218,10 +225,7 @@ impl Fleet {
 
     /// The sled of `project`, to inspect or change its model (`None` for a fixture project).
     pub fn sled(&self, project: &str) -> Option<SharedSled> {
-        match self.members.get(project).map(|m| &m.backend) {
-            Some(Backend::Story(sled)) => Some(sled.clone()),
-            _ => None,
-        }
+        self.members.get(project).and_then(|m| m.sled.clone())
     }
 
     /// The fleet's projects, sorted.

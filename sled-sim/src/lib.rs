@@ -11,17 +11,19 @@
 //! seeded RNG, and nothing observable depends on hash order: the same code runs as a host in a
 //! deterministic simulation.
 
-pub mod epoch;
 pub mod fixture;
 pub mod fleet;
 pub mod http;
 pub mod identity;
 pub mod mcp;
 pub mod model;
-pub mod net;
 pub mod script;
 pub mod sim_sled;
 pub mod uplink;
+
+/// The sled side of the uplink, sled-uplink's (re-exported so that `sled_sim::epoch::…` and
+/// `sled_sim::net::…` paths keep working).
+pub use sled_uplink::{epoch, net};
 
 /// The MCP client, `gateway-client`'s (re-exported so that `sled_sim::client::…` paths keep
 /// working).
@@ -37,5 +39,6 @@ pub use model::{Project, Stage, Story, Todo};
 pub use net::{Connect, GatewayAddr, HttpUrl, TokioConnect, UrlError};
 pub use script::{check_session, run_session, session_plan, SessionHistory, SessionPlan, Workload};
 pub use uplink::{
-    run_uplink, run_uplink_fenced, run_uplink_with, Backend, CallContext, Handler, UplinkOptions,
+    run_uplink, run_uplink_fenced, run_uplink_with, Backend, CallContext, Handler, SyncServer,
+    UplinkOptions,
 };

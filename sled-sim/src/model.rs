@@ -340,47 +340,7 @@ impl Project {
     }
 }
 
-/// The fences a sled has accepted for its project's leased resources (`"story:beta-1"`): the
-/// highest per resource, which a write must not go below, and the highest over all of them
-/// (the project's high-water mark, reported in the uplink `hello`). It lives with the stories,
-/// so it survives what they survive.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Fences {
-    highest: BTreeMap<String, u64>,
-    high_water: Option<u64>,
-}
-
-impl Fences {
-    /// The highest fence accepted for `resource`, if any.
-    pub fn highest(&self, resource: &str) -> Option<u64> {
-        self.highest.get(resource).copied()
-    }
-
-    /// The highest fence accepted for any resource, if any.
-    pub fn high_water(&self) -> Option<u64> {
-        self.high_water
-    }
-
-    /// Each resource with the highest fence accepted for it, in name order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.highest.iter().map(|(r, f)| (r.as_str(), *f))
-    }
-
-    /// Admits a write to `resource` under `fence`: refused (`Err` with the highest accepted)
-    /// when `fence` is below the highest accepted for it; otherwise recorded (when higher) and
-    /// `Ok`. Equal is admitted: one holder writes several times under one fence.
-    pub fn admit(&mut self, resource: &str, fence: u64) -> Result<(), u64> {
-        match self.highest.get_mut(resource) {
-            Some(highest) if fence < *highest => return Err(*highest),
-            Some(highest) => *highest = fence,
-            None => {
-                self.highest.insert(resource.to_owned(), fence);
-            }
-        }
-        self.high_water = self.high_water.max(Some(fence));
-        Ok(())
-    }
-}
+pub use sled_uplink::fences::Fences;
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
 use sled_sim::net::{GatewayAddr, TokioConnect};
-use sled_sim::uplink::{run_uplink_fenced, Backend, UplinkOptions};
+use sled_sim::uplink::{run_uplink_fenced, UplinkOptions};
 use sled_sim::EpochFence;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -100,7 +100,7 @@ fn start(listener: &TcpListener, sled: &SharedSled, fence: &EpochFence) -> Uplin
     let task = tokio::spawn(run_uplink_fenced(
         TokioConnect,
         gateway,
-        Backend::Story(sled.clone()),
+        sled_sim::uplink::story(sled.clone()),
         opts,
         fence.clone(),
         async {
@@ -234,7 +234,7 @@ async fn asked_to_move_the_sled_opens_a_new_uplink_first_and_the_old_one_answers
         let task = tokio::spawn(run_uplink_fenced(
             TokioConnect,
             GatewayAddr::parse(&format!("http://{addr}")).unwrap(),
-            Backend::Story(sled()),
+            sled_sim::uplink::story(sled()),
             opts,
             fence.clone(),
             async {

@@ -970,7 +970,7 @@ async fn a_reconnecting_sleds_hello_carries_the_highest_fence_it_accepted() {
                     1,
                 )))
             } else {
-                Backend::Story(sled.clone())
+                sled_sim::uplink::story(sled.clone())
             };
             let (stop, stopped) = oneshot::channel::<()>();
             let task = tokio::spawn(run_uplink_with(

@@ -447,6 +447,69 @@ async fn a_server_that_dies_mid_call_fails_its_calls_at_once_and_is_started_agai
     assert!(log_text.contains("restarting it"), "{log_text}");
 }
 
+/// Drain on shutdown (the sled-uplink library's): a connector told to stop (SIGTERM) during a
+/// call answers it before its uplink closes, and a call that arrives meanwhile is refused at
+/// once (`sled_shutting_down`, not applied); only then does it stop its server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_told_to_stop_answers_the_calls_running_first() {
+    let command = everything_command().await;
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-drain");
+    let mut sled = connector(&gw.url(), &dir, &stdio(command));
+    let log = dir.join("sled.log");
+    let mut c = session(&gw.url()).await;
+    until_served(&mut c, &log).await;
+
+    // A 3 s operation; the connector is told to stop a second in, and another call comes
+    // half a second after that.
+    let pid = sled.id().unwrap();
+    let url = gw.url();
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut other = session(&url).await;
+        other
+            .tools_call(
+                json!(2),
+                "echo",
+                json!({"project": "everything", "message": "too late"}),
+            )
+            .await
+            .unwrap()
+    });
+    let long = c
+        .tools_call(
+            json!(1),
+            "trigger-long-running-operation",
+            json!({"project": "everything", "duration": 3, "steps": 3}),
+        )
+        .await
+        .unwrap();
+    let late = late.await.unwrap();
+    assert!(
+        long["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("completed")),
+        "the call running at SIGTERM is answered: {long}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(
+        late["error"]["data"]["kind"], "sled_shutting_down",
+        "{late}"
+    );
+    assert_eq!(late["error"]["data"]["outcome"], "not_sent", "{late}");
+    let status = tokio::time::timeout(Duration::from_secs(20), sled.wait())
+        .await
+        .expect("the connector stops once its calls are answered")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(log_text.contains("every call answered"), "{log_text}");
+}
+
 /// A stdio MCP server that writes what no client should take: a line over 16 MiB, a line that
 /// is not JSON, an answer to an id never asked, a JSON-RPC message of no kind; then serves one
 /// tool, `ping2`.

@@ -807,6 +807,8 @@ fn sled_software(
             relay_interval: Duration::ZERO,
             stall_relay: false,
             tls: Default::default(),
+            // Shutdown in the simulation is a crash or a stop at once; a drain is tested on its own.
+            drain: None,
         };
         let host = if via_lb { LB_HOST } else { REPLICAS[replica] };
         let gateway = GatewayAddr::parse(&format!("http://{host}:{GATEWAY_PORT}"))

@@ -1641,6 +1641,8 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
             relay_interval: Duration::ZERO,
             stall_relay: false,
             tls: Default::default(),
+            // Shutdown in the simulation is a crash or a stop at once; a drain is tested on its own.
+            drain: None,
         };
         sim.host(format!("sled-{}", PROJECTS[i]), move || {
             let backend = Backend::Handler(handler.clone());

@@ -43,7 +43,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use sled_sim::mcp::{SharedSled, Sled};
 use sled_sim::model::Project;
-use sled_sim::uplink::{Backend, UplinkOptions, UNKNOWN_PROJECT_BACKOFF_FACTOR};
+use sled_sim::uplink::{UplinkOptions, UNKNOWN_PROJECT_BACKOFF_FACTOR};
 use sled_sim::{impostor_key, sled_key, McpClient};
 
 use super::{TurmoilConnect, TurmoilListener, GATEWAY_PORT};
@@ -107,7 +107,7 @@ type HostFuture = Pin<Box<dyn Future<Output = turmoil::Result>>>;
 /// the host, so it outlives a crash.
 fn sled_software(sled: SharedSled, opts: UplinkOptions) -> impl Fn() -> HostFuture + 'static {
     move || {
-        let backend = Backend::Story(sled.clone());
+        let backend = sled_sim::uplink::story(sled.clone());
         let opts = opts.clone();
         Box::pin(super::sled_host(backend, opts))
     }
@@ -127,6 +127,8 @@ fn uplink_options(seed: u64, sled_name: &str, latency: Duration) -> UplinkOption
         relay_interval: Duration::ZERO,
         stall_relay: false,
         tls: Default::default(),
+        // Shutdown in the simulation is a crash or a stop at once; a drain is tested on its own.
+        drain: None,
     }
 }
 

@@ -175,6 +175,8 @@ fn sled_software(
             relay_interval: Duration::ZERO,
             stall_relay: false,
             tls: Default::default(),
+            // Shutdown in the simulation is a crash or a stop at once; a drain is tested on its own.
+            drain: None,
         };
         Box::pin(sled_host(backend, opts))
     }
