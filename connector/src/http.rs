@@ -225,8 +225,8 @@ impl HttpServer {
         }
     }
 
-    /// A message on the session's own event stream: it names no call. A list change or a
-    /// resource update goes to the gateway; a `ping` is answered, another request refused (it
+    /// A message on the session's own event stream: it names no call. A list change, a
+    /// resource update or a log message goes to the gateway; a `ping` is answered, another request refused (it
     /// has no client to go to); anything else is dropped and counted.
     fn on_stream_message(self: &Arc<Self>, m: Value) {
         let method = m.get("method").and_then(Value::as_str).unwrap_or_default();
@@ -243,7 +243,9 @@ impl HttpServer {
                     }
                 }
             });
-        } else if PROJECT_NOTIFICATIONS.contains(&method) {
+        } else if PROJECT_NOTIFICATIONS.contains(&method) || method == "notifications/message" {
+            // A log message here names no call: the project's (the gateway gives it to the
+            // sessions working on it).
             let _ = self.notices.send(m.to_string());
         } else {
             self.dropped_notifications.fetch_add(1, Ordering::Relaxed);

@@ -20,9 +20,10 @@
 //!   a line longer than [`MAX_LINE_BYTES`] (the gateway's uplink limit) is skipped and counted.
 //!   Progress goes to the gateway as it is, on the way of the call whose token it names, so it
 //!   arrives before that call's answer (as the server sent them); list changes and
-//!   `resources/updated` go as they are. Another notification (a log message) names no call on
-//!   stdio: it goes to the call in flight when there is exactly one, and is dropped (and
-//!   counted) otherwise. Of the child's own requests `ping` is answered here;
+//!   `resources/updated` go as they are. A log message names no call on stdio: it goes to the
+//!   call in flight when there is exactly one, and up as the project's otherwise (the gateway
+//!   gives it to the sessions working on the project); another notification is then dropped
+//!   (and counted). Of the child's own requests `ping` is answered here;
 //!   sampling and elicitation go to the client of the call in flight through the gateway (which
 //!   refuses them for a client that did not declare them), and its answer back to the child,
 //!   when exactly one call is in flight, for a request on stdio names no call; with none or
@@ -515,6 +516,12 @@ impl StdioServer {
                 .collect()
         };
         let [(call, ctx)] = &calls[..] else {
+            if method == "notifications/message" {
+                // The server's own log message, or one of several calls': the project's (the
+                // gateway gives it to the sessions working on it).
+                let _ = self.notices.send(v.to_string());
+                return;
+            }
             self.counters
                 .dropped_notifications
                 .fetch_add(1, Ordering::Relaxed);

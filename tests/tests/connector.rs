@@ -5,7 +5,8 @@
 //! - Everything it lists is listed by the gateway with `project` injected, and its tools,
 //!   prompts, completion, resources and logging level answer through the gateway; its
 //!   long-running operation's progress reaches the caller; its own sampling and elicitation
-//!   requests reach the calling client, and the client's answers reach it.
+//!   requests reach the calling client, and the client's answers reach it; the log messages
+//!   it sends of its own accord reach the session's own stream.
 //! - The same over Streamable HTTP: server-everything as its own process, the connector its
 //!   client at a URL.
 //! - A child killed during a call: the call is answered at once (`upstream_exited`, outcome
@@ -383,6 +384,52 @@ async fn everything_through_the_gateway(url: &str, dir: &Path) {
         "{asked:?}"
     );
     assert!(text(&elicited).contains("declined"), "{elicited}");
+
+    // A log message the server sends of its own accord (its simulated logging, every 5 s),
+    // naming no call, reaches the session's own stream: its default project is the server's.
+    let mut listener = McpClient::connect(TokioConnect, &format!("{url}/mcp"))
+        .await
+        .unwrap();
+    listener.set_session_id(c.session_id().map(str::to_owned));
+    listener.set_protocol_version(c.protocol_version().map(str::to_owned));
+    let (heard, mut hear) = tokio::sync::mpsc::unbounded_channel();
+    let listening = tokio::spawn(async move {
+        let _ = listener
+            .listen(1 << 20, &mut move |m| {
+                let _ = heard.send(m);
+            })
+            .await;
+    });
+    let on = c
+        .tools_call(json!(13), "toggle-simulated-logging", json!({}))
+        .await
+        .unwrap();
+    assert!(text(&on).contains("Started"), "{on}");
+    let logged = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(m) = hear.recv().await {
+            if m["method"] == "notifications/message" {
+                return Some(m);
+            }
+        }
+        None
+    })
+    .await;
+    let off = c
+        .tools_call(json!(14), "toggle-simulated-logging", json!({}))
+        .await
+        .unwrap();
+    assert!(text(&off).contains("Stopped"), "{off}");
+    listening.abort();
+    let logged = logged
+        .ok()
+        .flatten()
+        .expect("the server's own log message reached the session's stream");
+    assert!(
+        logged["params"]["data"]
+            .as_str()
+            .is_some_and(|d| d.contains("message")),
+        "{logged}"
+    );
 
     // The project's identity key was made on first run, readable by its owner only.
     let key = dir.join("state/everything.key");

@@ -202,10 +202,18 @@ impl Gateway {
         else {
             return;
         };
-        let Some(Value::Object(meta)) = params.get_mut("_meta") else {
+        let related = match params.get_mut("_meta") {
+            Some(Value::Object(meta)) => meta.remove(RELATED_REQUEST_META),
+            _ => None,
+        };
+        let Some(related) = related.and_then(|r| r.as_u64()) else {
+            // A log message of the project's own, naming no call.
+            if method == "notifications/message" {
+                self.project_log(uplink, params);
+            }
             return;
         };
-        let Some(related) = meta.remove(RELATED_REQUEST_META).and_then(|r| r.as_u64()) else {
+        let Some(Value::Object(meta)) = params.get_mut("_meta") else {
             return;
         };
         // Only a call on this sled's own uplink; its log threshold: the request's own
@@ -236,6 +244,44 @@ impl Gateway {
         }
         let data = jsonrpc::notification(method, &Value::Object(params).to_string());
         self.call_event(related, data);
+    }
+
+    /// A sled's log message that names no call (a server logging of its own accord): to the
+    /// GET streams of the sessions here whose default project is the sled's and which still
+    /// see it, each at its own level (`logging/setLevel`; every level when it set none).
+    fn project_log(&mut self, uplink: UplinkId, mut params: Map<String, Value>) {
+        let Some(project) = self.live_project(uplink) else {
+            return;
+        };
+        let level = params
+            .get("level")
+            .and_then(Value::as_str)
+            .and_then(basics::log_rank);
+        let Some(level) = level else {
+            // Not a log message MCP knows: nobody's threshold can place it.
+            return;
+        };
+        if params
+            .get("_meta")
+            .is_some_and(|m| m.as_object().is_some_and(Map::is_empty))
+        {
+            params.remove("_meta");
+        }
+        let sessions: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.default_project.as_deref() == Some(project.as_str())
+                    && s.log_level.is_none_or(|threshold| level >= threshold)
+                    && self.holder_sees(&s.holder, &project)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let data =
+            jsonrpc::notification("notifications/message", &Value::Object(params).to_string());
+        for id in sessions {
+            self.notify_session(&id, data.clone());
+        }
     }
 
     /// Sends a message for the client of a pending call, turning its answer into an SSE stream

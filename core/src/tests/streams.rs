@@ -422,3 +422,62 @@ fn an_answer_becomes_a_stream_only_when_the_sled_has_something_to_say_first() {
     assert_eq!(events[1].1["id"], 2);
     assert!(h.streams_closed.contains(&t2));
 }
+
+/// Issue 26: a server's log message that names no call (server-everything logs of its own
+/// accord) goes to the GET streams of the sessions whose default project is the sled's, each
+/// at its own `logging/setLevel` threshold; never to a session on another project.
+#[test]
+fn a_sleds_own_log_message_reaches_the_sessions_on_its_project_at_their_level() {
+    let mut h = Harness::new();
+    let (a, b, c) = (h.initialize(), h.initialize(), h.initialize());
+    let alpha = h.connect_sled("alpha");
+    h.rpc(
+        Some(&b),
+        json!(1),
+        "tools/call",
+        json!({"name":"switch_project","arguments":{"project":"beta"}}),
+    );
+    h.rpc(
+        Some(&c),
+        json!(2),
+        "logging/setLevel",
+        json!({"level":"error"}),
+    );
+    let (ta, tb, tc) = (
+        get(&mut h, Some(&a), None),
+        get(&mut h, Some(&b), None),
+        get(&mut h, Some(&c), None),
+    );
+    let logs = |h: &Harness, t| {
+        h.streams[&t]
+            .iter()
+            .filter(|(_, v)| v["method"] == "notifications/message")
+            .map(|(_, v)| v["params"].clone())
+            .collect::<Vec<Value>>()
+    };
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","method":"notifications/message",
+               "params":{"level":"info","logger":"srv","data":"tick"}}),
+    );
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","method":"notifications/message",
+               "params":{"level":"error","data":"broke","_meta":{}}}),
+    );
+    // Not a level MCP knows: nobody's threshold can place it.
+    h.sled_says(
+        alpha,
+        json!({"jsonrpc":"2.0","method":"notifications/message",
+               "params":{"level":"loud","data":"?"}}),
+    );
+    assert_eq!(
+        logs(&h, ta),
+        [
+            json!({"level":"info","logger":"srv","data":"tick"}),
+            json!({"level":"error","data":"broke"})
+        ]
+    );
+    assert_eq!(logs(&h, tb), Vec::<Value>::new(), "b is on beta");
+    assert_eq!(logs(&h, tc), [json!({"level":"error","data":"broke"})]);
+}
