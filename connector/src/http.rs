@@ -358,6 +358,12 @@ impl HttpServer {
         if let Some(call) = call {
             self.lock().by_call.insert(call, id);
         }
+        // However the call ends (answered, or its task aborted when its uplink connection
+        // closed, which drops the POST and so its connection to the server), its id goes.
+        let _forget = ForgetCall {
+            server: Arc::clone(&self),
+            call,
+        };
         let token = ctx.progress_token().cloned();
         let asker = ctx.clone();
         let answer = &mut move |m: &Value| -> AnswerFuture {
@@ -379,9 +385,6 @@ impl HttpServer {
         let answered = client
             .request_streaming_async(json!(id), &method, params, &[], answer, notified)
             .await;
-        if let Some(call) = call {
-            self.lock().by_call.remove(&call);
-        }
         Some(match answered {
             Ok((mut v, _)) => {
                 v["id"] = gateway_id;
@@ -419,6 +422,20 @@ impl HttpServer {
                 )
             }
         })
+    }
+}
+
+/// Removes a call's id from `by_call` when the call ends, answered or abandoned.
+struct ForgetCall {
+    server: Arc<HttpServer>,
+    call: Option<(u64, u64)>,
+}
+
+impl Drop for ForgetCall {
+    fn drop(&mut self) {
+        if let Some(call) = self.call {
+            self.server.lock().by_call.remove(&call);
+        }
     }
 }
 

@@ -543,7 +543,7 @@ impl StdioServer {
             return None;
         };
         let (reply, answer) = oneshot::channel();
-        {
+        let id = {
             let mut s = self.lock();
             let running = s.status == Some(Status::Running) && s.stdin.is_some();
             if !running {
@@ -590,8 +590,19 @@ impl StdioServer {
                     "its stdin is closed",
                 ));
             }
-        }
-        match answer.await {
+            id
+        };
+        // A call whose task ends before the server answers (its uplink connection closed, the
+        // task aborted) leaves nothing behind, and the server is told to stop.
+        let mut abandoned = Abandoned {
+            server: Arc::clone(&self),
+            id,
+            answered: false,
+        };
+        let answered = answer.await;
+        abandoned.answered = true;
+        drop(abandoned);
+        match answered {
             Ok(mut v) => {
                 v["id"] = gateway_id;
                 Some(v)
@@ -610,6 +621,43 @@ impl StdioServer {
                     &reason,
                 ))
             }
+        }
+    }
+}
+
+/// Dropped before its call was answered: the call was abandoned (its task aborted, as when the
+/// uplink connection it came on closes). Its pending entry goes, and the server hears
+/// `notifications/cancelled`, so neither waits for an answer nobody will read.
+struct Abandoned {
+    server: Arc<StdioServer>,
+    id: u64,
+    answered: bool,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let pending = {
+            let mut s = self.server.lock();
+            let pending = s.pending.remove(&self.id);
+            if let Some(call) = pending.as_ref().and_then(|p| p.call) {
+                s.by_call.remove(&call);
+            }
+            pending
+        };
+        if pending.is_some() {
+            debug!(
+                project = self.server.project(),
+                request = self.id,
+                "a call's uplink connection closed before it was answered; cancelling it at the MCP server"
+            );
+            self.server.send_line(
+                json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                       "params": {"requestId": self.id, "reason": "the gateway's connection for this call closed"}})
+                .to_string(),
+            );
         }
     }
 }

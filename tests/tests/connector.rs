@@ -1109,6 +1109,94 @@ rl.on('line', (line) => {
 });
 "#;
 
+/// A call whose uplink connection closes before the server answers leaves nothing behind in
+/// the connector: the server is told to stop (`notifications/cancelled` naming its own id for
+/// the call), and the connector serves on over the next connection. Driven by a stand-in for
+/// the gateway's uplink endpoint, which drops the connection during the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_uplink_connection_closes_is_cancelled_at_the_server() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let node = node::node().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dir = processes::scratch("connector-abandoned");
+    let script = dir.join("silent.js");
+    std::fs::write(&script, SILENT).unwrap();
+    let heard = dir.join("heard.jsonl");
+    let _sled = connector(
+        &url,
+        &dir,
+        &stdio(vec![
+            node.node.display().to_string(),
+            script.display().to_string(),
+            heard.display().to_string(),
+        ]),
+    );
+    let accept = || async {
+        let (tcp, _) = tokio::time::timeout(Duration::from_secs(30), listener.accept())
+            .await
+            .expect("the connector dials")
+            .unwrap();
+        let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+        let hello = frame(&mut ws).await;
+        assert_eq!(hello["uplink"], "hello", "{hello}");
+        ws.send(Message::text(
+            r#"{"uplink":"welcome","protocol":1,"heartbeat_ms":60000}"#,
+        ))
+        .await
+        .unwrap();
+        loop {
+            let f = frame(&mut ws).await;
+            if f["uplink"] == "upstream" && f["state"] == "running" {
+                break ws;
+            }
+        }
+    };
+    let mut ws = accept().await;
+    ws.send(Message::text(
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+               "params": {"name": "hang", "arguments": {}}})
+        .to_string(),
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(ws);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let cancelled = loop {
+        let lines = std::fs::read_to_string(&heard).unwrap_or_default();
+        let found = lines
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|m| m["method"] == "notifications/cancelled");
+        if let Some(m) = found {
+            break m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no cancellation reached the server: {lines}\n{}",
+            std::fs::read_to_string(dir.join("sled.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        cancelled["params"]["requestId"].is_u64(),
+        "the server's own id: {cancelled}"
+    );
+    assert!(
+        cancelled["params"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("connection")),
+        "{cancelled}"
+    );
+    // It serves on over its next connection.
+    let mut ws = accept().await;
+    let listed = ask(&mut ws, 1, "tools/list", json!({})).await;
+    assert_eq!(listed["result"]["tools"][0]["name"], "hang", "{listed}");
+}
+
 /// An upstream that never answers: the call ends at the project's deadline (the gateway's
 /// `timeout`), and the cancellation the gateway then sends reaches the server, naming the
 /// server's own id for the call.
