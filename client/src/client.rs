@@ -405,7 +405,7 @@ impl<C: Connect> McpClient<C> {
                 return Ok((serde_json::from_slice(&bytes)?, Vec::new()));
             }
             let mut seen = Vec::new();
-            let mut buf = String::new();
+            let mut events = SseEvents::default();
             let mut found: Option<Value> = None;
             let mut fallback: Option<Value> = None;
             while let Some(frame) = body.frame().await {
@@ -413,13 +413,7 @@ impl<C: Connect> McpClient<C> {
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                buf.push_str(&String::from_utf8_lossy(&data));
-                buf = buf.replace("\r\n", "\n");
-                while let Some(end) = buf.find("\n\n") {
-                    let event: String = buf.drain(..end + 2).collect();
-                    let Some(m) = sse_message(&event) else {
-                        continue;
-                    };
+                for m in events.push(&data) {
                     let is_response = m.get("result").is_some() || m.get("error").is_some();
                     if is_response && m.get("id") == Some(&id) {
                         found = Some(m);
@@ -530,21 +524,16 @@ impl<C: Connect> McpClient<C> {
                 self.url.path
             )));
         }
-        let mut buf = String::new();
+        let mut events = SseEvents::default();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(hyper_err)?;
             let Ok(data) = frame.into_data() else {
                 continue;
             };
-            buf.push_str(&String::from_utf8_lossy(&data));
-            buf = buf.replace("\r\n", "\n");
-            while let Some(end) = buf.find("\n\n") {
-                let event: String = buf.drain(..end + 2).collect();
-                if let Some(m) = sse_message(&event) {
-                    on_message(m);
-                }
+            for m in events.push(&data) {
+                on_message(m);
             }
-            if buf.len() > max_event {
+            if events.pending() > max_event {
                 return Err(ClientError::Protocol(format!(
                     "an event over {max_event} bytes on the event stream"
                 )));
@@ -663,6 +652,43 @@ pub struct AnsweredRequest {
 }
 
 /// The JSON-RPC message in one SSE event (its `data:` lines), if any.
+/// An event stream read as it arrives: bytes in, each complete event's JSON-RPC message out.
+/// Events are cut on whole bytes, so a character split across two reads arrives whole.
+#[derive(Default)]
+struct SseEvents {
+    buf: Vec<u8>,
+}
+
+impl SseEvents {
+    /// Adds `data`; returns the messages of the events it completed (an event whose data is
+    /// no JSON is passed over).
+    fn push(&mut self, data: &[u8]) -> Vec<Value> {
+        self.buf.extend_from_slice(data);
+        let mut out = Vec::new();
+        loop {
+            let lf = self.buf.windows(2).position(|w| w == b"\n\n");
+            let crlf = self.buf.windows(4).position(|w| w == b"\r\n\r\n");
+            let (end, sep) = match (lf, crlf) {
+                (Some(a), Some(b)) if b < a => (b, 4),
+                (Some(a), _) => (a, 2),
+                (None, Some(b)) => (b, 4),
+                (None, None) => break,
+            };
+            let event: Vec<u8> = self.buf.drain(..end + sep).collect();
+            let text = String::from_utf8_lossy(&event).replace("\r\n", "\n");
+            if let Some(m) = sse_message(&text) {
+                out.push(m);
+            }
+        }
+        out
+    }
+
+    /// Bytes of an event not complete yet.
+    fn pending(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 fn sse_message(event: &str) -> Option<Value> {
     let data: Vec<&str> = event
         .lines()
@@ -708,6 +734,25 @@ pub fn response_from_sse(body: &[u8], id: &Value) -> Result<Value, ClientError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Events come whole however the stream is cut: a character split across two reads, CRLF
+    /// line ends, an event waiting for its end.
+    #[test]
+    fn events_are_cut_on_whole_bytes() {
+        let mut events = SseEvents::default();
+        let text = "data: {\"jsonrpc\":\"2.0\",\"method\":\"m\",\"params\":{\"s\":\"é\"}}\n\n";
+        let bytes = text.as_bytes();
+        let cut = text.find('é').unwrap() + 1; // inside the two bytes of é
+        assert!(events.push(&bytes[..cut]).is_empty());
+        let got = events.push(&bytes[cut..]);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["params"]["s"], "é");
+        let got = events.push(b"event: message\r\ndata: {\"id\":1}\r\n\r\ndata: {\"id\":2}");
+        assert_eq!(got, vec![json!({"id": 1})]);
+        assert_eq!(events.pending(), "data: {\"id\":2}".len());
+        assert_eq!(events.push(b"\n\n"), vec![json!({"id": 2})]);
+        assert_eq!(events.pending(), 0);
+    }
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A server that answers `answers` in turn, one per request, over keep-alive connections;
