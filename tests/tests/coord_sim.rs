@@ -5,6 +5,11 @@
 //! - `coord_sweep`: `DST_SEEDS` seeds (default 48; with `DST_FRESH_FROM`, a quarter fresh), on
 //!   every core; fails on any violation.
 //! - `coord_listing_window_sweep`: `DST_SEEDS` seeds (default 12) that meet the listing window.
+//! - `coord_array_writes_sweep` (issue 26): `DST_SEEDS` seeds (default 12) whose agents also
+//!   write both stories of a project in one call (a lease spot inside an array); all pass, and
+//!   such writes were both refused and served. `coord_planted_first_resource_only_is_caught`:
+//!   with `CoordBug::FirstResourceOnly` (only the first resource a call names is checked)
+//!   some of 12 seeds fail.
 //! - `coord_same_seed_same_trace`: one seed run twice gives the same trace.
 //! - `coord_planted_*_is_caught`: the gateway with a bug planted (`CoordBug`s, and
 //!   `PlantedBug::ToolsPendingAfterListing`) must fail some of its fixed seeds (not sized by
@@ -156,6 +161,45 @@ fn coord_planted_tools_pending_after_listing_is_caught() {
         })
         .collect();
     caught(test, &scenarios, "ToolsPendingAfterListing");
+}
+
+/// Seeds whose agents also write both stories of a project in one call (`move_stories`, a
+/// lease spot inside an array, issue 26): all pass, and such writes were refused for a
+/// resource another agent held and applied fenced for one the writer held.
+#[test]
+fn coord_array_writes_sweep() {
+    let test = "coord_array_writes_sweep";
+    let scenarios: Vec<CoordScenario> = sweep_seeds(12)
+        .into_iter()
+        .map(|seed| CoordScenario::draw_array_writes(seed, None))
+        .collect();
+    let started = Instant::now();
+    let reports = run_parallel(&scenarios, run_coord);
+    summary(test, &reports, started.elapsed().as_secs_f64());
+    assert_all_passed("coord_sim", test, &reports);
+    if !replaying() {
+        let count = |k: &str| -> usize { reports.iter().filter_map(|r| r.coverage.get(k)).sum() };
+        assert!(
+            count("array write lease_held") > 0,
+            "no array write was refused lease_held"
+        );
+        assert!(count("array write ok") > 0, "no array write went through");
+    }
+}
+
+/// A call naming several resources checked for the first only: the oracle must see a write
+/// applied to a resource another agent certainly held.
+#[test]
+fn coord_planted_first_resource_only_is_caught() {
+    let scenarios: Vec<CoordScenario> = seeds(12, false)
+        .into_iter()
+        .map(|seed| CoordScenario::draw_array_writes(seed, Some(CoordBug::FirstResourceOnly)))
+        .collect();
+    caught(
+        "coord_planted_first_resource_only_is_caught",
+        &scenarios,
+        "FirstResourceOnly",
+    );
 }
 
 #[test]

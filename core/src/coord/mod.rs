@@ -154,6 +154,10 @@ pub enum CoordBug {
     /// (instead of stripping it), so a fence the client chose reaches the sled (caught by
     /// `coord_planted_client_fence_trusted_is_caught`).
     ClientFenceTrusted,
+    /// A call that names several leasable resources (a lease spot inside an array) is checked
+    /// for the first only: a write to another agent's resource goes through beside a free one
+    /// (caught by `coord_planted_first_resource_only_is_caught`).
+    FirstResourceOnly,
 }
 
 impl Default for Limits {

@@ -167,6 +167,13 @@ impl Gateway {
             }
             None => Vec::new(),
         };
+        #[cfg(feature = "planted-bugs")]
+        let resources = match self.config.coordination.planted {
+            Some(crate::coord::CoordBug::FirstResourceOnly) => {
+                resources.into_iter().take(1).collect()
+            }
+            _ => resources,
+        };
         let mut fences = Vec::new();
         if !resources.is_empty() {
             let agent = match named {

@@ -149,16 +149,21 @@ pub struct CoordScenario {
     /// honest agents and the adversary then use two client tokens, and the even-numbered
     /// honest agents act without a session, by agent handle.
     pub adversary: bool,
+    /// Agents also write both stories of a project in one call (`move_stories`, whose sled
+    /// marks `story_ids[]` leasable: issue 26's leases inside arrays), so every resource a
+    /// call names must be checked ([`CoordScenario::draw_array_writes`]).
+    pub array_writes: bool,
 }
 
 impl fmt::Debug for CoordScenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "coord seed {}: {} agents{} for {:?}, net {:?}..={:?}, listing {:?}, planted {:?} {:?}, faults {:?}",
+            "coord seed {}: {} agents{}{} for {:?}, net {:?}..={:?}, listing {:?}, planted {:?} {:?}, faults {:?}",
             self.seed,
             self.clients,
             if self.adversary { " and an adversary" } else { "" },
+            if self.array_writes { " writing arrays" } else { "" },
             self.run_for,
             self.net_latency_min,
             self.net_latency_max,
@@ -228,7 +233,16 @@ impl CoordScenario {
             planted,
             gateway_bug: None,
             adversary: false,
+            array_writes: false,
         }
+    }
+
+    /// A seed whose agents also write both stories of a project in one call
+    /// (`move_stories`), with `planted` (a coordination bug) planted.
+    pub fn draw_array_writes(seed: u64, planted: Option<CoordBug>) -> CoordScenario {
+        let mut s = CoordScenario::draw(seed, planted);
+        s.array_writes = true;
+        s
     }
 
     /// A seed with an adversarial agent among the honest ones (the same faults as
@@ -590,8 +604,17 @@ impl Handler for CoordSled {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let resp = self.sled.handle(&msg)?;
+            if msg.pointer("/params/name") == Some(&json!("move_stories")) {
+                return Some(self.move_stories(&msg, nonce.unwrap_or_default()));
+            }
+            let mut resp = self.sled.handle(&msg)?;
             if listing {
+                if let Some(tools) = resp
+                    .pointer_mut("/result/tools")
+                    .and_then(Value::as_array_mut)
+                {
+                    tools.push(move_stories_tool());
+                }
                 self.log
                     .listings
                     .lock()
@@ -639,6 +662,97 @@ impl Handler for CoordSled {
     }
 }
 
+/// `move_stories`: moves several stories of the project to one stage, naming them in an
+/// array the gateway leases item by item (`story_ids[]`).
+fn move_stories_tool() -> Value {
+    json!({
+        "name": "move_stories",
+        "description": "Move several stories to one stage.",
+        "inputSchema": {"type": "object", "properties": {
+            "story_ids": {"type": "array", "items": {"type": "string", "x-mcp-gateway-lease": "story"}},
+            "stage": {"type": "string"},
+        }, "required": ["story_ids", "stage"]},
+    })
+}
+
+impl CoordSled {
+    /// A `move_stories` call: refused whole if a fence names a story it does not move; else a
+    /// `move_story` per story (in order, with that story's fence), each recorded, stopping at
+    /// the first the sled refuses.
+    fn move_stories(&self, msg: &Value, nonce: String) -> Value {
+        let id = msg.get("id").cloned().unwrap_or(Value::Null);
+        let stories: Vec<String> = msg
+            .pointer("/params/arguments/story_ids")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect();
+        let stage = msg
+            .pointer("/params/arguments/stage")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let meta = msg.pointer("/params/_meta").and_then(Value::as_object);
+        let fences = gateway_core::lease_spot::fences_from_meta(meta).unwrap_or_default();
+        let record = |resource: String, fence: Option<u64>, outcome: &str| {
+            self.log
+                .applied
+                .lock()
+                .expect("no poisoned lock")
+                .push(Applied {
+                    project: self.project.clone(),
+                    resource,
+                    fence,
+                    nonce: nonce.clone(),
+                    at: now(),
+                    outcome: outcome.to_owned(),
+                });
+        };
+        let refused = |kind: &str, resource: &str| {
+            json!({"jsonrpc": "2.0", "id": id, "result": {"isError": true,
+                "content": [{"type": "text", "text": format!("{kind}: {resource}")}],
+                "structuredContent": {"kind": kind, "resource": resource}}})
+        };
+        let named: Vec<String> = stories.iter().map(|s| format!("story:{s}")).collect();
+        if let Some((other, fence)) = fences.iter().find(|(r, _)| !named.contains(r)) {
+            record(
+                named.first().cloned().unwrap_or_default(),
+                Some(*fence),
+                "fence_mismatch",
+            );
+            return refused("fence_mismatch", other);
+        }
+        for (story, resource) in stories.iter().zip(&named) {
+            let fence = fences.iter().find(|(r, _)| r == resource).map(|(_, f)| *f);
+            let mut one = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": "move_story", "arguments": {"story_id": story, "stage": stage}}});
+            if let Some(f) = fence {
+                one["params"]["_meta"] =
+                    json!({"io.mcp-gateway/fence": {"resource": resource, "fence": f}});
+            }
+            let resp = self.sled.handle(&one).unwrap_or(Value::Null);
+            let result = &resp["result"];
+            let outcome = if result["isError"] == true {
+                result["structuredContent"]["kind"]
+                    .as_str()
+                    .unwrap_or("error")
+                    .to_owned()
+            } else if result.is_object() {
+                "applied".to_owned()
+            } else {
+                "rpc_error".to_owned()
+            };
+            record(resource.clone(), fence, &outcome);
+            if outcome != "applied" {
+                return refused(&outcome, resource);
+            }
+        }
+        json!({"jsonrpc": "2.0", "id": id, "result": {
+            "content": [{"type": "text", "text": format!("moved {}", stories.join(", "))}],
+            "structuredContent": {"moved": stories}}})
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The agents.
 
@@ -671,6 +785,8 @@ struct Agent {
     /// It acts without a session, by the agent handle `checkin` issued it.
     sessionless: bool,
     handle: Option<String>,
+    /// It also writes both stories of a project in one call.
+    array_writes: bool,
 }
 
 /// The honest agents' client token in adversary seeds, and the adversary's.
@@ -929,6 +1045,64 @@ impl Agent {
         self.request(op, "tools/call", params).await;
     }
 
+    /// Moves both stories of a project in one call (`move_stories`): a project where it holds
+    /// a lease when it can, the stories in a random order. Recorded as one write per story,
+    /// with the call's one answer: each is judged as its own write.
+    async fn array_write(&mut self) {
+        let margin = Duration::from_millis(600);
+        let project = match self.pick_held(margin) {
+            Some((_, h)) => h.project,
+            None => self.project(),
+        };
+        let mut resources: Vec<String> = (1..=STORIES).map(|n| resource_of(&project, n)).collect();
+        if self.rng.random_bool(0.5) {
+            resources.reverse();
+        }
+        self.writes += 1;
+        let n = nonce(self.key(), self.writes, 0);
+        let stage = ["backlog", "in_progress", "review", "done"][self.rng.random_range(0..4)];
+        let t = now();
+        let ops: Vec<Op> = resources
+            .iter()
+            .map(|r| {
+                let held = self.held.get(r).is_some_and(|h| t + margin < h.until);
+                Op::Write {
+                    project: project.clone(),
+                    resource: r.clone(),
+                    nonce: n.clone(),
+                    kind: if held {
+                        WriteKind::Held
+                    } else {
+                        WriteKind::Unheld
+                    },
+                }
+            })
+            .collect();
+        let stories: Vec<&str> = resources.iter().map(|r| story_of(r)).collect();
+        let mut params = json!({
+            "name": "move_stories",
+            "arguments": { "project": project, "story_ids": stories, "stage": stage },
+            "_meta": { NONCE_KEY: n },
+        });
+        if let Some(h) = &self.handle {
+            params["_meta"][AGENT_META] = json!(h);
+        }
+        let mut ops = ops.into_iter();
+        let first = ops.next().expect("a project has stories");
+        self.request(first, "tools/call", params).await;
+        // The same request and answer, for each other story it names.
+        let mut events = self.log.events.lock().expect("no poisoned lock");
+        let Some(recorded) = events.iter().rev().find(|e| e.agent == self.key()).cloned() else {
+            return;
+        };
+        for op in ops {
+            events.push(Ev {
+                op,
+                ..recorded.clone()
+            });
+        }
+    }
+
     /// A held lease, if any, with time left by the agent's own clock.
     fn pick_held(&mut self, margin: Duration) -> Option<(String, Held)> {
         let t = now();
@@ -961,6 +1135,9 @@ impl Agent {
                         }
                     }
                 }
+            }
+            22..=41 if self.array_writes && self.rng.random_bool(0.4) => {
+                self.array_write().await;
             }
             22..=41 => {
                 let margin = Duration::from_millis(600);
@@ -1658,6 +1835,7 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
         let end = s.run_for;
         let exact = s.exact_latency();
         let adversary = s.adversary;
+        let array_writes = s.array_writes;
         sim.client(format!("client-{c}"), async move {
             // Each agent starts a little apart.
             tokio::time::sleep(Duration::from_millis(20 * c as u64)).await;
@@ -1676,6 +1854,7 @@ fn simulate(s: &CoordScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResul
                 token: adversary.then(|| HONEST_TOKEN.to_owned()),
                 sessionless: adversary && c % 2 == 0,
                 handle: None,
+                array_writes,
             };
             agent.run().await;
             Ok(())
@@ -1899,8 +2078,34 @@ fn judge(
             CoordFault::GatewayBounce { .. } => "fault gateway bounce",
         });
     }
-    let by_nonce: BTreeMap<&str, &Applied> =
-        applied.iter().map(|a| (a.nonce.as_str(), a)).collect();
+    // One call may write several resources (`move_stories`): its nonce names each.
+    let by_nonce: BTreeMap<(&str, &str), &Applied> = applied
+        .iter()
+        .map(|a| ((a.nonce.as_str(), a.resource.as_str()), a))
+        .collect();
+
+    // A write whose nonce names more than one resource named them in one call.
+    let mut per_nonce: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in &events {
+        if let Op::Write { nonce, .. } = &e.op {
+            *per_nonce.entry(nonce.as_str()).or_default() += 1;
+        }
+    }
+    for e in &events {
+        if let Op::Write { nonce, .. } = &e.op {
+            if per_nonce.get(nonce.as_str()) > Some(&1) {
+                match &e.answer {
+                    Answer::Ok(_) => cover("array write ok"),
+                    Answer::Rpc(k, _) => cover(&format!("array write {k}")),
+                    Answer::IsError(v) => cover(&format!(
+                        "array write {}",
+                        v["kind"].as_str().unwrap_or("isError")
+                    )),
+                    _ => {}
+                }
+            }
+        }
+    }
 
     // Each agent's events, in order.
     let mut by_agent: BTreeMap<AgentKey, Vec<&Ev>> = BTreeMap::new();
@@ -2154,7 +2359,7 @@ fn judge(
             else {
                 continue;
             };
-            let at_sled = by_nonce.get(nonce.as_str()).copied();
+            let at_sled = by_nonce.get(&(nonce.as_str(), resource.as_str())).copied();
             // The gateway checked the write at some instant in [sent, checked_by].
             let checked_by = at_sled.map_or(e.done, |a| a.at.min(e.done));
             for h in holdings
@@ -2168,7 +2373,11 @@ fn judge(
                     continue;
                 }
                 if h.agent == *agent {
-                    if e.rpc_kind() == Some("lease_held") {
+                    // The refusal names the resource it is about (a call may name several).
+                    let about_this = |v: &Value| v["resource"] == json!(resource);
+                    if e.rpc_kind() == Some("lease_held")
+                        && matches!(&e.answer, Answer::Rpc(_, err) if about_this(&err["data"]))
+                    {
                         out.push(format!(
                             "{}'s write to {resource} at {:?} was refused as lease_held while it certainly held the lease (fence {})",
                             agent_name(*agent), e.sent, h.fence
@@ -2181,7 +2390,10 @@ fn judge(
                             && o.got >= h.sent
                             && o.got <= e.done
                     });
-                    if e.is_error_kind() == Some("stale_fence") && !others_granted {
+                    if e.is_error_kind() == Some("stale_fence")
+                        && matches!(&e.answer, Answer::IsError(v) if about_this(v))
+                        && !others_granted
+                    {
                         out.push(format!(
                             "{}'s write to {resource} at {:?}, while it certainly held the lease (fence {}), was refused as stale by the sled though nobody else was granted it: {:?}",
                             agent_name(*agent), e.sent, h.fence, e.answer
@@ -2403,7 +2615,9 @@ fn judge(
             None => format!("the adversary's {:?} (sent at {:?})", e.op, e.sent),
         };
         let at_sled = match &e.op {
-            Op::Write { nonce, .. } => by_nonce.get(nonce.as_str()).copied(),
+            Op::Write {
+                nonce, resource, ..
+            } => by_nonce.get(&(nonce.as_str(), resource.as_str())).copied(),
             _ => None,
         };
         if let Some(x) = at_sled {
