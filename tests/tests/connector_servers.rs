@@ -1,6 +1,7 @@
 //! Issue 26's proof: four real MCP servers that nobody here wrote, each a project of one
 //! gateway, all four served by one `gateway-sled --config sleds.toml` process (one uplink and
-//! one token each), and worked by one client session that never switches projects: every call
+//! one token each), and worked by one session of each client (the gateway's own, the official
+//! TypeScript and Python SDKs, the Inspector CLI) that never switches projects: every call
 //! names its project in its own `project` argument.
 //!
 //! - npm's `@modelcontextprotocol/server-filesystem` as `files`, on a fresh directory holding a
@@ -15,6 +16,17 @@
 //!   does not reach it), the time from `time`, the entity created in `memory` is read back
 //!   from `memory` (and is in its file), the echo from `everything`.
 //! - A call naming a project the gateway does not have is -32602 `unknown_project`.
+//! - Then the clients people use, against the same gateway and connector, each by per-call
+//!   `project` and none switching: the official TypeScript SDK
+//!   (`tests/clients/ts_servers_client.mjs`, one handshake-era session) and Python SDK
+//!   (`tests/clients/python_servers_client.py`, a handshake-era session and a stateless
+//!   2026-07-28 one) read the test's file from `files`, ask `time` for the time in UTC, create
+//!   an entity in `memory` and open it again, echo through `everything`, and get -32602
+//!   `unknown_project` for a project the gateway does not have; what they created is in
+//!   `memory`'s graph next to ours. The MCP Inspector CLI calls one tool of each of the four
+//!   with `--tool-arg project=...` in the stateless era, where the gateway lists every
+//!   project's tools; in the handshake era it calls only the tools its session lists (the
+//!   active project's), so there it reaches `files` and refuses `time`'s tool itself.
 //! - When the test ends, the connector and every server it started are gone.
 
 use std::path::{Path, PathBuf};
@@ -29,6 +41,8 @@ use tokio::process::{Child, Command};
 mod node;
 #[path = "support/processes.rs"]
 mod processes;
+#[path = "support/python.rs"]
+mod python;
 
 /// The npm servers, pinned.
 const SERVERS: [(&str, &str); 3] = [
@@ -332,7 +346,7 @@ fn epoch_seconds_reads_the_time_servers_format() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_session_works_four_real_servers_by_per_call_project() {
+async fn one_session_of_each_client_works_four_real_servers_by_per_call_project() {
     let started = std::time::Instant::now();
     let node = node::node().await;
     let servers = node::packages("real-servers", &SERVERS).await;
@@ -619,6 +633,31 @@ async fn one_session_works_four_real_servers_by_per_call_project() {
     );
     eprintln!("served after {:?}", started.elapsed());
 
+    // The official clients, against the same gateway and connector.
+    let mcp = format!("{}/mcp", gw.url());
+    let file = files.join("note.txt").display().to_string();
+    sdks_and_inspector(&node, &mcp, &file, &note, &sled, &gw).await;
+    // What they created is in the same graph as ours.
+    let graph = call(&mut c, "memory", "read_graph", json!({})).await;
+    let names: Vec<&str> = graph["result"]["structuredContent"]["entities"]
+        .as_array()
+        .map(|es| es.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_else(|| panic!("{graph}"));
+    assert_eq!(
+        names,
+        [
+            "gateway-sled",
+            "typescript-sdk",
+            "python-sdk-legacy",
+            "python-sdk-2026-07-28"
+        ],
+        "{graph}"
+    );
+    eprintln!(
+        "the SDKs and the Inspector done after {:?}",
+        started.elapsed()
+    );
+
     // The connector and every server it started end with the test.
     let running = sled.alive();
     assert!(
@@ -640,4 +679,137 @@ async fn one_session_works_four_real_servers_by_per_call_project() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs a Node command (at most 120 s; killed if it takes longer): whether it succeeded, its
+/// stdout and its stderr.
+async fn run_node(mut cmd: Command, what: &str) -> (bool, String, String) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} finished within 120 s"))
+        .unwrap_or_else(|e| panic!("{what} ran: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The official clients work the four projects by per-call `project` through the gateway at
+/// `mcp`, none switching: the TypeScript SDK and the Python SDK (`tests/clients/
+/// ts_servers_client.mjs` and `python_servers_client.py`, given the test's `file` and its
+/// `content`), then the Inspector CLI, one call to each project.
+async fn sdks_and_inspector(
+    node: &node::Node,
+    mcp: &str,
+    file: &str,
+    content: &str,
+    sled: &Connector,
+    gw: &processes::SingleGateway,
+) {
+    let logs = || {
+        format!(
+            "--- gateway-sled:\n{}\n--- gateway:\n{}",
+            sled.log(),
+            gw.log()
+        )
+    };
+
+    // The TypeScript SDK, run from its install directory so that its imports find it.
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_servers_client.mjs");
+    let script = node.dir.join("ts_servers_client.mjs");
+    std::fs::copy(&source, &script).unwrap();
+    let mut cmd = node.command();
+    cmd.arg(&script).args([mcp, file, content]);
+    let (ok, stdout, stderr) = run_node(cmd, "the TypeScript client").await;
+    println!("{stdout}");
+    assert!(
+        ok && stdout.contains(" passed, 0 failed"),
+        "{stdout}\n{stderr}\n{}",
+        logs()
+    );
+
+    let python = python::python_with_sdk().await;
+    python::run_checks(&python, "python_servers_client.py", &[mcp, file, content]).await;
+
+    // The Inspector CLI's `tools/call` of `tool` with `args` (`key=value`), in protocol `era`.
+    let inspector = node.bin("@modelcontextprotocol/inspector", "mcp-inspector");
+    let inspect = |era: &str, tool: &str, args: &[String]| {
+        let mut cmd = node.command();
+        cmd.arg(&inspector)
+            .args(["--cli", mcp, "--transport", "http", "--protocol-era", era])
+            .args(["--method", "tools/call", "--tool-name", tool, "--tool-arg"])
+            .args(args);
+        run_node(cmd, "the Inspector CLI")
+    };
+
+    // In the handshake era the Inspector calls only tools its session lists, and a session
+    // lists its active project's (`files`): a call naming `files` works, one of `time`'s tools
+    // is refused by the Inspector itself, which never sends the call.
+    let (ok, stdout, stderr) = inspect(
+        "legacy",
+        "read_text_file",
+        &[format!("path={file}"), "project=files".to_owned()],
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}\n{}", logs());
+    let read: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(read["content"][0]["text"], content, "{read}");
+    let (ok, stdout, stderr) = inspect(
+        "legacy",
+        "get_current_time",
+        &["timezone=UTC".to_owned(), "project=time".to_owned()],
+    )
+    .await;
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("\"tool_not_found\""), "{stdout}\n{stderr}");
+
+    // In the stateless era (2026-07-28) the gateway lists every live project's tools: one call
+    // to each project, each naming it.
+    let mut called = Vec::new();
+    for (project, tool, args) in [
+        ("files", "read_text_file", vec![format!("path={file}")]),
+        ("time", "get_current_time", vec!["timezone=UTC".to_owned()]),
+        ("memory", "read_graph", vec![]),
+        ("everything", "echo", vec!["message=inspected".to_owned()]),
+    ] {
+        let mut args = args;
+        args.push(format!("project={project}"));
+        let (ok, stdout, stderr) = inspect("modern", tool, &args).await;
+        assert!(ok, "{project} {tool}: {stdout}\n{stderr}\n{}", logs());
+        let result: Value =
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert_ne!(result["isError"], true, "{project} {tool}: {result}");
+        called.push(result);
+    }
+    assert_eq!(called[0]["content"][0]["text"], content, "{}", called[0]);
+    assert_eq!(
+        called[1]["structuredContent"]["timezone"], "UTC",
+        "{}",
+        called[1]
+    );
+    let datetime = called[1]["structuredContent"]["datetime"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}", called[1]));
+    let told = epoch_seconds(datetime).unwrap_or_else(|| panic!("not a time: {}", called[1]));
+    let clock = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((told - clock).abs() < 300, "{datetime} is not now");
+    // The graph holds what the SDKs created.
+    let graph = called[2]["content"][0]["text"].as_str().unwrap_or_default();
+    for entity in [
+        "typescript-sdk",
+        "python-sdk-legacy",
+        "python-sdk-2026-07-28",
+    ] {
+        assert!(graph.contains(entity), "{entity}: {}", called[2]);
+    }
+    assert_eq!(
+        called[3]["content"][0]["text"], "Echo: inspected",
+        "{}",
+        called[3]
+    );
 }
