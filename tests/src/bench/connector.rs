@@ -1,12 +1,14 @@
 //! `--run connector`: a real MCP server through `gateway-sled` (issue 26). npm's
-//! `@modelcontextprotocol/server-everything` (its `echo` tool), reached six ways in one run,
-//! the arms interleaved in `--connector-rounds` rounds (each arm a block of calls per round,
-//! the order rotated every round) so that the machine's noise falls on them alike:
+//! `@modelcontextprotocol/server-everything` (its `echo` tool) reached six ways (seven arms)
+//! in one run, the arms interleaved in `--connector-rounds` rounds (each arm a block of calls
+//! per round, the order rotated every round) so that the machine's noise falls on them alike:
 //!
 //! 1. **direct, stdio**: this bench is the stdio client of a server-everything child
 //!    (newline-delimited JSON-RPC on its stdin and stdout);
 //! 2. **direct, Streamable HTTP**: this bench is an HTTP client of server-everything run as its
-//!    own process (`streamableHttp`, `PORT`), in a session of its own;
+//!    own process (`streamableHttp`, `PORT`), in a session of its own, on one connection;
+//!    and the same on a new connection for every call, as gateway-sled's HTTP upstream makes
+//!    its calls (what dialling costs the server);
 //! 3. **sled-sim, direct**: `whoami` on sled-sim's own port (`--direct-port-base`), the baseline
 //!    of arm 4;
 //! 4. **gateway + sled-sim**: `whoami` through POST /mcp on the gateway (what the gateway adds,
@@ -16,7 +18,8 @@
 //! 6. **gateway + gateway-sled, HTTP**: `gateway-sled --url` to the server of arm 2, `echo`
 //!    through the gateway.
 //!
-//! Every arm makes the same number of sequential calls, one at a time. CPU per call is the
+//! The bench initializes server-everything with the capabilities gateway-sled declares to it
+//! (sampling, elicitation). Every arm makes the same number of sequential calls, one at a time. CPU per call is the
 //! user + system time, from /proc, of the processes of that arm (gateway, sled, server) during
 //! its own blocks; the bench's own CPU is reported apart. The connector's added latency is
 //! `(p50(5) − p50(1)) − (p50(4) − p50(3))` (and the same with 6 and 2 over HTTP): what the
@@ -41,11 +44,24 @@ use super::{
     Proc, Res, Targets, TempDir,
 };
 
+/// The arms, in the order of the table.
+const DIRECT_STDIO: usize = 0;
+const DIRECT_HTTP: usize = 1;
+const DIRECT_FRESH: usize = 2;
+const SIM: usize = 3;
+const GW_SIM: usize = 4;
+const VIA_STDIO: usize = 5;
+const VIA_HTTP: usize = 6;
+
 /// The echo message every echo call sends.
 const MESSAGE: &str = "hello from gateway-bench";
 /// The projects of the gateway: sled-sim's (the first demo name), and the two connectors'.
 const STDIO_PROJECT: &str = "everything";
 const HTTP_PROJECT: &str = "everything-http";
+/// The bench's `initialize` of server-everything in the direct arms: the capabilities
+/// gateway-sled declares to its server (sampling and elicitation, which it relays), so that
+/// the server serves both clients alike.
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"elicitation":{},"sampling":{}},"clientInfo":{"name":"gateway-bench","version":"0"}}}"#;
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
     h.value_at_quantile(q) as f64 / 1000.0
@@ -138,7 +154,7 @@ impl StdioClient {
             stdout,
             line: String::new(),
         };
-        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"gateway-bench","version":"0"}}}"#;
+        let init = INITIALIZE;
         let answer = tokio::time::timeout(Duration::from_secs(30), c.request(init, 0))
             .await
             .map_err(|_| "server-everything (stdio) did not answer initialize in 30 s")??;
@@ -201,7 +217,7 @@ impl StdioClient {
 /// `initialize` and `notifications/initialized` on a Streamable HTTP server that may answer
 /// with an SSE stream (server-everything does); keeps the session id and version in `c`.
 async fn http_initialize(c: &mut Conn) -> Res<()> {
-    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"gateway-bench","version":"0"}}}"#;
+    let init = INITIALIZE;
     let a = c
         .post("/mcp", Bytes::from_static(init.as_bytes()))
         .await
@@ -242,6 +258,9 @@ async fn http_initialize(c: &mut Conn) -> Res<()> {
 enum Transport {
     Stdio(StdioClient),
     Http(Conn),
+    /// A new connection for every call, in the session of the given one (as gateway-sled's
+    /// HTTP upstream calls its server).
+    HttpFresh(Conn),
 }
 
 /// One way of calling a tool, with what it measured.
@@ -257,6 +276,8 @@ struct Arm {
     pids: [Option<u32>; 3],
     hist: Histogram<u64>,
     cpu: [f64; 3],
+    /// Context switches of the arm's processes (all their threads).
+    switches: [u64; 3],
     client_cpu: f64,
     errors: u64,
     first_error: Option<String>,
@@ -282,6 +303,7 @@ impl Arm {
             pids,
             hist: new_hist(),
             cpu: [0.0; 3],
+            switches: [0; 3],
             client_cpu: 0.0,
             errors: 0,
             first_error: None,
@@ -308,6 +330,22 @@ impl Arm {
                         Err(l)
                     },
                 )
+            }
+            Transport::HttpFresh(session) => {
+                let mut c = Conn::connect(session.addr())
+                    .await
+                    .map_err(|e| format!("{}: {e}", self.name))?;
+                c.session.clone_from(&session.session);
+                c.version.clone_from(&session.version);
+                Ok(match c.post("/mcp", Bytes::from(body)).await {
+                    Ok(a) if a.is_ok() && contains(&a.body, self.marker) => Ok(()),
+                    Ok(a) => Err(format!(
+                        "HTTP {}: {}",
+                        a.status,
+                        String::from_utf8_lossy(&a.body)
+                    )),
+                    Err(e) => Err(e.to_string()),
+                })
             }
             Transport::Http(c) => Ok(match c.post("/mcp", Bytes::from(body)).await {
                 Ok(a) if a.is_ok() && contains(&a.body, self.marker) => Ok(()),
@@ -343,11 +381,15 @@ impl Arm {
         self.pids.map(|p| p.map_or(0.0, cpu_secs))
     }
 
+    fn switches_now(&self) -> [u64; 3] {
+        self.pids.map(|p| p.map_or(0, procs::ctx_switches))
+    }
+
     /// `n` calls, recorded when `measured`.
     async fn block(&mut self, n: usize, id: &mut u64, measured: bool) -> Res<()> {
         // One unmeasured call first: reopens a connection an idle server has closed.
         self.until_ok(id, Duration::from_secs(10)).await?;
-        let (cpu0, self0) = (self.cpu_now(), self_cpu_secs());
+        let (cpu0, self0, sw0) = (self.cpu_now(), self_cpu_secs(), self.switches_now());
         for _ in 0..n {
             *id += 1;
             let t = Instant::now();
@@ -371,6 +413,10 @@ impl Arm {
                 self.cpu[i] += cpu1[i] - cpu0[i];
             }
             self.client_cpu += self_cpu_secs() - self0;
+            let sw1 = self.switches_now();
+            for i in 0..3 {
+                self.switches[i] += sw1[i].saturating_sub(sw0[i]);
+            }
         }
         Ok(())
     }
@@ -520,6 +566,10 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     http_initialize(&mut to_server)
         .await
         .map_err(|e| format!("server-everything (HTTP): {e}"))?;
+    let mut fresh = Conn::connect(http_addr).await.map_err(|e| e.to_string())?;
+    http_initialize(&mut fresh)
+        .await
+        .map_err(|e| format!("server-everything (HTTP): {e}"))?;
     let to_sim = Conn::connect(([127, 0, 0, 1], direct_base).into())
         .await
         .map_err(|e| e.to_string())?;
@@ -553,6 +603,14 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         Arm::new(
             "direct, Streamable HTTP",
             Transport::Http(to_server),
+            "echo",
+            &echo(None),
+            b"Echo: ",
+            [None, None, Some(http_server.pid())],
+        ),
+        Arm::new(
+            "direct, Streamable HTTP, a connection per call",
+            Transport::HttpFresh(fresh),
             "echo",
             &echo(None),
             b"Echo: ",
@@ -597,8 +655,8 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         arm.until_ok(&mut id, Duration::from_secs(60)).await?;
     }
     // gateway-sled's stdio server is its one child (started once the uplink was up).
-    arms[4].pids[2] = only_child(sled_stdio.pid());
-    if arms[4].pids[2].is_none() {
+    arms[VIA_STDIO].pids[2] = only_child(sled_stdio.pid());
+    if arms[VIA_STDIO].pids[2].is_none() {
         println!("(gateway-sled's server child not found: its CPU is not counted)");
     }
     for arm in &mut arms {
@@ -616,16 +674,26 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     }
 
     println!(
-        "\n| arm ({n} calls each) | p50 µs | p99 µs | p99.9 µs | errors | CPU µs/call: gateway | sled | server | all | bench client |"
+        "\n| arm ({n} calls each) | p50 µs | p99 µs | p99.9 µs | errors | CPU µs/call: gateway | sled | server | all | bench client | context switches/call: gateway / sled / server |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let switches = |a: &Arm| {
+        let calls = (a.hist.len() + a.errors).max(1) as f64;
+        let each: Vec<String> = (0..3)
+            .map(|i| match a.pids[i] {
+                Some(_) => format!("{:.1}", a.switches[i] as f64 / calls),
+                None => "-".into(),
+            })
+            .collect();
+        each.join(" / ")
+    };
     for a in &arms {
         let cell = |i: usize| match a.pids[i] {
             Some(_) => format!("{:.1}", a.per_call(a.cpu[i])),
             None => "-".into(),
         };
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.1} | {:.1} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.1} | {:.1} | {} |",
             a.name,
             us(&a.hist, 0.5),
             us(&a.hist, 0.99),
@@ -635,18 +703,22 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
             cell(1),
             cell(2),
             a.per_call(a.cpu.iter().sum()),
-            a.per_call(a.client_cpu)
+            a.per_call(a.client_cpu),
+            switches(a)
         );
     }
     let p50 = |i: usize| us(&arms[i].hist, 0.5);
     let cpu = |i: usize| arms[i].per_call(arms[i].cpu.iter().sum());
-    let gateway_adds = p50(3) - p50(2);
+    let gateway_adds = p50(GW_SIM) - p50(SIM);
     println!(
         "\nthe gateway adds {gateway_adds:.1} µs at p50 to sled-sim's own answer (gateway + sled-sim {:.1} − sled-sim direct {:.1})",
-        p50(3),
-        p50(2)
+        p50(GW_SIM),
+        p50(SIM)
     );
-    for (what, via, direct) in [("stdio", 4, 0), ("Streamable HTTP", 5, 1)] {
+    for (what, via, direct) in [
+        ("stdio", VIA_STDIO, DIRECT_STDIO),
+        ("Streamable HTTP", VIA_HTTP, DIRECT_HTTP),
+    ] {
         let adds = p50(via) - p50(direct);
         let connector = adds - gateway_adds;
         println!(
@@ -655,8 +727,8 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
              Against gateway + sled-sim: {:.2}× p50, {:.2}× CPU per call",
             p50(via),
             p50(direct),
-            p50(via) / p50(3).max(1e-9),
-            cpu(via) / cpu(3).max(1e-9)
+            p50(via) / p50(GW_SIM).max(1e-9),
+            cpu(via) / cpu(GW_SIM).max(1e-9)
         );
         targets.lines.push((
             format!("the connector ({what}) adds ≤ 100 µs at p50 on top of what the gateway adds with sled-sim"),
@@ -666,6 +738,14 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
             ),
         ));
     }
+    let dial = p50(DIRECT_FRESH) - p50(DIRECT_HTTP);
+    println!(
+        "a new connection per call costs server-everything {dial:.1} µs at p50 and {:.1} µs of CPU per call; \
+         against the direct calls on a new connection each (as gateway-sled makes them), the connector adds {:.1} µs \
+         on top of what the gateway adds with sled-sim",
+        cpu(DIRECT_FRESH) - cpu(DIRECT_HTTP),
+        p50(VIA_HTTP) - p50(DIRECT_FRESH) - gateway_adds
+    );
     let errors: u64 = arms.iter().map(|a| a.errors).sum();
     if errors > 0 {
         for a in arms.iter().filter(|a| a.errors > 0) {
