@@ -58,6 +58,11 @@ impl Conn {
         Ok(c)
     }
 
+    /// The address this connects to.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     async fn open(&mut self) -> Result<(), BoxError> {
         self.sender = None;
         let stream = TcpStream::connect(self.addr).await?;

@@ -197,6 +197,26 @@ pub(crate) fn cpu_secs_tree(pid: u32) -> f64 {
     total
 }
 
+/// Context switches (voluntary and involuntary) of every thread of `pid` so far, from
+/// /proc/<pid>/task/*/status (threads that have exited are not counted).
+pub(crate) fn ctx_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    let mut total = 0;
+    for t in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(t.path().join("status")) else {
+            continue;
+        };
+        total += text
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    total
+}
+
 /// A `Vm*` field of /proc/<pid>/status, in KiB.
 pub(crate) fn vm_kib(pid: u32, field: &str) -> u64 {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {

@@ -16,6 +16,12 @@
 //! `--run coord` (bench/coord.rs) measures coordination: lease round trips and fenced writes
 //! against plain calls, and 10,000 sessions parked in `wait` woken by one message.
 //!
+//! `--run connector` (bench/connector.rs; not in the default runs, it needs Node and npm's
+//! server-everything: `--node`, `--everything-dir`, else the tests' install in
+//! target/clients/) measures `gateway-sled`: server-everything's `echo` called directly over
+//! stdio and Streamable HTTP, and through the gateway and the connector over each, beside
+//! sled-sim's `whoami` directly and through the gateway, interleaved in rounds.
+//!
 //! Every child is stopped on exit, error or Ctrl-C; every load loop is bounded in time and
 //! count. See BENCHMARKS.md.
 
@@ -31,6 +37,8 @@ use hyper::header::HeaderValue;
 
 #[path = "../bench/client.rs"]
 mod client;
+#[path = "../bench/connector.rs"]
+mod connector;
 #[path = "../bench/coord.rs"]
 mod coord;
 #[path = "../bench/durable.rs"]
@@ -82,6 +90,9 @@ enum Run {
     /// lease each, and --restart-board-keys board keys in its state directory: time to its
     /// first answers.
     Restart,
+    /// A real MCP server (npm's server-everything) through `gateway-sled` over stdio and
+    /// Streamable HTTP, against the server called directly and against gateway + sled-sim.
+    Connector,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -205,6 +216,27 @@ struct Args {
     /// The sled-sim binary (default: next to this one).
     #[arg(long)]
     sled_bin: Option<PathBuf>,
+    /// `--run connector`: the gateway-sled binary (default: next to this one).
+    #[arg(long)]
+    connector_bin: Option<PathBuf>,
+    /// `--run connector`: measured calls per arm, spread over --connector-rounds rounds.
+    #[arg(long, default_value_t = 5000)]
+    connector_calls: usize,
+    /// `--run connector`: unmeasured calls per arm before the first round.
+    #[arg(long, default_value_t = 300)]
+    connector_warmup: usize,
+    /// `--run connector`: rounds; in each, every arm makes its block of calls in turn.
+    #[arg(long, default_value_t = 5)]
+    connector_rounds: usize,
+    /// `--run connector`: the directory whose node_modules/ holds
+    /// @modelcontextprotocol/server-everything (default: the tests' install,
+    /// target/clients/servers/).
+    #[arg(long, value_name = "DIR")]
+    everything_dir: Option<PathBuf>,
+    /// `--run connector`: the Node binary (default: the tests' Node 22 in target/clients/node/,
+    /// then `node` on PATH).
+    #[arg(long, value_name = "PATH")]
+    node: Option<PathBuf>,
     /// Extra arguments for every sled-sim the bench starts, split at spaces
     /// (e.g. `--sled-args=--stall-relay`).
     #[arg(long, allow_hyphen_values = true, default_value = "")]
@@ -289,6 +321,9 @@ async fn run(args: &Args) -> Res<()> {
     if args.run.contains(&Run::Restart) {
         restart::restart(args, &tmp, &mut targets).await?;
     }
+    if args.run.contains(&Run::Connector) {
+        connector::connector(args, &tmp, &mut targets).await?;
+    }
     println!("\n## Targets\n");
     for (what, met, detail) in &targets.lines {
         let verdict = match met {
@@ -329,7 +364,7 @@ fn bin_path(given: &Option<PathBuf>, name: &str) -> Res<PathBuf> {
         Ok(p)
     } else {
         Err(format!(
-            "{} not found: cargo build --release -p gateway-server -p sled-sim",
+            "{} not found: cargo build --release -p gateway-server -p gateway-connector -p sled-sim",
             p.display()
         ))
     }
