@@ -6,13 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gateway_connector::leases::Leased;
-use gateway_connector::{
-    identity, ConnectorConfig, HttpServer, ProjectConfig, StdioServer, TokenSource, Upstream,
-};
-use sled_sim::uplink::{run_uplink_with, Backend, Handler, UplinkOptions};
-use sled_sim::{GatewayAddr, TokioConnect};
-use std::sync::Arc;
+use gateway_connector::serve::{spawn_project, Uplink};
+use gateway_connector::{identity, ConnectorConfig, ProjectConfig, TokenSource, Upstream};
+use sled_sim::GatewayAddr;
 use tokio::sync::watch;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
@@ -194,56 +190,16 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let server: Arc<dyn Handler> = match &project.upstream {
-            Upstream::Stdio { command, cwd, env } => {
-                let server =
-                    StdioServer::new(&project.name, command.clone(), cwd.clone(), env.clone());
-                running.spawn(server.clone().supervise(stop.clone()));
-                server
-            }
-            Upstream::Http { url, bearer } => {
-                let bearer = match bearer.read() {
-                    Ok(b) => b,
-                    Err(e) => {
-                        error!(project = %project.name, "the server's bearer token: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-                let server = HttpServer::new(&project.name, url, bearer, tls.clone());
-                running.spawn(server.clone().supervise(stop.clone()));
-                server
-            }
-        };
-        let backend = if project.leases.is_empty() {
-            Backend::Handler(server)
-        } else {
-            match Leased::new(server, project.leases.clone(), &config.state_dir) {
-                Ok(leased) => Backend::Handler(leased),
-                Err(e) => {
-                    error!(project = %project.name, "{e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-        };
-        let opts = UplinkOptions {
-            sled_name: project.name.clone(),
+        let uplink = Uplink {
+            gateway: gateway.clone(),
             token,
-            identity: Some(key),
-            backoff_min: Duration::from_millis(250),
-            backoff_max: Duration::from_secs(10),
+            identity: key,
             tls: tls.clone(),
-            ..UplinkOptions::default()
         };
-        let mut stopping = stop.clone();
-        running.spawn(run_uplink_with(
-            TokioConnect,
-            gateway.clone(),
-            backend,
-            opts,
-            async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            },
-        ));
+        if let Err(e) = spawn_project(project, &config.state_dir, uplink, &stop, &mut running) {
+            error!(project = %project.name, "{e}");
+            return ExitCode::FAILURE;
+        }
         info!(project = %project.name, gateway = %config.gateway, "serving");
     }
     shutdown_signal().await;
