@@ -481,8 +481,8 @@ pub(crate) fn instructions(
                 package = demo_real::PACKAGE,
                 command = command.join(" "),
                 fetch = if command.first().is_some_and(|c| c == "npx") {
-                    "(npx fetches the package on first use, which may take a minute; until the server\n\
-                     answers, gateway_health shows the project down, and why.)\n"
+                    "(npx fetches the package on first use, which may take a minute; meanwhile\n\
+                     gateway_health shows the server's state under `upstream`.)\n"
                 } else {
                     ""
                 },
