@@ -6,11 +6,13 @@
 //! project's token and its identity key ([`identity`]), heartbeats, reconnects with backoff,
 //! epochs (the sled-uplink library). The gateway then lists the server's tools
 //! with `project` injected and routes each call to it, like any sled's. [`config`] says what
-//! runs.
+//! runs; [`serve::spawn_project`] runs one project (the `gateway-sled` binary, and
+//! `gateway demo --real`).
 
 pub mod config;
 pub mod http;
 pub mod leases;
+pub mod serve;
 pub mod stdio;
 pub mod upstream;
 

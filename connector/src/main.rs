@@ -6,14 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use gateway_connector::leases::Leased;
-use gateway_connector::{
-    identity, ConnectorConfig, HttpServer, ProjectConfig, StdioServer, TokenSource, Upstream,
-};
-use sled_uplink::uplink::{run_uplink_with, Backend, Handler, UplinkOptions};
-use sled_uplink::{GatewayAddr, TokioConnect};
-use std::sync::Arc;
-use tokio::sync::watch;
+use gateway_connector::serve::{Served, Uplink};
+use gateway_connector::{identity, ConnectorConfig, ProjectConfig, TokenSource, Upstream};
+use sled_uplink::GatewayAddr;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
@@ -187,10 +182,7 @@ async fn main() -> ExitCode {
     let gateway = GatewayAddr::parse(&config.gateway).expect("a checked config's URL parses");
     // The uplinks stop first (each answers the calls running on it, up to `drain`), then the
     // servers that answer them.
-    let (stop_tx, stop) = watch::channel(false);
-    let (stop_uplinks_tx, stop_uplinks) = watch::channel(false);
-    let mut running = tokio::task::JoinSet::new();
-    let mut uplinks = tokio::task::JoinSet::new();
+    let mut served = Served::new(drain);
     for project in &config.projects {
         let token = match project.token.read() {
             Ok(t) => t,
@@ -206,71 +198,21 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let server: Arc<dyn Handler> = match &project.upstream {
-            Upstream::Stdio { command, cwd, env } => {
-                let server =
-                    StdioServer::new(&project.name, command.clone(), cwd.clone(), env.clone());
-                running.spawn(server.clone().supervise(stop.clone()));
-                server
-            }
-            Upstream::Http { url, bearer } => {
-                let bearer = match bearer.read() {
-                    Ok(b) => b,
-                    Err(e) => {
-                        error!(project = %project.name, "the server's bearer token: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-                let server = HttpServer::new(&project.name, url, bearer, tls.clone());
-                running.spawn(server.clone().supervise(stop.clone()));
-                server
-            }
-        };
-        let backend = if project.leases.is_empty() {
-            Backend::Handler(server)
-        } else {
-            match Leased::new(server, project.leases.clone(), &config.state_dir) {
-                Ok(leased) => Backend::Handler(leased),
-                Err(e) => {
-                    error!(project = %project.name, "{e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-        };
-        let opts = UplinkOptions {
-            sled_name: project.name.clone(),
+        let uplink = Uplink {
+            gateway: gateway.clone(),
             token,
-            identity: Some(key),
-            backoff_min: Duration::from_millis(250),
-            backoff_max: Duration::from_secs(10),
+            identity: key,
             tls: tls.clone(),
-            drain: Some(drain),
-            ..UplinkOptions::default()
         };
-        let mut stopping = stop_uplinks.clone();
-        uplinks.spawn(run_uplink_with(
-            TokioConnect,
-            gateway.clone(),
-            backend,
-            opts,
-            async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            },
-        ));
+        if let Err(e) = served.spawn(project, &config.state_dir, uplink) {
+            error!(project = %project.name, "{e}");
+            return ExitCode::FAILURE;
+        }
         info!(project = %project.name, gateway = %config.gateway, "serving");
     }
     shutdown_signal().await;
     info!(drain = ?drain, "stopping: answering the calls running, then closing the uplinks and the servers");
-    let _ = stop_uplinks_tx.send(true);
-    let _ = tokio::time::timeout(drain + Duration::from_secs(2), async {
-        while uplinks.join_next().await.is_some() {}
-    })
-    .await;
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while running.join_next().await.is_some() {}
-    })
-    .await;
+    served.stop().await;
     ExitCode::SUCCESS
 }
 

@@ -1,6 +1,7 @@
 //! `gateway demo`: the gateway with an emulated fleet, all in this process, optionally with a
 //! fleet that has problems (stopped sleds, slow ones, stalled relays, impostors, sleds reachable
-//! only over HTTP), to try the fleet tools on.
+//! only over HTTP), to try the fleet tools on; with `--real`, also one real MCP server through
+//! gateway-sled's connector (`demo_real`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -13,6 +14,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::demo_real::{self, Real, RealFlags};
 use crate::{bind, log_registry, shutdown_signal, McpFlags};
 
 /// How often the demo's gateway probes a project without a live uplink.
@@ -210,9 +212,16 @@ pub(crate) async fn run(
     latency_ms: Option<u64>,
     mcp: McpFlags,
     faults: DemoFaults,
+    real: RealFlags,
 ) -> Result<(), String> {
     let names = sled_sim::demo_project_names(n);
     let plan = Plan::new(&names, &faults)?;
+    // The real server, when asked for and Node is here; else the demo goes on without it and
+    // says why (here, before the log, and in what it prints).
+    let real = Real::resolve(&real, std::env::var_os("PATH").as_deref());
+    if let Some(Real::Skipped(why)) = &real {
+        eprintln!("{}", Real::skipped_notice(why));
+    }
 
     // Each sled's HTTP port first, so the registry can name the real address and the
     // gateway's probes reach something. A stopped project's port is bound and let go: nothing
@@ -239,6 +248,15 @@ pub(crate) async fn run(
     let uplink_token = demo_uplink_token();
     for spec in &mut specs {
         spec.token = Some(uplink_token.clone());
+    }
+    // The real server's project is registered like the sleds' (its uplink must present a token
+    // of this run, its own), with no HTTP port (the connector's projects need none), and its
+    // `readOnlyHint`s are not trusted: a server nobody here wrote.
+    let real_token = demo_uplink_token();
+    if let Some(Real::Run(_)) = &real {
+        let mut spec = ProjectSpec::new(demo_real::PROJECT.to_owned(), demo_real::URL.to_owned());
+        spec.token = Some(real_token.clone());
+        specs.push(spec);
     }
     let registry = Registry::from_projects(specs, names.first().map(String::as_str))
         .map_err(|e| format!("demo registry: {e}"))?;
@@ -281,6 +299,20 @@ pub(crate) async fn run(
     }
     let on_uplink = plan.with_mode(Mode::Uplink);
     let fleet = sled_sim::Fleet::spawn(&gateway, &on_uplink, sled_opts.clone());
+    let real_server = match &real {
+        Some(Real::Run(command)) => {
+            tracing::info!(project = demo_real::PROJECT, command = %command.join(" "),
+                "starting the real MCP server through gateway-sled's connector");
+            Some(demo_real::Running::start(
+                command.clone(),
+                &gateway,
+                real_token,
+                seed,
+                &state_dir,
+            )?)
+        }
+        _ => None,
+    };
 
     // Each sled's own HTTP port.
     let mut http: Vec<JoinHandle<()>> = Vec::new();
@@ -320,10 +352,20 @@ pub(crate) async fn run(
 
     print!(
         "{}",
-        instructions(addr, &names, &plan, faults.pin_file.as_deref())
+        instructions(
+            addr,
+            &names,
+            &plan,
+            faults.pin_file.as_deref(),
+            real.as_ref()
+        )
     );
 
     shutdown_signal().await;
+    // The real server first, so its uplink closes before the gateway goes.
+    if let Some(r) = real_server {
+        r.stop().await;
+    }
     let _ = stop_tx.send(());
     let served = match server.await {
         Ok(r) => r.map_err(|e| e.to_string()),
@@ -387,12 +429,14 @@ async fn wait_live(gateway: &str, projects: &[String]) {
     );
 }
 
-/// What the demo prints: the MCP URL, the fleet's problems and settings, and curl lines.
+/// What the demo prints: the MCP URL, the fleet's problems and settings, and curl lines; with
+/// `--real`, the real server (or why it was not started) and a call of its `echo`.
 pub(crate) fn instructions(
     addr: SocketAddr,
     names: &[String],
     plan: &Plan,
     pin_file: Option<&std::path::Path>,
+    real: Option<&Real>,
 ) -> String {
     let second = names
         .get(1)
@@ -417,10 +461,51 @@ pub(crate) fn instructions(
             r#"  curl -s http://{addr}/mcp {json} -d '{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{name}","arguments":{args}}}}}'"#
         )
     };
+    let (real_intro, real_step) = match real {
+        None => (String::new(), String::new()),
+        Some(Real::Skipped(why)) => (
+            format!(
+                "\nReal server: not started: {why} (`gateway demo --real` runs npm's\n\
+                 {package} as project {project} when Node is installed).\n",
+                package = demo_real::PACKAGE,
+                project = demo_real::PROJECT,
+            ),
+            String::new(),
+        ),
+        Some(Real::Run(command)) => (
+            format!(
+                "\nAnd one real MCP server, project {project}: npm's {package}\n\
+                 over stdio, through gateway-sled's connector in this process, with an uplink token\n\
+                 of this run like the sleds'. Its command: {command}\n{fetch}",
+                project = demo_real::PROJECT,
+                package = demo_real::PACKAGE,
+                command = command.join(" "),
+                fetch = if command.first().is_some_and(|c| c == "npx") {
+                    "(npx fetches the package on first use, which may take a minute; meanwhile\n\
+                     gateway_health shows the server's state under `upstream`.)\n"
+                } else {
+                    ""
+                },
+            ),
+            format!(
+                "\n5. The real server: after `switch_project` to {project} in a session, tools/list shows\n\
+                 its tools (echo, get-sum, ...), each with a `project` property; or name it in a call:\n\n{echo}\n",
+                project = demo_real::PROJECT,
+                echo = call(
+                    8,
+                    "echo",
+                    &format!(
+                        r#"{{"message":"hello from the gateway","project":"{}"}}"#,
+                        demo_real::PROJECT
+                    )
+                ),
+            ),
+        ),
+    };
     format!(
         r#"
 MCP gateway demo: {n} projects ({list}), each with an emulated sled.
-
+{real_intro}
   MCP endpoint: http://{addr}/mcp
 
 Fleet problems:
@@ -451,7 +536,7 @@ event every {relay} s, and a relay silent for {stale} s is stale. Sled identity 
    Accept a new key for a project (after an impostor, or a sled really re-keyed):
 
 {repin_call}
-
+{real_step}
 Ctrl-C stops the gateway and the sleds.
 "#,
         n = names.len(),
@@ -586,7 +671,13 @@ mod tests {
     fn the_instructions_show_the_fleet_tools_and_problems() {
         let f = faults(&["--stopped", "delta", "--impostor", "iota"]);
         let plan = Plan::new(&names(), &f).unwrap();
-        let text = instructions("127.0.0.1:7878".parse().unwrap(), &names(), &plan, None);
+        let text = instructions(
+            "127.0.0.1:7878".parse().unwrap(),
+            &names(),
+            &plan,
+            None,
+            None,
+        );
         for part in [
             r#""name":"gateway_health""#,
             r#""name":"aggregate_pipeline_status""#,
@@ -605,8 +696,40 @@ mod tests {
             &names(),
             &Plan::new(&names(), &DemoFaults::default()).unwrap(),
             Some(std::path::Path::new("/tmp/pins.toml")),
+            None,
         );
         assert!(text.contains("none: every sled is up"), "{text}");
         assert!(text.contains("pinned in /tmp/pins.toml"), "{text}");
+        assert!(!text.contains("everything"), "{text}");
+    }
+
+    #[test]
+    fn the_instructions_show_the_real_server_or_why_it_is_not_there() {
+        let plan = Plan::new(&names(), &DemoFaults::default()).unwrap();
+        let addr = "127.0.0.1:7878".parse().unwrap();
+        let run = Real::Run(demo_real::default_command());
+        let text = instructions(addr, &names(), &plan, None, Some(&run));
+        for part in [
+            "real MCP server, project everything: npm's @modelcontextprotocol/server-everything@2026.8.31",
+            "npx -y @modelcontextprotocol/server-everything@2026.8.31 stdio",
+            "npx fetches the package on first use",
+            r#""name":"echo","arguments":{"message":"hello from the gateway","project":"everything"}"#,
+        ] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+        let run = Real::Run(vec!["node".into(), "/x/index.js".into(), "stdio".into()]);
+        let text = instructions(addr, &names(), &plan, None, Some(&run));
+        assert!(
+            text.contains("Its command: node /x/index.js stdio"),
+            "{text}"
+        );
+        assert!(!text.contains("npx fetches"), "{text}");
+        let skipped = Real::Skipped("Node is not installed (no `npx` on PATH)".into());
+        let text = instructions(addr, &names(), &plan, None, Some(&skipped));
+        assert!(
+            text.contains("Real server: not started: Node is not installed (no `npx` on PATH)"),
+            "{text}"
+        );
+        assert!(!text.contains(r#""name":"echo""#), "{text}");
     }
 }

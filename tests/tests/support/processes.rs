@@ -517,7 +517,7 @@ impl Nginx {
 }
 
 /// The processes whose parent is `pid` (from `/proc`).
-fn children_of(pid: u32) -> Vec<u32> {
+pub fn children_of(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -535,7 +535,8 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-fn alive(pid: u32) -> bool {
+/// Whether process `pid` is running (there, and not a zombie).
+pub fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
             st.rsplit_once(')')
