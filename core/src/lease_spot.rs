@@ -96,47 +96,62 @@ impl LeaseSpot {
         })
     }
 
-    /// The spot a tool's listing marks with [`LEASE_KEYWORD`]: the first top-level property
-    /// (in name order) marked itself, on its `items`, or on a property of its `items`.
+    /// The spot a tool's listing marks with [`LEASE_KEYWORD`]: the first property (in name
+    /// order, of the input schema and then of each schema it also applies: a local `$ref`,
+    /// an `allOf`/`anyOf`/`oneOf` branch) marked itself, on its `items`, or on a property of
+    /// its `items`; a property, its `items` and theirs may each be a local `$ref`.
     pub fn in_tool(tool: &Value) -> Option<LeaseSpot> {
-        let kind = |schema: &Value| -> Option<String> {
-            let kind = schema.get(LEASE_KEYWORD)?.as_str()?;
+        let kind = |at: &str| -> Option<String> {
+            let kind = tool.pointer(at)?.get(LEASE_KEYWORD)?.as_str()?;
             (!kind.is_empty()).then(|| kind.to_owned())
         };
-        tool.pointer("/inputSchema/properties")?
-            .as_object()?
-            .iter()
-            .find_map(|(argument, schema)| {
+        for object in object_schemas(tool) {
+            let Some(properties) = tool
+                .pointer(&format!("{object}/properties"))
+                .and_then(Value::as_object)
+            else {
+                continue;
+            };
+            for argument in properties.keys() {
                 let spot = |each, kind| LeaseSpot {
                     argument: argument.clone(),
                     each,
                     kind,
                 };
-                if let Some(k) = kind(schema) {
+                let at = format!("{object}/properties/{}", pointer_escape(argument));
+                let Some(at) = resolve(tool, at) else {
+                    continue;
+                };
+                if let Some(k) = kind(&at) {
                     return Some(spot(None, k));
                 }
-                let items = schema.get("items")?;
-                if let Some(k) = kind(items) {
+                let Some(items) = resolve(tool, format!("{at}/items")) else {
+                    continue;
+                };
+                if let Some(k) = kind(&items) {
                     return Some(spot(Some(Each::Item), k));
                 }
-                items
-                    .get("properties")?
-                    .as_object()?
-                    .iter()
-                    .find_map(|(field, s)| Some(spot(Some(Each::Field(field.clone())), kind(s)?)))
-            })
+                let fields = tool
+                    .pointer(&format!("{items}/properties"))
+                    .and_then(Value::as_object);
+                for field in fields.into_iter().flat_map(|f| f.keys()) {
+                    let at = format!("{items}/properties/{}", pointer_escape(field));
+                    if let Some(k) = resolve(tool, at).and_then(|at| kind(&at)) {
+                        return Some(spot(Some(Each::Field(field.clone())), k));
+                    }
+                }
+            }
+        }
+        None
     }
 
-    /// Marks the spot in `tool`'s input schema. `false` when the schema does not have it (the
-    /// argument is not listed, or not an array of the shape the spot says).
+    /// Marks the spot in `tool`'s input schema, where [`LeaseSpot::in_tool`] looks for it:
+    /// the argument as the first schema that lists it defines it (following local `$ref`s).
+    /// `false` when the schema does not have it (the argument is not listed, or not an array
+    /// of the shape the spot says).
     pub fn mark(&self, tool: &mut Value) -> bool {
-        let base = format!("/inputSchema/properties/{}", pointer_escape(&self.argument));
-        let at = match &self.each {
-            None => base,
-            Some(Each::Item) => format!("{base}/items"),
-            Some(Each::Field(field)) => {
-                format!("{base}/items/properties/{}", pointer_escape(field))
-            }
+        let Some(at) = self.locate(tool) else {
+            return false;
         };
         match tool.pointer_mut(&at).and_then(Value::as_object_mut) {
             Some(schema) => {
@@ -145,6 +160,28 @@ impl LeaseSpot {
             }
             None => false,
         }
+    }
+
+    /// The JSON pointer, in `tool`, of the schema this spot marks.
+    fn locate(&self, tool: &Value) -> Option<String> {
+        let argument = pointer_escape(&self.argument);
+        let at = object_schemas(tool).into_iter().find_map(|object| {
+            let at = format!("{object}/properties/{argument}");
+            tool.pointer(&at).is_some().then_some(at)
+        })?;
+        let at = resolve(tool, at)?;
+        let at = match &self.each {
+            None => at,
+            Some(Each::Item) => resolve(tool, format!("{at}/items"))?,
+            Some(Each::Field(field)) => {
+                let items = resolve(tool, format!("{at}/items"))?;
+                resolve(
+                    tool,
+                    format!("{items}/properties/{}", pointer_escape(field)),
+                )?
+            }
+        };
+        tool.pointer(&at)?.is_object().then_some(at)
     }
 
     /// The resources a call writes, from its argument at this spot (`None`: absent), each
@@ -182,6 +219,65 @@ impl LeaseSpot {
         }
         Ok(out)
     }
+}
+
+/// The most schemas [`object_schemas`] visits in one tool, and the most `$ref` hops
+/// [`resolve`] follows.
+const MAX_SCHEMAS: usize = 256;
+const MAX_REF_HOPS: usize = 16;
+
+/// The JSON pointers, in `tool`, of its input schema and of each schema that also applies to
+/// the same object: the target of a local `$ref`, each `allOf`/`anyOf`/`oneOf` branch, and
+/// theirs, in breadth-first order, each once.
+fn object_schemas(tool: &Value) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    let mut todo = std::collections::VecDeque::from([String::from("/inputSchema")]);
+    while let Some(at) = todo.pop_front() {
+        if seen.len() >= MAX_SCHEMAS || seen.contains(&at) {
+            continue;
+        }
+        let Some(schema) = tool.pointer(&at).and_then(Value::as_object) else {
+            continue;
+        };
+        if let Some(target) = schema
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(local_ref)
+        {
+            todo.push_back(target);
+        }
+        for k in ["allOf", "anyOf", "oneOf"] {
+            if let Some(branches) = schema.get(k).and_then(Value::as_array) {
+                todo.extend((0..branches.len()).map(|i| format!("{at}/{k}/{i}")));
+            }
+        }
+        seen.push(at);
+    }
+    seen
+}
+
+/// A local reference (`#/$defs/Args`) as a pointer in the tool (references are resolved
+/// against the input schema, the document root); `None` for any other.
+fn local_ref(reference: &str) -> Option<String> {
+    let path = reference.strip_prefix('#')?;
+    (path.is_empty() || path.starts_with('/')).then(|| format!("/inputSchema{path}"))
+}
+
+/// `at` with its local `$ref`s followed (a schema that is only a reference is the schema it
+/// names); `None` when `at` is not in `tool`, or the references go round or too deep.
+fn resolve(tool: &Value, mut at: String) -> Option<String> {
+    for _ in 0..MAX_REF_HOPS {
+        let schema = tool.pointer(&at)?;
+        match schema
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(local_ref)
+        {
+            Some(target) => at = target,
+            None => return Some(at),
+        }
+    }
+    None
 }
 
 /// RFC 6901: `~` and `/` in a JSON pointer's token.
@@ -288,6 +384,57 @@ mod tests {
             "b": {LEASE_KEYWORD: "second"}, "a": {"items": {LEASE_KEYWORD: "first"}},
             "0": {LEASE_KEYWORD: ""}}}});
         assert_eq!(LeaseSpot::in_tool(&t).unwrap().kind, "first");
+    }
+
+    /// Schemas as real servers write them: the arguments behind a `$ref` into `$defs`, in an
+    /// `allOf` branch, an array's items as a reference; what is marked there is found there.
+    #[test]
+    fn spots_are_found_and_marked_behind_references_and_compositions() {
+        let by_ref = || {
+            json!({"name": "add_observations", "inputSchema": {
+                "$ref": "#/$defs/Args",
+                "$defs": {
+                    "Args": {"type": "object", "properties": {
+                        "observations": {"type": "array", "items": {"$ref": "#/$defs/Observation"}}}},
+                    "Observation": {"type": "object", "properties": {
+                        "entityName": {"$ref": "#/$defs/Name"}, "contents": {"type": "array"}}},
+                    "Name": {"type": "string"}
+                }
+            }})
+        };
+        let mut t = by_ref();
+        assert!(spot("observations[].entityName").mark(&mut t));
+        assert_eq!(t["inputSchema"]["$defs"]["Name"][LEASE_KEYWORD], "entity");
+        assert_eq!(
+            LeaseSpot::in_tool(&t),
+            Some(spot("observations[].entityName"))
+        );
+        let mut t = by_ref();
+        assert!(spot("observations[]").mark(&mut t));
+        assert_eq!(LeaseSpot::in_tool(&t), Some(spot("observations[]")));
+        let composed = || {
+            json!({"name": "c", "inputSchema": {"type": "object", "allOf": [
+                {"properties": {"n": {"type": "integer"}}},
+                {"properties": {"entityNames": {"type": "array", "items": {"type": "string"}}}}
+            ]}})
+        };
+        let mut t = composed();
+        assert!(spot("entityNames[]").mark(&mut t));
+        assert_eq!(
+            t["inputSchema"]["allOf"][1]["properties"]["entityNames"]["items"][LEASE_KEYWORD],
+            "entity"
+        );
+        assert_eq!(LeaseSpot::in_tool(&t), Some(spot("entityNames[]")));
+        // A reference that goes round, or leaves the document, names nothing.
+        let round = json!({"inputSchema": {"$ref": "#/$defs/A", "$defs": {
+            "A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}}});
+        assert_eq!(LeaseSpot::in_tool(&round), None);
+        let mut far = json!({"inputSchema": {"properties": {"a": {"$ref": "https://x/y"}}}});
+        assert!(
+            spot("a").mark(&mut far),
+            "a remote reference is left as it is, marked beside"
+        );
+        assert!(!spot("a[]").mark(&mut far));
     }
 
     #[test]

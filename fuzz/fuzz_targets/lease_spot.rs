@@ -2,7 +2,7 @@
 //! comes from a sled, a call's arguments from a client and a call's fences from the gateway,
 //! all arbitrary here. Nothing may panic; a call names at most `MAX_LEASED_RESOURCES`
 //! resources, each once and each of the spot's kind; a spot marked in a listing is found
-//! there again; fences read back are distinct and as many as the limit allows.
+//! there again (behind `$ref`s and compositions too); fences read back are distinct and as many as the limit allows.
 #![no_main]
 
 use std::collections::BTreeSet;
@@ -38,7 +38,10 @@ fuzz_target!(|input: Input| {
         if let Some(mut t) = tool.clone() {
             let unmarked = LeaseSpot::in_tool(&t).is_none();
             if spot.mark(&mut t) && unmarked {
-                assert_eq!(LeaseSpot::in_tool(&t), Some(spot.clone()), "marked, then not found");
+                // Found (a definition shared through `$ref` may be found by another argument
+                // that names it first).
+                let found = LeaseSpot::in_tool(&t);
+                assert!(found.is_some_and(|f| f.kind == spot.kind), "marked, then not found");
             }
         }
         spots.push(spot);
