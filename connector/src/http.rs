@@ -9,8 +9,11 @@
 //!   server down and wakes the supervisor, which initializes a new session, retrying with a
 //!   backoff while it cannot ([`crate::upstream::backoff`]).
 //! - **Calls.** Each request goes to the server under an id of the connector's own, on a
-//!   connection of its own, and its answer (a JSON body or an event stream) comes back under
-//!   the gateway's id. On the answer's event stream, progress and other notifications belong
+//!   connection it holds alone until the answer is read whole, and its answer (a JSON body or
+//!   an event stream) comes back under the gateway's id. A call that ended cleanly leaves its
+//!   connection for a later call in the same session (at most [`IDLE_CLIENTS`] idle, each for
+//!   at most [`IDLE_AT_MOST`]); one that failed closes it, and a new session (or a lost one)
+//!   closes them all. On the answer's event stream, progress and other notifications belong
 //!   to that call and go up through its context, before its answer; the server's sampling and
 //!   elicitation requests go to the call's client through the gateway, and the client's answer
 //!   back to the server. While the server is down a request is answered at once with
@@ -22,6 +25,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -43,6 +47,15 @@ use crate::upstream::{
 /// uplink message.
 const MAX_EVENT: usize = 16 * 1024 * 1024;
 
+/// The most idle clients (each a keep-alive connection to the server) kept for the next calls.
+const IDLE_CLIENTS: usize = 8;
+/// How long a client may wait idle for its next call: well under the keep-alive timeouts of
+/// common servers (Node's 5 s), so that a call seldom goes on a connection the server is
+/// closing just then. Older ones are dropped, and the call dials anew.
+const IDLE_AT_MOST: Duration = Duration::from_secs(1);
+
+type Client = McpClient<TokioConnect>;
+
 #[derive(Default)]
 struct State {
     status: Option<Status>,
@@ -51,6 +64,21 @@ struct State {
     tools: Option<Vec<Value>>,
     /// The connector's id of each call from the gateway, by connection and gateway id.
     by_call: HashMap<(u64, u64), u64>,
+    /// Counts the changes of `session`: a client taken in one session goes back to `idle`
+    /// only if the session is still the same.
+    epoch: u64,
+    /// Clients of the current session between calls, each with the time it came back (the
+    /// newest last).
+    idle: Vec<(Client, Instant)>,
+}
+
+impl State {
+    /// A new session, or none: the clients of the last one go.
+    fn set_session(&mut self, session: Option<(Option<String>, Option<String>)>) {
+        self.session = session;
+        self.epoch += 1;
+        self.idle.clear();
+    }
 }
 
 /// One project's MCP server, at a URL.
@@ -112,19 +140,61 @@ impl HttpServer {
             .unwrap_or_else(|| Status::Down("not started yet".into()))
     }
 
-    /// A client for one exchange, in the session when there is one.
-    async fn client(&self) -> Result<McpClient<TokioConnect>, String> {
+    /// A client for one exchange, in the session when there is one, on a new connection.
+    async fn client(&self) -> Result<Client, String> {
+        let session = self.lock().session.clone();
+        self.connect(session).await
+    }
+
+    /// A client on a new connection, in `session`.
+    async fn connect(
+        &self,
+        session: Option<(Option<String>, Option<String>)>,
+    ) -> Result<Client, String> {
         let mut c = McpClient::connect_with(TokioConnect, &self.url, self.tls.clone())
             .await
             .map_err(|e| format!("cannot reach {}: {e}", self.url))?;
         c.set_client_name("gateway-sled");
         c.set_bearer_token(self.bearer.as_ref().map(|b| b.expose().to_owned()));
         c.set_timeout(None);
-        if let Some((session, version)) = self.lock().session.clone() {
+        if let Some((session, version)) = session {
             c.set_session_id(session);
             c.set_protocol_version(version);
         }
         Ok(c)
+    }
+
+    /// A client for one call in the current session (an idle one if there is one, else one on
+    /// a new connection), and the session's epoch, for [`HttpServer::give_back`].
+    async fn take_client(&self) -> Result<(Client, u64), String> {
+        let (idle, epoch, session) = {
+            let mut s = self.lock();
+            if s.idle
+                .last()
+                .is_some_and(|(_, since)| since.elapsed() >= IDLE_AT_MOST)
+            {
+                // The newest is too old, and so are the others.
+                s.idle.clear();
+            }
+            (s.idle.pop(), s.epoch, s.session.clone())
+        };
+        match idle {
+            Some((c, _)) => Ok((c, epoch)),
+            None => Ok((self.connect(session).await?, epoch)),
+        }
+    }
+
+    /// A client whose call ended cleanly, for the next call: kept while its session is the
+    /// current one and running, and fewer than [`IDLE_CLIENTS`] are idle.
+    fn give_back(&self, c: Client, epoch: u64) {
+        let mut s = self.lock();
+        if s.epoch == epoch
+            && s.session.is_some()
+            && s.status == Some(Status::Running)
+            && s.idle.len() < IDLE_CLIENTS
+        {
+            s.idle.push((c, Instant::now()));
+        }
     }
 
     /// Sets the server's status, and says it to the gateway (an `upstream` frame).
@@ -140,7 +210,7 @@ impl HttpServer {
         if s.status == Some(Status::Running) {
             warn!(project = %self.project, reason, "the MCP server is unreachable or its session is gone; initializing again");
             self.say(&mut s, Status::Down(reason.to_owned()));
-            s.session = None;
+            s.set_session(None);
             self.lost.notify_one();
         }
     }
@@ -257,7 +327,7 @@ impl HttpServer {
     async fn initialize(&self) -> Result<(), String> {
         {
             let mut s = self.lock();
-            s.session = None;
+            s.set_session(None);
             self.say(&mut s, Status::Starting);
         }
         let mut c = self.client().await?;
@@ -297,8 +367,10 @@ impl HttpServer {
             let mut s = self.lock();
             let changed = s.tools.as_ref() != Some(&tools);
             s.tools = Some(tools);
-            s.session = Some(session);
+            s.set_session(Some(session));
             self.say(&mut s, Status::Running);
+            // Its connection, idle now, serves the first call.
+            s.idle.push((c, Instant::now()));
             changed
         };
         if changed {
@@ -318,9 +390,12 @@ impl HttpServer {
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
         let Some(gateway_id) = msg.get("id").cloned() else {
             // A notification for the server.
-            if let Ok(mut c) = self.client().await {
-                if let Err(e) = c.notify(&method, params).await {
-                    debug!(project = %self.project, method, error = %e, "a notification did not reach the MCP server");
+            if let Ok((mut c, epoch)) = self.take_client().await {
+                match c.notify(&method, params).await {
+                    Ok(_) => self.give_back(c, epoch),
+                    Err(e) => {
+                        debug!(project = %self.project, method, error = %e, "a notification did not reach the MCP server")
+                    }
                 }
             }
             return None;
@@ -340,7 +415,7 @@ impl HttpServer {
                 &reason,
             ));
         }
-        let mut client = match self.client().await {
+        let (mut client, epoch) = match self.take_client().await {
             Ok(c) => c,
             Err(reason) => {
                 self.mark_lost(&reason);
@@ -387,6 +462,8 @@ impl HttpServer {
             .await;
         Some(match answered {
             Ok((mut v, _)) => {
+                // Its answer read whole: its connection is free for another call.
+                self.give_back(client, epoch);
                 v["id"] = gateway_id;
                 v
             }

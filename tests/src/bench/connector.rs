@@ -7,8 +7,8 @@
 //!    (newline-delimited JSON-RPC on its stdin and stdout);
 //! 2. **direct, Streamable HTTP**: this bench is an HTTP client of server-everything run as its
 //!    own process (`streamableHttp`, `PORT`), in a session of its own, on one connection;
-//!    and the same on a new connection for every call, as gateway-sled's HTTP upstream makes
-//!    its calls (what dialling costs the server);
+//!    and the same on a new connection for every call, as gateway-sled's HTTP upstream made
+//!    its calls before it kept idle connections (b0c048e): what dialling costs the server;
 //! 3. **sled-sim, direct**: `whoami` on sled-sim's own port (`--direct-port-base`), the baseline
 //!    of arm 4;
 //! 4. **gateway + sled-sim**: `whoami` through POST /mcp on the gateway (what the gateway adds,
@@ -262,7 +262,7 @@ enum Transport {
     Stdio(StdioClient),
     Http(Conn),
     /// A new connection for every call, in the session of the given one (as gateway-sled's
-    /// HTTP upstream calls its server).
+    /// HTTP upstream called its server before b0c048e).
     HttpFresh(Conn),
 }
 
@@ -751,7 +751,7 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     let dial = p50(DIRECT_FRESH) - p50(DIRECT_HTTP);
     println!(
         "a new connection per call costs server-everything {dial:.1} µs at p50 and {:.1} µs of CPU per call; \
-         against the direct calls on a new connection each (as gateway-sled makes them), the connector adds {:.1} µs \
+         against the direct calls on a new connection each (as gateway-sled made them before b0c048e), the connector adds {:.1} µs \
          on top of what the gateway adds with sled-sim",
         cpu(DIRECT_FRESH) - cpu(DIRECT_HTTP),
         p50(VIA_HTTP) - p50(DIRECT_FRESH) - gateway_adds
