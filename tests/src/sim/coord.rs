@@ -2016,7 +2016,19 @@ fn tools_pending_wrong(
     // The hold ended no sooner than this; a listing that surely reached the gateway before it
     // released the write.
     let hold_end = e.sent + lat_min + LISTING_HOLD;
+    // The gateway incarnation that held the write came up here: a listing answered before
+    // it (to a gateway then down, or an older one) was not delivered to it.
+    let up = s
+        .gateway_bounces()
+        .iter()
+        .filter(|(crash, _)| *crash <= e.sent + FAULT_SLACK)
+        .map(|(_, until)| *until)
+        .max()
+        .unwrap_or_default();
     let delivered = |at: Duration| {
+        if at <= up + FAULT_SLACK {
+            return false;
+        }
         let reached = at + lat_max + FAULT_SLACK;
         let sled_down = s.faults.iter().any(|f| match f {
             CoordFault::SledBounce {
