@@ -622,17 +622,7 @@ impl Handler for CoordSled {
                     .push((self.project.clone(), now()));
             }
             if msg.pointer("/params/name") == Some(&json!("move_story")) {
-                let result = &resp["result"];
-                let outcome = if result["isError"] == true {
-                    result["structuredContent"]["kind"]
-                        .as_str()
-                        .unwrap_or("error")
-                        .to_owned()
-                } else if result.is_object() {
-                    "applied".to_owned()
-                } else {
-                    "rpc_error".to_owned()
-                };
+                let outcome = write_outcome(&resp);
                 let fence_meta = msg
                     .pointer("/params/_meta")
                     .and_then(|m| m.get("io.mcp-gateway/fence"));
@@ -659,6 +649,22 @@ impl Handler for CoordSled {
 
     fn fence_high_water(&self) -> Option<u64> {
         self.sled.fence_high_water()
+    }
+}
+
+/// What became of a `move_story` at the sled: `applied`, the `isError` kind (`stale_fence`,
+/// `fence_mismatch`, ...), or `rpc_error`.
+fn write_outcome(resp: &Value) -> String {
+    let result = &resp["result"];
+    if result["isError"] == true {
+        result["structuredContent"]["kind"]
+            .as_str()
+            .unwrap_or("error")
+            .to_owned()
+    } else if result.is_object() {
+        "applied".to_owned()
+    } else {
+        "rpc_error".to_owned()
     }
 }
 
@@ -731,17 +737,7 @@ impl CoordSled {
                     json!({"io.mcp-gateway/fence": {"resource": resource, "fence": f}});
             }
             let resp = self.sled.handle(&one).unwrap_or(Value::Null);
-            let result = &resp["result"];
-            let outcome = if result["isError"] == true {
-                result["structuredContent"]["kind"]
-                    .as_str()
-                    .unwrap_or("error")
-                    .to_owned()
-            } else if result.is_object() {
-                "applied".to_owned()
-            } else {
-                "rpc_error".to_owned()
-            };
+            let outcome = write_outcome(&resp);
             record(resource.clone(), fence, &outcome);
             if outcome != "applied" {
                 return refused(&outcome, resource);
