@@ -2216,8 +2216,16 @@ impl Sim {
             }
         }
         answered.sort_by_key(|(_, r)| woke(r));
+        // An agent's waits answered at one instant report its lost leases between them, each
+        // once, in whichever of them the gateway wrote first (a wait that timed out and one
+        // woken by an expiry at the same instant may come in either order).
+        let mut lost: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
         for (w, r) in answered {
-            self.wait_answered(w, &r);
+            self.wait_answered(w, &r, &mut lost);
+        }
+        for (name, got) in lost {
+            let want = self.m.take_lost(&name);
+            self.check_lost(&name, "wait", &Value::Array(got), &want);
         }
         // No lost wakeup; every wait answered by its deadline.
         let mut late = Vec::new();
@@ -2342,7 +2350,14 @@ impl Sim {
 
     /// The rest of a wait's answer: `lost` (the agent's other lost leases), `unread`, and for a
     /// timeout, that nothing was pending before its deadline.
-    fn wait_answered(&mut self, w: WaitExp, r: &Value) {
+    /// Checks one answered wait; its `lost` goes into `lost`, under its agent, to be checked
+    /// with the agent's other waits answered at the same instant.
+    fn wait_answered(
+        &mut self,
+        w: WaitExp,
+        r: &Value,
+        lost: &mut std::collections::BTreeMap<String, Vec<Value>>,
+    ) {
         let now = self.h.now;
         let sc = r["result"]["structuredContent"].clone();
         let name = w.agent.clone();
@@ -2383,8 +2398,9 @@ impl Sim {
                 }
             }
         }
-        let want = self.m.take_lost(&name);
-        self.check_lost(&name, "wait", &sc["lost"], &want);
+        lost.entry(name)
+            .or_default()
+            .extend(sc["lost"].as_array().into_iter().flatten().cloned());
     }
 
     /// The end: writes in flight land, everything expires, every agent reads every inbox to
