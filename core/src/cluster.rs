@@ -50,6 +50,9 @@ pub struct ClusterConfig {
     /// During a roll of the cluster secret, the previous secret's key: handles issued under
     /// it are still recognised; new ones are issued under `agent_key`.
     pub previous_agent_key: Option<crate::agents::AgentKey>,
+    /// The cluster's key for task ids ([`crate::keys::KeyRing::task_keys`]), and during a roll
+    /// the previous secret's: a task id any replica made is routed and checked by every other.
+    pub task_keys: Option<(crate::tasks::TaskKey, Option<crate::tasks::TaskKey>)>,
 }
 
 /// What the engine said, for [`crate::Input::Cluster`].

@@ -292,6 +292,26 @@ pub enum RpcError {
         sled: String,
         capability: &'static str,
     },
+    /// `tasks/*` named a task this caller cannot reach: never made, made by another identity
+    /// or session, altered, expired, or of another gateway. Every reason gets the same
+    /// answer, so that nobody learns whether someone else's task exists (`crate::tasks`).
+    UnknownTask {
+        method: String,
+    },
+    /// A task-augmented call of a tool whose `execution.taskSupport` is absent or `forbidden`.
+    TaskNotSupported {
+        tool: String,
+        project: String,
+    },
+    /// 2026-07-28: a tool that runs only as a task, or a `tasks/*` request, from a client
+    /// whose request did not declare the tasks extension.
+    TasksNotDeclared {
+        what: String,
+    },
+    /// The caller has [`crate::tasks::MAX_TASKS_PER_CREATOR`] live tasks: not sent.
+    TooManyTasks {
+        max: usize,
+    },
     /// `[[access]]`: the caller may see the project but lacks the right this needs.
     Forbidden {
         project: String,
@@ -380,8 +400,14 @@ impl RpcError {
             RpcError::TooManyCalls { .. } | RpcError::TooManyFanouts { .. } => code::SERVER_ERROR,
             RpcError::Unreadable { .. } => code::INVALID_PARAMS,
             RpcError::SledUnreadable { .. } => code::INTERNAL_ERROR,
-            RpcError::MissingClientCapability { .. } => code::MISSING_REQUIRED_CLIENT_CAPABILITY,
-            RpcError::UnknownRequestState { .. } => code::INVALID_PARAMS,
+            RpcError::MissingClientCapability { .. } | RpcError::TasksNotDeclared { .. } => {
+                code::MISSING_REQUIRED_CLIENT_CAPABILITY
+            }
+            RpcError::UnknownRequestState { .. } | RpcError::UnknownTask { .. } => {
+                code::INVALID_PARAMS
+            }
+            RpcError::TaskNotSupported { .. } => code::METHOD_NOT_FOUND,
+            RpcError::TooManyTasks { .. } => code::SERVER_ERROR,
             RpcError::Forbidden { .. } => code::SERVER_ERROR,
             RpcError::Coordination { error, .. } => match error {
                 CoordError::BadName { .. }
@@ -439,8 +465,13 @@ impl RpcError {
                 ..
             } => "unreadable_value",
             RpcError::SledUnreadable { .. } => "sled_could_not_read",
-            RpcError::MissingClientCapability { .. } => "missing_client_capability",
+            RpcError::MissingClientCapability { .. } | RpcError::TasksNotDeclared { .. } => {
+                "missing_client_capability"
+            }
             RpcError::UnknownRequestState { .. } => "unknown_request_state",
+            RpcError::UnknownTask { .. } => "unknown_task",
+            RpcError::TaskNotSupported { .. } => "task_not_supported",
+            RpcError::TooManyTasks { .. } => "too_many_tasks",
             RpcError::Forbidden { .. } => "forbidden",
             RpcError::Coordination { error, .. } => match error {
                 CoordError::BadName { .. } => "bad_name",
@@ -540,6 +571,18 @@ impl RpcError {
             ),
             RpcError::MissingClientCapability { project, sled, capability } => format!(
                 "Missing required client capability: sled '{sled}' of project '{project}' asked the client of this call for '{capability}', which the request's clientCapabilities did not declare; the call was cancelled at the sled"
+            ),
+            RpcError::UnknownTask { .. } => {
+                "Failed to retrieve task: Task not found (never made, made by another caller, or expired)".to_owned()
+            }
+            RpcError::TaskNotSupported { tool, project } => format!(
+                "Method not found: tool '{tool}' of project '{project}' does not run as a task (its execution.taskSupport is absent or \"forbidden\"): call it without `task`"
+            ),
+            RpcError::TasksNotDeclared { what } => format!(
+                "Missing required client capability: {what} needs the io.modelcontextprotocol/tasks extension, which the request's clientCapabilities did not declare"
+            ),
+            RpcError::TooManyTasks { max } => format!(
+                "Too many tasks: this caller has {max} live tasks, the most the gateway keeps per caller; wait for some to expire (their TTL) or use shorter TTLs"
             ),
             RpcError::Forbidden { project, right, what } => format!(
                 "Forbidden: {what} on project '{project}' needs the '{right}' right, which this caller does not have there (projects.toml [[access]])"
@@ -678,7 +721,19 @@ impl RpcError {
                 "kind": kind, "project": project, "sled": sled,
                 "requiredCapabilities": { *capability: {} },
             }),
-            RpcError::UnknownRequestState { method } => json!({ "kind": kind, "method": method }),
+            RpcError::UnknownRequestState { method } | RpcError::UnknownTask { method } => {
+                json!({ "kind": kind, "method": method })
+            }
+            RpcError::TaskNotSupported { tool, project } => {
+                json!({ "kind": kind, "tool": tool, "project": project, "outcome": "not_sent" })
+            }
+            RpcError::TasksNotDeclared { what } => json!({
+                "kind": kind, "what": what,
+                "requiredCapabilities": { "extensions": { crate::tasks::EXTENSION: {} } },
+            }),
+            RpcError::TooManyTasks { max } => json!({
+                "kind": kind, "limit": "max_tasks_per_caller", "max": max, "outcome": "not_sent",
+            }),
             RpcError::Forbidden {
                 project,
                 right,

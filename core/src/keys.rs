@@ -111,6 +111,8 @@ pub enum Purpose {
     Values,
     /// Agent handles every replica recognises.
     AgentHandles,
+    /// The tags of task ids (`crate::tasks`): any replica routes and checks them.
+    TaskIds,
 }
 
 impl Purpose {
@@ -120,6 +122,7 @@ impl Purpose {
             Purpose::Messages => "mcp-gateway v1 cluster messages",
             Purpose::Values => "mcp-gateway v1 bucket values",
             Purpose::AgentHandles => "mcp-gateway v1 agent handles",
+            Purpose::TaskIds => "mcp-gateway v1 task ids",
         }
     }
 }
@@ -147,6 +150,7 @@ struct Keys {
     messages: [u8; 32],
     values: [u8; 32],
     agents: AgentKey,
+    tasks: crate::tasks::TaskKey,
 }
 
 impl Keys {
@@ -156,6 +160,7 @@ impl Keys {
             messages: secret.derive(Purpose::Messages),
             values: secret.derive(Purpose::Values),
             agents: AgentKey::new(secret.derive(Purpose::AgentHandles)),
+            tasks: crate::tasks::TaskKey::new(secret.key_id().0, secret.derive(Purpose::TaskIds)),
         }
     }
 }
@@ -235,6 +240,14 @@ impl KeyRing {
         (
             self.current.agents.clone(),
             self.previous.as_ref().map(|k| k.agents.clone()),
+        )
+    }
+
+    /// The key task ids are made under, and the previous secret's, still opened.
+    pub fn task_keys(&self) -> (crate::tasks::TaskKey, Option<crate::tasks::TaskKey>) {
+        (
+            self.current.tasks.clone(),
+            self.previous.as_ref().map(|k| k.tasks.clone()),
         )
     }
 
@@ -684,6 +697,7 @@ mod tests {
             Purpose::Messages,
             Purpose::Values,
             Purpose::AgentHandles,
+            Purpose::TaskIds,
         ]
         .map(|p| s.derive(p));
         for (i, a) in all.iter().enumerate() {

@@ -45,6 +45,7 @@ mod replica;
 pub mod rights;
 mod session;
 mod strict;
+pub mod tasks;
 mod tools;
 mod trace;
 pub mod uplink;

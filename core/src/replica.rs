@@ -1006,6 +1006,7 @@ mod tests {
             move_grace: GRACE,
             agent_key: None,
             previous_agent_key: None,
+            task_keys: None,
         })
     }
 

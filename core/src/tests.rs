@@ -20,6 +20,7 @@ mod spread;
 mod store;
 mod streams;
 mod surface;
+mod tasks;
 mod trace;
 
 use std::collections::HashMap;

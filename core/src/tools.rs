@@ -134,6 +134,8 @@ pub(crate) struct CachedTool {
     /// The sled annotates it `readOnlyHint: true`: calling it needs only the `read` right
     /// where its project says `trust_read_only_hints` ([`crate::ReadOnlyTools`]).
     pub(crate) read_only: bool,
+    /// Its `execution.taskSupport`: whether a call of it may, or must, be a task.
+    pub(crate) task_support: crate::tasks::TaskSupport,
 }
 
 /// Whether `name` is a valid MCP tool name: 1 to 128 characters of `[A-Za-z0-9_.-]`.
@@ -178,7 +180,9 @@ pub(crate) fn prepare_sled_tools(project: &str, tools: Vec<Value>) -> Vec<Cached
             .pointer("/annotations/readOnlyHint")
             .and_then(Value::as_bool)
             .unwrap_or(false);
+        let task_support = crate::tasks::TaskSupport::of_tool(&tool);
         out.push(CachedTool {
+            task_support,
             read_only,
             name,
             declares_project,

@@ -770,15 +770,12 @@ async fn serve(
         None => Some(state_flags::open(&state.dir(&reload_from.0), state.reset_state).await?),
     };
     // Its secret, beside the state file: agent handles signed under it outlive a restart.
-    let agent_key = match &cluster {
-        Some(_) => None,
+    let (agent_key, task_key) = match &cluster {
+        Some(_) => (None, None),
         None => {
             let secret = state_flags::gateway_secret(&state.dir(&reload_from.0))?;
-            Some(
-                gateway_core::keys::KeyRing::new(&secret, None)
-                    .agent_keys()
-                    .0,
-            )
+            let ring = gateway_core::keys::KeyRing::new(&secret, None);
+            (Some(ring.agent_keys().0), Some(ring.task_keys().0))
         }
     };
     let (listener, addr) = bind(listen.0).await?;
@@ -815,6 +812,7 @@ async fn serve(
     fleet.apply(&mut opts, &reload_from.0);
     opts.otlp = otlp;
     opts.core.agent_key = agent_key;
+    opts.core.task_key = task_key;
     if let Some(c) = &cluster {
         tracing::info!(replica = c.replica, namespace = c.namespace, claim_ttl = ?c.claim_ttl, "joining a cluster");
     }

@@ -180,8 +180,11 @@ impl Gateway {
                     "ping" => Ok(Served::Now("{}".to_owned())),
                     "tools/list" => self.tools_list(req, params),
                     "tools/call" => self.tools_call(req, &id, params, mode),
+                    m if tasks::HANDSHAKE_TASK_METHODS.contains(&m) => {
+                        self.tasks_request(req, &id, m, params, mode)
+                    }
                     // A 2026-07-28 client probing for the stateless era without the header.
-                    "server/discover" => Ok(Served::Now(self.discover())),
+                    "server/discover" => Ok(Served::Now(self.discover(false))),
                     // Log messages reach only the session whose call produced them; the level
                     // is the session's own.
                     "logging/setLevel" => self.set_log_level(now, scope, params).map(Served::Now),
@@ -336,6 +339,12 @@ impl Gateway {
                 "prompts": { "listChanged": true },
                 "completions": {},
                 "logging": {},
+                // Tasks (2025-11-25) are relayed to the sleds whose tools support them.
+                "tasks": {
+                    "list": {},
+                    "cancel": {},
+                    "requests": { "tools": { "call": {} } },
+                },
             },
             "serverInfo": { "name": "mcp-gateway", "version": env!("CARGO_PKG_VERSION") },
             "instructions": INSTRUCTIONS,

@@ -33,6 +33,7 @@ mod records;
 mod sled;
 mod spread;
 mod streams;
+mod tasks;
 mod tool_call;
 mod uplinks;
 
@@ -131,6 +132,11 @@ pub struct Config {
     /// handles are remembered, not signed, and end with the gateway. In a cluster the
     /// cluster's key ([`crate::cluster::ClusterConfig::agent_key`]) is used instead.
     pub agent_key: Option<crate::agents::AgentKey>,
+    /// A single gateway's key for task ids, derived from the same secret
+    /// (`crate::keys::KeyRing::task_keys`): a task id given out before a restart still opens
+    /// after it. `None`: a random key, good for this process's life. In a cluster the
+    /// cluster's keys ([`crate::cluster::ClusterConfig::task_keys`]) are used instead.
+    pub task_key: Option<crate::tasks::TaskKey>,
     pub public_name: Option<String>,
     /// `aggregate_pipeline_status`: the default overall deadline (a call may ask for less).
     pub fanout_timeout: Duration,
@@ -205,6 +211,12 @@ pub enum PlantedBug {
     /// A write held until its project's tools are listed is not served when they are: it
     /// waits out the hold and is refused `tools_pending` though the tools are known.
     ToolsPendingAfterListing,
+    /// Tasks: a caller's task id is taken as the sled's own id in the caller's default
+    /// project (else the first registered one), as a gateway that relayed ids unsealed would:
+    /// ids collide across projects, and anyone's id works for anyone.
+    TaskIdsUnsealed,
+    /// Tasks: `tasks/list` shows every caller's tasks, not only the asker's.
+    TasksListUnfiltered,
     /// In a cluster: a relay that could not be sent because the engine was out of reach is
     /// answered at once as taken and lost (`outcome: "unknown"`, `owner_lost`), the old
     /// behaviour, instead of waiting for the engine and then saying `not_sent`.
@@ -279,6 +291,7 @@ impl Default for Config {
             require_identity: false,
             public_name: None,
             agent_key: None,
+            task_key: None,
             fanout_timeout: Duration::from_secs(5),
             fanout_sled_timeout: Duration::from_secs(2),
             pin_save_delay: Duration::from_millis(500),
@@ -409,6 +422,8 @@ pub struct Gateway {
     /// Sessions and pins kept in the engine, in a cluster, and sessions kept in the store of a
     /// single gateway ([`Config::store_sessions`]); only `records.rs` and this file touch it.
     records: Option<crate::records::Records>,
+    /// Task ids and the records of tasks made through this gateway (`crate::tasks`).
+    tasks: crate::tasks::Tasks,
     /// Fleet tools' parts asked of other replicas (`gather.rs`, `spread.rs`).
     gathers: crate::gather::Gathers,
     /// The tools of projects whose sleds other replicas hold, as their holders listed them
@@ -750,6 +765,22 @@ impl Gateway {
             records: (config.cluster.is_some() || config.store_sessions)
                 .then(crate::records::Records::default),
             gathers: crate::gather::Gathers::default(),
+            tasks: {
+                let cluster = config.cluster.as_ref().and_then(|c| c.task_keys.clone());
+                let single = config.task_key.clone().map(|k| (k, None));
+                let (current, previous) = cluster.or(single).unwrap_or_else(|| {
+                    // No secret: a key from the seed, good for this process's life.
+                    use hmac::{Hmac, Mac};
+                    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(&seed)
+                        .expect("HMAC takes any key length");
+                    mac.update(b"mcp-gateway process task key");
+                    (
+                        crate::tasks::TaskKey::new([0; 4], mac.finalize().into_bytes().into()),
+                        None,
+                    )
+                });
+                crate::tasks::Tasks::new(current, previous)
+            },
             remote_tools: BTreeMap::new(),
             registry,
             config,
@@ -933,6 +964,9 @@ impl Gateway {
         }
         self.cluster_timeout(now);
         self.listing_holds_timeout(now);
+        if self.tasks.poll_timeout().is_some_and(|at| at <= now) {
+            self.tasks.handle_timeout(now);
+        }
         self.settle(now);
     }
 
@@ -971,6 +1005,7 @@ impl Gateway {
             self.coordination.poll_timeout(),
             cluster,
             self.listing_holds.poll_timeout(),
+            self.tasks.poll_timeout(),
         ]
         .into_iter()
         .flatten()

@@ -22,6 +22,9 @@ struct Envelope<'a> {
     /// A retry of a request answered `input_required`.
     #[serde(rename = "requestState", default)]
     request_state: Option<String>,
+    /// `tasks/*`' task, which `Mcp-Name` must repeat.
+    #[serde(rename = "taskId", default)]
+    task_id: Option<Value>,
     /// Only `project` is read here; the other arguments are skipped, not built (tools/call
     /// parses them once, when it forwards).
     #[serde(default)]
@@ -40,6 +43,8 @@ pub(super) struct Checked {
     pub(super) request_state: Option<String>,
     /// Its name (tool or prompt) or resource URI, which a retry must repeat.
     pub(super) name: Option<String>,
+    /// The request declares the tasks extension (`io.modelcontextprotocol/tasks`).
+    pub(super) tasks: bool,
 }
 
 /// The requests of the stateless era forwarded to a project besides `tools/call`.
@@ -102,8 +107,21 @@ impl Gateway {
                     retry = true;
                     self.resume(req, &id, m, checked, params, stream_ok)
                 }
-                "server/discover" => Ok(Served::Now(self.discover())),
+                "server/discover" => Ok(Served::Now(self.discover(checked.tasks))),
                 "tools/list" => Ok(Served::Now(self.modern_tools_list(req.principal))),
+                m if tasks::MODERN_TASK_METHODS.contains(&m) && !checked.tasks => {
+                    Err(RpcError::TasksNotDeclared { what: m.to_owned() })
+                }
+                m if tasks::MODERN_TASK_METHODS.contains(&m) => self.tasks_request(
+                    req,
+                    &id,
+                    m,
+                    params,
+                    CallMode {
+                        stream_ok,
+                        modern: true,
+                    },
+                ),
                 "subscriptions/listen" if !stream_ok => Err(RpcError::InvalidParams {
                     method: rpc_method.clone(),
                     detail: "subscriptions/listen answers with an event stream: send Accept: text/event-stream".into(),
@@ -258,6 +276,25 @@ impl Gateway {
                 }
             }
         }
+        if tasks::MODERN_TASK_METHODS.contains(&method) {
+            // Intermediaries route a task's requests by it (the extension's routing header).
+            let header = request
+                .mcp_name
+                .as_deref()
+                .and_then(headers::decode_header_value);
+            match (&envelope.task_id, header) {
+                (Some(Value::String(id)), Some(h)) if *id == h => {}
+                (Some(Value::String(_)), _) => {
+                    return Err(RpcError::HeaderMismatch { header: "Mcp-Name" })
+                }
+                _ => {
+                    return Err(RpcError::InvalidParams {
+                        method: method.to_owned(),
+                        detail: "`taskId` must be a string".into(),
+                    })
+                }
+            }
+        }
         let name = envelope
             .name
             .or(envelope.uri)
@@ -265,6 +302,7 @@ impl Gateway {
         let checked = Checked {
             request_state: envelope.request_state,
             name,
+            tasks: tasks::declares_tasks(Some(&Value::Object(meta.clone()))),
         };
         match version {
             Some(Value::String(v)) if headers::is_modern(v) => Ok(checked),
@@ -291,15 +329,21 @@ impl Gateway {
     }
 
     /// The `server/discover` result: what a stateless client learns instead of initialize.
-    pub(super) fn discover(&self) -> String {
+    /// `tasks`: the request declared the tasks extension, which is then offered too (and only
+    /// then: a client that did not declare it is never shown it).
+    pub(super) fn discover(&self, tasks: bool) -> String {
+        let mut capabilities = json!({
+            "tools": { "listChanged": true },
+            "resources": { "subscribe": true, "listChanged": true },
+            "prompts": { "listChanged": true },
+            "completions": {},
+        });
+        if tasks {
+            capabilities["extensions"] = json!({ crate::tasks::EXTENSION: {} });
+        }
         json!({
             "supportedVersions": headers::MODERN_VERSIONS,
-            "capabilities": {
-                "tools": { "listChanged": true },
-                "resources": { "subscribe": true, "listChanged": true },
-                "prompts": { "listChanged": true },
-                "completions": {},
-            },
+            "capabilities": capabilities,
             "instructions": INSTRUCTIONS,
             "ttlMs": LIST_TTL_MS,
             "cacheScope": "private",

@@ -586,9 +586,11 @@ impl Gateway {
 }
 
 /// How the gateway changes a result on its way back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Rewrite {
     None,
+    /// A task-related answer (`tasks.rs`).
+    Task(Box<super::tasks::TaskRewrite>),
     /// Each prompt gets an optional `project` argument, as tools get a property.
     PromptsList,
 }

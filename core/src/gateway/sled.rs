@@ -163,6 +163,9 @@ impl Gateway {
                 None if method == "notifications/progress" => {
                     self.relay_progress(id, message.params)
                 }
+                None if method == "notifications/tasks/status" => {
+                    self.on_task_status(id, message.params)
+                }
                 None if method == "notifications/resources/updated" => {
                     if let Some(project) = self.live_project(id) {
                         self.on_resource_updated(&project, message.params);
@@ -259,6 +262,17 @@ impl Gateway {
                 sent_at,
                 ..
             } => self.on_fanout_answer(now, fanout, project, sent_at, result, error),
+            Pending::Call(call) if matches!(call.rewrite, proxy::Rewrite::Task(_)) => {
+                match (result, error) {
+                    (None, Some(error)) if unreadable.is_some() => {
+                        let body =
+                            jsonrpc::raw_error_response(call.client_id.as_str(), error.get());
+                        let took = now.saturating_duration_since(call.sent_at);
+                        self.finish_or_hold(now, call, body, Outcome::Error, took);
+                    }
+                    _ => self.on_task_answer(now, call, result, error),
+                }
+            }
             Pending::Call(call) => {
                 let id = call.client_id.as_str();
                 let (body, outcome) = match (result, error) {

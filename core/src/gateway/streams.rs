@@ -150,8 +150,10 @@ impl Gateway {
         };
         // Only the call's own sled can report its progress.
         let Some(key) = self.calls.by_progress(uplink, gateway_token) else {
-            // The call finished, was never asked for progress, or is another sled's.
-            return;
+            // The call finished (a task's creating call, whose task still runs, goes on), was
+            // never asked for progress, or is another sled's.
+            let gateway_token = gateway_token.clone();
+            return self.task_progress(uplink, &gateway_token, params);
         };
         let Some(call) = self.calls.call(key) else {
             return;

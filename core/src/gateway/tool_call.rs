@@ -16,6 +16,9 @@ struct CallParams<'a> {
     arguments: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "_meta")]
     meta: Option<&'a RawValue>,
+    /// 2025-11-25: run it as a task (`{"ttl": ms}`).
+    #[serde(borrow, default)]
+    task: Option<&'a RawValue>,
 }
 
 /// Reads raw `tools/call` arguments as `T` (absent: `{}`), failing as invalid params.
@@ -94,6 +97,7 @@ impl Gateway {
             arguments.remove("project");
         }
         // The metrics label: the tool if the sled lists it (clients must not grow the set).
+        let task_support = listed.map(|t| t.task_support);
         let label = match listed {
             Some(_) => tool.clone(),
             None => "_unlisted".to_owned(),
@@ -111,19 +115,6 @@ impl Gateway {
                 }
             },
         };
-        #[derive(serde::Serialize)]
-        struct Forwarded<'a> {
-            name: &'a str,
-            arguments: &'a BTreeMap<String, &'a RawValue>,
-        }
-        let object = serde_json::to_string(&Forwarded {
-            name: &tool,
-            arguments: &arguments,
-        })
-        .map_err(|e| RpcError::InvalidParams {
-            method: "tools/call".into(),
-            detail: jsonrpc::clean_serde_message(&e),
-        })?;
         let mut meta = match params.meta {
             Some(m) => Some(call_arguments::<Value>(Some(m))?),
             None => None,
@@ -194,6 +185,36 @@ impl Gateway {
                 m.insert(FENCE_META.to_owned(), fenced);
             }
         }
+        // A task where the client asks for one (2025-11-25), or where the tool may run as
+        // one and the request declares the extension (2026-07-28).
+        let (task, rewrite) = match self.task_of_call(
+            req,
+            &route.project,
+            &tool,
+            task_support,
+            params.task,
+            meta.as_ref(),
+            modern,
+        )? {
+            Some((task, rewrite)) => (Some(task), rewrite),
+            None => (None, proxy::Rewrite::None),
+        };
+        #[derive(serde::Serialize)]
+        struct Forwarded<'a> {
+            name: &'a str,
+            arguments: &'a BTreeMap<String, &'a RawValue>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            task: Option<Value>,
+        }
+        let object = serde_json::to_string(&Forwarded {
+            name: &tool,
+            arguments: &arguments,
+            task,
+        })
+        .map_err(|e| RpcError::InvalidParams {
+            method: "tools/call".into(),
+            detail: jsonrpc::clean_serde_message(&e),
+        })?;
         self.forward(
             req,
             id,
@@ -202,7 +223,7 @@ impl Gateway {
             "tools/call",
             proxy::Outgoing { object, meta },
             label,
-            proxy::Rewrite::None,
+            rewrite,
         )
     }
 

@@ -24,6 +24,7 @@ fn replica_with_grace(name: &str, move_grace: Duration) -> Harness {
             move_grace,
             agent_key: Some(crate::agents::AgentKey::derive(&[1; 32])),
             previous_agent_key: None,
+            task_keys: Some((crate::tasks::TaskKey::new([1; 4], [1; 32]), None)),
         }),
         ..Config::default()
     };

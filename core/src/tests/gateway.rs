@@ -124,7 +124,7 @@ fn resolution_errors() {
         json!({"name":"show","arguments":[1]}),
     );
     assert_eq!(error_kind(&r), "invalid_params");
-    let r = h.rpc(Some(&s), json!(7), "tasks/list", json!({}));
+    let r = h.rpc(Some(&s), json!(7), "tasks/update", json!({}));
     assert_eq!(
         (r["error"]["code"].as_i64(), error_kind(&r)),
         (Some(-32601), "method_not_found")

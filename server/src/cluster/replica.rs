@@ -176,12 +176,14 @@ impl ClusterOptions {
     /// from the cluster secret).
     pub fn core_config(&self) -> ClusterConfig {
         let (agent_key, previous_agent_key) = self.keys.agent_keys();
+        let task_keys = Some(self.keys.task_keys());
         ClusterConfig {
             replica: self.replica.clone(),
             directory: DirectoryConfig::new(self.claim_ttl),
             move_grace: self.move_grace,
             agent_key: Some(agent_key),
             previous_agent_key,
+            task_keys,
         }
     }
 

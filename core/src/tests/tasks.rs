@@ -1,0 +1,431 @@
+//! Tasks through the gateway (issue 27), both eras: ids sealed to their creator and routed
+//! by the project in them, records for `tasks/list` and status notifications, progress that
+//! outlives the creating call.
+
+use serde_json::{json, Value};
+
+use super::modern::{answer, modern};
+use super::streams::get;
+use super::Harness;
+use crate::{HttpMethod, HttpToken, UplinkId};
+
+fn tools() -> Value {
+    json!([
+        {"name":"run_tests","inputSchema":{"type":"object"},"execution":{"taskSupport":"optional"},"annotations":{"readOnlyHint":true}},
+        {"name":"deploy","inputSchema":{"type":"object"},"execution":{"taskSupport":"required"}},
+        {"name":"show","inputSchema":{"type":"object"}},
+    ])
+}
+
+/// A sled for `project` whose tools may run as tasks.
+fn connect(h: &mut Harness, project: &str) -> UplinkId {
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":project,"sled":project}),
+    );
+    let f = h.take_frames(u);
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":f[1]["id"],"result":{"tools":tools()}}),
+    );
+    u
+}
+
+fn task(id: &str, status: &str) -> Value {
+    json!({"taskId":id,"status":status,"createdAt":"2026-12-07T10:00:00Z","lastUpdatedAt":"2026-12-07T10:00:00Z","ttl":60000,"pollInterval":500})
+}
+
+fn request(h: &mut Harness, session: &str, id: u64, method: &str, params: Value) -> HttpToken {
+    let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
+    h.send(HttpMethod::Post, Some(session), &body.to_string())
+}
+
+/// The one request the sled got since the last look.
+fn one_frame(h: &mut Harness, u: UplinkId) -> Value {
+    let mut f = h.take_frames(u);
+    assert_eq!(f.len(), 1, "{f:?}");
+    f.remove(0)
+}
+
+/// Starts `run_tests` on `project` as a task in `session` (asking for progress under
+/// `progress`); the sled makes it with its own id `sled_id`. Returns the id the client sees.
+fn start(
+    h: &mut Harness,
+    u: UplinkId,
+    session: &str,
+    project: &str,
+    sled_id: &str,
+    progress: Option<&str>,
+) -> (String, Value) {
+    let mut params =
+        json!({"name":"run_tests","arguments":{"project":project},"task":{"ttl":60000}});
+    if let Some(p) = progress {
+        params["_meta"] = json!({"progressToken": p});
+    }
+    let t = request(h, session, 1, "tools/call", params);
+    let f = one_frame(h, u);
+    assert_eq!(f["params"]["task"], json!({"ttl":60000}), "{f}");
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task(sled_id,"working")}}),
+    );
+    let r = h.reply_json(t).expect("answered");
+    let id = r["result"]["task"]["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("mt1.") && id != sled_id, "{r}");
+    assert_eq!(r["result"]["task"]["status"], "working");
+    (id, f)
+}
+
+#[test]
+fn a_task_id_routes_to_its_project_and_opens_only_for_its_session() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    let gamma = connect(&mut h, "gamma");
+    let s1 = h.initialize();
+    let s2 = h.initialize();
+    // The same sled id in two projects: two tasks, two ids.
+    let (in_beta, _) = start(&mut h, beta, &s1, "beta", "t1", None);
+    let (in_gamma, _) = start(&mut h, gamma, &s1, "gamma", "t1", None);
+    assert_ne!(in_beta, in_gamma);
+
+    for (id, u) in [(&in_beta, beta), (&in_gamma, gamma)] {
+        let t = request(&mut h, &s1, 2, "tasks/get", json!({"taskId": id}));
+        let f = one_frame(&mut h, u);
+        assert_eq!(
+            (f["method"].as_str(), &f["params"]["taskId"]),
+            (Some("tasks/get"), &json!("t1"))
+        );
+        assert!(h
+            .take_frames(if u == beta { gamma } else { beta })
+            .is_empty());
+        h.sled_says(
+            u,
+            json!({"jsonrpc":"2.0","id":f["id"],"result":task("t1","working")}),
+        );
+        let r = h.reply_json(t).unwrap();
+        assert_eq!(r["result"]["taskId"], json!(id), "{r}");
+    }
+
+    // Another session, the sled's own id, an altered id: an unknown task, nothing sent.
+    let mut altered = in_beta.clone();
+    altered.pop();
+    altered.push(if in_beta.ends_with('A') { 'B' } else { 'A' });
+    for (session, id) in [
+        (&s2, in_beta.as_str()),
+        (&s1, "t1"),
+        (&s1, altered.as_str()),
+    ] {
+        for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+            let t = request(&mut h, session, 3, method, json!({"taskId": id}));
+            let r = h.reply_json(t).expect("at once");
+            assert_eq!(r["error"]["code"], -32602, "{method} {r}");
+            assert_eq!(r["error"]["data"]["kind"], "unknown_task");
+        }
+    }
+    assert!(h.take_frames(beta).is_empty() && h.take_frames(gamma).is_empty());
+}
+
+#[test]
+fn status_notifications_and_late_progress_reach_only_the_creator() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    let s1 = h.initialize();
+    let s2 = h.initialize();
+    let g1 = get(&mut h, Some(&s1), None);
+    let g2 = get(&mut h, Some(&s2), None);
+    let (id, f) = start(&mut h, beta, &s1, "beta", "t7", Some("mine"));
+    let token = f["params"]["_meta"]["progressToken"].clone();
+    assert!(token.as_str().unwrap().starts_with("gw-"), "{f}");
+    // Progress after the CreateTaskResult: to the creator's stream, under its own token.
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":1,"total":2}}),
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","method":"notifications/tasks/status","params":task("t7","completed")}),
+    );
+    // Progress after the task is terminal is not relayed.
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":2,"total":2}}),
+    );
+    let seen: Vec<Value> = h.streams[&g1].iter().map(|(_, v)| v.clone()).collect();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0]["method"], "notifications/progress");
+    assert_eq!(seen[0]["params"]["progressToken"], "mine");
+    assert_eq!(seen[1]["method"], "notifications/tasks/status");
+    assert_eq!(seen[1]["params"]["taskId"], json!(id));
+    assert_eq!(seen[1]["params"]["status"], "completed");
+    assert!(h.streams.get(&g2).is_none_or(Vec::is_empty));
+}
+
+#[test]
+fn tasks_list_walks_the_callers_projects_and_shows_only_its_tasks() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    let gamma = connect(&mut h, "gamma");
+    let s1 = h.initialize();
+    let s2 = h.initialize();
+    let (mine_beta, _) = start(&mut h, beta, &s1, "beta", "b1", None);
+    let (_theirs, _) = start(&mut h, beta, &s2, "beta", "b2", None);
+    let (mine_gamma, _) = start(&mut h, gamma, &s1, "gamma", "g1", None);
+
+    // Page 1: beta, whose sled lists both sessions' tasks and has more.
+    let t = request(&mut h, &s1, 4, "tasks/list", json!({}));
+    let f = one_frame(&mut h, beta);
+    assert_eq!(f["method"], "tasks/list");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"tasks":[task("b1","working"),task("b2","working")],"nextCursor":"p2"}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["result"]["tasks"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["result"]["tasks"][0]["taskId"], json!(mine_beta));
+    let cursor = r["result"]["nextCursor"].as_str().unwrap().to_owned();
+    // Page 2: beta again, from the sled's cursor; then the cursor moves on to gamma.
+    let t = request(&mut h, &s1, 5, "tasks/list", json!({"cursor": cursor}));
+    let f = one_frame(&mut h, beta);
+    assert_eq!(f["params"]["cursor"], "p2");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"tasks":[]}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    let cursor = r["result"]["nextCursor"].as_str().unwrap().to_owned();
+    let t = request(&mut h, &s1, 6, "tasks/list", json!({"cursor": cursor}));
+    let f = one_frame(&mut h, gamma);
+    h.sled_says(
+        gamma,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"tasks":[task("g1","completed")]}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["result"]["tasks"][0]["taskId"], json!(mine_gamma));
+    assert!(r["result"].get("nextCursor").is_none(), "{r}");
+
+    // A session with no tasks: an empty list, asked of no sled. A forged cursor: refused.
+    let s3 = h.initialize();
+    let t = request(&mut h, &s3, 7, "tasks/list", json!({}));
+    assert_eq!(h.reply_json(t).unwrap()["result"], json!({"tasks":[]}));
+    let t = request(&mut h, &s3, 8, "tasks/list", json!({"cursor": cursor}));
+    assert_eq!(h.reply_json(t).unwrap()["error"]["code"], -32602);
+    assert!(h.take_frames(beta).is_empty() && h.take_frames(gamma).is_empty());
+}
+
+#[test]
+fn a_task_of_a_tool_that_cannot_run_as_one_is_refused_unsent() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    let s = h.initialize();
+    let t = request(
+        &mut h,
+        &s,
+        1,
+        "tools/call",
+        json!({"name":"show","arguments":{"project":"beta"},"task":{}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["error"]["code"], -32601, "{r}");
+    assert_eq!(r["error"]["data"]["kind"], "task_not_supported");
+    let t = request(
+        &mut h,
+        &s,
+        2,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"},"task":5}),
+    );
+    assert_eq!(h.reply_json(t).unwrap()["error"]["code"], -32602);
+    assert!(h.take_frames(beta).is_empty());
+    // The capability is declared at initialize.
+    let r = h.post(
+        None,
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
+    );
+    let v: Value = serde_json::from_str(r.body.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        v["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"],
+        json!({})
+    );
+}
+
+fn declared() -> Value {
+    json!({"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}})
+}
+
+#[test]
+fn stateless_tasks_are_made_polled_and_finished_in_the_extensions_shapes() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    // Declared: a task, in the extension's shape.
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"},"_meta":declared()}),
+        &|_| {},
+    );
+    let f = one_frame(&mut h, beta);
+    assert!(f["params"]["task"]["ttl"].is_u64(), "{f}");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task("t1","working")}}),
+    );
+    let (status, r) = answer(&mut h, t);
+    assert_eq!(status, 200);
+    let r = &r["result"];
+    assert_eq!(
+        (r["resultType"].as_str(), r["status"].as_str()),
+        (Some("task"), Some("working")),
+        "{r}"
+    );
+    assert_eq!(
+        (r["ttlMs"].as_u64(), r["pollIntervalMs"].as_u64()),
+        (Some(60000), Some(500))
+    );
+    assert!(r.get("ttl").is_none() && r.get("task").is_none());
+    let id = r["taskId"].as_str().unwrap().to_owned();
+
+    let get_it = |h: &mut Harness, n: u64| {
+        let name = id.clone();
+        modern(
+            h,
+            n,
+            "tasks/get",
+            json!({"taskId": id, "_meta": declared()}),
+            &move |r| r.mcp_name = Some(name.clone()),
+        )
+    };
+    // Working: the task as the sled says, made modern.
+    let t = get_it(&mut h, 2);
+    let f = one_frame(&mut h, beta);
+    assert_eq!(
+        (f["method"].as_str(), &f["params"]["taskId"]),
+        (Some("tasks/get"), &json!("t1"))
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":task("t1","working")}),
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["result"]["resultType"], "complete");
+    assert_eq!(r["result"]["taskId"], json!(id));
+    assert!(r["result"].get("result").is_none());
+    // Completed: the result is fetched and inlined.
+    let t = get_it(&mut h, 3);
+    let f = one_frame(&mut h, beta);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":task("t1","completed")}),
+    );
+    let f = one_frame(&mut h, beta);
+    assert_eq!(
+        (f["method"].as_str(), &f["params"]["taskId"]),
+        (Some("tasks/result"), &json!("t1"))
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"content":[{"type":"text","text":"42 passed"}],"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}}),
+    );
+    let (_, r) = answer(&mut h, t);
+    let r = &r["result"];
+    assert_eq!(r["status"], "completed", "{r}");
+    assert_eq!(r["result"]["content"][0]["text"], "42 passed");
+    assert!(
+        r["result"].get("_meta").is_none(),
+        "the sled's id stays at the gateway: {r}"
+    );
+
+    // Cancel: an empty acknowledgement.
+    let name = id.clone();
+    let t = modern(
+        &mut h,
+        4,
+        "tasks/cancel",
+        json!({"taskId": id, "_meta": declared()}),
+        &move |r| r.mcp_name = Some(name.clone()),
+    );
+    let f = one_frame(&mut h, beta);
+    assert_eq!(f["method"], "tasks/cancel");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":task("t1","cancelled")}),
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["result"]["resultType"], "complete");
+}
+
+#[test]
+fn stateless_refusals_without_the_extension_or_with_a_wrong_mcp_name() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    // Not declared: an optional tool runs as a plain call; a required one is -32021.
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"}}),
+        &|_| {},
+    );
+    let f = one_frame(&mut h, beta);
+    assert!(f["params"].get("task").is_none(), "{f}");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"content":[]}}),
+    );
+    assert_eq!(answer(&mut h, t).1["result"]["resultType"], "complete");
+    let t = modern(
+        &mut h,
+        2,
+        "tools/call",
+        json!({"name":"deploy","arguments":{"project":"beta"}}),
+        &|_| {},
+    );
+    let (_, r) = answer(&mut h, t);
+    assert_eq!(r["error"]["code"], -32021, "{r}");
+    assert_eq!(
+        r["error"]["data"]["requiredCapabilities"],
+        json!({"extensions":{"io.modelcontextprotocol/tasks":{}}})
+    );
+    // tasks/get without the extension; with it but a wrong Mcp-Name.
+    let t = modern(&mut h, 3, "tasks/get", json!({"taskId":"x"}), &|r| {
+        r.mcp_name = Some("x".into())
+    });
+    assert_eq!(answer(&mut h, t).1["error"]["code"], -32021);
+    let t = modern(
+        &mut h,
+        4,
+        "tasks/get",
+        json!({"taskId":"x","_meta":declared()}),
+        &|r| r.mcp_name = Some("y".into()),
+    );
+    assert_eq!(
+        answer(&mut h, t).1["error"]["data"]["kind"],
+        "header_mismatch"
+    );
+    let t = modern(
+        &mut h,
+        5,
+        "tasks/get",
+        json!({"taskId":"x","_meta":declared()}),
+        &|r| r.mcp_name = Some("x".into()),
+    );
+    assert_eq!(answer(&mut h, t).1["error"]["data"]["kind"], "unknown_task");
+    assert!(h.take_frames(beta).is_empty());
+    // Discovery offers the extension only to a request that declares it.
+    let t = modern(&mut h, 6, "server/discover", json!({}), &|_| {});
+    assert!(answer(&mut h, t).1["result"]["capabilities"]
+        .get("extensions")
+        .is_none());
+    let t = modern(
+        &mut h,
+        7,
+        "server/discover",
+        json!({"_meta":declared()}),
+        &|_| {},
+    );
+    assert_eq!(
+        answer(&mut h, t).1["result"]["capabilities"]["extensions"],
+        json!({"io.modelcontextprotocol/tasks":{}})
+    );
+}
