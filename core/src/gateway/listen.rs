@@ -18,13 +18,16 @@ pub(super) const MAX_URIS: usize = 64;
 /// One open `subscriptions/listen` stream.
 #[derive(Debug)]
 pub(super) struct Listen {
-    id: RawId,
+    pub(super) id: RawId,
     tools: bool,
     /// The project of the rest, when the client asked for any of it.
     project: Option<String>,
     prompts: bool,
     resources: bool,
     uris: BTreeSet<String>,
+    /// The tasks whose `notifications/tasks` it wants, each (project, sled's id, the id the
+    /// client knows): only the listener's own (`crate::tasks`).
+    pub(super) tasks: Vec<(String, String, String)>,
     /// Who listens: a reload that takes its project away (or its credentials) ends it.
     holder: crate::auth::Holder,
 }
@@ -40,6 +43,9 @@ struct Filter {
     resources_list_changed: bool,
     #[serde(default)]
     resource_subscriptions: Vec<String>,
+    /// The tasks extension: status notifications of these tasks.
+    #[serde(default)]
+    task_ids: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -67,6 +73,34 @@ impl Gateway {
                 detail: format!("at most {MAX_URIS} resourceSubscriptions per listen"),
             });
         }
+        if !filter.task_ids.is_empty() {
+            let declared = p
+                .meta
+                .as_ref()
+                .is_some_and(|m| super::tasks::declares_tasks(Some(&Value::Object(m.clone()))));
+            if !declared {
+                return Err(RpcError::TasksNotDeclared {
+                    what: "subscriptions/listen with taskIds".into(),
+                });
+            }
+            if filter.task_ids.len() > MAX_URIS {
+                return Err(RpcError::InvalidParams {
+                    method: method.into(),
+                    detail: format!("at most {MAX_URIS} taskIds per listen"),
+                });
+            }
+        }
+        // Only the caller's own tasks are honored; any other id is left out of the
+        // acknowledgment, exactly as one that never existed.
+        let creator = self.creator_of(req);
+        let tasks: Vec<(String, String, String)> = filter
+            .task_ids
+            .iter()
+            .filter_map(|id| {
+                let s = self.tasks.open(id, &creator)?;
+                Some((s.project, s.sled_id, id.clone()))
+            })
+            .collect();
         let wants_project = filter.prompts_list_changed
             || filter.resources_list_changed
             || !filter.resource_subscriptions.is_empty();
@@ -116,6 +150,7 @@ impl Gateway {
                 BTreeSet::new()
             },
             project,
+            tasks,
             holder: crate::auth::Holder::of(req.principal, &self.registry),
         };
         let mut honored = Map::new();
@@ -130,6 +165,10 @@ impl Gateway {
         }
         if !listen.uris.is_empty() {
             honored.insert("resourceSubscriptions".into(), json!(listen.uris));
+        }
+        if !listen.tasks.is_empty() {
+            let ids: Vec<&str> = listen.tasks.iter().map(|(_, _, id)| id.as_str()).collect();
+            honored.insert("taskIds".into(), json!(ids));
         }
         let subscription: Value = serde_json::from_str(id.as_str()).expect("ids are JSON");
         let mut meta = json!({ "io.modelcontextprotocol/subscriptionId": subscription });
@@ -306,7 +345,7 @@ impl Gateway {
         }
     }
 
-    fn listen_event(
+    pub(super) fn listen_event(
         &mut self,
         token: HttpToken,
         id: &RawId,

@@ -538,6 +538,14 @@ enum Pending {
     },
     /// The gateway's own `resources/subscribe` or `unsubscribe` for its stateless listeners.
     Subscription { project: String, deadline: Instant },
+    /// The gateway's own `tasks/result` for a task that became terminal, whose
+    /// `notifications/tasks` to stateless listeners carries its result (`tasks.rs`).
+    TaskFetch {
+        project: String,
+        sled_id: String,
+        task: Box<Map<String, Value>>,
+        deadline: Instant,
+    },
     /// One sled's `pipeline_status` for an `aggregate_pipeline_status`.
     FanoutPart {
         fanout: u64,
@@ -597,6 +605,7 @@ impl Pending {
             Pending::Call(Call { deadline, .. })
             | Pending::ToolsList { deadline, .. }
             | Pending::Subscription { deadline, .. }
+            | Pending::TaskFetch { deadline, .. }
             | Pending::FanoutPart { deadline, .. } => *deadline,
         }
     }

@@ -164,7 +164,7 @@ impl Gateway {
                     self.relay_progress(id, message.params)
                 }
                 None if method == "notifications/tasks/status" => {
-                    self.on_task_status(id, message.params)
+                    self.on_task_status(now, id, message.params)
                 }
                 None if method == "notifications/resources/updated" => {
                     if let Some(project) = self.live_project(id) {
@@ -247,6 +247,12 @@ impl Gateway {
             return;
         };
         match pending {
+            Pending::TaskFetch {
+                project,
+                sled_id,
+                task,
+                ..
+            } => self.on_task_fetched(&project, &sled_id, *task, result, error),
             Pending::Subscription { project, .. } => {
                 if let Some(e) = error {
                     tracing::info!(
@@ -439,6 +445,9 @@ impl Gateway {
             }
             Pending::Subscription { project, .. } => {
                 tracing::warn!(project, "a resource subscription at the sled timed out");
+            }
+            Pending::TaskFetch { project, .. } => {
+                tracing::warn!(project, "a finished task's result was not given in time");
             }
             Pending::FanoutPart {
                 fanout, project, ..

@@ -124,11 +124,13 @@ impl Gateway {
         let ttl = if modern {
             let declared = declares_tasks(meta);
             match support {
-                TaskSupport::Required if !declared => return Err(RpcError::TasksNotDeclared {
-                    what: format!(
+                TaskSupport::Required if !declared => {
+                    return Err(RpcError::TasksNotDeclared {
+                        what: format!(
                         "tool '{tool}' of project '{project}' runs only as a task, so calling it"
                     ),
-                }),
+                    })
+                }
                 TaskSupport::Optional | TaskSupport::Required if declared => tasks::DEFAULT_TTL,
                 _ => return Ok(None),
             }
@@ -671,7 +673,12 @@ impl Gateway {
 
     /// A sled's `notifications/tasks/status`: recorded, and sent (with the id the caller sees)
     /// to the creator's session, and nowhere else.
-    pub(super) fn on_task_status(&mut self, uplink: UplinkId, params: Option<&RawValue>) {
+    pub(super) fn on_task_status(
+        &mut self,
+        now: Instant,
+        uplink: UplinkId,
+        params: Option<&RawValue>,
+    ) {
         let Some(project) = self.live_project(uplink) else {
             return;
         };
@@ -692,6 +699,8 @@ impl Gateway {
             self.counters.frames_invalid += 1;
             return;
         };
+        // Stateless listeners of the task (whose ids opened for them when they listened).
+        self.notify_task_listeners(now, &project, &sled_id, status, &task);
         let Some(record) = self
             .tasks
             .handle_status(&project, &sled_id, status)
@@ -715,6 +724,100 @@ impl Gateway {
             &Value::Object(task).to_string(),
         );
         self.notify_session_anywhere(&session, data);
+    }
+
+    /// `notifications/tasks` to the stateless listeners of a task: at once while it runs or
+    /// once cancelled; a completed or failed one once its result (or error) is fetched, since
+    /// the notification carries the whole `DetailedTask`.
+    fn notify_task_listeners(
+        &mut self,
+        now: Instant,
+        project: &str,
+        sled_id: &str,
+        status: Status,
+        task: &Map<String, Value>,
+    ) {
+        let wanted = self
+            .listens
+            .values()
+            .any(|l| l.tasks.iter().any(|(p, s, _)| p == project && s == sled_id));
+        if !wanted {
+            return;
+        }
+        if !matches!(status, Status::Completed | Status::Failed) {
+            return self.send_task_listeners(project, sled_id, modern_task(task.clone()));
+        }
+        let Some(uplink) = self.projects.get(project).and_then(|p| p.uplink) else {
+            return;
+        };
+        let rpc_id = self.calls.next_id();
+        self.calls.start(
+            uplink,
+            rpc_id,
+            Pending::TaskFetch {
+                project: project.to_owned(),
+                sled_id: sled_id.to_owned(),
+                task: Box::new(task.clone()),
+                deadline: now + self.config.refresh_timeout,
+            },
+        );
+        let params = json!({ "taskId": sled_id }).to_string();
+        let text = jsonrpc::request(rpc_id, "tasks/result", &params);
+        self.outputs.push_back(Output::UplinkSend { uplink, text });
+    }
+
+    /// The result of a terminal task, fetched for its listeners.
+    pub(super) fn on_task_fetched(
+        &mut self,
+        project: &str,
+        sled_id: &str,
+        task: Map<String, Value>,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+    ) {
+        let mut t = modern_task(task);
+        match (
+            result.and_then(|r| serde_json::from_str::<Map<String, Value>>(r.get()).ok()),
+            error.and_then(|e| serde_json::from_str::<Value>(e.get()).ok()),
+        ) {
+            (Some(mut r), _) => {
+                if let Some(Value::Object(meta)) = r.get_mut("_meta") {
+                    meta.remove(tasks::RELATED_TASK);
+                    if meta.is_empty() {
+                        r.remove("_meta");
+                    }
+                }
+                t.insert("result".into(), Value::Object(r));
+            }
+            (None, Some(e)) => {
+                t.insert("status".into(), json!("failed"));
+                t.insert("error".into(), e);
+            }
+            _ => {
+                self.counters.frames_invalid += 1;
+                return;
+            }
+        }
+        self.send_task_listeners(project, sled_id, t);
+    }
+
+    fn send_task_listeners(&mut self, project: &str, sled_id: &str, task: Map<String, Value>) {
+        let to: Vec<(HttpToken, RawId, String)> = self
+            .listens
+            .iter()
+            .filter_map(|(t, l)| {
+                let (_, _, shown) = l
+                    .tasks
+                    .iter()
+                    .find(|(p, s, _)| p == project && s == sled_id)?;
+                Some((*t, l.id.clone(), shown.clone()))
+            })
+            .collect();
+        for (token, id, shown) in to {
+            let mut t = task.clone();
+            t.insert("taskId".into(), Value::String(shown));
+            self.listen_event(token, &id, "notifications/tasks", t);
+        }
     }
 
     /// A sled's progress under a token no pending call has: the creating call of a task still

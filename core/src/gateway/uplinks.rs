@@ -86,7 +86,9 @@ impl Gateway {
                         Outcome::UplinkLost,
                     );
                 }
-                Pending::ToolsList { .. } | Pending::Subscription { .. } => {}
+                Pending::ToolsList { .. }
+                | Pending::Subscription { .. }
+                | Pending::TaskFetch { .. } => {}
             }
         }
         // Find out at once whether the project's server is still there.

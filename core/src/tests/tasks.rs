@@ -429,3 +429,89 @@ fn stateless_refusals_without_the_extension_or_with_a_wrong_mcp_name() {
         json!({"io.modelcontextprotocol/tasks":{}})
     );
 }
+
+#[test]
+fn stateless_listeners_get_their_own_tasks_notifications_with_the_result() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"},"_meta":declared()}),
+        &|_| {},
+    );
+    let f = one_frame(&mut h, beta);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task("t1","working")}}),
+    );
+    let id = answer(&mut h, t).1["result"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A session's task id does not open for a stateless caller.
+    let s = h.initialize();
+    let (theirs, _) = start(&mut h, beta, &s, "beta", "t2", None);
+
+    let l = modern(
+        &mut h,
+        2,
+        "subscriptions/listen",
+        json!({"notifications":{"taskIds":[id, theirs]},"_meta":declared()}),
+        &|_| {},
+    );
+    let events =
+        |h: &Harness| -> Vec<Value> { h.streams[&l].iter().map(|(_, v)| v.clone()).collect() };
+    let ack = &events(&h)[0];
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged");
+    assert_eq!(
+        ack["params"]["notifications"]["taskIds"],
+        json!([id]),
+        "{ack}"
+    );
+
+    for (sled_id, status) in [("t2", "completed"), ("t1", "working"), ("t1", "completed")] {
+        h.sled_says(
+            beta,
+            json!({"jsonrpc":"2.0","method":"notifications/tasks/status","params":task(sled_id,status)}),
+        );
+    }
+    // The gateway fetches the finished task's result for its listener (the other task has
+    // none here).
+    let f = one_frame(&mut h, beta);
+    assert_eq!(
+        (f["method"].as_str(), &f["params"]["taskId"]),
+        (Some("tasks/result"), &json!("t1"))
+    );
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"content":[{"type":"text","text":"ok"}]}}),
+    );
+    let got: Vec<Value> = events(&h)
+        .into_iter()
+        .skip(1)
+        .filter(|e| e["method"] == "notifications/tasks")
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (
+            got[0]["params"]["status"].as_str(),
+            &got[0]["params"]["taskId"]
+        ),
+        (Some("working"), &json!(id))
+    );
+    assert_eq!(got[1]["params"]["status"], "completed");
+    assert_eq!(got[1]["params"]["result"]["content"][0]["text"], "ok");
+    assert!(got[1]["params"]["ttlMs"].is_u64());
+
+    // Without the extension: -32021.
+    let t = modern(
+        &mut h,
+        3,
+        "subscriptions/listen",
+        json!({"notifications":{"taskIds":[id]}}),
+        &|_| {},
+    );
+    assert_eq!(answer(&mut h, t).1["error"]["code"], -32021);
+}
