@@ -73,7 +73,12 @@ async fn mcp_post(State(sled): State<SharedSled>, body: Bytes) -> Response {
             ),
         );
     }
-    match sled.handle(&msg) {
+    // run_tests (for its duration, or as a task) and tasks/* are answered asynchronously.
+    let answer = match sled.handle_async(&msg, None) {
+        Some(answer) => answer.await,
+        None => sled.handle(&msg),
+    };
+    match answer {
         Some(resp) => json_response(StatusCode::OK, &resp),
         None => StatusCode::ACCEPTED.into_response(),
     }

@@ -23,6 +23,15 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+pub use sled_uplink::tasks::TaskIds;
+use sled_uplink::tasks::{admit, TaskOptions, TaskProgress, TaskRunner, TaskSupport};
+use sled_uplink::CallContext;
 
 pub use gateway_core::uplink::{FENCE_META, LEASE_KEYWORD};
 use serde_json::{json, Map, Value};
@@ -50,15 +59,36 @@ pub mod codes {
 }
 
 /// Options of one sled's MCP server.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SledConfig {
     /// How many tools one `tools/list` page holds; `None` (the default) means all of them.
     /// `Some(0)` is treated as `Some(1)`.
     pub page_size: Option<usize>,
+    /// How long one `run_tests` takes, in milliseconds: drawn from the sled's seed between
+    /// these two (inclusive; default 200 to 2000), one draw per call in the order they arrive.
+    pub run_tests_ms: (u64, u64),
+    /// How its tasks are named ([`SharedSled`] runs them): random (the default), seeded, or a
+    /// counter `t1, t2, …` that collides across sleds (the simulation's).
+    pub task_ids: TaskIds,
 }
 
+impl Default for SledConfig {
+    fn default() -> Self {
+        SledConfig {
+            page_size: None,
+            run_tests_ms: (200, 2000),
+            task_ids: TaskIds::Random,
+        }
+    }
+}
+
+/// The tool that runs the project's tests for a while and may run as a task.
+pub const RUN_TESTS_TOOL: &str = "run_tests";
+/// How many steps a `run_tests` takes (progress after each).
+pub const RUN_TESTS_STEPS: u64 = 4;
+
 /// The names of all the tools a sled serves, in `tools/list` order.
-pub const TOOL_NAMES: [&str; 13] = [
+pub const TOOL_NAMES: [&str; 14] = [
     "create_story",
     "get_story_todos",
     "show",
@@ -72,6 +102,7 @@ pub const TOOL_NAMES: [&str; 13] = [
     "record_test_result",
     "pipeline_status",
     "whoami",
+    RUN_TESTS_TOOL,
 ];
 
 /// The MCP server of one project.
@@ -89,6 +120,8 @@ pub struct Sled {
     subscribed: BTreeSet<String>,
     /// Subscribed URIs whose story changed, until [`Sled::take_updated`].
     updated: Vec<String>,
+    /// Draws each `run_tests`' duration ([`Sled::run_tests_duration`]).
+    run_tests_rng: ChaCha8Rng,
 }
 
 /// How many received trace contexts a sled keeps.
@@ -192,6 +225,7 @@ impl Sled {
             updated: Vec::new(),
             fences: Fences::default(),
             traces: VecDeque::new(),
+            run_tests_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7e57_5eed),
         }
     }
 
@@ -252,6 +286,13 @@ impl Sled {
     /// The configuration.
     pub fn config(&self) -> &SledConfig {
         &self.config
+    }
+
+    /// How long the next `run_tests` takes: drawn from the sled's seed within
+    /// [`SledConfig::run_tests_ms`].
+    pub fn run_tests_duration(&mut self) -> Duration {
+        let (lo, hi) = self.config.run_tests_ms;
+        Duration::from_millis(self.run_tests_rng.random_range(lo.min(hi)..=hi.max(lo)))
     }
 
     /// Changes the `tools/list` page size.
@@ -551,6 +592,22 @@ impl Sled {
                 ));
             }
         };
+        if params.contains_key("task") {
+            // A task-augmented call: only a tool that supports tasks takes one (the spec's
+            // -32601 otherwise). `run_tests` is answered at once here; [`SharedSled`] runs it
+            // for its duration, and as a task.
+            let support =
+                cached_definition(name).map_or(TaskSupport::Forbidden, TaskSupport::of_tool);
+            if let Err(refusal) = admit(&json!({"params": params}), support) {
+                let e = &refusal["error"];
+                return Err(RpcError::new(
+                    e["code"].as_i64().unwrap_or(codes::INVALID_PARAMS),
+                    e["message"]
+                        .as_str()
+                        .unwrap_or("task-augmented call refused"),
+                ));
+            }
+        }
         let fence = Fence::from_meta(params.get("_meta"))
             .map_err(|message| RpcError::new(codes::INVALID_PARAMS, message))?;
         let mut result = self.call_tool_fenced(name, params.get("arguments"), fence.as_ref())?;
@@ -759,6 +816,13 @@ impl Sled {
                 "sled": self.sled_name, "seed": self.seed,
                 "fence_high_water": self.fence_high_water(),
             })),
+            RUN_TESTS_TOOL => {
+                let suite = args.get("suite").and_then(Value::as_str).unwrap_or("all");
+                let (passed, failed) = test_outcome(self.seed, &self.project.name, suite);
+                Ok(json!({
+                    "sled": self.sled_name, "suite": suite, "passed": passed, "failed": failed,
+                }))
+            }
             _ => self.run_story_tool(name, story_id, args),
         }
     }
@@ -1123,15 +1187,42 @@ pub fn tool_definition(name: &str) -> Option<Value> {
             object_schema(json!({}), &[]),
             true,
         ),
+        RUN_TESTS_TOOL => (
+            "Run tests",
+            "Run the project's tests (one suite, or all), reporting progress after each step; takes a while, so it may run as a task (execution.taskSupport optional). Changes nothing.",
+            object_schema(
+                json!({ "suite": { "type": "string", "minLength": 1, "description": "The suite to run (default: all)." } }),
+                &[],
+            ),
+            true,
+        ),
         _ => return None,
     };
-    Some(json!({
+    let mut def = json!({
         "name": name,
         "title": title,
         "description": description,
         "inputSchema": schema,
         "annotations": { "readOnlyHint": read_only },
-    }))
+    });
+    if name == RUN_TESTS_TOOL {
+        def["execution"] = json!({ "taskSupport": "optional" });
+    }
+    Some(def)
+}
+
+/// How many tests of `suite` pass and fail on the sled of `project` with `seed`: the same on
+/// every run, and (by the project in the mix) telling one project's run from another's.
+pub fn test_outcome(seed: u64, project: &str, suite: &str) -> (u64, u64) {
+    let mut h = Sha256::new();
+    h.update(seed.to_le_bytes());
+    h.update(project.as_bytes());
+    h.update([0]);
+    h.update(suite.as_bytes());
+    let d = h.finalize();
+    let passed = 10 + u64::from(d[0]) % 40;
+    let failed = u64::from(d[1] % 4 == 0) * (1 + u64::from(d[2]) % 3);
+    (passed, failed)
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -1248,20 +1339,100 @@ struct SharedInner {
     tools_changed: watch::Sender<u64>,
     /// Notifications every connected uplink sends ([`SharedSled::notify`]).
     notices: tokio::sync::broadcast::Sender<String>,
+    /// Its tasks (`run_tests` as a task); status notifications go out with `notices`.
+    tasks: TaskRunner,
 }
 
 impl SharedSled {
-    /// Shares `sled`.
+    /// Shares `sled`; its tasks' timestamps come from the system's clock.
     pub fn new(sled: Sled) -> Self {
+        SharedSled::with_task_clock(sled, sled_uplink::tasks::system_clock)
+    }
+
+    /// Shares `sled`; its tasks' `createdAt` and `lastUpdatedAt` come from `clock` (the time
+    /// since the Unix epoch: a simulation's, to stay deterministic).
+    pub fn with_task_clock(sled: Sled, clock: fn() -> Duration) -> Self {
         let project = sled.project_name().to_owned();
+        let notices = tokio::sync::broadcast::Sender::new(64);
+        let tasks = TaskRunner::new(
+            TaskOptions {
+                ids: sled.config().task_ids.clone(),
+                clock,
+                ..TaskOptions::default()
+            },
+            notices.clone(),
+        );
         SharedSled {
             inner: Arc::new(SharedInner {
                 sled: Mutex::new(sled),
                 project,
                 tools_changed: watch::Sender::new(0),
-                notices: tokio::sync::broadcast::Sender::new(64),
+                notices,
+                tasks,
             }),
         }
+    }
+
+    /// Its tasks.
+    pub fn tasks(&self) -> &TaskRunner {
+        &self.inner.tasks
+    }
+
+    /// The requests answered asynchronously (see [`SyncServer::handle_async`]
+    /// (crate::uplink::SyncServer::handle_async)): `tasks/*`, and `run_tests`, which takes
+    /// its seeded duration with progress after each of [`RUN_TESTS_STEPS`] steps (through
+    /// `ctx`, the call's context on an uplink), as a plain call or, with `params.task`, as a
+    /// task. `None` for everything else ([`SharedSled::handle`] answers it at once).
+    pub fn handle_async(
+        &self,
+        msg: &Value,
+        ctx: Option<&CallContext>,
+    ) -> Option<BoxFuture<'static, Option<Value>>> {
+        let method = msg.get("method").and_then(Value::as_str)?;
+        msg.get("id")?;
+        if TaskRunner::handles(method) {
+            let (tasks, msg) = (self.inner.tasks.clone(), msg.clone());
+            return Some(Box::pin(async move { tasks.answer(&msg).await }));
+        }
+        let listed = self.lock().tool_names().contains(&RUN_TESTS_TOOL);
+        if method != "tools/call"
+            || msg.pointer("/params/name") != Some(&json!(RUN_TESTS_TOOL))
+            || !listed
+        {
+            return None;
+        }
+        let as_task = match admit(msg, TaskSupport::Optional) {
+            Ok(as_task) => as_task,
+            Err(refusal) => return Some(Box::pin(async move { Some(refusal) })),
+        };
+        // Drawn now, in the order the calls arrive, so a simulation stays deterministic.
+        let duration = self.lock().run_tests_duration();
+        let mut plain = msg.clone();
+        if let Some(params) = plain.get_mut("params").and_then(Value::as_object_mut) {
+            params.remove("task");
+        }
+        let sled = self.clone();
+        if as_task {
+            let created =
+                self.inner
+                    .tasks
+                    .start(msg, ctx.cloned(), move |p: TaskProgress| async move {
+                        let report = |step: u64, text: &str| {
+                            p.progress(step as f64, Some(RUN_TESTS_STEPS as f64), Some(text));
+                        };
+                        run_tests(&sled, &plain, duration, report).await
+                    });
+            return Some(Box::pin(async move { Some(created) }));
+        }
+        let ctx = ctx.cloned();
+        Some(Box::pin(async move {
+            let report = |step: u64, text: &str| {
+                if let Some(ctx) = &ctx {
+                    ctx.progress(step as f64, Some(RUN_TESTS_STEPS as f64), Some(text));
+                }
+            };
+            Some(run_tests(&sled, &plain, duration, report).await)
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, Sled> {
@@ -1353,6 +1524,35 @@ impl SharedSled {
     pub fn subscribe_notices(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.inner.notices.subscribe()
     }
+}
+
+/// `run_tests` for `duration`, in [`RUN_TESTS_STEPS`] steps with `report` after each, then the
+/// sled's answer to `msg` (a plain `tools/call`).
+async fn run_tests(
+    sled: &SharedSled,
+    msg: &Value,
+    duration: Duration,
+    report: impl Fn(u64, &str),
+) -> Value {
+    let suite = msg
+        .pointer("/params/arguments/suite")
+        .and_then(Value::as_str)
+        .unwrap_or("all")
+        .to_owned();
+    let step = duration / u32::try_from(RUN_TESTS_STEPS).unwrap_or(1);
+    for i in 1..=RUN_TESTS_STEPS {
+        tokio::time::sleep(step).await;
+        report(
+            i,
+            &format!(
+                "{}: suite {suite}, step {i} of {RUN_TESTS_STEPS}",
+                sled.project_name()
+            ),
+        );
+    }
+    let id = msg.get("id").cloned().unwrap_or(Value::Null);
+    sled.handle(msg)
+        .unwrap_or_else(|| error_response(id, codes::INTERNAL_ERROR, "run_tests gave no answer"))
 }
 
 #[cfg(test)]
@@ -1486,7 +1686,7 @@ mod tests {
             json!({"jsonrpc":"2.0","id":1,"method":"tools/list"}),
         );
         let tools = r["result"]["tools"].as_array().unwrap();
-        assert_eq!(tools.len(), 13);
+        assert_eq!(tools.len(), 14);
         assert!(r["result"].get("nextCursor").is_none());
         for tool in tools {
             let schema = &tool["inputSchema"];
@@ -1507,7 +1707,10 @@ mod tests {
 
     #[test]
     fn tools_list_paginates() {
-        let mut s = sled().with_config(SledConfig { page_size: Some(5) });
+        let mut s = sled().with_config(SledConfig {
+            page_size: Some(5),
+            ..SledConfig::default()
+        });
         let mut names = Vec::new();
         let mut cursor: Option<String> = None;
         let mut pages = 0;
@@ -1559,14 +1762,14 @@ mod tests {
         assert!(s.set_tool_enabled("whoami", false));
         assert!(!s.set_tool_enabled("whoami", false));
         assert!(!s.set_tool_enabled("nope", false));
-        assert_eq!(s.tools().len(), 12);
+        assert_eq!(s.tools().len(), 13);
         let r = rpc(
             &mut s,
             json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami"}}),
         );
         assert_eq!(r["error"]["code"], -32602);
         assert!(s.set_tool_enabled("whoami", true));
-        assert_eq!(s.tools().len(), 13);
+        assert_eq!(s.tools().len(), 14);
     }
 
     #[test]
@@ -1921,7 +2124,122 @@ mod tests {
         assert!(!shared.set_tool_enabled("show", false));
         assert!(!rx.has_changed().unwrap());
         let n = shared.with(|s| s.tools().len());
-        assert_eq!(n, 12);
+        assert_eq!(n, 13);
+    }
+
+    fn run_tests_call(id: u64, task: Option<Value>) -> Value {
+        let mut params = json!({"name": RUN_TESTS_TOOL, "arguments": {"suite": "unit"},
+            "_meta": {"progressToken": "tok"}});
+        if let Some(task) = task {
+            params["task"] = task;
+        }
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    }
+
+    #[test]
+    fn run_tests_may_run_as_a_task_and_names_its_project_and_suite() {
+        let def = tool_definition(RUN_TESTS_TOOL).unwrap();
+        assert_eq!(def["execution"]["taskSupport"], "optional");
+        assert_eq!(def["annotations"]["readOnlyHint"], true);
+        assert!(tool_definition("show").unwrap().get("execution").is_none());
+        let mut s = sled();
+        let r = rpc(&mut s, run_tests_call(1, None));
+        let c = &r["result"]["structuredContent"];
+        assert_eq!(c["project"], "beta");
+        assert_eq!(c["suite"], "unit");
+        let (passed, failed) = test_outcome(7, "beta", "unit");
+        assert_eq!(
+            (c["passed"].as_u64(), c["failed"].as_u64()),
+            (Some(passed), Some(failed))
+        );
+        assert_ne!(
+            test_outcome(7, "beta", "unit"),
+            test_outcome(7, "gamma", "unit")
+        );
+        // A task-augmented call to a tool that does not support tasks: -32601.
+        let r = rpc(
+            &mut s,
+            json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+                "params":{"name":"whoami","task":{"ttl":1000}}}),
+        );
+        assert_eq!(r["error"]["code"], codes::METHOD_NOT_FOUND);
+        // Durations come from the seed, within the configured range.
+        let mut a = Sled::seeded("beta", 3);
+        let mut b = Sled::seeded("beta", 3);
+        let da: Vec<Duration> = (0..5).map(|_| a.run_tests_duration()).collect();
+        let db: Vec<Duration> = (0..5).map(|_| b.run_tests_duration()).collect();
+        assert_eq!(da, db);
+        assert!(da
+            .iter()
+            .all(|d| (200..=2000).contains(&(d.as_millis() as u64))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shared_sled_runs_run_tests_as_a_task() {
+        let sled = sled().with_config(SledConfig {
+            run_tests_ms: (1000, 1000),
+            task_ids: TaskIds::Counter,
+            ..SledConfig::default()
+        });
+        let shared = SharedSled::new(sled);
+        let mut notices = shared.subscribe_notices();
+        let start = tokio::time::Instant::now();
+        let created = shared
+            .handle_async(&run_tests_call(1, Some(json!({"ttl": 60_000}))), None)
+            .expect("run_tests is answered asynchronously")
+            .await
+            .unwrap();
+        assert_eq!(created["result"]["task"]["taskId"], "t1");
+        assert_eq!(created["result"]["task"]["status"], "working");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        let ask = |id: u64, method: &str| json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {"taskId": "t1"}});
+        let got = shared
+            .handle_async(&ask(2, "tasks/get"), None)
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(got["result"]["status"], "working");
+        let result = shared
+            .handle_async(&ask(3, "tasks/result"), None)
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(result["result"]["structuredContent"]["project"], "beta");
+        assert_eq!(result["result"]["structuredContent"]["suite"], "unit");
+        assert_eq!(
+            result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+            "t1"
+        );
+        let mut progress = 0;
+        let mut statuses = Vec::new();
+        while let Ok(n) = notices.try_recv() {
+            let n: Value = serde_json::from_str(&n).unwrap();
+            match n["method"].as_str() {
+                Some("notifications/progress") => {
+                    assert_eq!(n["params"]["progressToken"], "tok");
+                    progress += 1;
+                }
+                Some("notifications/tasks/status") => statuses.push(n["params"]["status"].clone()),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(progress, RUN_TESTS_STEPS);
+        assert_eq!(statuses, [json!("completed")]);
+        // A plain call runs for its duration and answers the result itself.
+        let start = tokio::time::Instant::now();
+        let plain = shared
+            .handle_async(&run_tests_call(4, None), None)
+            .unwrap()
+            .await
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(plain["result"]["structuredContent"]["suite"], "unit");
+        assert!(plain["result"].get("task").is_none());
+        // Anything else is the synchronous path's.
+        assert!(shared
+            .handle_async(&json!({"jsonrpc":"2.0","id":5,"method":"tools/list"}), None)
+            .is_none());
     }
 }
 

@@ -419,6 +419,11 @@ impl Handler for SimSled {
         } else {
             Duration::ZERO
         };
+        // run_tests (with its own seeded duration, as a plain call or a task) and tasks/*:
+        // the story sled's own asynchronous answers, as its uplink gives them.
+        if let Some(answer) = self.sled.handle_async(&msg, Some(&ctx)) {
+            return answer;
+        }
         Box::pin(async move {
             if is_call && msg.pointer("/params/name") == Some(&json!(RUN_CHECKS_TOOL)) {
                 return Some(self.run_checks(&msg, &ctx, delay).await);
@@ -442,6 +447,12 @@ impl Handler for SimSled {
 
     fn fence_high_water(&self) -> Option<u64> {
         self.sled.fence_high_water()
+    }
+
+    /// The story sled's own notifications: its tasks' status changes (and their progress once
+    /// the connection of the call that made them is gone), and what it is told to announce.
+    fn notices(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        Some(self.sled.subscribe_notices())
     }
 
     fn cancelled(&self, connection: u64, params: &Value) {

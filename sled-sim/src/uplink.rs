@@ -37,6 +37,14 @@ impl SyncServer for SharedSled {
     fn event_of(&self, msg: &Value, resp: &Value) -> Option<(&'static str, Option<String>)> {
         story_event(msg, resp)
     }
+
+    fn handle_async(
+        &self,
+        msg: &Value,
+        ctx: &CallContext,
+    ) -> Option<futures_util::future::BoxFuture<'static, Option<Value>>> {
+        SharedSled::handle_async(self, msg, Some(ctx))
+    }
 }
 
 /// The story-model sled as an uplink's backend.

@@ -52,7 +52,7 @@ async fn client_http_and_model_work_together() {
         let list = client.tools_list(json!(1), None).await.unwrap();
         assert_eq!(list["id"], 1);
         let tools = list["result"]["tools"].as_array().unwrap();
-        assert_eq!(tools.len(), 13);
+        assert_eq!(tools.len(), 14);
         assert!(tools.iter().any(|t| t["name"] == "create_story"));
 
         let created = client

@@ -161,7 +161,7 @@ async fn hello_welcome_ping_and_calls() {
         send(&mut ws, json!({"jsonrpc":"2.0","id":1,"method":"tools/list"})).await;
         let list = next_json(&mut ws).await.unwrap();
         assert_eq!(list["id"], 1);
-        assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 13);
+        assert_eq!(list["result"]["tools"].as_array().unwrap().len(), 14);
 
         let sent = Instant::now();
         send(
@@ -1020,5 +1020,182 @@ async fn a_reconnecting_sleds_hello_carries_the_highest_fence_it_accepted() {
         })
         .await
         .expect("test timed out");
+    }
+}
+
+/// `run_tests` as a task over a real uplink, for both ways a sled-sim sled is served (the
+/// story model's synchronous backend and the simulation's handler): the `CreateTaskResult`
+/// comes at once, progress under the gateway's token and the status notification after it,
+/// then `tasks/get`, `tasks/list` and `tasks/result`; a second task is cancelled, and never
+/// reports completed.
+#[tokio::test]
+async fn run_tests_runs_as_a_task_over_the_uplink() {
+    for wrapped in [false, true] {
+        timeout(LIMIT, async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let gateway = GatewayAddr::parse(&format!("http://{addr}")).unwrap();
+            let config = sled_sim::SledConfig {
+                run_tests_ms: (400, 400),
+                task_ids: sled_sim::mcp::TaskIds::Counter,
+                ..sled_sim::SledConfig::default()
+            };
+            let sled =
+                SharedSled::new(Sled::new(Project::new("alpha"), "alpha", 1).with_config(config));
+            let backend = if wrapped {
+                Backend::Handler(Arc::new(SimSled::new(
+                    sled.clone(),
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    1,
+                )))
+            } else {
+                sled_sim::uplink::story(sled.clone())
+            };
+            let (stop, stopped) = oneshot::channel::<()>();
+            let task = tokio::spawn(run_uplink_with(
+                TokioConnect,
+                gateway,
+                backend,
+                fast("alpha"),
+                async {
+                    let _ = stopped.await;
+                },
+            ));
+            let (mut ws, _, _) = accept(&listener).await;
+            expect_hello(&mut ws).await;
+            send_control(&mut ws, welcome(5_000)).await;
+
+            let call = |id: u64, suite: &str| {
+                json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{
+                "name":"run_tests","arguments":{"suite":suite},"task":{"ttl":60_000},
+                "_meta":{"progressToken":format!("gw-{id}")}}})
+            };
+            let sent = Instant::now();
+            send(&mut ws, call(1, "unit")).await;
+            let created = next_json(&mut ws).await.unwrap();
+            assert_eq!(created["id"], 1, "{created}");
+            assert_eq!(created["result"]["task"]["taskId"], "t1", "{created}");
+            assert_eq!(created["result"]["task"]["status"], "working");
+            assert!(
+                sent.elapsed() < Duration::from_millis(300),
+                "answered at once"
+            );
+            send(
+                &mut ws,
+                json!({"jsonrpc":"2.0","id":2,"method":"tasks/get","params":{"taskId":"t1"}}),
+            )
+            .await;
+            let got = next_json(&mut ws).await.unwrap();
+            assert_eq!(
+                (got["id"].clone(), got["result"]["status"].clone()),
+                (json!(2), json!("working")),
+                "{got}"
+            );
+            send(
+                &mut ws,
+                json!({"jsonrpc":"2.0","id":3,"method":"tasks/result","params":{"taskId":"t1"}}),
+            )
+            .await;
+            // Progress under the gateway's token; the status notification and the result (in
+            // either order: the one goes out with the sled's notices, the other with the call).
+            let mut progress = 0;
+            let mut status = None;
+            let mut result = None;
+            while status.is_none() || result.is_none() {
+                let frame = next_json(&mut ws).await.unwrap();
+                match frame["method"].as_str() {
+                    Some("notifications/progress") => {
+                        assert!(result.is_none(), "progress after the result: {frame}");
+                        assert_eq!(frame["params"]["progressToken"], "gw-1");
+                        assert_eq!(
+                            frame["params"]["_meta"]["io.modelcontextprotocol/related-task"]
+                                ["taskId"],
+                            "t1"
+                        );
+                        progress += 1;
+                    }
+                    Some("notifications/tasks/status") => status = Some(frame["params"].clone()),
+                    _ if frame["id"] == 3 => result = Some(frame),
+                    _ => panic!("unexpected {frame}"),
+                }
+            }
+            let result = result.unwrap();
+            assert_eq!(progress, 4);
+            let status = status.unwrap();
+            assert_eq!(
+                (status["taskId"].as_str(), status["status"].as_str()),
+                (Some("t1"), Some("completed"))
+            );
+            let content = &result["result"]["structuredContent"];
+            assert_eq!(
+                (content["project"].as_str(), content["suite"].as_str()),
+                (Some("alpha"), Some("unit"))
+            );
+            assert_eq!(
+                result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+                "t1"
+            );
+
+            send(&mut ws, call(4, "slow")).await;
+            let second = next_json(&mut ws).await.unwrap();
+            assert_eq!(second["result"]["task"]["taskId"], "t2", "{second}");
+            send(
+                &mut ws,
+                json!({"jsonrpc":"2.0","id":5,"method":"tasks/cancel","params":{"taskId":"t2"}}),
+            )
+            .await;
+            let cancelled = loop {
+                let frame = next_json(&mut ws).await.unwrap();
+                if frame["id"] == 5 {
+                    break frame;
+                }
+            };
+            assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+            send(
+                &mut ws,
+                json!({"jsonrpc":"2.0","id":6,"method":"tasks/list"}),
+            )
+            .await;
+            // Past the second task's would-be end: nothing more about it but its cancellation.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            let listed = loop {
+                let frame = next_json(&mut ws).await.unwrap();
+                assert_ne!(frame["params"]["status"], "completed", "{frame}");
+                if frame["id"] == 6 {
+                    break frame;
+                }
+            };
+            let tasks: Vec<(Value, Value)> = listed["result"]["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| (t["taskId"].clone(), t["status"].clone()))
+                .collect();
+            assert_eq!(
+                tasks,
+                [
+                    (json!("t1"), json!("completed")),
+                    (json!("t2"), json!("cancelled"))
+                ]
+            );
+            send(
+                &mut ws,
+                json!({"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"taskId":"t2"}}),
+            )
+            .await;
+            let after = loop {
+                let frame = next_json(&mut ws).await.unwrap();
+                assert_ne!(frame["params"]["status"], "completed", "{frame}");
+                if frame["id"] == 7 {
+                    break frame;
+                }
+            };
+            assert_eq!(after["result"]["status"], "cancelled");
+            let _ = stop.send(());
+            let _ = task.await;
+        })
+        .await
+        .unwrap_or_else(|_| panic!("timed out (wrapped: {wrapped})"));
     }
 }

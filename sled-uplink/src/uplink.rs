@@ -264,6 +264,18 @@ pub trait SyncServer: Send + Sync + 'static {
     fn event_of(&self, _msg: &Value, _resp: &Value) -> Option<(&'static str, Option<String>)> {
         None
     }
+
+    /// The requests it answers asynchronously, as a [`Handler`] would, without the latency
+    /// knob: `Some(answer)` takes `msg` off the synchronous path (a tool that runs for a while,
+    /// a task-augmented call, `tasks/*`), run as a task of its own with `ctx`, aborted by the
+    /// gateway's `notifications/cancelled`. None (the default) for everything.
+    fn handle_async(
+        &self,
+        _msg: &Value,
+        _ctx: &CallContext,
+    ) -> Option<BoxFuture<'static, Option<Value>>> {
+        None
+    }
 }
 
 /// What an uplink serves.
@@ -1327,20 +1339,25 @@ where
                                     handler.cancelled(connection, msg.get("params").unwrap_or(&Value::Null));
                                 }
                             } else {
-                                match backend {
-                                    Backend::Sync(sled) => {
+                                let id = msg.get("id").and_then(Value::as_u64);
+                                let ctx = CallContext {
+                                    peer: peer.clone(),
+                                    connection,
+                                    request_id: id,
+                                    progress_token: msg.pointer("/params/_meta/progressToken").cloned(),
+                                };
+                                let answer = match backend {
+                                    Backend::Sync(sled) => sled.handle_async(&msg, &ctx),
+                                    Backend::Handler(handler) => Some(Arc::clone(handler).handle(msg.clone(), ctx)),
+                                };
+                                match (backend, answer) {
+                                    (Backend::Sync(sled), None) => {
                                         let mut rng = rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                                         serve_story(sled, msg, opts, relay, &mut rng, &tx, &mut tasks, &mut waiting);
                                     }
-                                    Backend::Handler(handler) => {
-                                        let id = msg.get("id").and_then(Value::as_u64);
-                                        let ctx = CallContext {
-                                            peer: peer.clone(),
-                                            connection,
-                                            request_id: id,
-                                            progress_token: msg.pointer("/params/_meta/progressToken").cloned(),
-                                        };
-                                        let answer = Arc::clone(handler).handle(msg, ctx);
+                                    // A handler answers every request itself.
+                                    (Backend::Handler(_), None) => {}
+                                    (_, Some(answer)) => {
                                         let tx = tx.clone();
                                         let handle = tasks.spawn(async move {
                                             if let Some(resp) = answer.await {

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use gateway_core::{Config, Registry};
 use gateway_server::ServerOptions;
-use sled_sim::mcp::{SharedSled, Sled};
+use sled_sim::mcp::{SharedSled, Sled, SledConfig, TaskIds};
 use sled_sim::model::Project;
 use sled_sim::net::GatewayAddr;
 use sled_sim::script::{self, RunOptions, SessionHistory};
@@ -203,6 +203,12 @@ fn sim_now() -> Duration {
     turmoil::sim_elapsed().unwrap_or_default()
 }
 
+/// The wall clock of the sleds' tasks (`createdAt`): the instant of [`sim_wall_clock`] plus
+/// the simulation's elapsed time.
+fn sim_task_clock() -> Duration {
+    Duration::from_millis(1_800_000_000_000) + sim_now()
+}
+
 /// Turns on tracing output when `DST_LOG` is set (e.g. `DST_LOG=debug`), for replays.
 fn init_logging() {
     if let Ok(filter) = std::env::var("DST_LOG") {
@@ -234,7 +240,16 @@ pub fn run(s: &Scenario) -> Report {
     let sleds: Vec<SharedSled> = s
         .projects
         .iter()
-        .map(|p| SharedSled::new(Sled::new(Project::new(p.clone()), p.clone(), s.seed)))
+        .map(|p| {
+            // Task ids `t1, t2, …` per sled, so that they collide across projects: the gateway
+            // must never take a sled's task id for a global one. Timestamps by the run's clock.
+            let config = SledConfig {
+                task_ids: TaskIds::Counter,
+                ..SledConfig::default()
+            };
+            let sled = Sled::new(Project::new(p.clone()), p.clone(), s.seed).with_config(config);
+            SharedSled::with_task_clock(sled, sim_task_clock)
+        })
         .collect();
     let logs: Vec<SledLog> = s
         .projects
