@@ -27,6 +27,14 @@
 //! it lives (its TTL, bounded by [`MAX_TTL`]), and the progress token of its creating call.
 //! A record ends at its expiry; the progress binding ends when the task is terminal.
 //!
+//! Records are kept with the coordination state (`crate::coord::persist`'s pipeline: a single
+//! gateway's store, a cluster's engine for the projects a replica holds): each change marks
+//! its record, [`Tasks::take_changes`] hands out a put (`<project in hex>.t.<sled id in hex>`,
+//! the creator, the right, the status and the time left) or a delete, and [`Tasks::restore`]
+//! and [`Tasks::replace_project`] take them back (at start; when a replica comes to hold a
+//! project), each with its age, so a restart neither shortens nor lengthens a TTL. Only the
+//! progress binding is not kept: it names a call of the process that made the task.
+//!
 //! # Invariants
 //! - A record is found by its (project, sled's id) only: two projects' tasks with one sled id
 //!   are two records.
@@ -211,9 +219,58 @@ pub struct Tasks {
     expiries: BTreeSet<(Instant, String, String)>,
     by_progress: HashMap<String, (String, String)>,
     per_creator: HashMap<Option<Box<str>>, usize>,
+    /// Records changed since the last [`Tasks::take_changes`] (a delete where none is left).
+    dirty: BTreeSet<Key>,
 }
 
 type Key = (String, String);
+
+/// A record as the store keeps it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Kept {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
+    right: String,
+    status: String,
+    expires_in_ms: u64,
+}
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Working => "working",
+        Status::InputRequired => "input_required",
+        Status::Completed => "completed",
+        Status::Failed => "failed",
+        Status::Cancelled => "cancelled",
+    }
+}
+
+/// The store key of a task's record: `<project in hex>.t.<sled id in hex>`, under the
+/// project's prefix (`crate::coord::project_prefix`), so it goes where the project's
+/// coordination records go.
+pub fn record_key(project: &str, sled_id: &str) -> String {
+    format!("{}.t.{}", hex::encode(project), hex::encode(sled_id))
+}
+
+/// Whether a store key is a task record's.
+pub fn is_record_key(key: &str) -> bool {
+    key.split('.').nth(1) == Some("t")
+}
+
+fn parse_key(key: &str) -> Option<Key> {
+    let mut parts = key.split('.');
+    let (Some(p), Some("t"), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let p = String::from_utf8(hex::decode(p).ok()?).ok()?;
+    let s = String::from_utf8(hex::decode(s).ok()?).ok()?;
+    Some((p, s))
+}
 
 impl Tasks {
     pub fn new(current: TaskKey, previous: Option<TaskKey>) -> Tasks {
@@ -224,7 +281,105 @@ impl Tasks {
             expiries: BTreeSet::new(),
             by_progress: HashMap::new(),
             per_creator: HashMap::new(),
+            dirty: BTreeSet::new(),
         }
+    }
+
+    /// Whether records changed since the last [`Tasks::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// The changed records, for the store: a put of each (with its time left at `now`), or a
+    /// delete of one that is gone.
+    pub fn take_changes(&mut self, now: Instant) -> Vec<crate::coord::RecordChange> {
+        std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(|(p, s)| {
+                let value = self.records.get(&(p.clone(), s.clone())).map(|r| {
+                    let kept = Kept {
+                        owner: r.creator.owner.as_deref().map(str::to_owned),
+                        session: r.creator.session.as_deref().map(str::to_owned),
+                        right: r.right.to_owned(),
+                        status: status_name(r.status).to_owned(),
+                        expires_in_ms: u64::try_from(
+                            r.expires.saturating_duration_since(now).as_millis(),
+                        )
+                        .unwrap_or(u64::MAX),
+                    };
+                    serde_json::to_vec(&kept).expect("a record serialises")
+                });
+                crate::coord::RecordChange {
+                    key: record_key(&p, &s),
+                    value,
+                }
+            })
+            .collect()
+    }
+
+    /// A write of `key` failed: it is written again with the next changes.
+    pub fn write_failed(&mut self, key: &str) {
+        if let Some(k) = parse_key(key) {
+            self.dirty.insert(k);
+        }
+    }
+
+    /// Takes back records kept by an earlier run (or another replica), each with its age;
+    /// those past their expiry are left out (and deleted from the store). Returns how many
+    /// were taken back.
+    pub fn restore(&mut self, now: Instant, records: Vec<crate::coord::StoredRecord>) -> usize {
+        let mut n = 0;
+        for r in records {
+            let Some((project, sled_id)) = parse_key(&r.key) else {
+                continue;
+            };
+            let Ok(kept) = serde_json::from_slice::<Kept>(&r.value) else {
+                continue;
+            };
+            let left = Duration::from_millis(kept.expires_in_ms).checked_sub(r.age);
+            let (Some(left), Some(status)) =
+                (left.filter(|l| !l.is_zero()), Status::parse(&kept.status))
+            else {
+                self.dirty.insert((project, sled_id));
+                continue;
+            };
+            let right = if kept.right == "r" { "r" } else { "w" };
+            let record = Record {
+                creator: Creator {
+                    owner: kept.owner.map(String::into_boxed_str),
+                    session: kept.session.map(String::into_boxed_str),
+                },
+                right,
+                created: now,
+                expires: now + left.min(MAX_TTL),
+                status,
+                progress: None,
+            };
+            self.insert(&project, &sled_id, record);
+            n += 1;
+        }
+        n
+    }
+
+    /// `project`'s records replaced by those read from the store (a replica that came to hold
+    /// the project reads what the last holder kept).
+    pub fn replace_project(
+        &mut self,
+        now: Instant,
+        project: &str,
+        records: Vec<crate::coord::StoredRecord>,
+    ) -> usize {
+        let keys: Vec<Key> = self
+            .records
+            .keys()
+            .filter(|(p, _)| p == project)
+            .cloned()
+            .collect();
+        for k in keys {
+            self.remove(&k);
+            self.dirty.remove(&k);
+        }
+        self.restore(now, records)
     }
 
     /// The id a client sees for `sealed`, made by `creator`.
@@ -299,6 +454,11 @@ impl Tasks {
     /// A sled made a task for `creator`'s call: records it until `expires`. A record already
     /// under the same (project, sled id) is replaced (a sled reused an id: the newer wins).
     pub fn handle_created(&mut self, project: &str, sled_id: &str, record: Record) {
+        self.insert(project, sled_id, record);
+        self.dirty.insert((project.to_owned(), sled_id.to_owned()));
+    }
+
+    fn insert(&mut self, project: &str, sled_id: &str, record: Record) {
         let key = (project.to_owned(), sled_id.to_owned());
         self.remove(&key);
         self.expiries
@@ -324,8 +484,9 @@ impl Tasks {
         let key = (project.to_owned(), sled_id.to_owned());
         let record = self.records.get_mut(&key)?;
         // A terminal status is final: a later report of another is the sled's mistake.
-        if !record.status.is_terminal() {
+        if !record.status.is_terminal() && record.status != status {
             record.status = status;
+            self.dirty.insert(key.clone());
         }
         if record.status.is_terminal() {
             if let Some((token, _)) = record.progress.take() {
@@ -373,23 +534,11 @@ impl Tasks {
             if at > now {
                 break;
             }
-            self.remove(&(p, s));
+            self.remove(&(p.clone(), s.clone()));
+            self.dirty.insert((p, s));
             n += 1;
         }
         n
-    }
-
-    /// Forgets every record of `project`'s tasks (the project left the registry).
-    pub fn forget_project(&mut self, project: &str) {
-        let keys: Vec<Key> = self
-            .records
-            .keys()
-            .filter(|(p, _)| p == project)
-            .cloned()
-            .collect();
-        for k in keys {
-            self.remove(&k);
-        }
     }
 
     pub fn len(&self) -> usize {
@@ -621,6 +770,99 @@ mod tests {
         assert_eq!(t.check_room(&creator(Some("bob"), None)), Ok(()));
         t.handle_timeout(now + DEFAULT_TTL);
         assert_eq!(t.check_room(&alice), Ok(()));
+    }
+
+    #[test]
+    fn records_go_to_the_store_and_come_back_with_their_age() {
+        let mut t = tasks();
+        let now = t0();
+        let alice = creator(Some("alice"), Some("s1"));
+        t.handle_created(
+            "beta",
+            "t1",
+            record(&alice, now, Duration::from_secs(60), Some("gw")),
+        );
+        t.handle_created(
+            "beta",
+            "t2",
+            record(&alice, now, Duration::from_secs(5), None),
+        );
+        let later = now + Duration::from_secs(1);
+        let changes = t.take_changes(later);
+        assert_eq!(changes.len(), 2);
+        assert!(changes
+            .iter()
+            .all(|c| is_record_key(&c.key) && c.value.is_some()));
+        assert!(!t.has_changes());
+        // Read back by another process 10 s after the write: t2 is past its TTL.
+        let stored = changes
+            .iter()
+            .map(|c| crate::coord::StoredRecord {
+                key: c.key.clone(),
+                value: c.value.clone().unwrap(),
+                age: Duration::from_secs(10),
+            })
+            .collect();
+        let mut back = tasks();
+        let then = t0() + Duration::from_secs(100);
+        assert_eq!(back.restore(then, stored), 1);
+        assert_eq!(back.mine(&alice), vec![("beta", "t1")]);
+        let r = back.get("beta", "t1").unwrap();
+        assert_eq!(r.expires, then + Duration::from_secs(49));
+        assert!(
+            r.progress.is_none(),
+            "a progress binding is the old process's"
+        );
+        // The expired one is deleted from the store.
+        let gone = back.take_changes(then);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(
+            (gone[0].key.as_str(), gone[0].value.as_ref()),
+            (record_key("beta", "t2").as_str(), None)
+        );
+        // A status change is written; an expiry is a delete.
+        back.handle_status("beta", "t1", Status::Completed);
+        assert_eq!(back.take_changes(then).len(), 1);
+        back.handle_timeout(then + Duration::from_secs(49));
+        let c = back.take_changes(then + Duration::from_secs(49));
+        assert_eq!((c.len(), c[0].value.is_none()), (1, true));
+    }
+
+    #[test]
+    fn a_project_taken_over_gets_the_records_its_last_holder_kept() {
+        let mut t = tasks();
+        let now = t0();
+        let alice = creator(Some("alice"), None);
+        t.handle_created("beta", "old", record(&alice, now, DEFAULT_TTL, None));
+        t.handle_created("gamma", "g", record(&alice, now, DEFAULT_TTL, None));
+        t.take_changes(now);
+        let kept = Kept {
+            owner: Some("alice".into()),
+            session: None,
+            right: "w".into(),
+            status: "working".into(),
+            expires_in_ms: 60_000,
+        };
+        let n = t.replace_project(
+            now,
+            "beta",
+            vec![
+                crate::coord::StoredRecord {
+                    key: record_key("beta", "new"),
+                    value: serde_json::to_vec(&kept).unwrap(),
+                    age: Duration::ZERO,
+                },
+                crate::coord::StoredRecord {
+                    key: "62657461.t.zz".into(),
+                    value: b"{}".to_vec(),
+                    age: Duration::ZERO,
+                },
+            ],
+        );
+        assert_eq!(n, 1);
+        assert_eq!(t.mine(&alice), vec![("beta", "new"), ("gamma", "g")]);
+        assert_eq!(t.get("beta", "new").unwrap().right, "w");
+        assert!(!t.has_changes(), "what was read is not written back");
     }
 
     #[test]

@@ -89,6 +89,10 @@ impl Gateway {
                 // `Serve` is carried out after this input).
                 let read = records.is_ok();
                 if let Ok(records) = records {
+                    let (tasks, records): (Vec<_>, Vec<_>) = records
+                        .into_iter()
+                        .partition(|r| crate::tasks::is_record_key(&r.key));
+                    let tasks = self.tasks.replace_project(now, &project, tasks);
                     let restored = self
                         .coordination
                         .coord
@@ -98,6 +102,7 @@ impl Gateway {
                         leases = restored.leases,
                         board_keys = restored.board_keys,
                         messages = restored.messages,
+                        tasks,
                         skipped = restored.skipped,
                         "the project's coordination state is read"
                     );

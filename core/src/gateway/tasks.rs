@@ -290,8 +290,12 @@ impl Gateway {
         )
     }
 
-    /// `tasks/list` (2025-11-25): one page from one of the caller's projects, kept to the
-    /// caller's own tasks, with a cursor naming the project and the sled's own cursor.
+    /// `tasks/list` (2025-11-25): one page from one project, kept to the caller's own tasks,
+    /// with a cursor naming the project and the sled's own cursor. The pages walk the
+    /// projects the caller sees, in registry order; a project held here where the caller has
+    /// no task is skipped without asking its sled. A project held by another replica is served
+    /// there (its records are where its sled is): the first page of a request is relayed
+    /// there whole, and a walk that reaches one stops with a cursor naming it.
     fn tasks_list(
         &mut self,
         req: &Req<'_>,
@@ -304,77 +308,109 @@ impl Gateway {
             Some(_) => jsonrpc::params_of("tasks/list", params)?,
             None => ListParams::default(),
         };
-        // The projects where the caller has live tasks and which it still sees.
-        let mut projects: Vec<String> = Vec::new();
         #[cfg(feature = "planted-bugs")]
         let everyone = self.config.planted == Some(PlantedBug::TasksListUnfiltered);
         #[cfg(not(feature = "planted-bugs"))]
         let everyone = false;
-        let mine: Vec<(String, String)> = if everyone {
-            self.tasks.all()
+        let with_tasks: BTreeSet<String> = if everyone {
+            self.tasks.all().into_iter().map(|(p, _)| p).collect()
         } else {
             self.tasks
                 .mine(&creator)
                 .into_iter()
-                .map(|(p, s)| (p.to_owned(), s.to_owned()))
+                .map(|(p, _)| p.to_owned())
                 .collect()
         };
-        for (project, _) in &mine {
-            if projects.last() != Some(project) && self.sees(req.principal, project) {
-                projects.push(project.clone());
-            }
-        }
+        let visible: Vec<String> = self
+            .registry
+            .names()
+            .filter(|p| self.sees(req.principal, p))
+            .map(str::to_owned)
+            .collect();
         let bad_cursor = || RpcError::InvalidParams {
             method: "tasks/list".into(),
             detail: "the cursor is not one this gateway gave out for this caller".into(),
         };
-        let (start, sled_cursor) = match p.cursor.as_deref() {
+        let (first, mut sled_cursor) = match p.cursor.as_deref() {
             None => (0, None),
             Some(c) => {
                 let (project, cursor) = decode_list_cursor(c).ok_or_else(bad_cursor)?;
-                let at = projects
+                let at = visible
                     .iter()
                     .position(|p| *p == project)
                     .ok_or_else(bad_cursor)?;
                 (at, cursor)
             }
         };
-        let Some(project) = projects.get(start).cloned() else {
-            return Ok(Served::Now(r#"{"tasks":[]}"#.to_owned()));
-        };
-        let after = projects[start + 1..].to_vec();
-        let route = match self.route(req, Some(&Value::String(project.clone())), "tasks/list") {
-            Ok(Placement::Here(route)) => route,
-            Ok(Placement::Away(away)) => return Ok(Served::Away(away)),
-            // A project whose sled is away: its tasks cannot be listed now; the page is empty
-            // and the cursor goes on to the next project.
-            Err(_) => {
-                let next = after.first().map(|p| encode_list_cursor(p, None));
-                return Ok(Served::Now(list_page(Vec::new(), next)));
+        let here = |gw: &Gateway, p: &str| gw.projects.get(p).is_some_and(|s| s.uplink.is_some());
+        let mut at = first;
+        loop {
+            let Some(project) = visible.get(at).cloned() else {
+                return Ok(Served::Now(list_page(Vec::new(), None)));
+            };
+            if !here(self, &project) {
+                if at == first {
+                    // Where its sled is, if anywhere: relayed there whole.
+                    if let Ok(Placement::Away(away)) =
+                        self.route(req, Some(&Value::String(project.clone())), "tasks/list")
+                    {
+                        return Ok(Served::Away(away));
+                    }
+                    // Its sled is nowhere now: its tasks cannot be listed; go on.
+                } else if !self.clustered() {
+                    // A single gateway has every record: nothing of the caller's is there.
+                } else {
+                    let next = encode_list_cursor(&project, None);
+                    return Ok(Served::Now(list_page(Vec::new(), Some(next))));
+                }
+                at += 1;
+                sled_cursor = None;
+                continue;
             }
-        };
-        let mut object = Map::new();
-        if let Some(c) = sled_cursor {
-            object.insert("cursor".into(), Value::String(c));
+            if !with_tasks.contains(&project) {
+                at += 1;
+                sled_cursor = None;
+                continue;
+            }
+            let route = match self.route(req, Some(&Value::String(project.clone())), "tasks/list") {
+                Ok(Placement::Here(route)) => route,
+                Ok(Placement::Away(away)) => return Ok(Served::Away(away)),
+                Err(_) => {
+                    at += 1;
+                    sled_cursor = None;
+                    continue;
+                }
+            };
+            // Where the walk goes after this project: the next one that may hold something
+            // of the caller's.
+            let after: Vec<String> = visible[at + 1..]
+                .iter()
+                .filter(|p| with_tasks.contains(*p) || (!here(self, p) && self.clustered()))
+                .cloned()
+                .collect();
+            let mut object = Map::new();
+            if let Some(c) = sled_cursor {
+                object.insert("cursor".into(), Value::String(c));
+            }
+            let params = proxy::Outgoing {
+                object: Value::Object(object).to_string(),
+                meta: p.meta,
+            };
+            return self.forward(
+                req,
+                id,
+                mode,
+                route,
+                "tasks/list",
+                params,
+                "tasks/list".into(),
+                proxy::Rewrite::Task(Box::new(TaskRewrite::List {
+                    project,
+                    creator,
+                    after,
+                })),
+            );
         }
-        let params = proxy::Outgoing {
-            object: Value::Object(object).to_string(),
-            meta: p.meta,
-        };
-        self.forward(
-            req,
-            id,
-            mode,
-            route,
-            "tasks/list",
-            params,
-            "tasks/list".into(),
-            proxy::Rewrite::Task(Box::new(TaskRewrite::List {
-                project,
-                creator,
-                after,
-            })),
-        )
     }
 
     /// A sled's answer to a task-related request (`call.rewrite` is a `Rewrite::Task`).
@@ -397,6 +433,7 @@ impl Gateway {
         };
         let parsed: Option<Map<String, Value>> =
             result.and_then(|r| serde_json::from_str(r.get()).ok());
+        let mut created = false;
         let (body, outcome) = match (parsed, error, *rewrite) {
             (None, Some(error), TaskRewrite::ModernResult { mut task })
                 if error.get().starts_with('{') =>
@@ -416,14 +453,18 @@ impl Gateway {
                 match r.get_mut("task").and_then(Value::as_object_mut) {
                     Some(task) => match self.task_created(now, &call, task, right, creator) {
                         Some(()) if call.modern => {
+                            created = true;
                             let mut t = modern_task(std::mem::take(task));
                             t.insert("resultType".into(), json!("task"));
                             (modern_body(&id, t), Outcome::Ok)
                         }
-                        Some(()) => (
-                            jsonrpc::ok_response(&id, &Value::Object(r).to_string()),
-                            Outcome::Ok,
-                        ),
+                        Some(()) => {
+                            created = true;
+                            (
+                                jsonrpc::ok_response(&id, &Value::Object(r).to_string()),
+                                Outcome::Ok,
+                            )
+                        }
                         None => {
                             self.counters.frames_invalid += 1;
                             (bad(self, &call), Outcome::BadResponse)
@@ -582,6 +623,27 @@ impl Gateway {
                 (bad(self, &call), Outcome::BadResponse)
             }
         };
+        // A new task is answered once its record is durable (with a store): a `tasks/list`
+        // after a restart finds it. An answer already streaming goes at once.
+        if created && self.keeps_records() && !call.streamed && call.mrtr.is_none() {
+            self.call_ended(now, &call, outcome, Some(took));
+            let reply = HttpReply {
+                status: 200,
+                headers: Vec::new(),
+                body: Some(body),
+            };
+            let status_of: fn(i64) -> u16 = if call.modern {
+                headers::modern_status
+            } else {
+                |_| 200
+            };
+            return self.answer_coordinated(
+                now,
+                call.token,
+                (reply, call.client_id.as_str(), status_of),
+                ("tools/call", call.project.clone()),
+            );
+        }
         self.finish_or_hold(now, call, body, outcome, took);
     }
 

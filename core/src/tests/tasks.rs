@@ -204,11 +204,14 @@ fn tasks_list_walks_the_callers_projects_and_shows_only_its_tasks() {
     assert_eq!(r["result"]["tasks"][0]["taskId"], json!(mine_gamma));
     assert!(r["result"].get("nextCursor").is_none(), "{r}");
 
-    // A session with no tasks: an empty list, asked of no sled. A forged cursor: refused.
+    // A session with no tasks: an empty list, asked of no sled, also from another's cursor
+    // (which names only a project). A cursor not made here: refused.
     let s3 = h.initialize();
     let t = request(&mut h, &s3, 7, "tasks/list", json!({}));
     assert_eq!(h.reply_json(t).unwrap()["result"], json!({"tasks":[]}));
     let t = request(&mut h, &s3, 8, "tasks/list", json!({"cursor": cursor}));
+    assert_eq!(h.reply_json(t).unwrap()["result"], json!({"tasks":[]}));
+    let t = request(&mut h, &s3, 9, "tasks/list", json!({"cursor": "bm9wZQ"}));
     assert_eq!(h.reply_json(t).unwrap()["error"]["code"], -32602);
     assert!(h.take_frames(beta).is_empty() && h.take_frames(gamma).is_empty());
 }
@@ -514,4 +517,108 @@ fn stateless_listeners_get_their_own_tasks_notifications_with_the_result() {
         &|_| {},
     );
     assert_eq!(answer(&mut h, t).1["error"]["code"], -32021);
+}
+
+/// A single gateway with a store: a task is answered once its record is durable, and after a
+/// restart the record comes back: `tasks/list` still shows the task to its creator only.
+#[test]
+fn with_a_store_a_task_is_answered_once_its_record_is_durable_and_listed_after_a_restart() {
+    use crate::cluster::{ClusterAction, ClusterEvent};
+    use crate::coord::StoredRecord;
+    use crate::{Config, Input};
+    let single = || {
+        let config = Config {
+            store_sessions: true,
+            ..Config::default()
+        };
+        Harness::with_config(&["alpha", "beta"], Some("alpha"), config, [5; 32])
+    };
+    let mut h = single();
+    let beta = connect(&mut h, "beta");
+    // A session, made durable (its write answered).
+    let t = h.send(
+        HttpMethod::Post,
+        None,
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#,
+    );
+    let mut session_record = None;
+    let mut s = String::new();
+    for a in std::mem::take(&mut h.cluster) {
+        if let ClusterAction::StoreSession { session, record } = a {
+            s = session.clone();
+            session_record = record;
+            h.handle(Input::Cluster(ClusterEvent::SessionStored {
+                session,
+                written: true,
+            }));
+        }
+    }
+    assert_eq!(h.replies.remove(&t).unwrap().status, 200);
+    h.cluster.clear();
+
+    let t = request(
+        &mut h,
+        &s,
+        1,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"},"task":{"ttl":60000}}),
+    );
+    let f = one_frame(&mut h, beta);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task("t1","working")}}),
+    );
+    assert!(
+        !h.replies.contains_key(&t),
+        "not before the record is durable"
+    );
+    let mut stored = Vec::new();
+    for a in std::mem::take(&mut h.cluster) {
+        if let ClusterAction::StoreCoord { batch, changes } = a {
+            stored.extend(
+                changes
+                    .into_iter()
+                    .filter(|c| crate::tasks::is_record_key(&c.key)),
+            );
+            h.handle(Input::Cluster(ClusterEvent::CoordStored {
+                batch,
+                failed: Vec::new(),
+            }));
+        }
+    }
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let id = h.reply_json(t).unwrap()["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Another process, the same store and secret.
+    let mut h = single();
+    h.gw.restore_coordination(
+        h.now,
+        stored
+            .into_iter()
+            .map(|c| StoredRecord {
+                key: c.key,
+                value: c.value.unwrap(),
+                age: std::time::Duration::from_secs(1),
+            })
+            .collect(),
+    );
+    let beta = connect(&mut h, "beta");
+    let t = request(&mut h, &s, 2, "tasks/list", json!({}));
+    h.handle(Input::Cluster(ClusterEvent::SessionLoaded {
+        session: s.clone(),
+        record: Ok(session_record),
+        under_previous_secret: false,
+    }));
+    let f = one_frame(&mut h, beta);
+    assert_eq!(f["method"], "tasks/list");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"tasks":[task("t1","working"),task("t9","working")]}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["result"]["tasks"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(r["result"]["tasks"][0]["taskId"], json!(id));
 }

@@ -231,10 +231,14 @@ impl Gateway {
     /// records), handed out as a batch; its number, or `None` when nothing changed (or nothing
     /// is kept).
     fn coordination_batch(&mut self, now: Instant) -> Option<u64> {
+        // Task records go with the coordination state (`crate::tasks`); nothing is kept of
+        // either without a store.
+        let tasks = self.tasks.take_changes(now);
         let c = &mut self.coordination;
         let durable = c.durable.as_mut()?;
         let mut changes = std::mem::take(&mut c.name_changes);
         changes.extend(c.coord.take_changes(now));
+        changes.extend(tasks);
         if changes.is_empty() {
             return None;
         }
@@ -250,10 +254,17 @@ impl Gateway {
         Some(batch)
     }
 
+    /// Whether coordination state (and task records) are kept in a store.
+    pub(in crate::gateway) fn keeps_records(&self) -> bool {
+        self.coordination.durable.is_some()
+    }
+
     /// Changes that came with no call go out for writing.
     pub(in crate::gateway) fn flush_coordination(&mut self, now: Instant) {
         if self.coordination.durable.is_some()
-            && (self.coordination.coord.has_changes() || !self.coordination.name_changes.is_empty())
+            && (self.coordination.coord.has_changes()
+                || !self.coordination.name_changes.is_empty()
+                || self.tasks.has_changes())
         {
             self.coordination_batch(now);
         }
@@ -379,6 +390,8 @@ impl Gateway {
                         value: Some(secret.1.into_bytes()),
                     });
                 }
+            } else if crate::tasks::is_record_key(key) {
+                self.tasks.write_failed(key);
             } else {
                 self.coordination.coord.write_failed(key);
             }
@@ -409,6 +422,13 @@ impl Gateway {
     /// Takes back the coordination records of an earlier run (agents' names, leases, the
     /// board, counters), before any input: see `Coord::restore`.
     pub fn restore_coordination(&mut self, now: Instant, records: Vec<StoredRecord>) -> Restored {
+        let (tasks, records): (Vec<StoredRecord>, Vec<StoredRecord>) = records
+            .into_iter()
+            .partition(|r| crate::tasks::is_record_key(&r.key));
+        let kept = self.tasks.restore(now, tasks);
+        if kept > 0 {
+            tracing::info!(tasks = kept, "task records read back");
+        }
         let (names, rest): (Vec<StoredRecord>, Vec<StoredRecord>) = records
             .into_iter()
             .partition(|r| r.key.starts_with(super::NAME_PREFIX));
