@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 
 use crate::upstream::{
     answer_at_once, backoff, related_to, relay_request, status_frame, upstream_error, Status,
-    PROJECT_NOTIFICATIONS, STABLE_AFTER,
+    TaskProgressRoutes, PROJECT_NOTIFICATIONS, STABLE_AFTER, TASK_STATUS,
 };
 
 /// The largest event read from the server's own event stream: the gateway's limit for one
@@ -91,6 +91,8 @@ pub struct HttpServer {
     /// A call found the server gone: the supervisor initializes again.
     lost: Notify,
     notices: broadcast::Sender<String>,
+    /// Where the progress of its tasks goes after the calls that made them were answered.
+    task_routes: TaskProgressRoutes,
     next_id: AtomicU64,
     /// Sessions made after the first.
     restarts: AtomicU64,
@@ -120,6 +122,7 @@ impl HttpServer {
             state: Mutex::default(),
             lost: Notify::new(),
             notices: broadcast::channel(256).0,
+            task_routes: TaskProgressRoutes::default(),
             next_id: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             dropped_notifications: AtomicU64::new(0),
@@ -316,7 +319,12 @@ impl HttpServer {
         } else if PROJECT_NOTIFICATIONS.contains(&method) || method == "notifications/message" {
             // A log message here names no call: the project's (the gateway gives it to the
             // sessions working on it).
+            if method == TASK_STATUS {
+                self.task_routes.on_status(&m);
+            }
             let _ = self.notices.send(m.to_string());
+        } else if method == "notifications/progress" && self.task_routes.route(&m, &self.notices) {
+            // A task's progress, after the call that made it was answered.
         } else {
             self.dropped_notifications.fetch_add(1, Ordering::Relaxed);
             debug!(project = %self.project, method, "a notification on the server's own stream names no call; dropped");
@@ -388,6 +396,7 @@ impl HttpServer {
             .unwrap_or_default()
             .to_owned();
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let as_task = method == "tools/call" && params.get("task").is_some();
         let Some(gateway_id) = msg.get("id").cloned() else {
             // A notification for the server.
             if let Ok((mut c, epoch)) = self.take_client().await {
@@ -452,6 +461,9 @@ impl HttpServer {
                     ctx.send_as_is(n);
                 }
             } else if PROJECT_NOTIFICATIONS.contains(&method) {
+                if method == TASK_STATUS {
+                    self.task_routes.on_status(n);
+                }
                 let _ = self.notices.send(n.to_string());
             } else if let Some(call) = ctx.request_id() {
                 ctx.send_as_is(&related_to(n.clone(), call));
@@ -464,6 +476,7 @@ impl HttpServer {
             Ok((mut v, _)) => {
                 // Its answer read whole: its connection is free for another call.
                 self.give_back(client, epoch);
+                self.task_routes.on_answer(as_task, &v, &ctx);
                 v["id"] = gateway_id;
                 v
             }

@@ -50,7 +50,7 @@ use std::path::PathBuf;
 
 use crate::upstream::{
     answer_at_once, backoff, related_to, relay_request, status_frame, upstream_error, Status,
-    PROJECT_NOTIFICATIONS, STABLE_AFTER,
+    TaskProgressRoutes, PROJECT_NOTIFICATIONS, STABLE_AFTER, TASK_STATUS,
 };
 
 /// How long a started child has to answer `initialize`.
@@ -107,6 +107,8 @@ pub struct StdioServer {
     env: BTreeMap<String, String>,
     shared: Mutex<Shared>,
     notices: broadcast::Sender<String>,
+    /// Where the progress of its tasks goes after the calls that made them were answered.
+    task_routes: TaskProgressRoutes,
     pub counters: Counters,
 }
 
@@ -134,6 +136,7 @@ impl StdioServer {
             env,
             shared: Mutex::default(),
             notices: broadcast::channel(1024).0,
+            task_routes: TaskProgressRoutes::default(),
             counters: Counters::default(),
         })
     }
@@ -501,6 +504,9 @@ impl StdioServer {
     /// project's, not a call's.
     fn on_notification(&self, method: &str, mut v: Value) {
         if PROJECT_NOTIFICATIONS.contains(&method) {
+            if method == TASK_STATUS {
+                self.task_routes.on_status(&v);
+            }
             let _ = self.notices.send(v.to_string());
             return;
         }
@@ -516,6 +522,10 @@ impl StdioServer {
                 .collect()
         };
         let [(call, ctx)] = &calls[..] else {
+            if progress && calls.is_empty() && self.task_routes.route(&v, &self.notices) {
+                // A task's progress, after the call that made it was answered.
+                return;
+            }
             if method == "notifications/message" {
                 // The server's own log message, or one of several calls': the project's (the
                 // gateway gives it to the sessions working on it).
@@ -542,6 +552,8 @@ impl StdioServer {
             self.send_line(msg.to_string());
             return None;
         };
+        let as_task = msg.get("method").and_then(Value::as_str) == Some("tools/call")
+            && msg.pointer("/params/task").is_some();
         let (reply, answer) = oneshot::channel();
         let id = {
             let mut s = self.lock();
@@ -604,6 +616,7 @@ impl StdioServer {
         drop(abandoned);
         match answered {
             Ok(mut v) => {
+                self.task_routes.on_answer(as_task, &v, &ctx);
                 v["id"] = gateway_id;
                 Some(v)
             }

@@ -1,12 +1,16 @@
 //! What the two kinds of upstream (a child over stdio, a server over Streamable HTTP) share:
 //! their state, and the errors that answer a call they could not take or finish.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use gateway_core::uplink::{Control, UpstreamState, RELATED_REQUEST_META};
 use serde_json::{json, Value};
 use sled_uplink::uplink::RequestError;
 use sled_uplink::CallContext;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 /// The first restart (or re-initialization) delay.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -42,13 +46,123 @@ pub fn related_to(mut n: Value, call: u64) -> Value {
 }
 
 /// The server's notifications that are its project's, not one call's: the gateway refreshes
-/// its listings on a list change and tells the subscribers of a resource it was updated.
-pub const PROJECT_NOTIFICATIONS: [&str; 4] = [
+/// its listings on a list change, tells the subscribers of a resource it was updated, and the
+/// creator of a task its new status (`notifications/tasks/status`, which names the task, not
+/// the call that made it).
+pub const PROJECT_NOTIFICATIONS: [&str; 5] = [
     "notifications/tools/list_changed",
     "notifications/resources/list_changed",
     "notifications/prompts/list_changed",
     "notifications/resources/updated",
+    TASK_STATUS,
 ];
+
+/// A task's status notification (MCP 2025-11-25 tasks).
+pub const TASK_STATUS: &str = "notifications/tasks/status";
+
+/// How many tasks' progress routes a connector keeps at most ([`TaskProgressRoutes`]).
+pub const MAX_TASK_ROUTES: usize = 10_000;
+
+/// Where the progress of a server's task goes once the call that created it was answered
+/// (MCP 2025-11-25: the call's progress token stays valid until the task is terminal): a
+/// task-augmented `tools/call` answered with a `CreateTaskResult` leaves its progress token
+/// here, routed to that call's context (its uplink connection) while it lives, and to the
+/// project's notices after, until the server says the task is terminal or its `ttl` passed.
+#[derive(Default)]
+pub struct TaskProgressRoutes {
+    routes: Mutex<BTreeMap<String, TaskRoute>>,
+}
+
+struct TaskRoute {
+    ctx: CallContext,
+    task_id: String,
+    until: Option<Instant>,
+}
+
+impl TaskProgressRoutes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, TaskRoute>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The server answered the call of `ctx`, which carried `params.task` when `as_task`:
+    /// a `CreateTaskResult` keeps the call's progress token for the task.
+    pub fn on_answer(&self, as_task: bool, answer: &Value, ctx: &CallContext) {
+        let (Some(token), Some(task_id)) = (
+            ctx.progress_token(),
+            answer
+                .pointer("/result/task/taskId")
+                .and_then(Value::as_str),
+        ) else {
+            return;
+        };
+        if !as_task {
+            return;
+        }
+        let now = Instant::now();
+        let until = answer
+            .pointer("/result/task/ttl")
+            .and_then(Value::as_u64)
+            .and_then(|ms| now.checked_add(Duration::from_millis(ms)));
+        let mut routes = self.lock();
+        routes.retain(|_, r| r.until.is_none_or(|u| u > now));
+        if routes.len() >= MAX_TASK_ROUTES {
+            return;
+        }
+        routes.insert(
+            token.to_string(),
+            TaskRoute {
+                ctx: ctx.clone(),
+                task_id: task_id.to_owned(),
+                until,
+            },
+        );
+    }
+
+    /// A `notifications/tasks/status` from the server: a terminal one ends its task's route.
+    pub fn on_status(&self, n: &Value) {
+        let terminal = matches!(
+            n.pointer("/params/status").and_then(Value::as_str),
+            Some("completed" | "failed" | "cancelled")
+        );
+        if let (true, Some(task_id)) = (
+            terminal,
+            n.pointer("/params/taskId").and_then(Value::as_str),
+        ) {
+            self.lock().retain(|_, r| r.task_id != task_id);
+        }
+    }
+
+    /// A `notifications/progress` that names no call in flight: sent up for the task whose
+    /// token it carries, on the connection of the call that made it while that lives, else on
+    /// `notices`. False when it is no task's.
+    pub fn route(&self, n: &Value, notices: &broadcast::Sender<String>) -> bool {
+        let Some(token) = n.pointer("/params/progressToken") else {
+            return false;
+        };
+        let now = Instant::now();
+        let ctx = {
+            let mut routes = self.lock();
+            routes.retain(|_, r| r.until.is_none_or(|u| u > now));
+            match routes.get(&token.to_string()) {
+                Some(r) => r.ctx.clone(),
+                None => return false,
+            }
+        };
+        ctx.send_as_is(n) || notices.send(n.to_string()).is_ok()
+    }
+
+    /// How many tasks' progress is routed now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no task's progress is routed.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
 
 /// The requests a server may make of the calling client, relayed to it through the gateway
 /// (not roots, which are a client's and not one call's).

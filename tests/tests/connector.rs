@@ -1601,3 +1601,199 @@ async fn two_sessions_writing_one_entity_of_server_memory_are_kept_apart_by_leas
     );
     assert_eq!(observations("bob"), vec![json!("likes coffee")], "{graph}");
 }
+
+/// Tasks (MCP 2025-11-25) through the connector, to server-everything's
+/// `simulate-research-query` (`execution.taskSupport: "required"`, four stages of a second),
+/// over stdio and over Streamable HTTP, driven by a stand-in for the gateway's uplink (the
+/// gateway does not relay tasks yet): the tool's `execution` passes through in `tools/list`,
+/// a `tools/call` with `params.task` gets the server's `CreateTaskResult`, `tasks/get` and
+/// `tasks/list` reach the server, `tasks/result` waits the task out (longer than any deadline
+/// of the connector's own would allow a call to), a `notifications/tasks/status` from the
+/// server comes up the uplink, and a second task is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_pass_through_the_connector_to_server_everything() {
+    let dir = processes::scratch("connector-tasks");
+    let port = processes::free_port();
+    let _server = everything_http(port, &dir).await;
+    let http = vec!["--url".to_owned(), format!("http://127.0.0.1:{port}/mcp")];
+    for (kind, upstream) in [("stdio", stdio(everything_command().await)), ("http", http)] {
+        tasks_through_the_connector(&dir.join(kind), &upstream, kind).await;
+    }
+}
+
+async fn tasks_through_the_connector(dir: &Path, upstream: &[String], kind: &str) {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    std::fs::create_dir_all(dir).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let _sled = connector(&url, dir, upstream);
+    let (tcp, _) = tokio::time::timeout(Duration::from_secs(30), listener.accept())
+        .await
+        .expect("the connector dials")
+        .unwrap();
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    assert_eq!(frame(&mut ws).await["uplink"], "hello");
+    ws.send(Message::text(
+        r#"{"uplink":"welcome","protocol":1,"heartbeat_ms":60000}"#,
+    ))
+    .await
+    .unwrap();
+    loop {
+        let f = frame(&mut ws).await;
+        if f["uplink"] == "upstream" && f["state"] == "running" {
+            break;
+        }
+    }
+    // The conditional tools are registered once the server is initialized: list until it is
+    // there.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let research = loop {
+        let listed = ask(&mut ws, 1, "tools/list", json!({})).await;
+        let tools = listed["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if let Some(t) = tools
+            .into_iter()
+            .find(|t| t["name"] == "simulate-research-query")
+        {
+            break t;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{kind}: {listed}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        research["execution"]["taskSupport"], "required",
+        "{kind}: {research}"
+    );
+
+    let call = |topic: &str| {
+        json!({"name": "simulate-research-query", "arguments": {"topic": topic},
+               "task": {"ttl": 60_000}, "_meta": {"progressToken": format!("gw-{topic}")}})
+    };
+    let created = ask(&mut ws, 2, "tools/call", call("tides")).await;
+    let task = &created["result"]["task"];
+    assert_eq!(task["status"], "working", "{kind}: {created}");
+    let task_id = task["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{kind}: {created}"))
+        .to_owned();
+    assert!(
+        task["createdAt"].is_string() && task["ttl"].is_u64(),
+        "{kind}: {created}"
+    );
+    let got = ask(&mut ws, 3, "tasks/get", json!({"taskId": task_id})).await;
+    assert_eq!(got["result"]["taskId"], task_id.as_str(), "{kind}: {got}");
+    assert_eq!(got["result"]["status"], "working", "{kind}: {got}");
+
+    // tasks/result waits for the four stages; the status notifications come up meanwhile.
+    let started = tokio::time::Instant::now();
+    ws.send(Message::text(
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/result", "params": {"taskId": task_id}})
+            .to_string(),
+    ))
+    .await
+    .unwrap();
+    let mut statuses = Vec::new();
+    let result = loop {
+        let f = frame(&mut ws).await;
+        if f["method"] == "notifications/tasks/status" {
+            assert_eq!(f["params"]["taskId"], task_id.as_str(), "{kind}: {f}");
+            // The project's, not the call's in flight (the tasks/result): it names the task.
+            assert!(
+                f.pointer(&format!(
+                    "/params/_meta/{}",
+                    gateway_core::uplink::RELATED_REQUEST_META.replace('/', "~1")
+                ))
+                .is_none(),
+                "{kind}: {f}"
+            );
+            statuses.push(
+                f["params"]["status"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        } else if f["id"] == 4 {
+            break f;
+        }
+    };
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "{kind}: answered before the task ended"
+    );
+    assert!(
+        result["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("tides")),
+        "{kind}: {result}"
+    );
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        task_id.as_str(),
+        "{kind}: {result}"
+    );
+    // The completion's notification may follow the result; wait for it a moment.
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !statuses.iter().any(|s| s == "completed") && tokio::time::Instant::now() < until {
+        let Ok(f) = tokio::time::timeout(Duration::from_millis(500), frame(&mut ws)).await else {
+            continue;
+        };
+        if f["method"] == "notifications/tasks/status" && f["params"]["taskId"] == task_id.as_str()
+        {
+            statuses.push(
+                f["params"]["status"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+    }
+    assert!(
+        statuses.iter().any(|s| s == "working"),
+        "{kind}: {statuses:?}"
+    );
+    assert!(
+        statuses.iter().any(|s| s == "completed"),
+        "{kind}: {statuses:?}"
+    );
+
+    // A second task, cancelled: it stays cancelled, and tasks/list shows both.
+    let second = ask(&mut ws, 5, "tools/call", call("comets")).await;
+    let second_id = second["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{kind}: {second}"))
+        .to_owned();
+    assert_ne!(second_id, task_id);
+    let cancelled = ask(&mut ws, 6, "tasks/cancel", json!({"taskId": second_id})).await;
+    assert_eq!(
+        cancelled["result"]["status"], "cancelled",
+        "{kind}: {cancelled}"
+    );
+    let again = ask(&mut ws, 7, "tasks/cancel", json!({"taskId": second_id})).await;
+    assert_eq!(again["error"]["code"], -32602, "{kind}: {again}");
+    let listed = ask(&mut ws, 8, "tasks/list", json!({})).await;
+    let listed: Vec<(String, String)> = listed["result"]["tasks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{kind}: {listed}"))
+        .iter()
+        .map(|t| {
+            (
+                t["taskId"].as_str().unwrap_or_default().to_owned(),
+                t["status"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        listed.contains(&(task_id.clone(), "completed".to_owned())),
+        "{kind}: {listed:?}"
+    );
+    assert!(
+        listed.contains(&(second_id.clone(), "cancelled".to_owned())),
+        "{kind}: {listed:?}"
+    );
+    let unknown = ask(&mut ws, 9, "tasks/get", json!({"taskId": "no-such-task"})).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{kind}: {unknown}");
+}
