@@ -780,6 +780,7 @@ impl Gateway {
             right: record.right,
         };
         let shown = self.tasks.seal(&sealed, &record.creator);
+        name_related_task(&mut task, &shown);
         task.insert("taskId".into(), Value::String(shown));
         let data = jsonrpc::notification(
             "notifications/tasks/status",
@@ -891,9 +892,17 @@ impl Gateway {
         gateway_token: &str,
         mut params: Map<String, Value>,
     ) {
-        let Some((project, _, record)) = self.tasks.by_progress(gateway_token) else {
+        let Some((project, sled_id, record)) = self.tasks.by_progress(gateway_token) else {
             return;
         };
+        let shown = self.tasks.seal(
+            &Sealed {
+                project: project.to_owned(),
+                sled_id: sled_id.to_owned(),
+                right: record.right,
+            },
+            &record.creator,
+        );
         if self.projects.get(project).and_then(|p| p.uplink) != Some(uplink) {
             return;
         }
@@ -906,9 +915,20 @@ impl Gateway {
         let client_token: Value =
             serde_json::from_str(client_token.get()).expect("a progress token is JSON");
         params.insert("progressToken".into(), client_token);
+        name_related_task(&mut params, &shown);
         let data =
             jsonrpc::notification("notifications/progress", &Value::Object(params).to_string());
         self.notify_session_anywhere(&session, data);
+    }
+}
+
+/// A message's `_meta["io.modelcontextprotocol/related-task"]` names the task by the id its
+/// client knows (the sled wrote its own).
+fn name_related_task(params: &mut Map<String, Value>, shown: &str) {
+    if let Some(Value::Object(meta)) = params.get_mut("_meta") {
+        if let Some(Value::Object(related)) = meta.get_mut(tasks::RELATED_TASK) {
+            related.insert("taskId".into(), Value::String(shown.to_owned()));
+        }
     }
 }
 

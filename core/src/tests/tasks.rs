@@ -140,7 +140,7 @@ fn status_notifications_and_late_progress_reach_only_the_creator() {
     // Progress after the CreateTaskResult: to the creator's stream, under its own token.
     h.sled_says(
         beta,
-        json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":1,"total":2}}),
+        json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":1,"total":2,"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t7"}}}}),
     );
     h.sled_says(
         beta,
@@ -155,6 +155,11 @@ fn status_notifications_and_late_progress_reach_only_the_creator() {
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(seen[0]["method"], "notifications/progress");
     assert_eq!(seen[0]["params"]["progressToken"], "mine");
+    assert_eq!(
+        seen[0]["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(id),
+        "the sled's own id stays at the gateway"
+    );
     assert_eq!(seen[1]["method"], "notifications/tasks/status");
     assert_eq!(seen[1]["params"]["taskId"], json!(id));
     assert_eq!(seen[1]["params"]["status"], "completed");
