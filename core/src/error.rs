@@ -308,6 +308,11 @@ pub enum RpcError {
     TasksNotDeclared {
         what: String,
     },
+    /// `tasks/result` of a task the gateway ran itself that failed or was cancelled.
+    TaskEnded {
+        status: &'static str,
+        message: String,
+    },
     /// The caller has [`crate::tasks::MAX_TASKS_PER_CREATOR`] live tasks: not sent.
     TooManyTasks {
         max: usize,
@@ -407,6 +412,7 @@ impl RpcError {
                 code::INVALID_PARAMS
             }
             RpcError::TaskNotSupported { .. } => code::METHOD_NOT_FOUND,
+            RpcError::TaskEnded { .. } => code::INTERNAL_ERROR,
             RpcError::TooManyTasks { .. } => code::SERVER_ERROR,
             RpcError::Forbidden { .. } => code::SERVER_ERROR,
             RpcError::Coordination { error, .. } => match error {
@@ -471,6 +477,13 @@ impl RpcError {
             RpcError::UnknownRequestState { .. } => "unknown_request_state",
             RpcError::UnknownTask { .. } => "unknown_task",
             RpcError::TaskNotSupported { .. } => "task_not_supported",
+            RpcError::TaskEnded { status, .. } => {
+                if *status == "cancelled" {
+                    "task_cancelled"
+                } else {
+                    "task_failed"
+                }
+            }
             RpcError::TooManyTasks { .. } => "too_many_tasks",
             RpcError::Forbidden { .. } => "forbidden",
             RpcError::Coordination { error, .. } => match error {
@@ -581,6 +594,9 @@ impl RpcError {
             RpcError::TasksNotDeclared { what } => format!(
                 "Missing required client capability: {what} needs the io.modelcontextprotocol/tasks extension, which the request's clientCapabilities did not declare"
             ),
+            RpcError::TaskEnded { status, message } => {
+                format!("The task ended {status}, with no result: {message}")
+            }
             RpcError::TooManyTasks { max } => format!(
                 "Too many tasks: this caller has {max} live tasks, the most the gateway keeps per caller; wait for some to expire (their TTL) or use shorter TTLs"
             ),
@@ -731,6 +747,7 @@ impl RpcError {
                 "kind": kind, "what": what,
                 "requiredCapabilities": { "extensions": { crate::tasks::EXTENSION: {} } },
             }),
+            RpcError::TaskEnded { status, .. } => json!({ "kind": kind, "status": status }),
             RpcError::TooManyTasks { max } => json!({
                 "kind": kind, "limit": "max_tasks_per_caller", "max": max, "outcome": "not_sent",
             }),

@@ -50,6 +50,10 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+/// The project a task id names when the gateway runs the task itself
+/// (`aggregate_pipeline_status`): no registered project can have this name.
+pub const GATEWAY_PROJECT: &str = "@gateway";
+
 /// The 2026-07-28 extension's identifier.
 pub const EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
@@ -200,6 +204,21 @@ pub struct Record {
     /// The gateway's progress token of the creating call, and the client's own, while the
     /// task is not terminal: the sled's progress under it still reaches the creator.
     pub progress: Option<(String, Box<serde_json::value::RawValue>)>,
+    /// A task the gateway runs itself ([`GATEWAY_PROJECT`]): what a sled would keep of it.
+    pub own: Option<Box<Own>>,
+}
+
+/// What the gateway keeps of a task it runs itself: its times (milliseconds since the Unix
+/// epoch), its result once completed, and why it ended otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Own {
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Why a task could not be recorded.
@@ -236,6 +255,8 @@ struct Kept {
     right: String,
     status: String,
     expires_in_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    own: Option<Own>,
 }
 
 fn status_name(s: Status) -> &'static str {
@@ -306,6 +327,7 @@ impl Tasks {
                             r.expires.saturating_duration_since(now).as_millis(),
                         )
                         .unwrap_or(u64::MAX),
+                        own: r.own.as_deref().cloned(),
                     };
                     serde_json::to_vec(&kept).expect("a record serialises")
                 });
@@ -344,6 +366,15 @@ impl Tasks {
                 continue;
             };
             let right = if kept.right == "r" { "r" } else { "w" };
+            // A task the gateway ran itself did not survive the process that ran it.
+            let (status, own) = match kept.own {
+                Some(mut own) if !status.is_terminal() => {
+                    own.message = Some("the gateway restarted while the task ran".into());
+                    self.dirty.insert((project.clone(), sled_id.clone()));
+                    (Status::Failed, Some(Box::new(own)))
+                }
+                own => (status, own.map(Box::new)),
+            };
             let record = Record {
                 creator: Creator {
                     owner: kept.owner.map(String::into_boxed_str),
@@ -354,6 +385,7 @@ impl Tasks {
                 expires: now + left.min(MAX_TTL),
                 status,
                 progress: None,
+                own,
             };
             self.insert(&project, &sled_id, record);
             n += 1;
@@ -496,6 +528,31 @@ impl Tasks {
         self.records.get(&key)
     }
 
+    /// A task the gateway runs itself ended: its status, result (a `CallToolResult`'s JSON),
+    /// or why not.
+    pub fn finish_own(
+        &mut self,
+        id: &str,
+        status: Status,
+        result: Option<String>,
+        message: Option<String>,
+        now_ms: u64,
+    ) -> Option<&Record> {
+        let key = (GATEWAY_PROJECT.to_owned(), id.to_owned());
+        let record = self.records.get_mut(&key)?;
+        if record.status.is_terminal() {
+            return None;
+        }
+        record.status = status;
+        if let Some(own) = record.own.as_mut() {
+            own.updated_ms = now_ms;
+            own.result = result;
+            own.message = message;
+        }
+        self.dirty.insert(key.clone());
+        self.records.get(&key)
+    }
+
     pub fn get(&self, project: &str, sled_id: &str) -> Option<&Record> {
         self.records.get(&(project.to_owned(), sled_id.to_owned()))
     }
@@ -629,6 +686,7 @@ mod tests {
                     serde_json::value::RawValue::from_string("1".into()).unwrap(),
                 )
             }),
+            own: None,
         }
     }
 
@@ -842,6 +900,7 @@ mod tests {
             right: "w".into(),
             status: "working".into(),
             expires_in_ms: 60_000,
+            own: None,
         };
         let n = t.replace_project(
             now,
@@ -863,6 +922,59 @@ mod tests {
         assert_eq!(t.mine(&alice), vec![("beta", "new"), ("gamma", "g")]);
         assert_eq!(t.get("beta", "new").unwrap().right, "w");
         assert!(!t.has_changes(), "what was read is not written back");
+    }
+
+    #[test]
+    fn a_task_the_gateway_ran_comes_back_finished_or_failed_after_a_restart() {
+        let mut t = tasks();
+        let now = t0();
+        let alice = creator(None, Some("s1"));
+        for id in ["done", "running"] {
+            let mut r = record(&alice, now, DEFAULT_TTL, None);
+            r.own = Some(Box::new(Own {
+                created_ms: 1_000,
+                updated_ms: 1_000,
+                result: None,
+                message: None,
+            }));
+            t.handle_created(GATEWAY_PROJECT, id, r);
+        }
+        let r = t
+            .finish_own(
+                "done",
+                Status::Completed,
+                Some("{\"content\":[]}".into()),
+                None,
+                2_000,
+            )
+            .unwrap();
+        assert_eq!(r.own.as_ref().unwrap().updated_ms, 2_000);
+        assert!(
+            t.finish_own("done", Status::Failed, None, None, 3_000)
+                .is_none(),
+            "final"
+        );
+        let stored = t
+            .take_changes(now)
+            .into_iter()
+            .map(|c| crate::coord::StoredRecord {
+                key: c.key,
+                value: c.value.unwrap(),
+                age: Duration::from_secs(1),
+            })
+            .collect();
+        let mut back = tasks();
+        assert_eq!(back.restore(now, stored), 2);
+        let done = back.get(GATEWAY_PROJECT, "done").unwrap();
+        assert_eq!(done.status, Status::Completed);
+        assert_eq!(
+            done.own.as_ref().unwrap().result.as_deref(),
+            Some("{\"content\":[]}")
+        );
+        let running = back.get(GATEWAY_PROJECT, "running").unwrap();
+        assert_eq!(running.status, Status::Failed);
+        assert!(running.own.as_ref().unwrap().message.is_some());
+        assert!(back.has_changes(), "the failure is written");
     }
 
     #[test]

@@ -97,6 +97,7 @@ pub fn tool_definitions() -> Vec<Value> {
                 },
                 "additionalProperties": false
             },
+            "execution": { "taskSupport": "optional" },
             "annotations": { "readOnlyHint": true }
         }),
         json!({

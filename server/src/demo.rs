@@ -266,6 +266,7 @@ pub(crate) async fn run(
     tracing::info!(%addr, "gateway listening");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut opts = ServerOptions::new(registry, rand::random());
+    opts.core.wall_clock_ms = gateway_server::wall_clock_ms();
     mcp.apply(&mut opts);
     opts.core.probe_interval = DEMO_PROBE_INTERVAL;
     opts.core.relay_stale_after = DEMO_RELAY_STALE_AFTER;

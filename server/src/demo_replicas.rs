@@ -145,6 +145,7 @@ pub(crate) async fn run(
             .await
             .map_err(|e| format!("replica {name}: {e}"))?;
         let mut opts = ServerOptions::new(registry.clone(), rand::random());
+        opts.core.wall_clock_ms = gateway_server::wall_clock_ms();
         mcp.apply(&mut opts);
         let mut cluster = ClusterOptions::new(Arc::new(engine), name.clone(), keys.clone());
         cluster.namespace = "demo".into();

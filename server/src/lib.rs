@@ -83,6 +83,15 @@ pub mod store;
 pub mod tls;
 mod uplink;
 
+/// The wall-clock time now, in milliseconds since the Unix epoch, for
+/// `gateway_core::Config::wall_clock_ms` (the times of the tasks the gateway runs itself).
+pub fn wall_clock_ms() -> Option<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_millis()).ok()
+}
+
 /// The default of [`ServerOptions::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 

@@ -808,6 +808,7 @@ async fn serve(
         None => {}
     }
     let mut opts = ServerOptions::new(registry, rand::random());
+    opts.core.wall_clock_ms = gateway_server::wall_clock_ms();
     mcp.apply(&mut opts);
     fleet.apply(&mut opts, &reload_from.0);
     opts.otlp = otlp;

@@ -28,6 +28,7 @@ mod meta;
 mod modern;
 mod mrtr;
 mod news;
+mod own_tasks;
 mod proxy;
 mod records;
 mod sled;
@@ -137,6 +138,10 @@ pub struct Config {
     /// after it. `None`: a random key, good for this process's life. In a cluster the
     /// cluster's keys ([`crate::cluster::ClusterConfig::task_keys`]) are used instead.
     pub task_key: Option<crate::tasks::TaskKey>,
+    /// The wall-clock time when the gateway takes its first input, in milliseconds since the
+    /// Unix epoch: the `createdAt` of the tasks it runs itself is counted from it on the
+    /// inputs' clock (`None`: from the epoch, as a simulation wants).
+    pub wall_clock_ms: Option<u64>,
     pub public_name: Option<String>,
     /// `aggregate_pipeline_status`: the default overall deadline (a call may ask for less).
     pub fanout_timeout: Duration,
@@ -292,6 +297,7 @@ impl Default for Config {
             public_name: None,
             agent_key: None,
             task_key: None,
+            wall_clock_ms: None,
             fanout_timeout: Duration::from_secs(5),
             fanout_sled_timeout: Duration::from_secs(2),
             pin_save_delay: Duration::from_millis(500),
@@ -424,6 +430,10 @@ pub struct Gateway {
     records: Option<crate::records::Records>,
     /// Task ids and the records of tasks made through this gateway (`crate::tasks`).
     tasks: crate::tasks::Tasks,
+    /// `tasks/result` requests waiting for a task the gateway runs itself, by its id.
+    own_waiters: BTreeMap<String, Vec<(HttpToken, RawId)>>,
+    /// The first input's time and the wall-clock time then ([`Config::wall_clock_ms`]).
+    wall_origin: Option<(Instant, u64)>,
     /// Fleet tools' parts asked of other replicas (`gather.rs`, `spread.rs`).
     gathers: crate::gather::Gathers,
     /// The tools of projects whose sleds other replicas hold, as their holders listed them
@@ -791,6 +801,8 @@ impl Gateway {
                 crate::tasks::Tasks::new(current, previous)
             },
             remote_tools: BTreeMap::new(),
+            own_waiters: BTreeMap::new(),
+            wall_origin: None,
             registry,
             config,
             sessions: Sessions::new(seed),
@@ -910,7 +922,17 @@ impl Gateway {
     /// Arms the probe round at the first event (the core has no clock of its own: its time is
     /// what each event carries, passed down as an argument).
     fn see_time(&mut self, now: Instant) {
+        if self.wall_origin.is_none() {
+            self.wall_origin = Some((now, self.config.wall_clock_ms.unwrap_or(0)));
+        }
         self.arm_probes(now);
+    }
+
+    /// The wall-clock time at `now`, in milliseconds since the Unix epoch.
+    fn wall_ms(&self, now: Instant) -> u64 {
+        let (at, ms) = self.wall_origin.unwrap_or((now, 0));
+        let since = u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(0);
+        ms.saturating_add(since)
     }
 
     /// Takes one event in.

@@ -209,6 +209,9 @@ impl Gateway {
         #[cfg(not(feature = "planted-bugs"))]
         let opened = self.tasks.open(&p.task_id, &creator);
         let sealed = opened.ok_or_else(unknown)?;
+        if sealed.project == tasks::GATEWAY_PROJECT {
+            return self.own_task_request(req, id, method, &sealed, mode.modern);
+        }
         let route = match self.route(req, Some(&Value::String(sealed.project.clone())), method) {
             Ok(Placement::Here(route)) => route,
             Ok(Placement::Away(away)) => return Ok(Served::Away(away)),
@@ -321,11 +324,17 @@ impl Gateway {
                 .map(|(p, _)| p.to_owned())
                 .collect()
         };
-        let visible: Vec<String> = self
-            .registry
-            .names()
-            .filter(|p| self.sees(req.principal, p))
-            .map(str::to_owned)
+        // The gateway's own tasks first (those run here), then the projects'.
+        let visible: Vec<String> = with_tasks
+            .get(tasks::GATEWAY_PROJECT)
+            .cloned()
+            .into_iter()
+            .chain(
+                self.registry
+                    .names()
+                    .filter(|p| self.sees(req.principal, p))
+                    .map(str::to_owned),
+            )
             .collect();
         let bad_cursor = || RpcError::InvalidParams {
             method: "tasks/list".into(),
@@ -348,6 +357,11 @@ impl Gateway {
             let Some(project) = visible.get(at).cloned() else {
                 return Ok(Served::Now(list_page(Vec::new(), None)));
             };
+            if project == tasks::GATEWAY_PROJECT {
+                let mine = self.own_tasks_of(&creator);
+                let next = visible.get(at + 1).map(|p| encode_list_cursor(p, None));
+                return Ok(Served::Now(list_page(mine, next)));
+            }
             if !here(self, &project) {
                 if at == first {
                     // Where its sled is, if anywhere: relayed there whole.
@@ -685,6 +699,7 @@ impl Gateway {
                 expires: now + ttl,
                 status,
                 progress,
+                own: None,
             },
         );
         task.insert("taskId".into(), Value::String(shown));
@@ -864,7 +879,12 @@ impl Gateway {
         self.send_task_listeners(project, sled_id, t);
     }
 
-    fn send_task_listeners(&mut self, project: &str, sled_id: &str, task: Map<String, Value>) {
+    pub(super) fn send_task_listeners(
+        &mut self,
+        project: &str,
+        sled_id: &str,
+        task: Map<String, Value>,
+    ) {
         let to: Vec<(HttpToken, RawId, String)> = self
             .listens
             .iter()
@@ -934,7 +954,7 @@ fn name_related_task(params: &mut Map<String, Value>, shown: &str) {
 
 /// A 2025-11-25 `Task` made a 2026-07-28 one: `ttl` is `ttlMs`, `pollInterval` is
 /// `pollIntervalMs`.
-fn modern_task(mut t: Map<String, Value>) -> Map<String, Value> {
+pub(super) fn modern_task(mut t: Map<String, Value>) -> Map<String, Value> {
     if let Some(ttl) = t.remove("ttl") {
         t.insert("ttlMs".into(), ttl);
     } else {

@@ -68,7 +68,27 @@ impl Gateway {
                 LIST_PROJECTS => self.list_projects(req, &arguments).map(Served::Now),
                 GATEWAY_HEALTH => self.gateway_health_call(req, id, modern, &arguments),
                 FLEET_IDENTITY => self.fleet_identity_call(req, id, modern, &arguments),
-                _ => self.aggregate_pipeline_status(req, id, modern, &arguments),
+                _ => {
+                    // It runs as a task of the gateway's own where asked (2025-11-25) or where
+                    // the request declares the extension (2026-07-28).
+                    let meta = match params.meta {
+                        Some(m) => Some(call_arguments::<Value>(Some(m))?),
+                        None => None,
+                    };
+                    let project = crate::tasks::GATEWAY_PROJECT;
+                    let task = self
+                        .task_of_call(
+                            req,
+                            project,
+                            AGGREGATE_PIPELINE_STATUS,
+                            Some(crate::tasks::TaskSupport::Optional),
+                            params.task,
+                            meta.as_ref(),
+                            modern,
+                        )?
+                        .map(|(t, _)| crate::tasks::ttl_to_ask(t.get("ttl")));
+                    self.aggregate_pipeline_status(req, id, modern, &arguments, task)
+                }
             };
         }
         // A project's tool: its arguments are looked at only for `project`.

@@ -627,3 +627,119 @@ fn with_a_store_a_task_is_answered_once_its_record_is_durable_and_listed_after_a
     assert_eq!(r["result"]["tasks"].as_array().unwrap().len(), 1, "{r}");
     assert_eq!(r["result"]["tasks"][0]["taskId"], json!(id));
 }
+
+/// `aggregate_pipeline_status` as a task of the gateway's own: answered at once with a task,
+/// its result waited for by `tasks/result`, listed, cancelled, and its creator's alone.
+#[test]
+fn the_gateways_own_fanout_runs_as_a_task() {
+    let mut h = Harness::new();
+    let u = h.open_uplink();
+    h.sled_says(
+        u,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let f = h.take_frames(u);
+    let mut listed = tools();
+    listed
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name":"pipeline_status","inputSchema":{"type":"object"}}));
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":f[1]["id"],"result":{"tools":listed}}),
+    );
+    let s1 = h.initialize();
+    let s2 = h.initialize();
+    let g1 = get(&mut h, Some(&s1), None);
+    let aggregate = |h: &mut Harness, n: u64| {
+        let t = request(
+            h,
+            &s1,
+            n,
+            "tools/call",
+            json!({"name":"aggregate_pipeline_status","arguments":{},"task":{"ttl":60000}}),
+        );
+        let r = h.reply_json(t).expect("answered at once, with a task");
+        assert_eq!(r["result"]["task"]["status"], "working", "{r}");
+        r["result"]["task"]["taskId"].as_str().unwrap().to_owned()
+    };
+    let id = aggregate(&mut h, 1);
+    let ask = one_frame(&mut h, u);
+    assert_eq!(ask["params"]["name"], "pipeline_status");
+
+    let waiting = request(&mut h, &s1, 2, "tasks/result", json!({"taskId": id}));
+    assert!(!h.replies.contains_key(&waiting), "waits for the fan-out");
+    let t = request(&mut h, &s1, 3, "tasks/get", json!({"taskId": id}));
+    assert_eq!(h.reply_json(t).unwrap()["result"]["status"], "working");
+    let t = request(&mut h, &s2, 4, "tasks/get", json!({"taskId": id}));
+    assert_eq!(
+        h.reply_json(t).unwrap()["error"]["data"]["kind"],
+        "unknown_task"
+    );
+
+    h.sled_says(
+        u,
+        json!({"jsonrpc":"2.0","id":ask["id"],"result":{"content":[],"structuredContent":{"stages":{"backlog":1,"in_progress":0,"review":0,"done":2},"blocked":[],"failing":[]}}}),
+    );
+    let r = h
+        .reply_json(waiting)
+        .expect("answered when the fan-out ends");
+    assert!(
+        r["result"]["structuredContent"]["projects"].is_object()
+            || r["result"]["structuredContent"].is_object(),
+        "{r}"
+    );
+    assert_eq!(
+        r["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(id)
+    );
+    let told: Vec<&Value> = h.streams[&g1]
+        .iter()
+        .map(|(_, v)| v)
+        .filter(|v| v["method"] == "notifications/tasks/status")
+        .collect();
+    assert_eq!(told.len(), 1);
+    assert_eq!(
+        (
+            told[0]["params"]["taskId"].as_str(),
+            told[0]["params"]["status"].as_str()
+        ),
+        (Some(id.as_str()), Some("completed"))
+    );
+    assert!(told[0]["params"]["createdAt"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
+
+    // A second one, cancelled: its sled's part is cancelled too, and it has no result.
+    let second = aggregate(&mut h, 5);
+    let ask = one_frame(&mut h, u);
+    let t = request(&mut h, &s1, 6, "tasks/cancel", json!({"taskId": second}));
+    assert_eq!(h.reply_json(t).unwrap()["result"]["status"], "cancelled");
+    let f = one_frame(&mut h, u);
+    assert_eq!(
+        (f["method"].as_str(), &f["params"]["requestId"]),
+        (Some("notifications/cancelled"), &ask["id"])
+    );
+    let t = request(&mut h, &s1, 7, "tasks/result", json!({"taskId": second}));
+    assert_eq!(
+        h.reply_json(t).unwrap()["error"]["data"]["kind"],
+        "task_cancelled"
+    );
+    let t = request(&mut h, &s1, 8, "tasks/cancel", json!({"taskId": second}));
+    assert_eq!(h.reply_json(t).unwrap()["error"]["code"], -32602);
+
+    // Both listed for their creator (first, before the projects' tasks), none for another.
+    let t = request(&mut h, &s1, 9, "tasks/list", json!({}));
+    let r = h.reply_json(t).unwrap();
+    let ids: Vec<&str> = r["result"]["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["taskId"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{r}");
+    assert!(ids.contains(&id.as_str()) && ids.contains(&second.as_str()));
+    let t = request(&mut h, &s2, 10, "tasks/list", json!({}));
+    assert_eq!(h.reply_json(t).unwrap()["result"]["tasks"], json!([]));
+}

@@ -21,6 +21,9 @@ pub(in crate::gateway) struct Fanout {
     waiting: usize,
     /// The identity it counts for (`max_fanouts_per_identity`), with authentication on.
     owner: Option<String>,
+    /// It runs as a task of the gateway's own, with this id (`crate::tasks::GATEWAY_PROJECT`):
+    /// its result goes to the task, not to the HTTP request (answered when it began).
+    task: Option<String>,
 }
 
 #[derive(Debug)]
@@ -71,6 +74,7 @@ impl Gateway {
         id: &RawId,
         modern: bool,
         arguments: &Map<String, Value>,
+        task: Option<Duration>,
     ) -> Result<Served, RpcError> {
         let Req { now, token, .. } = *req;
         basics::only_arguments(
@@ -133,7 +137,7 @@ impl Gateway {
             }
             parts.insert(project, part);
         }
-        let fanout = Fanout {
+        let mut fanout = Fanout {
             token,
             client_id: id.clone(),
             modern,
@@ -143,7 +147,26 @@ impl Gateway {
             parts,
             waiting,
             owner,
+            task: None,
         };
+        if let Some(ttl) = task {
+            let created = self.start_own_task(req, ttl, modern);
+            fanout.task = Some(created.0.clone());
+            if waiting == 0 {
+                let result = fanout_result(now, fanout, overall);
+                self.own_task_done(now, &created.0, Ok(result));
+            } else {
+                self.timers
+                    .insert((fanout.deadline, Timer::Fanout(fanout_id)));
+                self.fanouts.insert(fanout_id, (fanout, overall));
+            }
+            // Answered once its record is durable, where records are kept.
+            return Ok(Served::Coordinated {
+                result: created.1,
+                tool: AGGREGATE_PIPELINE_STATUS,
+                project: crate::tasks::GATEWAY_PROJECT.to_owned(),
+            });
+        }
         if waiting == 0 {
             return Ok(Served::Now(fanout_result(now, fanout, overall)));
         }
@@ -365,6 +388,10 @@ impl Gateway {
             return;
         };
         self.timers.remove(&(f.deadline, Timer::Fanout(fanout)));
+        if let Some(task) = f.task.clone() {
+            let result = fanout_result(now, f, overall);
+            return self.own_task_done(now, &task, Ok(result));
+        }
         self.fanout_by_token.remove(&f.token);
         let (token, client_id, modern) = (f.token, f.client_id.clone(), f.modern);
         let result = fanout_result(now, f, overall);
@@ -376,13 +403,33 @@ impl Gateway {
         self.reply(token, 200, Vec::new(), Some(body));
     }
 
+    /// The fan-out a task of the gateway's own runs, cancelled; `false` when none runs.
+    pub(in crate::gateway) fn cancel_task_fanout(&mut self, task: &str) -> bool {
+        let Some(fanout) = self
+            .fanouts
+            .iter()
+            .find(|(_, (f, _))| f.task.as_deref() == Some(task))
+            .map(|(id, _)| *id)
+        else {
+            return false;
+        };
+        self.stop_fanout(fanout);
+        true
+    }
+
     /// The client of a fan-out went away: its sleds' requests are cancelled.
     pub(in crate::gateway) fn abort_fanout(&mut self, token: HttpToken) -> bool {
         let Some(fanout) = self.fanout_by_token.remove(&token) else {
             return false;
         };
+        self.stop_fanout(fanout);
+        true
+    }
+
+    /// A fan-out ended unfinished: its sleds' requests are cancelled.
+    fn stop_fanout(&mut self, fanout: u64) {
         let Some((f, _)) = self.fanouts.remove(&fanout) else {
-            return true;
+            return;
         };
         self.timers.remove(&(f.deadline, Timer::Fanout(fanout)));
         for (project, part) in f.parts {
@@ -393,12 +440,11 @@ impl Gateway {
             }
             if let Part::Waiting { uplink, rpc_id } = part {
                 self.calls.take(rpc_id);
-                self.send_cancelled(uplink, rpc_id, "the client went away");
+                self.send_cancelled(uplink, rpc_id, "the fan-out was given up");
                 self.call_metrics
                     .count(PIPELINE_TOOL, &project, Outcome::Aborted);
             }
         }
-        true
     }
 }
 
