@@ -27,11 +27,18 @@ pub(super) const PROXIED_METHODS: &[&str] = &[
 ];
 
 /// Requests a sled may make of the client of one of its calls, and the client capability
-/// each needs.
+/// each needs. The `tasks/*` ones are client-hosted tasks (2025-11-25): a sampling or an
+/// elicitation the sled sent with `task`, which the client runs as a task of its own, polled
+/// by the sled while its call lasts (the client's task ids pass as they are: they are the
+/// client's, and only this call's sled talks to it).
 pub(super) const SERVER_REQUESTS: &[(&str, &str)] = &[
     ("sampling/createMessage", "sampling"),
     ("elicitation/create", "elicitation"),
     ("roots/list", "roots"),
+    ("tasks/get", "tasks"),
+    ("tasks/result", "tasks"),
+    ("tasks/list", "tasks"),
+    ("tasks/cancel", "tasks"),
 ];
 
 /// The stateless era's per-request log level key in `params._meta`.

@@ -743,3 +743,77 @@ fn the_gateways_own_fanout_runs_as_a_task() {
     let t = request(&mut h, &s2, 10, "tasks/list", json!({}));
     assert_eq!(h.reply_json(t).unwrap()["result"]["tasks"], json!([]));
 }
+
+/// Client-hosted tasks (2025-11-25): a sled's sampling sent with `task` reaches the client of
+/// its call, which runs it as a task of its own; the sled polls it through the gateway while
+/// its call lasts, and only a client that declared `tasks` is asked.
+#[test]
+fn a_sleds_sampling_as_a_task_is_relayed_to_its_client_and_polled() {
+    let mut h = Harness::new();
+    let r = h.post(
+        None,
+        json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{},"tasks":{"requests":{"sampling":{"createMessage":{}}}}},"clientInfo":{"name":"t","version":"0"}}}),
+    );
+    let s = r
+        .headers
+        .iter()
+        .find(|(n, _)| *n == "Mcp-Session-Id")
+        .unwrap()
+        .1
+        .clone();
+    let plain = h.initialize();
+    let beta = connect(&mut h, "beta");
+    for (session, can) in [(&s, true), (&plain, false)] {
+        let t = request(
+            &mut h,
+            session,
+            1,
+            "tools/call",
+            json!({"name":"show","arguments":{"project":"beta"}}),
+        );
+        let call = one_frame(&mut h, beta);
+        let meta = json!({"io.mcp-gateway/relatedRequest": call["id"]});
+        h.sled_says(
+            beta,
+            json!({"jsonrpc":"2.0","id":"s-1","method":"sampling/createMessage","params":{"messages":[],"maxTokens":5,"task":{"ttl":1000},"_meta":meta}}),
+        );
+        if can {
+            let ask = h.streams[&t].last().unwrap().1.clone();
+            assert_eq!(ask["params"]["task"], json!({"ttl":1000}), "{ask}");
+            h.post(
+                Some(session),
+                json!({"jsonrpc":"2.0","id":ask["id"],"result":{"task":task("c-1","working")}}),
+            );
+            assert_eq!(one_frame(&mut h, beta)["result"]["task"]["taskId"], "c-1");
+        } else {
+            h.take_frames(beta);
+        }
+        h.sled_says(
+            beta,
+            json!({"jsonrpc":"2.0","id":"s-2","method":"tasks/get","params":{"taskId":"c-1","_meta":meta}}),
+        );
+        if can {
+            let ask = h.streams[&t].last().unwrap().1.clone();
+            assert_eq!(
+                (ask["method"].as_str(), &ask["params"]["taskId"]),
+                (Some("tasks/get"), &json!("c-1"))
+            );
+            h.post(
+                Some(session),
+                json!({"jsonrpc":"2.0","id":ask["id"],"result":task("c-1","completed")}),
+            );
+            let back = one_frame(&mut h, beta);
+            assert_eq!(
+                (back["id"].as_str(), back["result"]["status"].as_str()),
+                (Some("s-2"), Some("completed"))
+            );
+        } else {
+            let back = one_frame(&mut h, beta);
+            assert_eq!(back["error"]["code"], -32601, "{back}");
+        }
+        h.sled_says(
+            beta,
+            json!({"jsonrpc":"2.0","id":call["id"],"result":{"content":[]}}),
+        );
+    }
+}
