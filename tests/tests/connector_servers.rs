@@ -813,3 +813,135 @@ async fn sdks_and_inspector(
         called[3]
     );
 }
+
+/// Issue 27 through issue 26's connector (where-the-issues-meet §5): server-everything's task
+/// tool `simulate-research-query` (`execution.taskSupport: "required"`) run as a task through
+/// the gateway and gateway-sled over stdio: the id the client gets is the gateway's (bound to
+/// its session), `tasks/get` and `tasks/list` reach the server, `tasks/result` waits out the
+/// research (four 1 s stages) and names the task by the client's id, a second task is
+/// cancelled at the server, and another session reaches neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_servers_task_runs_through_the_gateway_and_the_connector() {
+    let node = node::node().await;
+    let servers = node::packages("real-servers", &SERVERS).await;
+    let everything = servers
+        .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        .display()
+        .to_string();
+    let gw = processes::SingleGateway::start(&projects_toml()).await;
+    let dir = processes::scratch("connector-tasks");
+    let (name, token) = PROJECTS[3];
+    let token_file = dir.join("everything.token");
+    std::fs::write(&token_file, token).unwrap();
+    let config = format!(
+        "gateway = \"{}\"\nstate_dir = \"{}\"\n\n[[project]]\nname = \"{name}\"\ncommand = [{:?}, {:?}, \"stdio\"]\ntoken_file = \"{}\"\n",
+        gw.url(),
+        dir.join("state").display(),
+        node.node.display().to_string(),
+        everything,
+        token_file.display()
+    );
+    std::fs::write(dir.join("sleds.toml"), &config).unwrap();
+    let sled = Connector::start(&dir.join("sleds.toml"), &dir.join("sled.log"));
+    let mut c = session(&gw.url()).await;
+    let mut other = session(&gw.url()).await;
+    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+    let tool = loop {
+        let tools = every_projects_tools(&mut c).await;
+        if let Some(t) = tools
+            .iter()
+            .find(|t| t["name"] == "simulate-research-query")
+        {
+            break t.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not listed\n{}\n{}",
+            sled.log(),
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(tool["execution"]["taskSupport"], "required", "{tool}");
+
+    let created = start_research(&mut c, 1).await;
+    let id = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}\n{}", sled.log()))
+        .to_owned();
+    assert!(id.starts_with("mt1."), "{created}");
+    let got = c
+        .request(json!("get"), "tasks/get", json!({"taskId": id}))
+        .await
+        .unwrap();
+    assert_eq!(got["result"]["taskId"], json!(id), "{got}");
+    assert!(["working", "completed"].contains(&got["result"]["status"].as_str().unwrap()));
+    // Another session: as if it did not exist.
+    for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        let r = other
+            .request(json!("x"), method, json!({"taskId": id}))
+            .await
+            .unwrap();
+        assert_eq!(r["error"]["data"]["kind"], "unknown_task", "{method}: {r}");
+    }
+    let listed = other
+        .request(json!("l"), "tasks/list", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    let listed = c
+        .request(json!("l"), "tasks/list", json!({}))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["result"]["tasks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .filter_map(|t| t["taskId"].as_str())
+        .collect();
+    assert_eq!(ids, [id.as_str()], "{listed}");
+    // The result, once the research is done.
+    let result = c
+        .request(json!("result"), "tasks/result", json!({"taskId": id}))
+        .await
+        .unwrap();
+    assert_ne!(result["result"]["isError"], true, "{result}");
+    assert!(
+        result["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("topic 1")),
+        "{result}"
+    );
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(id)
+    );
+    // A second one, cancelled at the server.
+    let created = start_research(&mut c, 2).await;
+    let second = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cancelled = c
+        .request(json!("cancel"), "tasks/cancel", json!({"taskId": second}))
+        .await
+        .unwrap();
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let got = c
+        .request(json!("get2"), "tasks/get", json!({"taskId": second}))
+        .await
+        .unwrap();
+    assert_eq!(
+        got["result"]["status"], "cancelled",
+        "never completed: {got}"
+    );
+}
+
+/// `simulate-research-query` on `topic {n}`, as a task.
+async fn start_research(c: &mut McpClient<TokioConnect>, n: u32) -> Value {
+    let params = json!({"name":"simulate-research-query","arguments":{"project":"everything","topic":format!("topic {n}")},"task":{"ttl":60000}});
+    c.request(json!(format!("start-{n}")), "tools/call", params)
+        .await
+        .unwrap()
+}
