@@ -7,10 +7,13 @@
 //! no installed SDK shows: another token's `tasks/*` answered -32602 `unknown_task`, progress
 //! and status notifications on the session's GET stream after the `CreateTaskResult`, the
 //! 2026-07-28 extension's shapes (`Mcp-Name`, `subscriptions/listen` with `taskIds`), and a
-//! second replica. The TypeScript SDK's own tasks client is in `clients.rs`.
+//! second replica. The official TypeScript SDK's own tasks client (2025-11-25) runs here too:
+//! `clients/ts_tasks_client.mjs`.
 
 #[path = "support/nats.rs"]
 mod nats;
+#[path = "support/node.rs"]
+mod node;
 #[path = "support/sse.rs"]
 mod sse;
 
@@ -301,6 +304,39 @@ async fn a_session_makes_polls_lists_and_cancels_tasks_that_another_token_cannot
     expected.sort();
     assert_eq!(listed, expected);
 
+    fleet.shutdown().await;
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdks_tasks_client_makes_polls_lists_and_cancels_and_another_token_sees_none(
+) {
+    let node = node::node().await;
+    let gateway = gateway_tests::Gateway::start(ServerOptions::new(registry(), [29; 32])).await;
+    let fleet = Fleet::spawn(&gateway.base(), &["beta".to_owned()], sled_options());
+    wait_live(&gateway.url(), &["beta"], None).await;
+    run_tests_take(&fleet, "beta", 3000);
+    // Run from the install directory, so that the script's imports find the SDK there.
+    let source =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_tasks_client.mjs");
+    let script = node.dir.join("ts_tasks_client.mjs");
+    std::fs::copy(&source, &script).expect("the script can be copied next to the SDK");
+    let mut cmd = node.command();
+    cmd.arg(&script)
+        .args([&gateway.url(), TOKEN_A, TOKEN_B])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("the TypeScript client finished within 120 s")
+        .expect("the TypeScript client ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains(" passed, 0 failed"),
+        "the TypeScript SDK's tasks checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     fleet.shutdown().await;
     gateway.stop().await;
 }
