@@ -458,6 +458,8 @@ async fn modern_walk(fleet: &Fleet, make: &str, poll: &str, listen_at: SocketAdd
         "{done}"
     );
     assert!(r["result"].get("_meta").is_none(), "{done}");
+    // A 2026-07-28 CallToolResult (ext-tasks' schema refuses one without it).
+    assert_eq!(r["result"]["resultType"], "complete", "{done}");
     let heard = data(&next_event_with(&mut events, "\"completed\"").await);
     assert_eq!(heard["method"], "notifications/tasks", "{heard}");
     assert_eq!(heard["params"]["taskId"], json!(first));

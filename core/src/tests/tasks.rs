@@ -331,6 +331,8 @@ fn stateless_tasks_are_made_polled_and_finished_in_the_extensions_shapes() {
     let r = &r["result"];
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["result"]["content"][0]["text"], "42 passed");
+    // A 2026-07-28 CallToolResult, as the extension's DetailedTask holds one.
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
     assert!(
         r["result"].get("_meta").is_none(),
         "the sled's id stays at the gateway: {r}"
@@ -503,6 +505,7 @@ fn stateless_listeners_get_their_own_tasks_notifications_with_the_result() {
     );
     assert_eq!(got[1]["params"]["status"], "completed");
     assert_eq!(got[1]["params"]["result"]["content"][0]["text"], "ok");
+    assert_eq!(got[1]["params"]["result"]["resultType"], "complete");
     assert!(got[1]["params"]["ttlMs"].is_u64());
 
     // Without the extension: -32021.
