@@ -39,6 +39,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "nginx.conf",
         "curl-session.sh",
         "leases.sh",
+        "tasks.sh",
         "shell.sh",
         "oauth_client.py",
         "access.toml",
@@ -585,6 +586,38 @@ async fn examples_leases_sh_runs_as_shipped() {
                 == serde_json::json!({"kind": "released", "resource": "story:beta-1"});
     }
     assert!(released && woke, "{lines:#?}");
+}
+
+/// `examples/tasks.sh` against the demo: A's task made, listed, completed with beta's results,
+/// a second cancelled; B, another session, is told neither exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_tasks_sh_runs_as_shipped() {
+    let (_demo, mcp) = demo().await;
+    let file = "tasks.sh";
+    let lines = run_example(file, &mcp).await;
+    assert_eq!(lines.len(), 9, "{lines:#?}");
+    let at = |i| json_line(file, &lines, i);
+    let created = &at(0)["result"]["task"];
+    assert_eq!(created["status"], "working", "{lines:#?}");
+    let first = created["taskId"].as_str().unwrap().to_owned();
+    assert!(first.starts_with("mt1."), "{first}");
+    assert_eq!(at(1)["result"]["tasks"][0]["taskId"], first.as_str());
+    assert_eq!(at(2)["result"]["status"], "completed");
+    let result = at(3)["result"].clone();
+    assert_eq!(result["structuredContent"]["project"], "beta", "{result}");
+    assert_eq!(
+        result["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        first.as_str()
+    );
+    let cancelled = &at(4)["result"];
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    assert_ne!(cancelled["taskId"], first.as_str());
+    for i in 5..8 {
+        let refused = at(i);
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+        assert_eq!(refused["error"]["data"]["kind"], "unknown_task");
+    }
+    assert_eq!(at(8)["result"], serde_json::json!({"tasks": []}));
 }
 
 /// `examples/shell.sh` against the demo: every command answers, the other agent's write is

@@ -615,14 +615,8 @@ impl Gateway {
                     }
                 }
             }
-            (Some(mut r), None, TaskRewrite::ModernResult { mut task }) => {
-                if let Some(Value::Object(meta)) = r.get_mut("_meta") {
-                    meta.remove(tasks::RELATED_TASK);
-                    if meta.is_empty() {
-                        r.remove("_meta");
-                    }
-                }
-                task.insert("result".into(), Value::Object(r));
+            (Some(r), None, TaskRewrite::ModernResult { mut task }) => {
+                task.insert("result".into(), modern_tool_result(r));
                 (modern_body(&id, task), Outcome::Ok)
             }
             (Some(_), None, TaskRewrite::ModernCancel { sealed }) => {
@@ -858,14 +852,8 @@ impl Gateway {
             result.and_then(|r| serde_json::from_str::<Map<String, Value>>(r.get()).ok()),
             error.and_then(|e| serde_json::from_str::<Value>(e.get()).ok()),
         ) {
-            (Some(mut r), _) => {
-                if let Some(Value::Object(meta)) = r.get_mut("_meta") {
-                    meta.remove(tasks::RELATED_TASK);
-                    if meta.is_empty() {
-                        r.remove("_meta");
-                    }
-                }
-                t.insert("result".into(), Value::Object(r));
+            (Some(r), _) => {
+                t.insert("result".into(), modern_tool_result(r));
             }
             (None, Some(e)) => {
                 t.insert("status".into(), json!("failed"));
@@ -965,6 +953,20 @@ pub(super) fn modern_task(mut t: Map<String, Value>) -> Map<String, Value> {
     }
     t.remove("_meta");
     t
+}
+
+/// A sled's `tools/call` result, inlined in a 2026-07-28 `DetailedTask`: a result of that era
+/// (`resultType` `complete`, as every 2026-07-28 `CallToolResult` says), without the
+/// related-task `_meta`, which names the sled's own id.
+fn modern_tool_result(mut r: Map<String, Value>) -> Value {
+    if let Some(Value::Object(meta)) = r.get_mut("_meta") {
+        meta.remove(tasks::RELATED_TASK);
+        if meta.is_empty() {
+            r.remove("_meta");
+        }
+    }
+    r.entry("resultType").or_insert_with(|| json!("complete"));
+    Value::Object(r)
 }
 
 /// A 2026-07-28 answer with `result`: `resultType` `complete` unless it says otherwise.

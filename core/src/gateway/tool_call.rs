@@ -139,6 +139,21 @@ impl Gateway {
             Some(m) => Some(call_arguments::<Value>(Some(m))?),
             None => None,
         };
+        // Whether a call runs as a task depends on the tool's `execution.taskSupport`: one
+        // that asks for a task (2025-11-25 `params.task`, or a 2026-07-28 request declaring the
+        // extension) before the sled's tools are listed waits for the listing, rather than
+        // being refused (2025-11-25) or run as a plain call (2026-07-28) on a guess.
+        let unlisted = self
+            .projects
+            .get(&route.project)
+            .is_none_or(|s| s.tools.is_none());
+        let asks_task =
+            params.task.is_some() || (modern && super::tasks::declares_tasks(meta.as_ref()));
+        if unlisted && asks_task {
+            return Ok(Served::AwaitListing {
+                project: route.project,
+            });
+        }
         // The fence is the gateway's to give: a client's is never passed on. An agent handle
         // (callers without a session) says who writes, and is never passed on either.
         let mut handle = None;

@@ -339,6 +339,8 @@ fn stateless_tasks_are_made_polled_and_finished_in_the_extensions_shapes() {
     let r = &r["result"];
     assert_eq!(r["status"], "completed", "{r}");
     assert_eq!(r["result"]["content"][0]["text"], "42 passed");
+    // A 2026-07-28 CallToolResult, as the extension's DetailedTask holds one.
+    assert_eq!(r["result"]["resultType"], "complete", "{r}");
     assert!(
         r["result"].get("_meta").is_none(),
         "the sled's id stays at the gateway: {r}"
@@ -511,6 +513,7 @@ fn stateless_listeners_get_their_own_tasks_notifications_with_the_result() {
     );
     assert_eq!(got[1]["params"]["status"], "completed");
     assert_eq!(got[1]["params"]["result"]["content"][0]["text"], "ok");
+    assert_eq!(got[1]["params"]["result"]["resultType"], "complete");
     assert!(got[1]["params"]["ttlMs"].is_u64());
 
     // Without the extension: -32021.
@@ -816,4 +819,55 @@ fn a_sleds_sampling_as_a_task_is_relayed_to_its_client_and_polled() {
             json!({"jsonrpc":"2.0","id":call["id"],"result":{"content":[]}}),
         );
     }
+}
+
+#[test]
+fn a_task_asked_for_before_the_sleds_tools_are_listed_waits_for_the_listing() {
+    let mut h = Harness::new();
+    // beta's sled is connected; the gateway's tools/list to it is not answered yet.
+    let beta = h.open_uplink();
+    h.sled_says(
+        beta,
+        json!({"uplink":"hello","protocol":1,"project":"beta","sled":"beta"}),
+    );
+    let f = h.take_frames(beta);
+    let listing = f
+        .iter()
+        .find(|m| m["method"] == "tools/list")
+        .expect("the gateway lists the sled's tools")["id"]
+        .clone();
+    let s = h.initialize();
+    // Whether run_tests may run as a task is not known yet: neither era's call is refused,
+    // run as a plain call, or sent.
+    let handshake = request(
+        &mut h,
+        &s,
+        1,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"},"task":{"ttl":60000}}),
+    );
+    let stateless = modern(
+        &mut h,
+        2,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"},"_meta":declared()}),
+        &|_| {},
+    );
+    assert!(h.reply_json(handshake).is_none() && h.reply_json(stateless).is_none());
+    assert!(h.take_frames(beta).is_empty());
+    // Listed: both go to the sled as tasks.
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":listing,"result":{"tools":tools()}}),
+    );
+    let sent = h.take_frames(beta);
+    let calls: Vec<&Value> = sent
+        .iter()
+        .filter(|m| m["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 2, "{sent:?}");
+    assert!(
+        calls.iter().all(|c| c["params"]["task"]["ttl"].is_u64()),
+        "{calls:?}"
+    );
 }

@@ -67,6 +67,24 @@ pub(crate) async fn open_listen(
     open(addr, head, &body).await
 }
 
+/// Opens a stateless `subscriptions/listen` (protocol 2026-07-28) with `params` as given (its
+/// `_meta` included), as the client token `bearer`, if one is given.
+pub(crate) async fn open_listen_as(
+    addr: SocketAddr,
+    params: Value,
+    bearer: Option<&str>,
+) -> Events {
+    let authorization = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let body = json!({"jsonrpc": "2.0", "id": "listen", "method": "subscriptions/listen",
+        "params": params})
+    .to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json, text/event-stream\r\nContent-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n{authorization}Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    open(addr, head, &body).await
+}
+
 /// Reads SSE `data:` lines until one holds `needle` (20 s at most); returns that line.
 pub(crate) async fn next_event_with(events: &mut Events, needle: &str) -> String {
     tokio::time::timeout(Duration::from_secs(20), async {
