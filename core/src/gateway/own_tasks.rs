@@ -149,8 +149,8 @@ impl Gateway {
                     result: Some(r), ..
                 }),
             ) => {
-                if let Ok(v) = serde_json::from_str::<Value>(r) {
-                    t.insert("result".into(), v);
+                if let Ok(v) = serde_json::from_str::<Map<String, Value>>(r) {
+                    t.insert("result".into(), super::tasks::modern_tool_result(v));
                 }
             }
             (Status::Failed, Some(own)) => {

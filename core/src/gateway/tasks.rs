@@ -958,7 +958,7 @@ pub(super) fn modern_task(mut t: Map<String, Value>) -> Map<String, Value> {
 /// A sled's `tools/call` result, inlined in a 2026-07-28 `DetailedTask`: a result of that era
 /// (`resultType` `complete`, as every 2026-07-28 `CallToolResult` says), without the
 /// related-task `_meta`, which names the sled's own id.
-fn modern_tool_result(mut r: Map<String, Value>) -> Value {
+pub(super) fn modern_tool_result(mut r: Map<String, Value>) -> Value {
     if let Some(Value::Object(meta)) = r.get_mut("_meta") {
         meta.remove(tasks::RELATED_TASK);
         if meta.is_empty() {
