@@ -52,6 +52,30 @@ pub(crate) struct DemoFaults {
     /// Keep the pinned sled keys in this file (default: in memory, for the demo's life).
     #[arg(long = "pin-file", value_name = "PATH")]
     pub(crate) pin_file: Option<PathBuf>,
+    /// Turn on client authentication with the token in FILE (repeatable, one caller per file;
+    /// at least 16 characters, surrounding white space ignored). Without it the demo lets
+    /// every caller in without a token.
+    #[arg(long = "client-token-file", value_name = "FILE")]
+    pub(crate) client_token_file: Vec<PathBuf>,
+}
+
+/// The client tokens in `files`, each checked as projects.toml's `client_tokens` are.
+fn client_tokens(files: &[PathBuf]) -> Result<Vec<gateway_core::Secret>, String> {
+    files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| format!("--client-token-file {}: {e}", f.display()))?;
+            let token = text.trim();
+            if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(format!(
+                    "--client-token-file {}: a client token is at least 16 characters, without white space",
+                    f.display()
+                ));
+            }
+            Ok(gateway_core::Secret::new(token))
+        })
+        .collect()
 }
 
 /// Reads one `--slow` item, `NAME=MS`.
@@ -258,8 +282,16 @@ pub(crate) async fn run(
         spec.token = Some(real_token.clone());
         specs.push(spec);
     }
-    let registry = Registry::from_projects(specs, names.first().map(String::as_str))
+    let mut registry = Registry::from_projects(specs, names.first().map(String::as_str))
         .map_err(|e| format!("demo registry: {e}"))?;
+    if !faults.client_token_file.is_empty() {
+        let tokens = client_tokens(&faults.client_token_file)?;
+        tracing::info!(
+            tokens = tokens.len(),
+            "client authentication on: every request to /mcp needs one of the demo's client tokens"
+        );
+        registry = registry.with_client_tokens(tokens);
+    }
 
     let (listener, addr) = bind(listen).await?;
     log_registry(&registry);

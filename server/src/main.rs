@@ -594,6 +594,10 @@ fn main() -> ExitCode {
             real,
             replicas,
         } => match replicas {
+            Some(_) if !faults.client_token_file.is_empty() => {
+                eprintln!("--client-token-file is for a single gateway's demo, not --replicas");
+                ExitCode::from(2)
+            }
             Some(n) => run(
                 cli.worker_threads,
                 demo_replicas::run(listen, n, projects.into(), seed, latency_ms, mcp),

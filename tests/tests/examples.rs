@@ -442,9 +442,15 @@ async fn examples_projects_toml_serves_and_doctor_passes() {
 
 /// `gateway demo` on a port of its own, once every emulated sled is live (doctor passes).
 async fn demo() -> (tokio::process::Child, String) {
+    demo_with(&[], &[]).await
+}
+
+/// `gateway demo` with `extra` arguments, checked by `gateway doctor` with `doctor` flags.
+async fn demo_with(extra: &[String], doctor: &[&str]) -> (tokio::process::Child, String) {
     let port = processes::free_port();
     let child = Command::new(processes::workspace_bin("gateway"))
         .args(["demo", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -456,7 +462,7 @@ async fn demo() -> (tokio::process::Child, String) {
         "gateway demo did not come up"
     );
     let mcp = format!("http://127.0.0.1:{port}/mcp");
-    if let Err(out) = doctor_passes(&mcp, Duration::from_secs(30)).await {
+    if let Err(out) = doctor_passes_with(doctor, &mcp, Duration::from_secs(30)).await {
         panic!("the demo's sleds did not come up:\n{out}");
     }
     (child, mcp)
@@ -466,6 +472,11 @@ async fn demo() -> (tokio::process::Child, String) {
 /// the workspace's `gateway` first on PATH and a fresh agent identity. Its stdout, line by line;
 /// it must exit 0.
 async fn run_example(file: &str, mcp: &str) -> Vec<String> {
+    run_example_with(file, mcp, &[]).await
+}
+
+/// [`run_example`] with command-line arguments.
+async fn run_example_with(file: &str, mcp: &str, args: &[String]) -> Vec<String> {
     let dir = processes::scratch("example");
     let bin = processes::workspace_bin("gateway");
     let path = format!(
@@ -476,6 +487,7 @@ async fn run_example(file: &str, mcp: &str) -> Vec<String> {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
         Command::new(root().join("examples").join(file))
+            .args(args)
             .current_dir(&dir)
             .env("MCP_GATEWAY_URL", mcp)
             .env("PATH", path)
@@ -588,13 +600,32 @@ async fn examples_leases_sh_runs_as_shipped() {
     assert!(released && woke, "{lines:#?}");
 }
 
-/// `examples/tasks.sh` against the demo: A's task made, listed, completed with beta's results,
-/// a second cancelled; B, another session, is told neither exists.
+/// `examples/tasks.sh` against the demo with two client tokens, as the README runs it: A's task
+/// made, listed, completed with beta's results, a second cancelled; B, another token, is told
+/// neither exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn examples_tasks_sh_runs_as_shipped() {
-    let (_demo, mcp) = demo().await;
+    let tokens = processes::scratch("tasks-tokens");
+    let files: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|who| {
+            let f = tokens.join(format!("{who}.token"));
+            std::fs::write(&f, format!("{who}-demo-client-token-0123456789\n")).unwrap();
+            f.display().to_string()
+        })
+        .collect();
+    let (_demo, mcp) = demo_with(
+        &[
+            "--client-token-file".into(),
+            files[0].clone(),
+            "--client-token-file".into(),
+            files[1].clone(),
+        ],
+        &["--token-file", &files[0]],
+    )
+    .await;
     let file = "tasks.sh";
-    let lines = run_example(file, &mcp).await;
+    let lines = run_example_with(file, &mcp, &files).await;
     assert_eq!(lines.len(), 9, "{lines:#?}");
     let at = |i| json_line(file, &lines, i);
     let created = &at(0)["result"]["task"];
