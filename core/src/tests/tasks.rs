@@ -871,3 +871,101 @@ fn a_task_asked_for_before_the_sleds_tools_are_listed_waits_for_the_listing() {
         "{calls:?}"
     );
 }
+
+/// `tasks/*` asks the caller now for the right the creating call needed: a reload that takes
+/// the project away ends access to its tasks (answered as unknown), and one that leaves only
+/// `read` ends access to a writing tool's task (forbidden).
+#[test]
+fn a_reload_that_takes_the_project_or_the_right_away_ends_access_to_its_tasks() {
+    use crate::{Gateway, Input, Registry};
+    const ALICE: &str = "alice-token-0123456789";
+    let file = |projects: &str, right: &str| {
+        Registry::parse(
+            "projects.toml",
+            &format!(
+                "default = \"alpha\"\n\
+                 client_tokens = [{{ name = \"alice\", token = \"{ALICE}\" }}]\n\
+                 [[project]]\nname = \"alpha\"\nurl = \"http://127.0.0.1:9101\"\n\
+                 [[project]]\nname = \"beta\"\nurl = \"http://127.0.0.1:9102\"\n\
+                 [[access]]\ntoken = \"alice\"\nprojects = {projects}\nright = \"{right}\"\n"
+            ),
+        )
+        .unwrap()
+        .allowing_unauthenticated_uplinks()
+    };
+    let mut h = Harness::new();
+    h.gw = Gateway::new(
+        file("[\"alpha\", \"beta\"]", "write"),
+        crate::Config::default(),
+        [4; 32],
+    );
+    let beta = connect(&mut h, "beta");
+    let bearer = |r: &mut crate::HttpRequest| r.authorization = Some(format!("Bearer {ALICE}"));
+    let t = modern(
+        &mut h,
+        1,
+        "tools/call",
+        json!({"name":"deploy","arguments":{"project":"beta"},"_meta":declared()}),
+        &bearer,
+    );
+    let f = one_frame(&mut h, beta);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task("t1","working")}}),
+    );
+    let id = answer(&mut h, t).1["result"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(id.starts_with("mt1.") && id.contains(".w."), "{id}");
+    let get = |h: &mut Harness| {
+        let name = id.clone();
+        let t = modern(
+            h,
+            2,
+            "tasks/get",
+            json!({"taskId": id, "_meta": declared()}),
+            &move |r| {
+                r.authorization = Some(format!("Bearer {ALICE}"));
+                r.mcp_name = Some(name.clone());
+            },
+        );
+        answer(h, t).1
+    };
+    // Only read on beta now: a writing tool's task is forbidden, nothing sent.
+    h.handle(Input::Reload {
+        registry: file("[\"alpha\", \"beta\"]", "read"),
+    });
+    assert_eq!(get(&mut h)["error"]["data"]["kind"], "forbidden");
+    assert!(h.take_frames(beta).is_empty());
+    // beta gone from alice's projects: as if the task never existed.
+    h.handle(Input::Reload {
+        registry: file("[\"alpha\"]", "write"),
+    });
+    assert_eq!(get(&mut h)["error"]["data"]["kind"], "unknown_task");
+    assert!(h.take_frames(beta).is_empty());
+    // Given back: reachable again.
+    h.handle(Input::Reload {
+        registry: file("[\"alpha\", \"beta\"]", "write"),
+    });
+    let t = {
+        let name = id.clone();
+        modern(
+            &mut h,
+            3,
+            "tasks/get",
+            json!({"taskId": id, "_meta": declared()}),
+            &move |r| {
+                r.authorization = Some(format!("Bearer {ALICE}"));
+                r.mcp_name = Some(name.clone());
+            },
+        )
+    };
+    let f = one_frame(&mut h, beta);
+    assert_eq!(f["method"], "tasks/get");
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":task("t1","working")}),
+    );
+    assert_eq!(answer(&mut h, t).1["result"]["status"], "working");
+}
