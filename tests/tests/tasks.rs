@@ -630,8 +630,48 @@ async fn a_task_made_through_one_replica_is_polled_and_cancelled_through_another
     wait_live(&r1.mcp(), &["beta"], Some("r3")).await;
     wait_live(&r2.mcp(), &["beta"], Some("r3")).await;
     modern_walk(&fleet, &r1.mcp(), &r2.mcp(), r3.addr).await;
+    // 2025-11-25 (where-the-issues-meet §5): a session's task made through r1 is listed through
+    // r2 (the session is the cluster's), its record being where beta's sled is; token B's
+    // session lists none.
+    let mut a = session(&r1.mcp(), TOKEN_A).await;
+    let id = start(&mut a).await;
+    let mut a2 = client(&r2.mcp(), TOKEN_A).await;
+    a2.set_session_id(a.session_id().map(str::to_owned));
+    assert_eq!(listed(&mut a2).await, [id.clone()]);
+    let mut b = session(&r2.mcp(), TOKEN_B).await;
+    assert!(listed(&mut b).await.is_empty());
+    assert_unknown_task(
+        &ask(&mut b, "tasks/get", json!({"taskId": id})).await,
+        "B's get",
+    );
     fleet.shutdown().await;
     for r in [&mut r1, &mut r2, &mut r3] {
         r.stop().await;
     }
+}
+
+/// Every task `tasks/list` shows `c`, following `nextCursor` to the end.
+async fn listed(c: &mut McpClient<TokioConnect>) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..20 {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let r = ask(c, "tasks/list", params).await;
+        let tasks = r["result"]["tasks"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{r}"));
+        ids.extend(
+            tasks
+                .iter()
+                .filter_map(|t| t["taskId"].as_str().map(str::to_owned)),
+        );
+        match r["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return ids,
+        }
+    }
+    panic!("tasks/list did not end within 20 pages");
 }
