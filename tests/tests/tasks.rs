@@ -637,7 +637,7 @@ async fn a_task_made_through_one_replica_is_polled_and_cancelled_through_another
     let id = start(&mut a).await;
     let mut a2 = client(&r2.mcp(), TOKEN_A).await;
     a2.set_session_id(a.session_id().map(str::to_owned));
-    assert_eq!(listed(&mut a2).await, [id.clone()]);
+    assert_eq!(listed(&mut a2).await, std::slice::from_ref(&id));
     let mut b = session(&r2.mcp(), TOKEN_B).await;
     assert!(listed(&mut b).await.is_empty());
     assert_unknown_task(
