@@ -294,6 +294,21 @@ impl Gateway {
                         };
                         (jsonrpc::ok_response(id, &listed), Outcome::Ok)
                     }
+                    // A task the client did not ask for (it sent no `task`, or its request did
+                    // not declare the extension): never shown to it.
+                    (Some(result), None) if super::tasks::is_create_task_result(result.get()) => {
+                        self.counters.frames_invalid += 1;
+                        let project = call.project.clone();
+                        let sled = self.sled_of(&project);
+                        tracing::warn!(
+                            project,
+                            "the sled made a task of a call that asked for none"
+                        );
+                        (
+                            RpcError::BadSledResponse { project, sled }.response(Some(id)),
+                            Outcome::BadResponse,
+                        )
+                    }
                     (Some(result), None) if call.modern => (
                         jsonrpc::ok_response(id, &basics::with_result_type(result.get())),
                         Outcome::Ok,

@@ -72,6 +72,24 @@ pub(super) const HANDSHAKE_TASK_METHODS: &[&str] =
     &["tasks/get", "tasks/result", "tasks/cancel", "tasks/list"];
 pub(super) const MODERN_TASK_METHODS: &[&str] = &["tasks/get", "tasks/update", "tasks/cancel"];
 
+/// Whether a result is a 2025-11-25 `CreateTaskResult` (`{"task": {"taskId": …}}`): what a
+/// sled may answer only to a call that asked for a task. Cheap for any other result.
+pub(super) fn is_create_task_result(result: &str) -> bool {
+    if !result.contains("\"taskId\"") {
+        return false;
+    }
+    #[derive(Deserialize)]
+    struct Shape<'a> {
+        #[serde(borrow)]
+        task: Option<&'a RawValue>,
+    }
+    serde_json::from_str::<Shape>(result)
+        .ok()
+        .and_then(|s| s.task)
+        .and_then(|t| serde_json::from_str::<Map<String, Value>>(t.get()).ok())
+        .is_some_and(|t| t.contains_key("taskId"))
+}
+
 /// Whether a stateless request's `_meta` declares the tasks extension.
 pub(super) fn declares_tasks(meta: Option<&Value>) -> bool {
     meta.and_then(|m| m.get(headers::META_CLIENT_CAPABILITIES))

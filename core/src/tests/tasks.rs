@@ -969,3 +969,55 @@ fn a_reload_that_takes_the_project_or_the_right_away_ends_access_to_its_tasks() 
     );
     assert_eq!(answer(&mut h, t).1["result"]["status"], "working");
 }
+
+/// A sled that makes a task of a call that asked for none (no `task`, or a stateless request
+/// without the extension) is answered as a bad response: the client never sees a task it
+/// cannot handle.
+#[test]
+fn a_task_nobody_asked_for_is_a_bad_sled_response() {
+    let mut h = Harness::new();
+    let beta = connect(&mut h, "beta");
+    let s = h.initialize();
+    let t = request(
+        &mut h,
+        &s,
+        1,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"}}),
+    );
+    let f = one_frame(&mut h, beta);
+    assert!(f["params"].get("task").is_none());
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task("t1","working")}}),
+    );
+    let r = h.reply_json(t).unwrap();
+    assert_eq!(r["error"]["data"]["kind"], "bad_sled_response", "{r}");
+    let t = modern(
+        &mut h,
+        2,
+        "tools/call",
+        json!({"name":"run_tests","arguments":{"project":"beta"}}),
+        &|_| {},
+    );
+    let f = one_frame(&mut h, beta);
+    h.sled_says(
+        beta,
+        json!({"jsonrpc":"2.0","id":f["id"],"result":{"task":task("t2","working")}}),
+    );
+    assert_eq!(
+        answer(&mut h, t).1["error"]["data"]["kind"],
+        "bad_sled_response"
+    );
+    // A result that merely mentions a taskId is a result.
+    let t = request(
+        &mut h,
+        &s,
+        3,
+        "tools/call",
+        json!({"name":"show","arguments":{"project":"beta"}}),
+    );
+    let f = one_frame(&mut h, beta);
+    h.sled_says(beta, json!({"jsonrpc":"2.0","id":f["id"],"result":{"content":[{"type":"text","text":"\"taskId\""}],"structuredContent":{"taskId":"x"}}}));
+    assert!(h.reply_json(t).unwrap()["result"]["content"].is_array());
+}
