@@ -8,8 +8,8 @@
 //! and status notifications on the session's GET stream after the `CreateTaskResult`, the
 //! 2026-07-28 extension's shapes (`Mcp-Name`, `subscriptions/listen` with `taskIds`), and a
 //! second replica. The official TypeScript SDK's own tasks client (2025-11-25) runs here too:
-//! `clients/ts_tasks_client.mjs`; so does the 2026-07-28 extension's, `@modelcontextprotocol/ext-tasks`
-//! over the SDK v2 client: `clients/ts_ext_tasks_client.mjs`.
+//! `clients/ts_tasks_client.mjs`; so does the 2026-07-28 extension's own,
+//! `@modelcontextprotocol/ext-tasks` over the SDK v2 client: `clients/ts_ext_tasks_client.mjs`.
 
 #[path = "support/nats.rs"]
 mod nats;
