@@ -8,7 +8,8 @@
 //! and status notifications on the session's GET stream after the `CreateTaskResult`, the
 //! 2026-07-28 extension's shapes (`Mcp-Name`, `subscriptions/listen` with `taskIds`), and a
 //! second replica. The official TypeScript SDK's own tasks client (2025-11-25) runs here too:
-//! `clients/ts_tasks_client.mjs`.
+//! `clients/ts_tasks_client.mjs`; so does the 2026-07-28 extension's own,
+//! `@modelcontextprotocol/ext-tasks` over the SDK v2 client: `clients/ts_ext_tasks_client.mjs`.
 
 #[path = "support/nats.rs"]
 mod nats;
@@ -308,37 +309,53 @@ async fn a_session_makes_polls_lists_and_cancels_tasks_that_another_token_cannot
     gateway.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_typescript_sdks_tasks_client_makes_polls_lists_and_cancels_and_another_token_sees_none(
-) {
+/// Runs `tests/clients/<script>` with Node 22 against a gateway with two client tokens and beta's
+/// sled (its `run_tests` taking 3 s), as `node SCRIPT URL TOKEN_A TOKEN_B`, and asserts every
+/// check it printed passed (`client` names it in the failure).
+async fn run_node_client(script: &str, client: &str) {
     let node = node::node().await;
     let gateway = gateway_tests::Gateway::start(ServerOptions::new(registry(), [29; 32])).await;
     let fleet = Fleet::spawn(&gateway.base(), &["beta".to_owned()], sled_options());
     wait_live(&gateway.url(), &["beta"], None).await;
     run_tests_take(&fleet, "beta", 3000);
-    // Run from the install directory, so that the script's imports find the SDK there.
-    let source =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_tasks_client.mjs");
-    let script = node.dir.join("ts_tasks_client.mjs");
-    std::fs::copy(&source, &script).expect("the script can be copied next to the SDK");
+    // Run from the install directory, so that the script's imports find the packages there.
+    let source = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("clients")
+        .join(script);
+    let installed = node.dir.join(script);
+    std::fs::copy(&source, &installed).expect("the script can be copied next to the packages");
     let mut cmd = node.command();
-    cmd.arg(&script)
+    cmd.arg(&installed)
         .args([&gateway.url(), TOKEN_A, TOKEN_B])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
         .await
-        .expect("the TypeScript client finished within 120 s")
-        .expect("the TypeScript client ran");
+        .unwrap_or_else(|_| panic!("{client} finished within 120 s"))
+        .unwrap_or_else(|e| panic!("{client} ran: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     assert!(
         out.status.success() && stdout.contains(" passed, 0 failed"),
-        "the TypeScript SDK's tasks checks failed:\n{stdout}\n{}",
+        "{client}'s tasks checks failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     fleet.shutdown().await;
     gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdks_tasks_client_makes_polls_lists_and_cancels_and_another_token_sees_none(
+) {
+    run_node_client("ts_tasks_client.mjs", "the TypeScript SDK 1.32.2").await;
+}
+
+/// The 2026-07-28 tasks extension's own client, `@modelcontextprotocol/ext-tasks` 0.2.2 over
+/// `@modelcontextprotocol/client` 2.3.1: a task settled to its result, a second cancelled, and
+/// another token told -32602.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ext_tasks_client_settles_a_task_cancels_another_and_another_token_sees_neither() {
+    run_node_client("ts_ext_tasks_client.mjs", "ext-tasks 0.2.2").await;
 }
 
 /// A 2026-07-28 request: `_meta` says the version and declares the tasks extension (unless

