@@ -62,6 +62,7 @@ fn tasks_sweep() {
             "subscriptions acknowledged",
             "task notifications, 2026-07-28",
             "results notified, 2026-07-28",
+            "requests of a session begun again (gateway power loss)",
         ] {
             assert!(
                 total.get(key).copied().unwrap_or(0) > 0,

@@ -52,7 +52,12 @@
 //! Faults drawn from the seed (FaultMode as the main simulation's): a sled's power loss and
 //! restart (its task table survives, like a container's volume, but the work it was doing
 //! stops: those tasks fail), partitions (one-way too) between the gateway and a sled or a
-//! client host, a latency spike. Under faults a request may go unanswered, and an own task's
+//! client host, a latency spike, and the gateway's power loss and restart: its sessions and
+//! task records are gone, its task key is not (as a single gateway's from `gateway.secret`),
+//! and its RNG seed is another (a real one seeds from the OS: with the same seed it gave a new
+//! session an old session's id, and two sessions shared their tasks). A session-era agent
+//! answered 404 begins another session, a new owner: its old session's ids are now another's
+//! and must be refused; a stateless agent's ids go on opening. Under faults a request may go unanswered, and an own task's
 //! request may meet a sled error; never a wrong or foreign answer.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -128,6 +133,10 @@ pub enum TaskFault {
     LatencySpike {
         max: Duration,
     },
+    /// The gateway loses power (every link cut first, so nobody hears its sockets close) and
+    /// restarts: sessions and task records are gone; the ids it gave out still open (its task
+    /// key comes from the same seed, as a single gateway's from its `gateway.secret`).
+    GatewayPowerLoss,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -161,7 +170,7 @@ impl fmt::Debug for TaskScenario {
                 "  agent {i}: {} {:?} ({}), {} steps, think ≤ {:?}, on client-{}",
                 PRINCIPALS[a.principal],
                 a.era,
-                owner_key(self, i),
+                owner_key(self, i, 0),
                 a.steps,
                 a.think_max,
                 i % self.client_hosts
@@ -174,11 +183,12 @@ impl fmt::Debug for TaskScenario {
     }
 }
 
-/// Who owns agent `i`'s tasks: its session (2025-11-25), else its principal (2026-07-28).
-fn owner_key(s: &TaskScenario, i: usize) -> String {
+/// Who owns agent `i`'s tasks: its `k`th session (2025-11-25; a gateway that lost its
+/// sessions makes the agent begin another), else its principal (2026-07-28).
+fn owner_key(s: &TaskScenario, i: usize, k: usize) -> String {
     let a = &s.agents[i];
     match a.era {
-        Era::Session => format!("session of agent {i}"),
+        Era::Session => format!("session {k} of agent {i}"),
         Era::Stateless => format!("{} stateless", PRINCIPALS[a.principal]),
     }
 }
@@ -214,6 +224,7 @@ impl TaskScenario {
         let mut free_sleds: Vec<usize> = (0..projects.len()).collect();
         let mut free_clients: Vec<usize> = (0..client_hosts).collect();
         let mut spiked = false;
+        let mut gateway_lost = false;
         let mut list = Vec::new();
         while list.len() < count {
             let at = START + Duration::from_millis(rng.random_range(0..=6_000));
@@ -223,7 +234,11 @@ impl TaskScenario {
                 1 => Dir::ToGateway,
                 _ => Dir::FromGateway,
             };
-            let fault = match rng.random_range(0..5) {
+            let fault = match rng.random_range(0..6) {
+                5 if !gateway_lost => {
+                    gateway_lost = true;
+                    TaskFault::GatewayPowerLoss
+                }
                 0 if !free_clients.is_empty() => {
                     let client = free_clients.swap_remove(rng.random_range(0..free_clients.len()));
                     TaskFault::ClientPartition { client, dir }
@@ -242,7 +257,9 @@ impl TaskScenario {
                         TaskFault::SledPartition { sled, dir }
                     }
                 }
-                _ if free_sleds.is_empty() && free_clients.is_empty() && spiked => break,
+                _ if free_sleds.is_empty() && free_clients.is_empty() && spiked && gateway_lost => {
+                    break
+                }
                 _ => continue,
             };
             list.push((at, until, fault));
@@ -365,6 +382,8 @@ enum Outcome {
 #[derive(Debug, Clone)]
 struct Ev {
     agent: usize,
+    /// Its owner when it was sent.
+    owner: String,
     method: String,
     /// The task id the request names, if any.
     task: Option<String>,
@@ -398,6 +417,7 @@ impl Ev {
 #[derive(Debug, Clone)]
 struct Note {
     agent: usize,
+    owner: String,
     at: Duration,
     /// Whether it came on the GET stream (else on a request's answer stream).
     stream: bool,
@@ -408,6 +428,10 @@ struct Agent {
     index: usize,
     spec: AgentSpec,
     owner: String,
+    /// How many sessions it began before its current one.
+    incarnation: usize,
+    /// Its session is gone (a 404): it begins another before its next step.
+    lost: bool,
     projects: Vec<String>,
     rng: ChaCha8Rng,
     mcp: Option<McpClient<TurmoilConnect>>,
@@ -448,6 +472,17 @@ impl Agent {
         false
     }
 
+    /// A session-era agent whose session the gateway lost begins another: a new owner, whose
+    /// tasks are not its old session's (those ids stay on the board, now another's).
+    async fn begin_again(&mut self) {
+        self.lost = false;
+        self.incarnation += 1;
+        self.owner = format!("session {} of agent {}", self.incarnation, self.index);
+        self.mine.clear();
+        self.mcp = None;
+        self.connect().await;
+    }
+
     /// The session's GET stream, reopened whenever it ends, until the agent is done.
     fn listen(&mut self, c: &McpClient<TurmoilConnect>) {
         let session = c.session_id().map(str::to_owned);
@@ -455,6 +490,10 @@ impl Agent {
         let token = token_of(self.spec.principal);
         let log = self.log.clone();
         let agent = self.index;
+        let owner = self.owner.clone();
+        if let Some(old) = self.listener.take() {
+            old.abort();
+        }
         self.listener = Some(tokio::spawn(async move {
             loop {
                 let Ok(mut l) = McpClient::connect(TurmoilConnect, MCP_URL).await else {
@@ -467,6 +506,7 @@ impl Agent {
                 let mut on = |m: Value| {
                     lock(&log.notes).push(Note {
                         agent,
+                        owner: owner.clone(),
                         at: now(),
                         stream: true,
                         msg: m,
@@ -488,6 +528,9 @@ impl Agent {
                 .rng
                 .random_range(0..=self.spec.think_max.as_millis() as u64);
             tokio::time::sleep(Duration::from_millis(think)).await;
+            if self.lost {
+                self.begin_again().await;
+            }
             self.step().await;
         }
         // Every task had time to end (or was cancelled): one more look at each.
@@ -582,7 +625,7 @@ impl Agent {
         } else {
             self.projects[self.rng.random_range(0..n)].clone()
         };
-        let suite = format!("a{}n{}", self.index, self.made);
+        let suite = format!("a{}s{}n{}", self.index, self.incarnation, self.made);
         self.made += 1;
         let mut params = json!({
             "name": RUN_TESTS_TOOL,
@@ -629,6 +672,7 @@ impl Agent {
         let id = self.next_id;
         self.next_id += 1;
         let (log, agent, token) = (self.log.clone(), self.index, token_of(self.spec.principal));
+        let owner = self.owner.clone();
         tokio::spawn(async move {
             let Ok(mut c) = McpClient::connect(TurmoilConnect, MCP_URL).await else {
                 return;
@@ -650,6 +694,7 @@ impl Agent {
             let mut notified = |m: &Value| {
                 lock(&log.notes).push(Note {
                     agent,
+                    owner: owner.clone(),
                     at: now(),
                     stream: true,
                     msg: m.clone(),
@@ -733,9 +778,11 @@ impl Agent {
         let sent = now();
         let agent = self.index;
         let log = self.log.clone();
+        let owner = self.owner.clone();
         let mut notified = |m: &Value| {
             lock(&log.notes).push(Note {
                 agent,
+                owner: owner.clone(),
                 at: now(),
                 stream: false,
                 msg: m.clone(),
@@ -766,11 +813,17 @@ impl Agent {
                         _ => Outcome::Failed(format!("HTTP {status}: {body}")),
                     }
                 }
+                Err(ClientError::Http { status: 404, body }) => {
+                    // The gateway lost the session (it lost power): begin another.
+                    self.lost = true;
+                    Outcome::Failed(format!("HTTP 404: {body}"))
+                }
                 Err(e) => Outcome::Failed(e.to_string()),
             },
         };
         lock(&self.log.events).push(Ev {
             agent: self.index,
+            owner: self.owner.clone(),
             method: method.to_owned(),
             task,
             whose,
@@ -829,12 +882,16 @@ fn projects_toml(s: &TaskScenario) -> String {
     text
 }
 
-fn server_options(s: &TaskScenario) -> ServerOptions {
+/// The gateway's options in its `incarnation`th life: its RNG seed differs in each (a real
+/// gateway seeds from the OS, so a restarted one gives out other session ids), its task key
+/// does not (a single gateway's comes from its `gateway.secret`, which outlives it).
+fn server_options(s: &TaskScenario, incarnation: u64) -> ServerOptions {
     let text = projects_toml(s);
     let registry = Registry::parse("projects.toml", &text)
         .unwrap_or_else(|e| panic!("a valid sim registry: {e}\n{text}"));
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&s.seed.to_le_bytes());
+    bytes[8..16].copy_from_slice(&incarnation.to_le_bytes());
     bytes[16] = 0x27;
     let mut opts = ServerOptions::new(registry, bytes);
     opts.prober = Arc::new(gateway_server::HttpProber(TurmoilConnect));
@@ -845,6 +902,13 @@ fn server_options(s: &TaskScenario) -> ServerOptions {
         hello_timeout: Duration::from_secs(2),
         refresh_timeout: CALL_TIMEOUT,
         planted: s.planted,
+        task_key: Some(gateway_core::tasks::TaskKey::new(
+            [0x27; 4],
+            [s.seed.to_le_bytes(), [0x27; 8], [0x5e; 8], [0xc7; 8]]
+                .concat()
+                .try_into()
+                .expect("32 bytes"),
+        )),
         ..Config::default()
     };
     opts
@@ -922,9 +986,11 @@ fn simulate(s: &TaskScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResult
         .max_message_latency(s.net_latency_max)
         .build();
 
-    let opts = server_options(s);
+    let scenario = s.clone();
+    let incarnation = Arc::new(std::sync::atomic::AtomicU64::new(0));
     sim.host("gateway", move || {
-        let opts = opts.clone();
+        let n = incarnation.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let opts = server_options(&scenario, n);
         async move {
             let listener = turmoil::net::TcpListener::bind(("0.0.0.0", GATEWAY_PORT)).await?;
             gateway_server::serve(TurmoilListener(listener), opts, std::future::pending()).await?;
@@ -967,7 +1033,9 @@ fn simulate(s: &TaskScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResult
             .map(|&i| Agent {
                 index: i,
                 spec: s.agents[i].clone(),
-                owner: owner_key(s, i),
+                owner: owner_key(s, i, 0),
+                incarnation: 0,
+                lost: false,
                 projects: s.projects.clone(),
                 rng: ChaCha8Rng::seed_from_u64(s.seed ^ (0x7a57_0000 + i as u64)),
                 mcp: None,
@@ -1034,6 +1102,32 @@ fn simulate(s: &TaskScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResult
                 actions.push((*at, 1, partition("gateway".into(), host.clone(), dir, true)));
                 actions.push((*until, 0, partition("gateway".into(), host, dir, false)));
             }
+            TaskFault::GatewayPowerLoss => {
+                let mut peers: Vec<String> =
+                    (0..s.projects.len()).map(|i| s.sled_host(i)).collect();
+                peers.extend((0..s.client_hosts).map(|c| format!("client-{c}")));
+                let p2 = peers.clone();
+                actions.push((
+                    *at,
+                    1,
+                    Box::new(move |sim| {
+                        for p in &peers {
+                            sim.partition("gateway", p.as_str());
+                        }
+                        sim.crash("gateway");
+                    }),
+                ));
+                actions.push((
+                    *until,
+                    0,
+                    Box::new(move |sim| {
+                        for p in &p2 {
+                            sim.repair("gateway", p.as_str());
+                        }
+                        sim.bounce("gateway");
+                    }),
+                ));
+            }
             TaskFault::LatencySpike { max } => {
                 actions.push((
                     *at,
@@ -1066,9 +1160,11 @@ fn simulate(s: &TaskScenario, sleds: &[SharedSled], log: &Arc<Log>) -> SimResult
 // ---------------------------------------------------------------------------------------------
 // The oracle.
 
-/// The agent a suite names (`a<agent>n<n>`).
-fn agent_of_suite(suite: &str) -> Option<usize> {
-    suite.strip_prefix('a')?.split('n').next()?.parse().ok()
+/// The agent and its session a suite names (`a<agent>s<session>n<n>`).
+fn agent_of_suite(suite: &str) -> Option<(usize, usize)> {
+    let (agent, rest) = suite.strip_prefix('a')?.split_once('s')?;
+    let (k, _) = rest.split_once('n')?;
+    Some((agent.parse().ok()?, k.parse().ok()?))
 }
 
 fn judge(
@@ -1085,8 +1181,8 @@ fn judge(
     let owner_of_id = |id: &str| -> Option<(String, String, String)> {
         let (project, sled_id) = decode(id)?;
         let suite = made.get(&(project.clone(), sled_id))?;
-        let agent = agent_of_suite(suite)?;
-        (agent < s.agents.len()).then(|| (owner_key(s, agent), project, suite.clone()))
+        let (agent, k) = agent_of_suite(suite)?;
+        (agent < s.agents.len()).then(|| (owner_key(s, agent, k), project, suite.clone()))
     };
     // Acknowledged cancellations, by task (the ground truth's (project, sled id)): when.
     let mut cancelled_at: BTreeMap<(String, String), Duration> = BTreeMap::new();
@@ -1150,7 +1246,10 @@ fn judge(
     let mut listing: BTreeMap<usize, (Duration, BTreeSet<String>)> = BTreeMap::new();
     for e in events {
         let era = s.agents[e.agent].era;
-        let me = owner_key(s, e.agent);
+        let me = e.owner.clone();
+        if era == Era::Session && !me.starts_with("session 0 ") {
+            count("requests of a session begun again (gateway power loss)");
+        }
         let what = format!(
             "agent {} ({me}) {} {} at {:?}",
             e.agent, e.method, e.params, e.sent
@@ -1340,7 +1439,7 @@ fn judge(
     }
     // Notifications: status of its own tasks only; progress of its own calls only.
     for n in notes {
-        let me = owner_key(s, n.agent);
+        let me = n.owner.clone();
         let what = format!(
             "agent {} ({me}) {} notification at {:?}",
             n.agent,
@@ -1409,7 +1508,7 @@ fn judge(
                     .nth(1)
                     .and_then(|x| x.split(',').next())
                     .unwrap_or("");
-                if agent_of_suite(suite) != Some(n.agent) {
+                if agent_of_suite(suite).map(|(a, _)| a) != Some(n.agent) {
                     v.push(format!("(a) {what}: progress of another's call: {}", n.msg));
                 }
             }
