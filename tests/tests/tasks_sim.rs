@@ -132,11 +132,20 @@ fn planted(test: &str, bug: PlantedBug, default_seeds: u64, signs: &[&str]) {
     let r = &reports[first];
     println!("{}", runner::describe("tasks_sim", test, r));
     for sign in signs {
-        assert!(
+        let shown = reports
+            .iter()
+            .position(|r| r.violations.iter().any(|v| v.contains(sign)));
+        println!(
+            "{bug:?}: {} of {} seeds show {sign:?}; seeds to detection by it: {}",
             reports
                 .iter()
-                .flat_map(|r| &r.violations)
-                .any(|v| v.contains(sign)),
+                .filter(|r| r.violations.iter().any(|v| v.contains(sign)))
+                .count(),
+            reports.len(),
+            shown.map_or("none".to_owned(), |i| (i + 1).to_string()),
+        );
+        assert!(
+            shown.is_some(),
             "{bug:?} failed seeds, but no violation says {sign:?}; first failure:\n{}",
             runner::describe("tasks_sim", test, r)
         );

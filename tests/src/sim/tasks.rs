@@ -1377,7 +1377,7 @@ fn judge(
                     if kind == "unknown_task" {
                         v.push(format!("{what}: its own id was refused as unknown: {x}"));
                     }
-                    count(&format!("own-task errors: {} {kind}", x["code"]));
+                    count(&format!("own-task errors: {m} {} {kind}", x["code"]));
                     continue;
                 }
                 let result = &r["result"];
