@@ -12,7 +12,9 @@
 //! - `tasks_same_seed_same_trace`: one seed run twice gives the same trace.
 //! - `tasks_planted_*_is_caught`: the gateway with `PlantedBug::TaskIdsUnsealed` (a caller's id
 //!   taken as a sled's own in its default project) and `PlantedBug::TasksListUnfiltered`
-//!   (`tasks/list` shows everyone's tasks) must fail some of 8 fixed seeds (half without
+//!   (`tasks/list` shows everyone's tasks), and `PlantedBug::TaskCancelNotSent` (a 2025-11-25
+//!   cancel acknowledged `cancelled` on a `tasks/get`: the sled never hears of it, for rule
+//!   (c)) must fail some of 8 fixed seeds (half without
 //!   faults), with a violation that shows the leak, and the first failing seed must replay to
 //!   the same violations. Each prints its seeds-to-detection.
 //!
@@ -176,5 +178,15 @@ fn tasks_planted_tasks_list_unfiltered_is_caught() {
         PlantedBug::TasksListUnfiltered,
         8,
         &["tasks/list showed"],
+    );
+}
+
+#[test]
+fn tasks_planted_task_cancel_not_sent_is_caught() {
+    planted(
+        "tasks_planted_task_cancel_not_sent_is_caught",
+        PlantedBug::TaskCancelNotSent,
+        8,
+        &["though its cancel was acknowledged"],
     );
 }
