@@ -70,6 +70,9 @@ pub struct SledConfig {
     /// How its tasks are named ([`SharedSled`] runs them): random (the default), seeded, or a
     /// counter `t1, t2, …` that collides across sleds (the simulation's).
     pub task_ids: TaskIds,
+    /// How many tasks one `tasks/list` page holds (at least 1; default 50). The tasks
+    /// simulation makes it small so that its listings page.
+    pub task_page_size: usize,
 }
 
 impl Default for SledConfig {
@@ -78,6 +81,7 @@ impl Default for SledConfig {
             page_size: None,
             run_tests_ms: (200, 2000),
             task_ids: TaskIds::Random,
+            task_page_size: 50,
         }
     }
 }
@@ -1357,6 +1361,7 @@ impl SharedSled {
         let tasks = TaskRunner::new(
             TaskOptions {
                 ids: sled.config().task_ids.clone(),
+                page_size: sled.config().task_page_size.max(1),
                 clock,
                 ..TaskOptions::default()
             },

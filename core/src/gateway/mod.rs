@@ -222,6 +222,10 @@ pub enum PlantedBug {
     TaskIdsUnsealed,
     /// Tasks: `tasks/list` shows every caller's tasks, not only the asker's.
     TasksListUnfiltered,
+    /// Tasks: a 2025-11-25 `tasks/cancel` is acknowledged `cancelled` on the strength of a
+    /// `tasks/get` to the sled, which never hears of the cancellation (as a gateway that
+    /// acknowledged optimistically would): the task runs on and completes.
+    TaskCancelNotSent,
     /// In a cluster: a relay that could not be sent because the engine was out of reach is
     /// answered at once as taken and lost (`outcome: "unknown"`, `owner_lost`), the old
     /// behaviour, instead of waiting for the engine and then saying `not_sent`.

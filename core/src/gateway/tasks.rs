@@ -271,7 +271,7 @@ impl Gateway {
                 },
             ),
             (false, m) => (
-                if m == "tasks/get" {
+                if m == "tasks/get" || self.cancel_not_sent() {
                     "tasks/get"
                 } else {
                     "tasks/cancel"
@@ -445,6 +445,14 @@ impl Gateway {
         }
     }
 
+    /// Whether `PlantedBug::TaskCancelNotSent` is planted.
+    fn cancel_not_sent(&self) -> bool {
+        #[cfg(feature = "planted-bugs")]
+        return self.config.planted == Some(PlantedBug::TaskCancelNotSent);
+        #[cfg(not(feature = "planted-bugs"))]
+        false
+    }
+
     /// A sled's answer to a task-related request (`call.rewrite` is a `Rewrite::Task`).
     pub(super) fn on_task_answer(
         &mut self,
@@ -525,6 +533,9 @@ impl Gateway {
                 },
             ) => {
                 self.task_seen(&sealed, &r);
+                if call.tool == "tasks/cancel" && self.cancel_not_sent() {
+                    r.insert("status".into(), json!("cancelled"));
+                }
                 r.insert("taskId".into(), Value::String(sealed_id));
                 (
                     jsonrpc::ok_response(&id, &Value::Object(r).to_string()),

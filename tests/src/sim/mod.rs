@@ -30,6 +30,7 @@ pub mod net;
 pub mod oracle;
 pub mod runner;
 pub mod scenario;
+pub mod tasks;
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
