@@ -89,6 +89,14 @@ struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     drain_secs: u64,
 
+    /// Threads of the runtime that relays calls: 0 (the default) one per CPU; 1 runs every
+    /// uplink and server on one thread, which hands a call from the uplink to the server and
+    /// back with fewer context switches (BENCHMARKS.md), but pauses every project while a
+    /// fence is synced to disk (a lease's first write).
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    worker_threads: u16,
+
     /// The server's command and arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -154,8 +162,7 @@ fn config(args: Args) -> Result<ConnectorConfig, String> {
     .checked()
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -163,6 +170,26 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    let runtime = match args.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(n))
+            .enable_all()
+            .build(),
+    };
+    match runtime {
+        Ok(rt) => rt.block_on(run(args)),
+        Err(e) => {
+            error!("cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> ExitCode {
     let drain = Duration::from_secs(args.drain_secs);
     let env = |k: &str| std::env::var(k).ok();
     let tls = match gateway_client::TlsTrust::from_flag_or_env(args.ca_file.as_deref(), &env) {
