@@ -174,7 +174,9 @@ fn main() -> ExitCode {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
-        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
         n => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(usize::from(n))
             .enable_all()
