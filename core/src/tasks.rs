@@ -281,6 +281,11 @@ pub fn is_record_key(key: &str) -> bool {
     key.split('.').nth(1) == Some("t")
 }
 
+/// The (project, sled id) a task record's store key names.
+pub fn parse_record_key(key: &str) -> Option<(String, String)> {
+    parse_key(key)
+}
+
 fn parse_key(key: &str) -> Option<Key> {
     let mut parts = key.split('.');
     let (Some(p), Some("t"), Some(s), None) =

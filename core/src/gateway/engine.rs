@@ -88,6 +88,28 @@ impl Gateway {
                 // The state is in place before the uplink serves (the replica machine's
                 // `Serve` is carried out after this input).
                 let read = records.is_ok();
+                if project == crate::tasks::GATEWAY_PROJECT {
+                    // A replica's own tasks, read back at its start: only those it ran (their
+                    // ids name it; another replica's are that one's), and none it has made
+                    // since it started.
+                    let mine = self.replica_name().map(|r| format!("{r}."));
+                    let records: Vec<_> = records
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|r| {
+                            crate::tasks::parse_record_key(&r.key).is_some_and(|(p, id)| {
+                                p == project
+                                    && mine.as_deref().is_some_and(|m| id.starts_with(m))
+                                    && self.tasks.get(&p, &id).is_none()
+                            })
+                        })
+                        .collect();
+                    let n = self.tasks.restore(now, records);
+                    if n > 0 {
+                        tracing::info!(tasks = n, "this replica's own tasks are read back");
+                    }
+                    return;
+                }
                 if let Ok(records) = records {
                     let (tasks, records): (Vec<_>, Vec<_>) = records
                         .into_iter()

@@ -760,7 +760,7 @@ impl Gateway {
             .names()
             .map(|n| (n.to_owned(), ProjectState::default()))
             .collect();
-        Gateway {
+        let mut gateway = Gateway {
             coordination: {
                 #[allow(unused_mut)]
                 // A single gateway with a store keeps coordination there; a replica in the
@@ -850,7 +850,16 @@ impl Gateway {
             next_fanout: 0,
             #[cfg(feature = "planted-bugs")]
             shared_active: None,
+        };
+        if gateway.cluster.is_some() {
+            // A replica's own tasks, kept in the engine by its last life, are read back.
+            gateway
+                .outputs
+                .push_back(Output::Cluster(crate::cluster::ClusterAction::LoadCoord {
+                    project: crate::tasks::GATEWAY_PROJECT.to_owned(),
+                }));
         }
+        gateway
     }
 
     pub fn registry(&self) -> &Registry {

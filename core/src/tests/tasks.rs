@@ -1021,3 +1021,60 @@ fn a_task_nobody_asked_for_is_a_bad_sled_response() {
     h.sled_says(beta, json!({"jsonrpc":"2.0","id":f["id"],"result":{"content":[{"type":"text","text":"\"taskId\""}],"structuredContent":{"taskId":"x"}}}));
     assert!(h.reply_json(t).unwrap()["result"]["content"].is_array());
 }
+
+/// In a cluster, a replica's own task (`aggregate_pipeline_status`) is kept in the engine and
+/// read back when the replica starts again (same name, same engine): its result still answers
+/// `tasks/get` after the restart.
+#[test]
+fn a_replicas_own_task_answers_after_the_replica_restarts() {
+    let mut r1 = super::cluster::replica("r1");
+    let t = modern(
+        &mut r1,
+        1,
+        "tools/call",
+        json!({"name":"aggregate_pipeline_status","arguments":{"timeout_ms":50},"_meta":declared()}),
+        &|_| {},
+    );
+    let (status, created) = answer(&mut r1, t);
+    assert_eq!(status, 200, "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_owned();
+    // No sled anywhere: the fan-out ends at its deadline.
+    r1.advance(std::time::Duration::from_millis(100));
+    let poll = |h: &mut Harness| {
+        let name = id.clone();
+        let t = modern(
+            h,
+            2,
+            "tasks/get",
+            json!({"taskId": id, "_meta": declared()}),
+            &move |r| r.mcp_name = Some(name.clone()),
+        );
+        answer(h, t).1
+    };
+    let before = poll(&mut r1);
+    assert_eq!(before["result"]["status"], "completed", "{before}");
+    // The replica starts again, on the same engine.
+    let bucket = r1.coord_bucket.clone();
+    let mut again = super::cluster::replica("r1");
+    again.coord_bucket = bucket.clone();
+    // Its first input (any) carries out the read it asked for when it was made.
+    let t = modern(&mut again, 9, "server/discover", json!({}), &|_| {});
+    answer(&mut again, t);
+    let after = poll(&mut again);
+    assert_eq!(after["result"]["status"], "completed", "{after}");
+    assert_eq!(after["result"]["result"], before["result"]["result"]);
+    // Another replica reads no other's: there the id is relayed to r1, never served.
+    let mut r2 = super::cluster::replica("r2");
+    r2.coord_bucket = bucket;
+    let t = {
+        let name = id.clone();
+        modern(
+            &mut r2,
+            3,
+            "tasks/get",
+            json!({"taskId": id, "_meta": declared()}),
+            &move |r| r.mcp_name = Some(name.clone()),
+        )
+    };
+    assert!(!r2.replies.contains_key(&t), "relayed, not answered here");
+}

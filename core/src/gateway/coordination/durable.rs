@@ -233,12 +233,7 @@ impl Gateway {
     fn coordination_batch(&mut self, now: Instant) -> Option<u64> {
         // Task records go with the coordination state (`crate::tasks`); nothing is kept of
         // either without a store.
-        let mut tasks = self.tasks.take_changes(now);
-        if self.clustered() {
-            // A replica's own tasks end with it: no other replica reads them back.
-            let own = crate::coord::project_prefix(crate::tasks::GATEWAY_PROJECT);
-            tasks.retain(|c| !c.key.starts_with(&own));
-        }
+        let tasks = self.tasks.take_changes(now);
         let c = &mut self.coordination;
         let durable = c.durable.as_mut()?;
         let mut changes = std::mem::take(&mut c.name_changes);
