@@ -4,6 +4,24 @@
 use super::*;
 
 impl Gateway {
+    /// Who a request would make a task for, or may reach the tasks of.
+    pub(super) fn creator_of(&self, req: &Req<'_>) -> crate::tasks::Creator {
+        crate::tasks::Creator {
+            owner: req
+                .principal
+                .session_owner(&self.registry)
+                .map(String::into_boxed_str),
+            session: req.session().map(Box::from),
+        }
+    }
+
+    /// The wall-clock time at `now`, in milliseconds since the Unix epoch.
+    pub(super) fn wall_ms(&self, now: Instant) -> u64 {
+        let (at, ms) = self.wall_origin.unwrap_or((now, 0));
+        let since = u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(0);
+        ms.saturating_add(since)
+    }
+
     pub(super) fn reply(
         &mut self,
         token: HttpToken,

@@ -345,6 +345,31 @@ impl Gateway {
         }
     }
 
+    /// `notifications/tasks` of `project`'s task `sled_id` to the listeners of it.
+    pub(super) fn send_task_listeners(
+        &mut self,
+        project: &str,
+        sled_id: &str,
+        task: Map<String, Value>,
+    ) {
+        let to: Vec<(HttpToken, RawId, String)> = self
+            .listens
+            .iter()
+            .filter_map(|(t, l)| {
+                let (_, _, shown) = l
+                    .tasks
+                    .iter()
+                    .find(|(p, s, _)| p == project && s == sled_id)?;
+                Some((*t, l.id.clone(), shown.clone()))
+            })
+            .collect();
+        for (token, id, shown) in to {
+            let mut t = task.clone();
+            t.insert("taskId".into(), Value::String(shown));
+            self.listen_event(token, &id, "notifications/tasks", t);
+        }
+    }
+
     pub(super) fn listen_event(
         &mut self,
         token: HttpToken,

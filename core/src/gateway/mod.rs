@@ -941,13 +941,6 @@ impl Gateway {
         self.arm_probes(now);
     }
 
-    /// The wall-clock time at `now`, in milliseconds since the Unix epoch.
-    fn wall_ms(&self, now: Instant) -> u64 {
-        let (at, ms) = self.wall_origin.unwrap_or((now, 0));
-        let since = u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(0);
-        ms.saturating_add(since)
-    }
-
     /// Takes one event in.
     pub fn handle(&mut self, now: Instant, input: Input) {
         self.see_time(now);

@@ -6,204 +6,12 @@
 
 use super::tasks::modern_task;
 use super::*;
-use crate::tasks::{self, Own, Record, Sealed, Status};
+use crate::tasks::{self, Own, Sealed, Status};
 
 /// How often a client is asked to poll a task the gateway runs.
 const POLL_INTERVAL_MS: u64 = 1_000;
 
 impl Gateway {
-    /// A task of the gateway's own begins, for the caller of `req`, living `ttl`: its id (as the
-    /// task machine keeps it) and the `CreateTaskResult` in the request's era.
-    pub(super) fn start_own_task(
-        &mut self,
-        req: &Req<'_>,
-        ttl: Duration,
-        modern: bool,
-    ) -> (String, String) {
-        let now = req.now;
-        let mut random = [0u8; 16];
-        {
-            use rand_chacha::rand_core::RngCore;
-            self.rng.fill_bytes(&mut random);
-        }
-        let random = crate::agents::hex(&random);
-        let id = match self.replica_name() {
-            Some(r) => format!("{r}.{random}"),
-            None => random,
-        };
-        let creator = self.creator_of(req);
-        let ms = self.wall_ms(now);
-        self.tasks.handle_created(
-            tasks::GATEWAY_PROJECT,
-            &id,
-            Record {
-                creator,
-                right: "r",
-                created: now,
-                expires: now + ttl,
-                status: Status::Working,
-                progress: None,
-                own: Some(Box::new(Own {
-                    created_ms: ms,
-                    updated_ms: ms,
-                    result: None,
-                    message: None,
-                })),
-            },
-        );
-        let task = self.own_task_json(&id).unwrap_or_default();
-        let body = if modern {
-            let mut out = Map::new();
-            out.insert("resultType".into(), json!("task"));
-            out.extend(modern_task(task));
-            Value::Object(out).to_string()
-        } else {
-            json!({ "task": task }).to_string()
-        };
-        (id, body)
-    }
-
-    /// A task of the gateway's own, as `tasks/get` shows it (2025-11-25), with the id its
-    /// creator knows.
-    fn own_task_json(&self, id: &str) -> Option<Map<String, Value>> {
-        let record = self.tasks.get(tasks::GATEWAY_PROJECT, id)?;
-        let own = record.own.as_deref()?;
-        let shown = self.tasks.seal(
-            &Sealed {
-                project: tasks::GATEWAY_PROJECT.to_owned(),
-                sled_id: id.to_owned(),
-                right: record.right,
-            },
-            &record.creator,
-        );
-        let ttl = record.expires.saturating_duration_since(record.created);
-        let mut t = Map::new();
-        t.insert("taskId".into(), Value::String(shown));
-        t.insert("status".into(), json!(status_name(record.status)));
-        if let Some(m) = &own.message {
-            t.insert("statusMessage".into(), json!(m));
-        }
-        t.insert("createdAt".into(), json!(iso8601(own.created_ms)));
-        t.insert("lastUpdatedAt".into(), json!(iso8601(own.updated_ms)));
-        t.insert(
-            "ttl".into(),
-            json!(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
-        );
-        t.insert("pollInterval".into(), json!(POLL_INTERVAL_MS));
-        Some(t)
-    }
-
-    /// A task of the gateway's own ended: its result (a `CallToolResult`'s JSON) or why not.
-    /// Its waiting `tasks/result` requests are answered, and its creator's streams told.
-    pub(super) fn own_task_done(
-        &mut self,
-        now: Instant,
-        id: &str,
-        outcome: Result<String, (Status, String)>,
-    ) {
-        let ms = self.wall_ms(now);
-        let (status, result, message) = match outcome {
-            Ok(r) => (Status::Completed, Some(r), None),
-            Err((s, m)) => (s, None, Some(m)),
-        };
-        let Some(record) = self
-            .tasks
-            .finish_own(id, status, result, message, ms)
-            .cloned()
-        else {
-            return;
-        };
-        for (token, rid) in self.own_waiters.remove(id).unwrap_or_default() {
-            let body = match self.own_result(id) {
-                Ok(r) => jsonrpc::ok_response(rid.as_str(), &r),
-                Err(e) => e.response(Some(rid.as_str())),
-            };
-            self.reply(token, 200, Vec::new(), Some(body));
-        }
-        let Some(mut task) = self.own_task_json(id) else {
-            return;
-        };
-        if let Some(session) = record.creator.session.as_deref() {
-            let data = jsonrpc::notification(
-                "notifications/tasks/status",
-                &Value::Object(task.clone()).to_string(),
-            );
-            self.notify_session_anywhere(session, data);
-        }
-        let _ = task.remove("taskId");
-        let modern = self.own_modern(id, task);
-        self.send_task_listeners(tasks::GATEWAY_PROJECT, id, modern);
-    }
-
-    /// A 2026-07-28 `DetailedTask` of a task of the gateway's own: the result or error inlined
-    /// once it has one.
-    fn own_modern(&self, id: &str, task: Map<String, Value>) -> Map<String, Value> {
-        let mut t = modern_task(task);
-        let Some(record) = self.tasks.get(tasks::GATEWAY_PROJECT, id) else {
-            return t;
-        };
-        match (record.status, record.own.as_deref()) {
-            (
-                Status::Completed,
-                Some(Own {
-                    result: Some(r), ..
-                }),
-            ) => {
-                if let Ok(v) = serde_json::from_str::<Map<String, Value>>(r) {
-                    t.insert("result".into(), super::tasks::modern_tool_result(v));
-                }
-            }
-            (Status::Failed, Some(own)) => {
-                t.insert(
-                    "error".into(),
-                    json!({
-                        "code": crate::error::code::INTERNAL_ERROR,
-                        "message": own.message.clone().unwrap_or_default(),
-                    }),
-                );
-            }
-            _ => {}
-        }
-        t
-    }
-
-    /// `tasks/result` of a task of the gateway's own that ended.
-    fn own_result(&self, id: &str) -> Result<String, RpcError> {
-        let Some(record) = self.tasks.get(tasks::GATEWAY_PROJECT, id) else {
-            return Err(RpcError::UnknownTask {
-                method: "tasks/result".into(),
-            });
-        };
-        let own = record.own.as_deref();
-        match (record.status, own) {
-            (
-                Status::Completed,
-                Some(Own {
-                    result: Some(r), ..
-                }),
-            ) => {
-                let mut v: Map<String, Value> = serde_json::from_str(r).unwrap_or_default();
-                let shown = self.tasks.seal(
-                    &Sealed {
-                        project: tasks::GATEWAY_PROJECT.to_owned(),
-                        sled_id: id.to_owned(),
-                        right: record.right,
-                    },
-                    &record.creator,
-                );
-                v.insert(
-                    "_meta".into(),
-                    json!({ tasks::RELATED_TASK: { "taskId": shown } }),
-                );
-                Ok(Value::Object(v).to_string())
-            }
-            (status, own) => Err(RpcError::TaskEnded {
-                status: status_name(status),
-                message: own.and_then(|o| o.message.clone()).unwrap_or_default(),
-            }),
-        }
-    }
-
     /// `tasks/*` naming a task of the gateway's own: answered here (relayed first to the
     /// replica that runs it, in a cluster).
     pub(super) fn own_task_request(
@@ -239,9 +47,9 @@ impl Gateway {
         match method {
             "tasks/update" => Ok(Served::Now("{}".to_owned())),
             "tasks/get" => {
-                let task = self.own_task_json(task_id).ok_or_else(unknown)?;
+                let task = own_task_json(&self.tasks, task_id).ok_or_else(unknown)?;
                 let task = if modern {
-                    self.own_modern(task_id, task)
+                    own_modern(&self.tasks, task_id, task)
                 } else {
                     task
                 };
@@ -254,7 +62,7 @@ impl Gateway {
                     .push((req.token, id.clone()));
                 Ok(Served::Later)
             }
-            "tasks/result" => self.own_result(task_id).map(Served::Now),
+            "tasks/result" => own_result(&self.tasks, task_id).map(Served::Now),
             _ if status.is_terminal() => Err(RpcError::InvalidParams {
                 method: method.to_owned(),
                 detail: format!(
@@ -272,7 +80,7 @@ impl Gateway {
                 if modern {
                     return Ok(Served::Now("{}".to_owned()));
                 }
-                let task = self.own_task_json(task_id).ok_or_else(unknown)?;
+                let task = own_task_json(&self.tasks, task_id).ok_or_else(unknown)?;
                 Ok(Served::Now(Value::Object(task).to_string()))
             }
         }
@@ -284,12 +92,115 @@ impl Gateway {
             .mine(creator)
             .into_iter()
             .filter(|(p, _)| *p == tasks::GATEWAY_PROJECT)
-            .filter_map(|(_, id)| self.own_task_json(id).map(Value::Object))
+            .filter_map(|(_, id)| own_task_json(&self.tasks, id).map(Value::Object))
             .collect()
     }
 }
 
-fn status_name(s: Status) -> &'static str {
+/// A task of the gateway's own, as `tasks/get` shows it (2025-11-25), with the id its
+/// creator knows.
+pub(super) fn own_task_json(tasks: &crate::tasks::Tasks, id: &str) -> Option<Map<String, Value>> {
+    let record = tasks.get(tasks::GATEWAY_PROJECT, id)?;
+    let own = record.own.as_deref()?;
+    let shown = tasks.seal(
+        &Sealed {
+            project: tasks::GATEWAY_PROJECT.to_owned(),
+            sled_id: id.to_owned(),
+            right: record.right,
+        },
+        &record.creator,
+    );
+    let ttl = record.expires.saturating_duration_since(record.created);
+    let mut t = Map::new();
+    t.insert("taskId".into(), Value::String(shown));
+    t.insert("status".into(), json!(status_name(record.status)));
+    if let Some(m) = &own.message {
+        t.insert("statusMessage".into(), json!(m));
+    }
+    t.insert("createdAt".into(), json!(iso8601(own.created_ms)));
+    t.insert("lastUpdatedAt".into(), json!(iso8601(own.updated_ms)));
+    t.insert(
+        "ttl".into(),
+        json!(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+    );
+    t.insert("pollInterval".into(), json!(POLL_INTERVAL_MS));
+    Some(t)
+}
+
+/// A 2026-07-28 `DetailedTask` of a task of the gateway's own: the result or error inlined
+/// once it has one.
+pub(super) fn own_modern(
+    tasks: &crate::tasks::Tasks,
+    id: &str,
+    task: Map<String, Value>,
+) -> Map<String, Value> {
+    let mut t = modern_task(task);
+    let Some(record) = tasks.get(tasks::GATEWAY_PROJECT, id) else {
+        return t;
+    };
+    match (record.status, record.own.as_deref()) {
+        (
+            Status::Completed,
+            Some(Own {
+                result: Some(r), ..
+            }),
+        ) => {
+            if let Ok(v) = serde_json::from_str::<Map<String, Value>>(r) {
+                t.insert("result".into(), super::tasks::modern_tool_result(v));
+            }
+        }
+        (Status::Failed, Some(own)) => {
+            t.insert(
+                "error".into(),
+                json!({
+                    "code": crate::error::code::INTERNAL_ERROR,
+                    "message": own.message.clone().unwrap_or_default(),
+                }),
+            );
+        }
+        _ => {}
+    }
+    t
+}
+
+/// `tasks/result` of a task of the gateway's own that ended.
+pub(super) fn own_result(tasks: &crate::tasks::Tasks, id: &str) -> Result<String, RpcError> {
+    let Some(record) = tasks.get(tasks::GATEWAY_PROJECT, id) else {
+        return Err(RpcError::UnknownTask {
+            method: "tasks/result".into(),
+        });
+    };
+    let own = record.own.as_deref();
+    match (record.status, own) {
+        (
+            Status::Completed,
+            Some(Own {
+                result: Some(r), ..
+            }),
+        ) => {
+            let mut v: Map<String, Value> = serde_json::from_str(r).unwrap_or_default();
+            let shown = tasks.seal(
+                &Sealed {
+                    project: tasks::GATEWAY_PROJECT.to_owned(),
+                    sled_id: id.to_owned(),
+                    right: record.right,
+                },
+                &record.creator,
+            );
+            v.insert(
+                "_meta".into(),
+                json!({ tasks::RELATED_TASK: { "taskId": shown } }),
+            );
+            Ok(Value::Object(v).to_string())
+        }
+        (status, own) => Err(RpcError::TaskEnded {
+            status: status_name(status),
+            message: own.and_then(|o| o.message.clone()).unwrap_or_default(),
+        }),
+    }
+}
+
+pub(super) fn status_name(s: Status) -> &'static str {
     match s {
         Status::Working => "working",
         Status::InputRequired => "input_required",

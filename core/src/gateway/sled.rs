@@ -161,7 +161,9 @@ impl Gateway {
                     }
                 }
                 None if method == "notifications/progress" => {
-                    self.relay_progress(id, message.params)
+                    if let Some((token, params)) = self.relay_progress(id, message.params) {
+                        self.task_progress(id, &token, params);
+                    }
                 }
                 None if method == "notifications/tasks/status" => {
                     self.on_task_status(now, id, message.params)

@@ -137,30 +137,32 @@ impl Gateway {
 
     /// Relays a sled's `notifications/progress` to the call it belongs to, under the client's
     /// own progress token.
-    pub(super) fn relay_progress(&mut self, uplink: UplinkId, params: Option<&RawValue>) {
+    /// Returns the progress (its gateway token and params) when no pending call has its
+    /// token: the creating call of a task still running, answered since (`tasks.rs`).
+    pub(super) fn relay_progress(
+        &mut self,
+        uplink: UplinkId,
+        params: Option<&RawValue>,
+    ) -> Option<(String, Map<String, Value>)> {
         let Some(mut params) =
             params.and_then(|p| serde_json::from_str::<Map<String, Value>>(p.get()).ok())
         else {
             self.counters.frames_invalid += 1;
-            return;
+            return None;
         };
         let Some(Value::String(gateway_token)) = params.get("progressToken") else {
             self.counters.frames_invalid += 1;
-            return;
+            return None;
         };
         // Only the call's own sled can report its progress.
         let Some(key) = self.calls.by_progress(uplink, gateway_token) else {
             // The call finished (a task's creating call, whose task still runs, goes on), was
             // never asked for progress, or is another sled's.
             let gateway_token = gateway_token.clone();
-            return self.task_progress(uplink, &gateway_token, params);
+            return Some((gateway_token, params));
         };
-        let Some(call) = self.calls.call(key) else {
-            return;
-        };
-        let Some((_, client_token)) = &call.progress else {
-            return;
-        };
+        let call = self.calls.call(key)?;
+        let (_, client_token) = call.progress.as_ref()?;
         let client_token: Value =
             serde_json::from_str(client_token.get()).expect("a progress token is JSON");
         #[cfg(feature = "planted-bugs")]
@@ -188,6 +190,7 @@ impl Gateway {
         let data =
             jsonrpc::notification("notifications/progress", &Value::Object(params).to_string());
         self.call_event(key, data);
+        None
     }
 
     /// Relays a sled's notification about one call (a log message, say) to that call's

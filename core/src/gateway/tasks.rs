@@ -113,17 +113,6 @@ fn right_of(letter: &str) -> Right {
 }
 
 impl Gateway {
-    /// Who a request would make a task for, or may reach the tasks of.
-    pub(super) fn creator_of(&self, req: &Req<'_>) -> Creator {
-        Creator {
-            owner: req
-                .principal
-                .session_owner(&self.registry)
-                .map(String::into_boxed_str),
-            session: req.session().map(Box::from),
-        }
-    }
-
     /// Whether a `tools/call` of `tool` becomes a task, and what `task` to send the sled: the
     /// client's (2025-11-25, `client_task`), or the gateway's where a 2026-07-28 request
     /// declares the extension and the tool may run as one. `None`: a plain call.
@@ -894,30 +883,6 @@ impl Gateway {
             }
         }
         self.send_task_listeners(project, sled_id, t);
-    }
-
-    pub(super) fn send_task_listeners(
-        &mut self,
-        project: &str,
-        sled_id: &str,
-        task: Map<String, Value>,
-    ) {
-        let to: Vec<(HttpToken, RawId, String)> = self
-            .listens
-            .iter()
-            .filter_map(|(t, l)| {
-                let (_, _, shown) = l
-                    .tasks
-                    .iter()
-                    .find(|(p, s, _)| p == project && s == sled_id)?;
-                Some((*t, l.id.clone(), shown.clone()))
-            })
-            .collect();
-        for (token, id, shown) in to {
-            let mut t = task.clone();
-            t.insert("taskId".into(), Value::String(shown));
-            self.listen_event(token, &id, "notifications/tasks", t);
-        }
     }
 
     /// A sled's progress under a token no pending call has: the creating call of a task still

@@ -1,6 +1,9 @@
 //! `aggregate_pipeline_status`: `pipeline_status` asked of every project's sled at once.
 
 use super::*;
+use crate::gateway::own_tasks::{own_modern, own_result, own_task_json};
+use crate::gateway::tasks::modern_task;
+use crate::tasks::{self, Own, Record, Status};
 
 /// The sled tool `aggregate_pipeline_status` calls on every project.
 pub(in crate::gateway) const PIPELINE_TOOL: &str = "pipeline_status";
@@ -401,6 +404,99 @@ impl Gateway {
             jsonrpc::ok_response(client_id.as_str(), &result)
         };
         self.reply(token, 200, Vec::new(), Some(body));
+    }
+
+    /// A task of the gateway's own begins, for the caller of `req`, living `ttl`: its id (as the
+    /// task machine keeps it) and the `CreateTaskResult` in the request's era.
+    pub(in crate::gateway) fn start_own_task(
+        &mut self,
+        req: &Req<'_>,
+        ttl: Duration,
+        modern: bool,
+    ) -> (String, String) {
+        let now = req.now;
+        let mut random = [0u8; 16];
+        {
+            use rand_chacha::rand_core::RngCore;
+            self.rng.fill_bytes(&mut random);
+        }
+        let random = crate::agents::hex(&random);
+        let id = match self.replica_name() {
+            Some(r) => format!("{r}.{random}"),
+            None => random,
+        };
+        let creator = self.creator_of(req);
+        let ms = self.wall_ms(now);
+        self.tasks.handle_created(
+            tasks::GATEWAY_PROJECT,
+            &id,
+            Record {
+                creator,
+                right: "r",
+                created: now,
+                expires: now + ttl,
+                status: Status::Working,
+                progress: None,
+                own: Some(Box::new(Own {
+                    created_ms: ms,
+                    updated_ms: ms,
+                    result: None,
+                    message: None,
+                })),
+            },
+        );
+        let task = own_task_json(&self.tasks, &id).unwrap_or_default();
+        let body = if modern {
+            let mut out = Map::new();
+            out.insert("resultType".into(), json!("task"));
+            out.extend(modern_task(task));
+            Value::Object(out).to_string()
+        } else {
+            json!({ "task": task }).to_string()
+        };
+        (id, body)
+    }
+
+    /// A task of the gateway's own ended: its result (a `CallToolResult`'s JSON) or why not.
+    /// Its waiting `tasks/result` requests are answered, and its creator's streams told.
+    pub(in crate::gateway) fn own_task_done(
+        &mut self,
+        now: Instant,
+        id: &str,
+        outcome: Result<String, (Status, String)>,
+    ) {
+        let ms = self.wall_ms(now);
+        let (status, result, message) = match outcome {
+            Ok(r) => (Status::Completed, Some(r), None),
+            Err((s, m)) => (s, None, Some(m)),
+        };
+        let Some(record) = self
+            .tasks
+            .finish_own(id, status, result, message, ms)
+            .cloned()
+        else {
+            return;
+        };
+        for (token, rid) in self.own_waiters.remove(id).unwrap_or_default() {
+            let body = match own_result(&self.tasks, id) {
+                Ok(r) => jsonrpc::ok_response(rid.as_str(), &r),
+                Err(e) => e.response(Some(rid.as_str())),
+            };
+            self.reply(token, 200, Vec::new(), Some(body));
+        }
+        let Some(mut task) = own_task_json(&self.tasks, id) else {
+            return;
+        };
+        if let Some(session) = record.creator.session.as_deref() {
+            let data = jsonrpc::notification(
+                "notifications/tasks/status",
+                &Value::Object(task.clone()).to_string(),
+            );
+            self.notify_session_anywhere(session, data);
+        }
+        let _ = task.remove("taskId");
+        let modern = own_modern(&self.tasks, id, task);
+        self.send_task_listeners(tasks::GATEWAY_PROJECT, id, modern);
     }
 
     /// The fan-out a task of the gateway's own runs, cancelled; `false` when none runs.
