@@ -4,7 +4,8 @@
 //! from a file (`--config sleds.toml`):
 //!
 //! ```toml
-//! gateway = "https://gateway.example.com:7878"   # the gateway's base URL (wss:// uplinks with https)
+//! gateway = "https://gateway.example.com:7878"   # the gateway's base URL (wss:// uplinks with https);
+//!                                                 # none for `gateway serve --connector`
 //! state_dir = "/var/lib/gateway-sled"             # optional: identity keys (default ./gateway-sled-state)
 //!
 //! [[project]]
@@ -40,8 +41,9 @@ pub const DEFAULT_STATE_DIR: &str = "gateway-sled-state";
 /// What the connector runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectorConfig {
-    /// The gateway's base URL (`http://host:port` or `https://host:port`).
-    pub gateway: String,
+    /// The gateway's base URL (`http://host:port` or `https://host:port`); none in a file for
+    /// `gateway serve --connector`, whose projects are served inside the gateway.
+    pub gateway: Option<String>,
     /// Where each project's identity key is kept (`<name>.key`).
     pub state_dir: PathBuf,
     pub projects: Vec<ProjectConfig>,
@@ -110,7 +112,7 @@ impl TokenSource {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
-    gateway: String,
+    gateway: Option<String>,
     state_dir: Option<PathBuf>,
     #[serde(default)]
     project: Vec<RawProject>,
@@ -209,8 +211,10 @@ impl ConnectorConfig {
 
     /// Refuses what cannot run: no project, one named twice, a gateway URL that is not one.
     pub fn checked(self) -> Result<ConnectorConfig, String> {
-        sled_uplink::GatewayAddr::parse(&self.gateway)
-            .map_err(|e| format!("gateway: {}", e.reason))?;
+        if let Some(gateway) = &self.gateway {
+            sled_uplink::GatewayAddr::parse(gateway)
+                .map_err(|e| format!("gateway: {}", e.reason))?;
+        }
         if self.projects.is_empty() {
             return Err(
                 "no project: add a [[project]] table (or pass --project and a command)".into(),
@@ -342,7 +346,7 @@ bearer_token_env = "SEARCH_TOKEN"
             "/../examples/sleds.toml"
         ));
         let c = ConnectorConfig::parse(path, &std::fs::read_to_string(path).unwrap()).unwrap();
-        assert_eq!(c.gateway, "http://127.0.0.1:7878");
+        assert_eq!(c.gateway.as_deref(), Some("http://127.0.0.1:7878"));
         let names: Vec<&str> = c.projects.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["memory", "everything"]);
         assert_eq!(c.projects[1].leases["gzip-file-as-resource"].kind, "file");

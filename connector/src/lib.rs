@@ -18,6 +18,8 @@ pub mod upstream;
 
 /// Each project's identity key file, sled-uplink's.
 pub use sled_uplink::identity;
+/// Where a project's uplink dials (re-exported for `gateway serve --connector`).
+pub use sled_uplink::GatewayAddr;
 
 pub use config::{ConnectorConfig, ProjectConfig, TokenSource, Upstream};
 pub use http::HttpServer;

@@ -148,7 +148,7 @@ fn config(args: Args) -> Result<ConnectorConfig, String> {
         (None, None) => TokenSource::None,
     };
     ConnectorConfig {
-        gateway,
+        gateway: Some(gateway),
         state_dir: args
             .state_dir
             .unwrap_or_else(|| PathBuf::from(gateway_connector::config::DEFAULT_STATE_DIR)),
@@ -208,7 +208,11 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let gateway = GatewayAddr::parse(&config.gateway).expect("a checked config's URL parses");
+    let Some(url) = &config.gateway else {
+        error!("the config names no gateway: add gateway = \"http://host:port\" (a file without one is for `gateway serve --connector`, which serves its projects inside the gateway)");
+        return ExitCode::from(2);
+    };
+    let gateway = GatewayAddr::parse(url).expect("a checked config's URL parses");
     // The uplinks stop first (each answers the calls running on it, up to `drain`), then the
     // servers that answer them.
     let mut served = Served::new(drain);
@@ -237,7 +241,7 @@ async fn run(args: Args) -> ExitCode {
             error!(project = %project.name, "{e}");
             return ExitCode::FAILURE;
         }
-        info!(project = %project.name, gateway = %config.gateway, "serving");
+        info!(project = %project.name, gateway = %url, "serving");
     }
     shutdown_signal().await;
     info!(drain = ?drain, "stopping: answering the calls running, then closing the uplinks and the servers");

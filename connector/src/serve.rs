@@ -10,7 +10,7 @@ use std::time::Duration;
 use ed25519_dalek::SigningKey;
 use gateway_core::Secret;
 use sled_uplink::uplink::{run_uplink_with, Backend, Handler, UplinkOptions};
-use sled_uplink::{GatewayAddr, TokioConnect};
+use sled_uplink::{Connect, GatewayAddr, TokioConnect};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -73,6 +73,18 @@ impl Served {
         state_dir: &Path,
         uplink: Uplink,
     ) -> Result<(), String> {
+        self.spawn_with(TokioConnect, project, state_dir, uplink)
+    }
+
+    /// [`Served::spawn`], the uplink dialed through `connect` (the gateway's in-process
+    /// connections for `gateway serve --connector`) instead of TCP.
+    pub fn spawn_with<C: Connect>(
+        &mut self,
+        connect: C,
+        project: &ProjectConfig,
+        state_dir: &Path,
+        uplink: Uplink,
+    ) -> Result<(), String> {
         let servers_stop = self.stop_servers.subscribe();
         let server: Arc<dyn Handler> = match &project.upstream {
             Upstream::Stdio { command, cwd, env } => {
@@ -107,7 +119,7 @@ impl Served {
         };
         let mut stopping = self.stop_uplinks.subscribe();
         self.uplinks.spawn(run_uplink_with(
-            TokioConnect,
+            connect,
             uplink.gateway,
             backend,
             opts,

@@ -59,6 +59,8 @@ pub const INIT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_LINE_BYTES: usize = 16 << 20;
 /// The MCP revision the connector asks its child for.
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
+/// At stop, how long the child gets to end once its stdin is closed (it is killed after 2 s).
+const STOP_WAIT: Duration = Duration::from_secs(3);
 
 /// What went wrong with what the child sent, and its restarts.
 #[derive(Debug, Default)]
@@ -165,9 +167,24 @@ impl StdioServer {
         let mut failures: u32 = 0;
         loop {
             let started = Instant::now();
-            let ended = tokio::select! {
-                reason = self.clone().run_child() => reason,
-                _ = stop.wait_for(|s| *s) => "the connector is stopping".to_owned(),
+            let run = self.clone().run_child();
+            tokio::pin!(run);
+            let stopping = tokio::select! {
+                reason = &mut run => Err(reason),
+                _ = stop.wait_for(|s| *s) => Ok(()),
+            };
+            let ended = match stopping {
+                Err(reason) => reason,
+                Ok(()) => {
+                    // Its stdin is closed (the writer ends with its sender), which ends a server
+                    // that reads it; `run_child` waits 2 s for the exit, else kills it. A child
+                    // still starting is killed when `run` is dropped.
+                    self.lock().stdin = None;
+                    match timeout(STOP_WAIT, &mut run).await {
+                        Ok(reason) => format!("the connector is stopping: {reason}"),
+                        Err(_) => "the connector is stopping; killed".to_owned(),
+                    }
+                }
             };
             self.child_ended(&ended);
             if *stop.borrow() {

@@ -72,6 +72,7 @@ mod driver;
 pub mod fleet;
 mod hangup;
 mod http;
+pub mod in_process;
 pub mod limits;
 pub mod metrics;
 pub mod oauth;
@@ -175,6 +176,10 @@ pub struct ServerOptions {
     /// and when the files change (see [`tls`]); `None` (the default): plain HTTP, for loopback
     /// or behind a proxy that ends TLS.
     pub tls: Option<tls::ServerTls>,
+    /// Also serve the connections dialed in this process through the pair's
+    /// [`in_process::InProcessConnect`] (sleds run by `gateway serve --connector`), plain,
+    /// under the same caps; `None` (the default): none.
+    pub in_process: Option<in_process::InProcessListener>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -196,6 +201,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("store", &self.store.as_ref().map(|_| "dyn Store"))
             .field("limits", &self.limits)
             .field("tls", &self.tls)
+            .field("in_process", &self.in_process.is_some())
             .finish()
     }
 }
@@ -222,6 +228,7 @@ impl ServerOptions {
             store_clock: cluster::seal::system_clock(),
             limits: limits::Limits::default(),
             tls: None,
+            in_process: None,
         }
     }
 }
@@ -282,6 +289,7 @@ where
         store_clock,
         limits,
         tls,
+        in_process,
     } = opts;
     if cluster.is_some() && store.is_some() {
         return Err(std::io::Error::other(
@@ -511,6 +519,27 @@ where
         ))
     });
 
+    let gate = limits::Gate::new(limits);
+    // The in-process connections: their own accept loop, a task, plain, under the same caps,
+    // until shutdown starts (when `ops_stop` is dropped), like the TCP listener's.
+    let in_process = in_process.map(|l| {
+        let mut stopped = ops_stop.subscribe();
+        tokio::spawn(accept::serve_http(
+            l,
+            app.clone(),
+            http_idle_timeout,
+            counters.clone(),
+            gate.clone(),
+            None,
+            accept::Drain {
+                signal: async move {
+                    let _ = stopped.changed().await;
+                },
+                settle: Duration::ZERO,
+                then: async {},
+            },
+        ))
+    });
     let (started_tx, started_rx) = oneshot::channel::<Instant>();
     let signal = async move {
         tokio::select! {
@@ -536,7 +565,6 @@ where
         then,
     };
 
-    let gate = limits::Gate::new(limits);
     // The certificate and key are re-read on SIGHUP and whenever they change.
     let tls_watcher = tls.clone().map(|t| tokio::spawn(tls::watch(t)));
     let server = accept::serve_http(listener, app, http_idle_timeout, counters, gate, tls, drain);
@@ -564,6 +592,13 @@ where
         if tokio::time::timeout_at(give_up, ops).await.is_err() {
             tracing::warn!("metrics connections still open after the grace period; not waiting");
             ops_abort.abort();
+        }
+    }
+    if let Some(in_process) = in_process {
+        let abort = in_process.abort_handle();
+        if tokio::time::timeout_at(give_up, in_process).await.is_err() {
+            tracing::warn!("in-process connections still open after the grace period; not waiting");
+            abort.abort();
         }
     }
     let driver_abort = driver.abort_handle();

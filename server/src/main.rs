@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 mod demo;
 mod demo_real;
 mod demo_replicas;
+mod serve_connector;
 mod shell;
 mod state_flags;
 mod tls_flags;
@@ -107,6 +108,12 @@ enum Command {
         tls: tls_flags::TlsFlags,
         #[command(flatten)]
         state: state_flags::StateFlags,
+        /// Serve the MCP servers of a gateway-sled config file (its `[[project]]` tables, no
+        /// `gateway =` line) inside this process: each project's server runs as gateway-sled
+        /// would run it, and its uplink (token, identity key, fences) is made in memory instead
+        /// of over a socket. The projects must be registered in projects.toml like any other.
+        #[arg(long, value_name = "FILE")]
+        connector: Option<PathBuf>,
     },
     /// Run the gateway with an emulated fleet of sleds, all in this process.
     ///
@@ -546,6 +553,7 @@ fn main() -> ExitCode {
             cluster,
             tls,
             state,
+            connector,
         } => {
             let (registry, text) = match load_registry(&config) {
                 Ok(r) => r,
@@ -571,6 +579,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let connector = match connector.as_deref().map(serve_connector::Planned::read) {
+                None => None,
+                Some(Ok(planned)) => Some(planned),
+                Some(Err(message)) => {
+                    eprintln!("gateway: {message}");
+                    return ExitCode::from(2);
+                }
+            };
             run(
                 cli.worker_threads,
                 serve(
@@ -581,6 +597,7 @@ fn main() -> ExitCode {
                     (fleet, state),
                     otlp,
                     (cluster, tls, public_name),
+                    connector,
                 ),
             )
         }
@@ -750,6 +767,7 @@ async fn bind(listen: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
 }
 
 /// `gateway serve`: `listen` is the MCP port's address and the metrics address, if any.
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     registry: Registry,
     reload_from: (std::path::PathBuf, String),
@@ -763,6 +781,7 @@ async fn serve(
         Option<gateway_server::tls::ServerTls>,
         Option<String>,
     ),
+    connector: Option<serve_connector::Planned>,
 ) -> Result<(), String> {
     // A pin file that cannot be used is refused before anything listens (the server loads it
     // again when it starts).
@@ -836,6 +855,16 @@ async fn serve(
              not bound to a gateway name"
         ),
     }
+    // The connector's projects dial in memory; their servers start now, their uplinks are
+    // accepted once the gateway serves.
+    let connector = match connector {
+        Some(planned) => {
+            let (accept, connect) = gateway_server::in_process::pair();
+            opts.in_process = Some(accept);
+            Some(planned.start(connect, addr, public_name.as_deref())?)
+        }
+        None => None,
+    };
     opts.core.public_name = public_name;
     // projects.toml is re-read on SIGHUP and whenever it changes.
     opts.reload_from = Some(reload_from);
@@ -843,6 +872,11 @@ async fn serve(
         gateway_server::serve_with_metrics(listener, metrics_listener, opts, shutdown_signal())
             .await
             .map_err(|e| e.to_string());
+    // The gateway has answered or failed every call and closed the uplinks: the connector's
+    // servers stop (a child's stdin is closed, then it is killed after 2 s).
+    if let Some(connector) = connector {
+        connector.stop().await;
+    }
     // The last session writes are in; the file is closed before the process ends.
     if let Some(store) = store {
         store.close().await;

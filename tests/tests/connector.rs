@@ -1797,3 +1797,110 @@ async fn tasks_through_the_connector(dir: &Path, upstream: &[String], kind: &str
     let unknown = ask(&mut ws, 9, "tasks/get", json!({"taskId": "no-such-task"})).await;
     assert_eq!(unknown["error"]["code"], -32602, "{kind}: {unknown}");
 }
+
+/// `gateway serve --connector sleds.toml`: the connector's projects served inside the gateway's
+/// process. server-everything answers through it as through gateway-sled (its tools listed and
+/// called, its progress reaching the caller, its health in `gateway_health`); the uplink in
+/// memory still presents its token and identity key (a project whose token is wrong is
+/// refused, as over a socket); and at SIGTERM the gateway exits cleanly, its children with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_serves_a_connector_config_in_its_own_process() {
+    let command = everything_command().await;
+    let toml = format!(
+        "{}[[project]]\nname = \"wrong\"\nurl = \"http://127.0.0.1:9\"\ntoken = \"{TOKEN}\"\n",
+        projects_toml()
+    );
+    let gw = processes::SingleGateway::prepare(&toml);
+    let dir = processes::scratch("connector-in-process");
+    std::fs::write(dir.join("everything.token"), TOKEN).unwrap();
+    std::fs::write(dir.join("wrong.token"), "not-the-uplink-token-0123").unwrap();
+    let quoted: Vec<String> = command.iter().map(|c| format!("{c:?}")).collect();
+    let config = format!(
+        "state_dir = \"{}\"\n\n\
+         [[project]]\nname = \"everything\"\ncommand = [{}]\ntoken_file = \"{}\"\n\n\
+         [[project]]\nname = \"wrong\"\ncommand = [{}]\ntoken_file = \"{}\"\n",
+        dir.join("state").display(),
+        quoted.join(", "),
+        dir.join("everything.token").display(),
+        quoted.join(", "),
+        dir.join("wrong.token").display(),
+    );
+    std::fs::write(dir.join("sleds.toml"), &config).unwrap();
+    // Named as the shared helpers expect a connector's log.
+    let log = dir.join("sled.log");
+    let mut gateway = gw
+        .command()
+        .arg("--connector")
+        .arg(dir.join("sleds.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    assert!(
+        processes::wait_healthy(gw.port, Duration::from_secs(20)).await,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // All of server-everything, as through gateway-sled (the helper reads the log it names).
+    everything_through_the_gateway(&gw.url(), &dir).await;
+    assert!(dir.join("state/everything.key").exists());
+    let mut c = session(&gw.url()).await;
+    let health = c
+        .tools_call(json!(3), "gateway_health", json!({}))
+        .await
+        .unwrap();
+    let everything = health["result"]["structuredContent"]["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["project"] == "everything")
+        .cloned()
+        .unwrap_or_else(|| panic!("{health}"));
+    assert_eq!(everything["upstream"]["state"], "running", "{health}");
+
+    // The project with the wrong token is never welcomed: its calls say so, and the gateway's
+    // log says why.
+    let refused = c
+        .tools_call(
+            json!(4),
+            "echo",
+            json!({"project": "wrong", "message": "x"}),
+        )
+        .await
+        .unwrap();
+    assert!(refused.get("error").is_some(), "{refused}");
+    let text_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text_log.contains("serving in the gateway's process"),
+        "{text_log}"
+    );
+    assert!(
+        text_log.contains("project 'wrong' requires its uplink token; the hello had a wrong token"),
+        "{text_log}"
+    );
+
+    // SIGTERM: a clean exit, and the servers it started are gone.
+    let pid = gateway.id().unwrap();
+    let children = processes::children_of(pid);
+    assert!(!children.is_empty(), "no server process under the gateway");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(30), gateway.wait())
+        .await
+        .expect("the gateway exits within 30 s of SIGTERM")
+        .unwrap();
+    assert!(
+        status.success(),
+        "{status}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    for child in children {
+        assert!(
+            !processes::alive(child),
+            "server {child} outlived the gateway"
+        );
+    }
+}

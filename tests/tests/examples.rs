@@ -46,6 +46,7 @@ fn the_readme_shows_every_example_as_shipped() {
         "tls.sh",
         "sleds.toml",
         "everything-projects.toml",
+        "connector.toml",
     ] {
         let shipped = std::fs::read_to_string(root().join("examples").join(file)).unwrap();
         assert_eq!(
@@ -978,6 +979,111 @@ async fn the_put_your_server_behind_the_gateway_walkthrough_runs_as_shown() {
     .await;
 
     sled.stop().await;
+    gateway.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// README.md's "In the gateway's own process": `gateway serve --connector
+/// examples/connector.toml` as the README shows it (only the port changed, and in the copy of
+/// `examples/connector.toml` npx's package swapped for the pinned installed copy run by Node
+/// 22), beside the walkthrough's projects.toml and token file: the gateway serves
+/// server-everything itself (no gateway-sled), echo answers with the client token and is
+/// listed, and Ctrl-C stops the gateway and the server it started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_connector_toml_is_served_inside_the_gateway_as_shown() {
+    let node = node::node().await;
+    let servers = node::packages("servers", &SERVERS).await;
+    let entry = servers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let port = processes::free_port();
+    let dir = processes::scratch("connector-example");
+    std::fs::create_dir_all(dir.join("examples")).unwrap();
+    let shipped = std::fs::read_to_string(root().join("examples/connector.toml")).unwrap();
+    let npx = r#""npx", "-y", "@modelcontextprotocol/server-everything@2026.8.31""#;
+    assert!(shipped.contains(npx), "{shipped}");
+    let local = format!(
+        "{:?}, {:?}",
+        node.node.display().to_string(),
+        entry.display().to_string()
+    );
+    std::fs::write(
+        dir.join("examples/connector.toml"),
+        shipped.replace(npx, &local),
+    )
+    .unwrap();
+    // The walkthrough's projects.toml and token file.
+    let projects =
+        std::fs::read_to_string(root().join("examples/everything-projects.toml")).unwrap();
+    std::fs::write(dir.join("projects.toml"), &projects).unwrap();
+    let quoted = |prefix: &str| {
+        projects
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|l| l.split('"').next())
+            .unwrap_or_else(|| panic!("everything-projects.toml has no {prefix}"))
+            .to_owned()
+    };
+    let (client_token, uplink_token) = (quoted("client_tokens = [\""), quoted("token = \""));
+    std::fs::write(dir.join("everything.token"), format!("{uplink_token}\n")).unwrap();
+
+    let block = readme_block("the gateway serves `everything` itself");
+    assert!(block.contains("127.0.0.1:7878"), "{block}");
+    let steps = commands(&block.replace("127.0.0.1:7878", &format!("127.0.0.1:{port}")));
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert!(
+        steps[0].starts_with("gateway serve --config projects.toml "),
+        "{steps:?}"
+    );
+    let bin = processes::workspace_bin("gateway");
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = dir.join("gateway.sh");
+    std::fs::write(&script, format!("{}\n", steps[0])).unwrap();
+    let gateway = Script::start(&script, &dir, &path, &dir.join("gateway.log"));
+    assert!(
+        processes::wait_healthy(port, Duration::from_secs(20)).await,
+        "gateway serve --connector did not come up:\n{}",
+        gateway.log()
+    );
+    let mcp = format!("http://127.0.0.1:{port}/mcp");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
+            .await
+            .unwrap();
+        c.set_bearer_token(Some(client_token.clone()));
+        c.initialize().await.unwrap();
+        let r = c
+            .tools_call(
+                serde_json::json!(1),
+                "echo",
+                serde_json::json!({"message": "ready?"}),
+            )
+            .await
+            .unwrap();
+        let listed = c.tools_list(serde_json::json!(2), None).await.unwrap();
+        let tools = listed["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if r["result"]["content"][0]["text"] == "Echo: ready?"
+            && tools.iter().any(|t| t["name"] == "echo")
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-everything never answered through the gateway: {r}\n{}",
+            gateway.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Its identity key, where the file says (relative to the directory it runs in).
+    assert!(dir.join("gateway-sled-state/everything.key").exists());
+    let log = gateway.log();
+    assert!(log.contains("serving in the gateway's process"), "{log}");
     gateway.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

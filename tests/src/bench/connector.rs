@@ -1,5 +1,5 @@
 //! `--run connector`: a real MCP server through `gateway-sled` (issue 26). npm's
-//! `@modelcontextprotocol/server-everything` (its `echo` tool) reached six ways (seven arms)
+//! `@modelcontextprotocol/server-everything` (its `echo` tool) reached eight ways (nine arms)
 //! in one run, the arms interleaved in `--connector-rounds` rounds (each arm a block of calls
 //! per round, the order rotated every round) so that the machine's noise falls on them alike:
 //!
@@ -16,7 +16,10 @@
 //! 5. **gateway + gateway-sled, stdio**: `gateway-sled -- node …/index.js stdio`, `echo`
 //!    through the gateway;
 //! 6. **gateway + gateway-sled, HTTP**: `gateway-sled --url` to the server of arm 2, `echo`
-//!    through the gateway.
+//!    through the gateway;
+//! 7. and 8. **the connector in the gateway's process** (`gateway serve --connector`), over
+//!    stdio (a server-everything child of the gateway) and over HTTP (the server of arm 2):
+//!    the same connector, its uplink in memory, no gateway-sled process.
 //!
 //! The bench initializes server-everything with the capabilities gateway-sled declares to it
 //! (sampling, elicitation). Every arm makes the same number of sequential calls, one at a time. CPU per call is the
@@ -55,12 +58,17 @@ const SIM: usize = 3;
 const GW_SIM: usize = 4;
 const VIA_STDIO: usize = 5;
 const VIA_HTTP: usize = 6;
+const IN_STDIO: usize = 7;
+const IN_HTTP: usize = 8;
 
 /// The echo message every echo call sends.
 const MESSAGE: &str = "hello from gateway-bench";
 /// The projects of the gateway: sled-sim's (the first demo name), and the two connectors'.
 const STDIO_PROJECT: &str = "everything";
 const HTTP_PROJECT: &str = "everything-http";
+/// The projects the gateway serves itself (`gateway serve --connector`): the same two servers.
+const IN_STDIO_PROJECT: &str = "everything-in";
+const IN_HTTP_PROJECT: &str = "everything-in-http";
 /// The bench's `initialize` of server-everything in the direct arms: the capabilities
 /// gateway-sled declares to its server (sampling and elicitation, which it relays), so that
 /// the server serves both clients alike.
@@ -494,7 +502,7 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     let n = args.connector_calls.max(1);
     let rounds = args.connector_rounds.clamp(1, n);
     println!(
-        "\n## A real MCP server through the connector: server-everything's echo, six ways\n\n\
+        "\n## A real MCP server through the connector: server-everything's echo, eight ways\n\n\
          {n} measured calls per arm in {rounds} interleaved rounds, after {} warm-up calls each; \
          node {} ({}), {}\n",
         args.connector_warmup,
@@ -503,11 +511,47 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         entry.display()
     );
     let sim = sled_sim::demo_project_names(1);
-    let projects: Vec<(String, String)> = [sim[0].as_str(), STDIO_PROJECT, HTTP_PROJECT]
-        .iter()
-        .map(|p| ((*p).to_owned(), "http://127.0.0.1:9".to_owned()))
-        .collect();
-    let (mut gw, addr) = start_gateway(args, tmp, "connector", &projects, &[])?;
+    let projects: Vec<(String, String)> = [
+        sim[0].as_str(),
+        STDIO_PROJECT,
+        HTTP_PROJECT,
+        IN_STDIO_PROJECT,
+        IN_HTTP_PROJECT,
+    ]
+    .iter()
+    .map(|p| ((*p).to_owned(), "http://127.0.0.1:9".to_owned()))
+    .collect();
+    // server-everything over Streamable HTTP (arms 2, 6 and 8) listens here.
+    let port = procs::free_port()?;
+    let http_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    // Arms 7 and 8: the gateway serves these two itself.
+    let in_process = tmp.path.join("sleds-in-process.toml");
+    std::fs::write(
+        &in_process,
+        format!(
+            "state_dir = {:?}
+
+[[project]]
+name = \"{IN_STDIO_PROJECT}\"
+command = [{:?}, {:?}, \"stdio\"]
+
+             [[project]]
+name = \"{IN_HTTP_PROJECT}\"
+url = \"http://{http_addr}/mcp\"
+",
+            tmp.path.join("sled-state-in-process").display().to_string(),
+            node.display().to_string(),
+            entry.display().to_string(),
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    let (mut gw, addr) = start_gateway(
+        args,
+        tmp,
+        "connector",
+        &projects,
+        &["--connector".to_owned(), in_process.display().to_string()],
+    )?;
     let direct_base = procs::free_port_range(1)?;
     let zero = ["--latency-ms".to_owned(), "0".to_owned()];
     let mut sleds = start_sleds_with(args, tmp, "connector", addr, 1, Some(direct_base), &zero)?;
@@ -516,8 +560,6 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         sleds.pid()
     );
 
-    // server-everything over Streamable HTTP, for arms 2 and 6.
-    let port = procs::free_port()?;
     let port_s = port.to_string();
     let http_server = Proc::spawn(
         "server-everything (HTTP)",
@@ -530,7 +572,6 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         &[("PORT", &port_s)],
         Duration::from_secs(5),
     )?;
-    let http_addr: SocketAddr = ([127, 0, 0, 1], port).into();
     procs::wait_listening(http_addr, Duration::from_secs(30))?;
     println!(
         "server-everything (HTTP): pid {}, http://{http_addr}/mcp",
@@ -554,7 +595,7 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     )?;
     wait_live(
         addr,
-        3,
+        5,
         Duration::from_secs(60),
         &mut [&mut gw, &mut sleds, &mut sled_stdio, &mut sled_http],
     )
@@ -577,15 +618,15 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         .await
         .map_err(|e| e.to_string())?;
     let mut sessions = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         let mut c = Conn::connect(addr).await.map_err(|e| e.to_string())?;
         c.initialize("/mcp")
             .await
             .map_err(|e| format!("gateway session: {e}"))?;
         sessions.push(c);
     }
-    let [via_sim, via_stdio, via_http]: [Conn; 3] =
-        sessions.try_into().map_err(|_| "three sessions")?;
+    let [via_sim, via_stdio, via_http, in_stdio, in_http]: [Conn; 5] =
+        sessions.try_into().map_err(|_| "five sessions")?;
 
     let (g, sim_pid) = (Some(gw.pid()), Some(sleds.pid()));
     let (stdio_pid, http_pid) = (Some(sled_stdio.pid()), Some(sled_http.pid()));
@@ -651,6 +692,22 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
             b"Echo: ",
             [g, http_pid, Some(http_server.pid())],
         ),
+        Arm::new(
+            "gateway with the connector in its process, stdio",
+            Transport::Http(in_stdio),
+            "echo",
+            &echo(Some(IN_STDIO_PROJECT)),
+            b"Echo: ",
+            [g, None, None],
+        ),
+        Arm::new(
+            "gateway with the connector in its process, HTTP",
+            Transport::Http(in_http),
+            "echo",
+            &echo(Some(IN_HTTP_PROJECT)),
+            b"Echo: ",
+            [g, None, Some(http_server.pid())],
+        ),
     ];
     let mut id = 0u64;
     // Ready: a connector's project is live before its server answers; call until it does.
@@ -661,6 +718,11 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     arms[VIA_STDIO].pids[2] = only_child(sled_stdio.pid());
     if arms[VIA_STDIO].pids[2].is_none() {
         println!("(gateway-sled's server child not found: its CPU is not counted)");
+    }
+    // The in-process stdio server is the gateway's one child.
+    arms[IN_STDIO].pids[2] = only_child(gw.pid());
+    if arms[IN_STDIO].pids[2].is_none() {
+        println!("(the gateway's server child not found: its CPU is not counted)");
     }
     for arm in &mut arms {
         arm.block(args.connector_warmup, &mut id, false).await?;
@@ -721,6 +783,12 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
     for (what, via, direct) in [
         ("stdio", VIA_STDIO, DIRECT_STDIO),
         ("Streamable HTTP", VIA_HTTP, DIRECT_HTTP),
+        ("stdio, in the gateway's process", IN_STDIO, DIRECT_STDIO),
+        (
+            "Streamable HTTP, in the gateway's process",
+            IN_HTTP,
+            DIRECT_HTTP,
+        ),
     ] {
         let adds = p50(via) - p50(direct);
         let connector = adds - gateway_adds;
@@ -728,7 +796,7 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
         // does not make); this is the same without it.
         let beside = p50(via) - p50(GW_SIM) - p50(direct);
         println!(
-            "over {what}: gateway + gateway-sled add {adds:.1} µs at p50 to server-everything's own answer ({:.1} − {:.1}); \
+            "over {what}: gateway + connector add {adds:.1} µs at p50 to server-everything's own answer ({:.1} − {:.1}); \
              less what the gateway adds to sled-sim: **the connector adds {connector:.1} µs** (target ≤ 100 µs). \
              The path against gateway + sled-sim, less the server's own answer: {beside:.1} µs ({:.1} − {:.1} − {:.1}). \
              Against gateway + sled-sim: {:.2}× p50, {:.2}× CPU per call",
@@ -744,7 +812,7 @@ pub(super) async fn connector(args: &Args, tmp: &TempDir, targets: &mut Targets)
             format!("the connector ({what}) adds ≤ 100 µs at p50 on top of what the gateway adds with sled-sim"),
             Some(connector <= 100.0),
             format!(
-                "{connector:.1} µs (gateway + gateway-sled add {adds:.1}, the gateway adds {gateway_adds:.1} to sled-sim; against gateway + sled-sim less the server's answer: {beside:.1})"
+                "{connector:.1} µs (gateway + connector add {adds:.1}, the gateway adds {gateway_adds:.1} to sled-sim; against gateway + sled-sim less the server's answer: {beside:.1})"
             ),
         ));
     }
