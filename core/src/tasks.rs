@@ -177,6 +177,17 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status as the protocol writes it (the inverse of [`Status::parse`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Working => "working",
+            Status::InputRequired => "input_required",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
     pub fn parse(s: &str) -> Option<Status> {
         Some(match s {
             "working" => Status::Working,
@@ -259,16 +270,6 @@ struct Kept {
     own: Option<Own>,
 }
 
-fn status_name(s: Status) -> &'static str {
-    match s {
-        Status::Working => "working",
-        Status::InputRequired => "input_required",
-        Status::Completed => "completed",
-        Status::Failed => "failed",
-        Status::Cancelled => "cancelled",
-    }
-}
-
 /// The store key of a task's record: `<project in hex>.t.<sled id in hex>`, under the
 /// project's prefix (`crate::coord::project_prefix`), so it goes where the project's
 /// coordination records go.
@@ -327,7 +328,7 @@ impl Tasks {
                         owner: r.creator.owner.as_deref().map(str::to_owned),
                         session: r.creator.session.as_deref().map(str::to_owned),
                         right: r.right.to_owned(),
-                        status: status_name(r.status).to_owned(),
+                        status: r.status.name().to_owned(),
                         expires_in_ms: u64::try_from(
                             r.expires.saturating_duration_since(now).as_millis(),
                         )

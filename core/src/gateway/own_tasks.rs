@@ -67,7 +67,7 @@ impl Gateway {
                 method: method.to_owned(),
                 detail: format!(
                     "the task is already {}: only a task still running can be cancelled",
-                    status_name(status)
+                    status.name()
                 ),
             }),
             _ => {
@@ -113,7 +113,7 @@ pub(super) fn own_task_json(tasks: &crate::tasks::Tasks, id: &str) -> Option<Map
     let ttl = record.expires.saturating_duration_since(record.created);
     let mut t = Map::new();
     t.insert("taskId".into(), Value::String(shown));
-    t.insert("status".into(), json!(status_name(record.status)));
+    t.insert("status".into(), json!(record.status.name()));
     if let Some(m) = &own.message {
         t.insert("statusMessage".into(), json!(m));
     }
@@ -194,19 +194,9 @@ pub(super) fn own_result(tasks: &crate::tasks::Tasks, id: &str) -> Result<String
             Ok(Value::Object(v).to_string())
         }
         (status, own) => Err(RpcError::TaskEnded {
-            status: status_name(status),
+            status: status.name(),
             message: own.and_then(|o| o.message.clone()).unwrap_or_default(),
         }),
-    }
-}
-
-pub(super) fn status_name(s: Status) -> &'static str {
-    match s {
-        Status::Working => "working",
-        Status::InputRequired => "input_required",
-        Status::Completed => "completed",
-        Status::Failed => "failed",
-        Status::Cancelled => "cancelled",
     }
 }
 
