@@ -77,7 +77,7 @@ impl Gateway {
             let declared = p
                 .meta
                 .as_ref()
-                .is_some_and(|m| super::tasks::declares_tasks(Some(&Value::Object(m.clone()))));
+                .is_some_and(super::tasks::meta_declares_tasks);
             if !declared {
                 return Err(RpcError::TasksNotDeclared {
                     what: "subscriptions/listen with taskIds".into(),

@@ -302,7 +302,7 @@ impl Gateway {
         let checked = Checked {
             request_state: envelope.request_state,
             name,
-            tasks: tasks::declares_tasks(Some(&Value::Object(meta.clone()))),
+            tasks: tasks::meta_declares_tasks(&meta),
         };
         match version {
             Some(Value::String(v)) if headers::is_modern(v) => Ok(checked),

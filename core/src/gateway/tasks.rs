@@ -92,7 +92,13 @@ pub(super) fn is_create_task_result(result: &str) -> bool {
 
 /// Whether a stateless request's `_meta` declares the tasks extension.
 pub(super) fn declares_tasks(meta: Option<&Value>) -> bool {
-    meta.and_then(|m| m.get(headers::META_CLIENT_CAPABILITIES))
+    meta.and_then(Value::as_object)
+        .is_some_and(meta_declares_tasks)
+}
+
+/// [`declares_tasks`] of a `_meta` object.
+pub(super) fn meta_declares_tasks(meta: &Map<String, Value>) -> bool {
+    meta.get(headers::META_CLIENT_CAPABILITIES)
         .and_then(|c| c.get("extensions"))
         .and_then(|e| e.get(tasks::EXTENSION))
         .is_some()
