@@ -383,7 +383,7 @@ impl Gateway {
             return;
         }
         self.post_streams.remove(&token);
-        if self.abort_fanout(token) || self.abort_health(token) {
+        if self.abort_fanout(token) || self.abort_health(token) || self.own_wait_aborted(token) {
             return;
         }
         let Some((id, uplink, p)) = self.calls.take_by_token(token) else {

@@ -200,6 +200,21 @@ pub(super) fn own_result(tasks: &crate::tasks::Tasks, id: &str) -> Result<String
     }
 }
 
+impl Gateway {
+    /// A `tasks/result` waiting for one of the gateway's own tasks, whose client went away:
+    /// forgotten at once rather than answered when the fan-out ends. Whether it was one.
+    pub(super) fn own_wait_aborted(&mut self, token: HttpToken) -> bool {
+        let mut found = false;
+        self.own_waiters.retain(|_, waiting| {
+            let before = waiting.len();
+            waiting.retain(|(t, _)| *t != token);
+            found |= waiting.len() != before;
+            !waiting.is_empty()
+        });
+        found
+    }
+}
+
 /// Milliseconds since the Unix epoch as an RFC 3339 UTC timestamp with milliseconds.
 fn iso8601(ms: u64) -> String {
     let at = std::time::UNIX_EPOCH + Duration::from_millis(ms);

@@ -672,6 +672,9 @@ fn the_gateways_own_fanout_runs_as_a_task() {
 
     let waiting = request(&mut h, &s1, 2, "tasks/result", json!({"taskId": id}));
     assert!(!h.replies.contains_key(&waiting), "waits for the fan-out");
+    // Another wait whose client goes away is forgotten then: nothing is answered to it.
+    let gone = request(&mut h, &s1, 11, "tasks/result", json!({"taskId": id}));
+    h.handle(crate::Input::HttpAborted { token: gone });
     let t = request(&mut h, &s1, 3, "tasks/get", json!({"taskId": id}));
     assert_eq!(h.reply_json(t).unwrap()["result"]["status"], "working");
     let t = request(&mut h, &s2, 4, "tasks/get", json!({"taskId": id}));
@@ -687,6 +690,10 @@ fn the_gateways_own_fanout_runs_as_a_task() {
     let r = h
         .reply_json(waiting)
         .expect("answered when the fan-out ends");
+    assert!(
+        !h.replies.contains_key(&gone),
+        "answered a wait whose client went away"
+    );
     assert!(
         r["result"]["structuredContent"]["projects"].is_object()
             || r["result"]["structuredContent"].is_object(),
