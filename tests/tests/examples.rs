@@ -807,6 +807,59 @@ async fn run_command(command: &str, dir: &Path, path: &str, env: &[(&str, &str)]
     stdout
 }
 
+/// The client token of `examples/everything-projects.toml` (`client_tokens = ["…"]`), and its
+/// project's uplink token (`token = "…"`).
+fn everything_tokens() -> (String, String) {
+    let shipped =
+        std::fs::read_to_string(root().join("examples/everything-projects.toml")).unwrap();
+    let quoted = |prefix: &str| {
+        shipped
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .and_then(|l| l.split('"').next())
+            .unwrap_or_else(|| panic!("everything-projects.toml has no {prefix}"))
+            .to_owned()
+    };
+    (quoted("client_tokens = [\""), quoted("token = \""))
+}
+
+/// Calls server-everything's `echo` through the gateway at `mcp` with `client_token` until it
+/// answers and is listed (within 60 s); `log` says what served it, for the failure.
+async fn until_echo_served(mcp: &str, client_token: &str, log: impl Fn() -> String) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, mcp)
+            .await
+            .unwrap();
+        c.set_bearer_token(Some(client_token.to_owned()));
+        c.initialize().await.unwrap();
+        let r = c
+            .tools_call(
+                serde_json::json!(1),
+                "echo",
+                serde_json::json!({"message": "ready?"}),
+            )
+            .await
+            .unwrap();
+        let listed = c.tools_list(serde_json::json!(2), None).await.unwrap();
+        let tools = listed["result"]["tools"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if r["result"]["content"][0]["text"] == "Echo: ready?"
+            && tools.iter().any(|t| t["name"] == "echo")
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server-everything never answered through the gateway: {r}\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// README.md's "Put your MCP server behind the gateway", its commands run as the README shows
 /// them, in a directory holding a copy of `examples/`, with only the port changed and npx's
 /// packages swapped for the pinned installed copies (run by Node 22): `gateway serve` with
@@ -899,47 +952,12 @@ async fn the_put_your_server_behind_the_gateway_walkthrough_runs_as_shown() {
     let sled = background(3, "gateway-sled");
 
     // Served through the gateway, with the client token: echo answers and is listed.
-    let shipped =
-        std::fs::read_to_string(root().join("examples/everything-projects.toml")).unwrap();
-    let client_token = shipped
-        .lines()
-        .find_map(|l| l.strip_prefix("client_tokens = [\""))
-        .and_then(|l| l.split('"').next())
-        .expect("everything-projects.toml has a client token")
-        .to_owned();
+    let (client_token, _) = everything_tokens();
     let mcp = format!("http://127.0.0.1:{port}/mcp");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
-            .await
-            .unwrap();
-        c.set_bearer_token(Some(client_token.clone()));
-        c.initialize().await.unwrap();
-        let r = c
-            .tools_call(
-                serde_json::json!(1),
-                "echo",
-                serde_json::json!({"message": "ready?"}),
-            )
-            .await
-            .unwrap();
-        let listed = c.tools_list(serde_json::json!(2), None).await.unwrap();
-        let tools = listed["result"]["tools"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if r["result"]["content"][0]["text"] == "Echo: ready?"
-            && tools.iter().any(|t| t["name"] == "echo")
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "server-everything never answered through the gateway: {r}\ngateway-sled's log:\n{}",
-            sled.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_echo_served(&mcp, &client_token, || {
+        format!("gateway-sled's log:\n{}", sled.log())
+    })
+    .await;
     // Without the client token the gateway refuses.
     let mut anonymous = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
         .await
@@ -1014,15 +1032,7 @@ async fn examples_connector_toml_is_served_inside_the_gateway_as_shown() {
     let projects =
         std::fs::read_to_string(root().join("examples/everything-projects.toml")).unwrap();
     std::fs::write(dir.join("projects.toml"), &projects).unwrap();
-    let quoted = |prefix: &str| {
-        projects
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix))
-            .and_then(|l| l.split('"').next())
-            .unwrap_or_else(|| panic!("everything-projects.toml has no {prefix}"))
-            .to_owned()
-    };
-    let (client_token, uplink_token) = (quoted("client_tokens = [\""), quoted("token = \""));
+    let (client_token, uplink_token) = everything_tokens();
     std::fs::write(dir.join("everything.token"), format!("{uplink_token}\n")).unwrap();
 
     let block = readme_block("the gateway serves `everything` itself");
@@ -1048,38 +1058,7 @@ async fn examples_connector_toml_is_served_inside_the_gateway_as_shown() {
         gateway.log()
     );
     let mcp = format!("http://127.0.0.1:{port}/mcp");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut c = sled_sim::McpClient::connect(sled_sim::TokioConnect, &mcp)
-            .await
-            .unwrap();
-        c.set_bearer_token(Some(client_token.clone()));
-        c.initialize().await.unwrap();
-        let r = c
-            .tools_call(
-                serde_json::json!(1),
-                "echo",
-                serde_json::json!({"message": "ready?"}),
-            )
-            .await
-            .unwrap();
-        let listed = c.tools_list(serde_json::json!(2), None).await.unwrap();
-        let tools = listed["result"]["tools"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if r["result"]["content"][0]["text"] == "Echo: ready?"
-            && tools.iter().any(|t| t["name"] == "echo")
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "server-everything never answered through the gateway: {r}\n{}",
-            gateway.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_echo_served(&mcp, &client_token, || gateway.log()).await;
     // Its identity key, where the file says (relative to the directory it runs in).
     assert!(dir.join("gateway-sled-state/everything.key").exists());
     let log = gateway.log();
