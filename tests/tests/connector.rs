@@ -1799,8 +1799,8 @@ async fn tasks_through_the_connector(dir: &Path, upstream: &[String], kind: &str
 }
 
 /// `gateway serve --connector sleds.toml`: the connector's projects served inside the gateway's
-/// process. server-everything answers through it as through gateway-sled (its tools listed and
-/// called, its progress reaching the caller, its health in `gateway_health`); the uplink in
+/// process. server-everything answers through it as through gateway-sled (all that
+/// `everything_through_the_gateway` tries, and its health in `gateway_health`); the uplink in
 /// memory still presents its token and identity key (a project whose token is wrong is
 /// refused, as over a socket); and at SIGTERM the gateway exits cleanly, its children with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
