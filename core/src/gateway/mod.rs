@@ -1024,6 +1024,10 @@ impl Gateway {
             } else {
                 // Changes that came with no call (a session's end, a sled's fence floor).
                 self.flush_coordination(now);
+                // Waits the coordination state woke or expired during this event's steps
+                // (each of its calls looks at the time first), answered now rather than at
+                // the next timer.
+                self.drain_woken(now);
                 self.close_retired(now);
                 return;
             }

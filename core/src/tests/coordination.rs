@@ -346,6 +346,37 @@ fn messages_board_and_a_wait_that_times_out() {
     assert_eq!(r["ttl_clamped_s"], 3600, "{r}");
 }
 
+/// A parked wait whose deadline passed while another request was on its way is expired by that
+/// request's step (the coordination state looks at the time on every call): it is answered
+/// then, not at the next timer, which may be minutes away (cluster_sim seed 868 found a wait
+/// answered at the next one, 2 s late, having missed a message in the meantime elsewhere).
+#[test]
+fn a_wait_expired_by_another_request_is_answered_at_once() {
+    let mut h = Harness::new();
+    let (a, b) = (h.initialize(), h.initialize());
+    tool(&mut h, &a, "checkin", json!({"project":"beta"}));
+    tool(&mut h, &b, "checkin", json!({"project":"beta"}));
+    let first = h.call(
+        Some(&a),
+        json!("w1"),
+        "wait",
+        json!({"projects":["beta"],"timeout_s":2}),
+    );
+    // Its deadline passes; before its timer is handled, b's wait (for 5 minutes) comes in.
+    h.now += Duration::from_secs(2);
+    let second = h.call(
+        Some(&b),
+        json!("w2"),
+        "wait",
+        json!({"projects":["beta"],"timeout_s":300}),
+    );
+    let r = h
+        .reply_json(first)
+        .expect("answered when the next request expired it");
+    assert_eq!(r["result"]["structuredContent"]["woke"], false, "{r}");
+    assert!(!h.replies.contains_key(&second));
+}
+
 #[test]
 fn callers_without_a_session_get_an_unguessable_handle() {
     let mut h = Harness::new();

@@ -124,7 +124,7 @@ impl Gateway {
 
     /// Answers every `wait` the coordination state has woken, and tells sessions on their
     /// event stream (GET) when something concerns them.
-    pub(super) fn drain_woken(&mut self, now: Instant) {
+    pub(in crate::gateway) fn drain_woken(&mut self, now: Instant) {
         while let Some((agent, project)) = self.coordination.coord.poll_notice() {
             let Some(session) = self.coordination.sessions.get(&agent).cloned() else {
                 continue;
