@@ -6,21 +6,19 @@
 
 #[path = "support/nats.rs"]
 mod nats;
+#[path = "support/replica.rs"]
+mod replica;
 #[path = "support/sse.rs"]
 mod sse;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_core::{ProjectSpec, Registry};
-use gateway_server::cluster::nats::{NatsEngine, NatsOptions};
-use gateway_server::cluster::replica::ClusterOptions;
-use gateway_server::{serve, ServerOptions};
+use replica::Replica;
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledOptions, TokioConnect};
-use tokio::sync::oneshot;
 
 fn registry() -> Registry {
     let specs = ["alpha", "beta", "gamma"]
@@ -48,61 +46,13 @@ fn sled_options() -> SledOptions {
     }
 }
 
-/// One replica, in a runtime of its own.
-struct Replica {
-    addr: SocketAddr,
-    runtime: Option<tokio::runtime::Runtime>,
-    stop: Option<oneshot::Sender<()>>,
-    done: Option<oneshot::Receiver<std::io::Result<()>>>,
+/// What the tests here ask of a replica beyond the shared one's.
+trait ReplicaExt {
+    fn fleet(&self, projects: &[&str], latency: Duration) -> Fleet;
+    async fn client(&self, session: Option<&str>) -> McpClient<TokioConnect>;
 }
 
-impl Replica {
-    fn start(nats: &str, name: &str, claim_ttl: Duration) -> Replica {
-        gateway_tests::init_tracing();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (done_tx, done) = oneshot::channel();
-        let (nats, replica) = (nats.to_owned(), name.to_owned());
-        let seed = [name.bytes().map(u32::from).sum::<u32>() as u8; 32];
-        runtime.spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let engine = NatsEngine::connect(NatsOptions::new(nats, replica.clone()))
-                .await
-                .expect("the replica reaches nats-server");
-            let mut opts = ServerOptions::new(registry(), seed);
-            let mut cluster = ClusterOptions::new(
-                Arc::new(engine),
-                replica,
-                gateway_tests::test_cluster_keys(),
-            );
-            cluster.claim_ttl = claim_ttl;
-            opts.cluster = Some(cluster);
-            opts.shutdown_grace = Duration::from_secs(2);
-            let served = serve(listener, opts, async {
-                let _ = stopped.await;
-            })
-            .await;
-            let _ = done_tx.send(served);
-        });
-        Replica {
-            addr,
-            runtime: Some(runtime),
-            stop: Some(stop),
-            done: Some(done),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
+impl ReplicaExt for Replica {
     fn fleet(&self, projects: &[&str], latency: Duration) -> Fleet {
         let names: Vec<String> = projects.iter().map(|p| (*p).to_owned()).collect();
         let opts = SledOptions {
@@ -113,35 +63,9 @@ impl Replica {
     }
 
     async fn client(&self, session: Option<&str>) -> McpClient<TokioConnect> {
-        let mut c = McpClient::connect(TokioConnect, &format!("{}/mcp", self.url()))
-            .await
-            .unwrap();
+        let mut c = McpClient::connect(TokioConnect, &self.mcp()).await.unwrap();
         c.set_session_id(session.map(str::to_owned));
         c
-    }
-
-    /// Power loss: the runtime and everything on it (sockets, the NATS connection) is gone at
-    /// once; nothing is released or said goodbye to.
-    fn kill(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-
-    /// A graceful shutdown, which must succeed.
-    async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(done) = self.done.take() {
-            within(done).await.unwrap().unwrap();
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
@@ -241,8 +165,8 @@ async fn stateless_tools(via: &Replica) -> Vec<String> {
 /// Two replicas (claims live 30 s), alpha's sled on r1 and beta's on r2, both held.
 async fn alpha_on_r1_beta_on_r2(nats: &nats::NatsServer) -> (Replica, Replica, (Fleet, Fleet)) {
     let ttl = Duration::from_secs(30);
-    let r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let r1 = Replica::start(&nats.url(), "r1", registry(), Some(ttl));
+    let r2 = Replica::start(&nats.url(), "r2", registry(), Some(ttl));
     let alpha = r1.fleet(&["alpha"], Duration::ZERO);
     let beta = r2.fleet(&["beta"], Duration::ZERO);
     wait_held(&r1, &[("alpha", Some("r1")), ("beta", Some("r2"))]).await;
@@ -265,9 +189,9 @@ async fn any_replica_serves_any_session_and_any_call() {
         return;
     };
     let ttl = Duration::from_secs(6);
-    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
-    let r3 = Replica::start(&nats.url(), "r3", ttl);
+    let mut r1 = Replica::start(&nats.url(), "r1", registry(), Some(ttl));
+    let r2 = Replica::start(&nats.url(), "r2", registry(), Some(ttl));
+    let r3 = Replica::start(&nats.url(), "r3", registry(), Some(ttl));
     let alpha = r1.fleet(&["alpha"], Duration::ZERO);
     let beta = r2.fleet(&["beta"], Duration::ZERO);
     wait_held(
@@ -364,7 +288,7 @@ async fn any_replica_serves_any_session_and_any_call() {
     .unwrap();
     assert_eq!(r["error"]["data"]["kind"], "sled_not_connected", "{r}");
     // A replica that never saw the session serves it too.
-    let r4 = Replica::start(&nats.url(), "r4", ttl);
+    let r4 = Replica::start(&nats.url(), "r4", registry(), Some(ttl));
     let mut c4 = r4.client(Some(&session)).await;
     let r = within(c4.tools_call(json!(8), "list_projects", json!({})))
         .await
@@ -383,8 +307,8 @@ async fn the_owner_dying_mid_call_is_an_unknown_outcome_and_a_dead_owner_not_sen
         return;
     };
     let ttl = Duration::from_secs(30);
-    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let mut r1 = Replica::start(&nats.url(), "r1", registry(), Some(ttl));
+    let r2 = Replica::start(&nats.url(), "r2", registry(), Some(ttl));
     let _alpha = r1.fleet(&["alpha"], Duration::from_secs(30));
     wait_held(&r2, &[("alpha", Some("r1"))]).await;
     let mut c = r2.client(None).await;
@@ -433,8 +357,8 @@ async fn a_sled_moving_to_another_replica_takes_its_project_along() {
         return;
     };
     let ttl = Duration::from_secs(30);
-    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let mut r1 = Replica::start(&nats.url(), "r1", registry(), Some(ttl));
+    let r2 = Replica::start(&nats.url(), "r2", registry(), Some(ttl));
     let alpha = r1.fleet(&["alpha"], Duration::ZERO);
     wait_held(&r2, &[("alpha", Some("r1"))]).await;
     // r1 dies; alpha's sled comes back through r2 (as a load balancer would send it) and
@@ -511,8 +435,8 @@ async fn streams_hear_of_their_projects_wherever_the_sleds_are() {
         return;
     };
     let ttl = Duration::from_secs(30);
-    let r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
+    let r1 = Replica::start(&nats.url(), "r1", registry(), Some(ttl));
+    let r2 = Replica::start(&nats.url(), "r2", registry(), Some(ttl));
     let alpha = r1.fleet(&["alpha"], Duration::ZERO);
     wait_held(&r2, &[("alpha", Some("r1")), ("beta", None)]).await;
     // r2's stateless tools/list lists alpha's tools as r1 listed them (the tools bucket).
@@ -605,9 +529,9 @@ async fn a_stateless_retry_on_another_replica_resumes_the_parked_call() {
         return;
     };
     let ttl = Duration::from_secs(30);
-    let mut r1 = Replica::start(&nats.url(), "r1", ttl);
-    let r2 = Replica::start(&nats.url(), "r2", ttl);
-    let r3 = Replica::start(&nats.url(), "r3", ttl);
+    let mut r1 = Replica::start(&nats.url(), "r1", registry(), Some(ttl));
+    let r2 = Replica::start(&nats.url(), "r2", registry(), Some(ttl));
+    let r3 = Replica::start(&nats.url(), "r3", registry(), Some(ttl));
     let opts = SledOptions {
         fixture_projects: vec!["beta".into()],
         ..sled_options()

@@ -15,22 +15,21 @@
 mod nats;
 #[path = "support/node.rs"]
 mod node;
+#[path = "support/replica.rs"]
+mod replica;
 #[path = "support/sse.rs"]
 mod sse;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_core::{ProjectSpec, Registry, Secret};
-use gateway_server::cluster::nats::{NatsEngine, NatsOptions};
-use gateway_server::cluster::replica::ClusterOptions;
-use gateway_server::{serve, ServerOptions};
+use gateway_server::ServerOptions;
+use replica::Replica;
 use serde_json::{json, Value};
 use sled_sim::{Fleet, McpClient, SledConfig, SledOptions, TokioConnect};
 use sse::{next_event_with, open_get_stream_as, open_listen_as};
-use tokio::sync::oneshot;
 
 /// The two client tokens: A makes the tasks, B must not see them.
 const TOKEN_A: &str = "tasks-client-token-a-000001";
@@ -558,81 +557,6 @@ async fn stateless_clients_make_poll_and_cancel_tasks_by_mcp_name_and_another_to
     gateway.stop().await;
 }
 
-/// One replica of a cluster, in a runtime of its own.
-struct Replica {
-    addr: SocketAddr,
-    runtime: Option<tokio::runtime::Runtime>,
-    stop: Option<oneshot::Sender<()>>,
-    done: Option<oneshot::Receiver<std::io::Result<()>>>,
-}
-
-impl Replica {
-    fn start(nats: &str, name: &str) -> Replica {
-        gateway_tests::init_tracing();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (done_tx, done) = oneshot::channel();
-        let (nats, replica) = (nats.to_owned(), name.to_owned());
-        let seed = [name.bytes().map(u32::from).sum::<u32>() as u8; 32];
-        runtime.spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let engine = NatsEngine::connect(NatsOptions::new(nats, replica.clone()))
-                .await
-                .expect("the replica reaches nats-server");
-            let mut opts = ServerOptions::new(registry(), seed);
-            opts.cluster = Some(ClusterOptions::new(
-                Arc::new(engine),
-                replica,
-                gateway_tests::test_cluster_keys(),
-            ));
-            opts.shutdown_grace = Duration::from_secs(2);
-            let served = serve(listener, opts, async {
-                let _ = stopped.await;
-            })
-            .await;
-            let _ = done_tx.send(served);
-        });
-        Replica {
-            addr,
-            runtime: Some(runtime),
-            stop: Some(stop),
-            done: Some(done),
-        }
-    }
-
-    fn base(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn mcp(&self) -> String {
-        format!("http://{}/mcp", self.addr)
-    }
-
-    async fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(done) = self.done.take() {
-            within(done).await.unwrap().unwrap();
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_made_through_one_replica_is_polled_and_cancelled_through_another() {
     let Some(nats) = nats::NatsServer::start().await else {
@@ -640,10 +564,10 @@ async fn a_task_made_through_one_replica_is_polled_and_cancelled_through_another
     };
     // beta's sled on r3; tasks made through r1, polled and cancelled through r2: each request
     // goes to beta's holder, found by the project in the task id.
-    let mut r1 = Replica::start(&nats.url(), "r1");
-    let mut r2 = Replica::start(&nats.url(), "r2");
-    let mut r3 = Replica::start(&nats.url(), "r3");
-    let fleet = Fleet::spawn(&r3.base(), &["beta".to_owned()], sled_options());
+    let mut r1 = Replica::start(&nats.url(), "r1", registry(), None);
+    let mut r2 = Replica::start(&nats.url(), "r2", registry(), None);
+    let mut r3 = Replica::start(&nats.url(), "r3", registry(), None);
+    let fleet = Fleet::spawn(&r3.url(), &["beta".to_owned()], sled_options());
     wait_live(&r1.mcp(), &["beta"], Some("r3")).await;
     wait_live(&r2.mcp(), &["beta"], Some("r3")).await;
     modern_walk(&fleet, &r1.mcp(), &r2.mcp(), r3.addr).await;
