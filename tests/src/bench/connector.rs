@@ -711,6 +711,9 @@ url = \"http://{http_addr}/mcp\"
     ];
     let mut id = 0u64;
     // Ready: a connector's project is live before its server answers; call until it does.
+    let runs = |i: usize| {
+        !args.connector_stdio_only || ![DIRECT_HTTP, DIRECT_FRESH, VIA_HTTP, IN_HTTP].contains(&i)
+    };
     for arm in &mut arms {
         arm.until_ok(&mut id, Duration::from_secs(60)).await?;
     }
@@ -724,14 +727,16 @@ url = \"http://{http_addr}/mcp\"
     if arms[IN_STDIO].pids[2].is_none() {
         println!("(the gateway's server child not found: its CPU is not counted)");
     }
-    for arm in &mut arms {
+    for (_, arm) in arms.iter_mut().enumerate().filter(|(i, _)| runs(*i)) {
         arm.block(args.connector_warmup, &mut id, false).await?;
     }
     for r in 0..rounds {
         let calls = n * (r + 1) / rounds - n * r / rounds;
         for k in 0..arms.len() {
             let i = (k + r) % arms.len();
-            arms[i].block(calls, &mut id, true).await?;
+            if runs(i) {
+                arms[i].block(calls, &mut id, true).await?;
+            }
         }
         for p in [&mut gw, &mut sleds, &mut sled_stdio, &mut sled_http] {
             p.check_alive()?;
@@ -752,7 +757,7 @@ url = \"http://{http_addr}/mcp\"
             .collect();
         each.join(" / ")
     };
-    for a in &arms {
+    for (_, a) in arms.iter().enumerate().filter(|(i, _)| runs(*i)) {
         let cell = |i: usize| match a.pids[i] {
             Some(_) => format!("{:.1}", a.per_call(a.cpu[i])),
             None => "-".into(),
@@ -790,6 +795,9 @@ url = \"http://{http_addr}/mcp\"
             DIRECT_HTTP,
         ),
     ] {
+        if !runs(via) {
+            continue;
+        }
         let adds = p50(via) - p50(direct);
         let connector = adds - gateway_adds;
         // `connector` holds sled-sim's direct call (an HTTP exchange the direct stdio call
@@ -817,13 +825,15 @@ url = \"http://{http_addr}/mcp\"
         ));
     }
     let dial = p50(DIRECT_FRESH) - p50(DIRECT_HTTP);
-    println!(
+    if runs(DIRECT_FRESH) {
+        println!(
         "a new connection per call costs server-everything {dial:.1} µs at p50 and {:.1} µs of CPU per call; \
          against the direct calls on a new connection each (as gateway-sled made them before b0c048e), the connector adds {:.1} µs \
          on top of what the gateway adds with sled-sim",
         cpu(DIRECT_FRESH) - cpu(DIRECT_HTTP),
         p50(VIA_HTTP) - p50(DIRECT_FRESH) - gateway_adds
     );
+    }
     let errors: u64 = arms.iter().map(|a| a.errors).sum();
     if errors > 0 {
         for a in arms.iter().filter(|a| a.errors > 0) {
