@@ -561,13 +561,18 @@ impl StdioServer {
         ctx.send_as_is(&v);
     }
 
-    /// Sends the gateway's request to the child under an id of the connector's own; its
-    /// answer under the gateway's id.
-    async fn forward(self: Arc<Self>, mut msg: Value, ctx: CallContext) -> Option<Value> {
+    /// Sends the gateway's request to the child under an id of the connector's own, at once
+    /// (before the call's task first runs, so that nothing waits between the uplink frame and
+    /// the child's stdin); the future is its answer under the gateway's id.
+    fn forward(
+        self: Arc<Self>,
+        mut msg: Value,
+        ctx: CallContext,
+    ) -> BoxFuture<'static, Option<Value>> {
         let Some(gateway_id) = msg.get("id").cloned() else {
             // A notification for the server.
             self.send_line(msg.to_string());
-            return None;
+            return futures_util::future::ready(None).boxed();
         };
         let as_task = msg.get("method").and_then(Value::as_str) == Some("tools/call")
             && msg.pointer("/params/task").is_some();
@@ -581,13 +586,14 @@ impl StdioServer {
                     Some(Status::Starting) => "it is starting".to_owned(),
                     _ => "not started yet".to_owned(),
                 };
-                return Some(upstream_error(
+                return futures_util::future::ready(Some(upstream_error(
                     &gateway_id,
                     self.project(),
                     "upstream_down",
                     "not_sent",
                     &reason,
-                ));
+                )))
+                .boxed();
             }
             s.next_id += 1;
             let id = s.next_id;
@@ -611,23 +617,38 @@ impl StdioServer {
                 .is_some_and(|w| w.send(msg.to_string()).is_ok());
             if !sent {
                 s.pending.remove(&id);
-                return Some(upstream_error(
+                return futures_util::future::ready(Some(upstream_error(
                     &gateway_id,
                     self.project(),
                     "upstream_down",
                     "not_sent",
                     "its stdin is closed",
-                ));
+                )))
+                .boxed();
             }
             id
         };
         // A call whose task ends before the server answers (its uplink connection closed, the
-        // task aborted) leaves nothing behind, and the server is told to stop.
-        let mut abandoned = Abandoned {
+        // task aborted, even before it first ran) leaves nothing behind, and the server is
+        // told to stop.
+        let abandoned = Abandoned {
             server: Arc::clone(&self),
             id,
             answered: false,
         };
+        self.answer(gateway_id, as_task, answer, abandoned, ctx)
+            .boxed()
+    }
+
+    /// The answer to the call `abandoned` guards, under the gateway's id.
+    async fn answer(
+        self: Arc<Self>,
+        gateway_id: Value,
+        as_task: bool,
+        answer: oneshot::Receiver<Value>,
+        mut abandoned: Abandoned,
+        ctx: CallContext,
+    ) -> Option<Value> {
         let answered = answer.await;
         abandoned.answered = true;
         drop(abandoned);
@@ -698,7 +719,7 @@ impl Handler for StdioServer {
     }
 
     fn handle(self: Arc<Self>, msg: Value, ctx: CallContext) -> BoxFuture<'static, Option<Value>> {
-        self.forward(msg, ctx).boxed()
+        self.forward(msg, ctx)
     }
 
     fn cancelled(&self, connection: u64, params: &Value) {

@@ -1347,26 +1347,26 @@ where
                                     progress_token: msg.pointer("/params/_meta/progressToken").cloned(),
                                 };
                                 let answer = match backend {
-                                    Backend::Sync(sled) => sled.handle_async(&msg, &ctx),
-                                    Backend::Handler(handler) => Some(Arc::clone(handler).handle(msg.clone(), ctx)),
-                                };
-                                match (backend, answer) {
-                                    (Backend::Sync(sled), None) => {
-                                        let mut rng = rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                                        serve_story(sled, msg, opts, relay, &mut rng, &tx, &mut tasks, &mut waiting);
-                                    }
-                                    // A handler answers every request itself.
-                                    (Backend::Handler(_), None) => {}
-                                    (_, Some(answer)) => {
-                                        let tx = tx.clone();
-                                        let handle = tasks.spawn(async move {
-                                            if let Some(resp) = answer.await {
-                                                let _ = tx.send(Message::text(resp.to_string()));
-                                            }
-                                        });
-                                        if let Some(id) = id {
-                                            waiting.insert(id, handle);
+                                    Backend::Sync(sled) => match sled.handle_async(&msg, &ctx) {
+                                        Some(answer) => Some(answer),
+                                        None => {
+                                            let mut rng = rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                                            serve_story(sled, msg, opts, relay, &mut rng, &tx, &mut tasks, &mut waiting);
+                                            None
                                         }
+                                    },
+                                    // A handler answers every request itself.
+                                    Backend::Handler(handler) => Some(Arc::clone(handler).handle(msg, ctx)),
+                                };
+                                if let Some(answer) = answer {
+                                    let tx = tx.clone();
+                                    let handle = tasks.spawn(async move {
+                                        if let Some(resp) = answer.await {
+                                            let _ = tx.send(Message::text(resp.to_string()));
+                                        }
+                                    });
+                                    if let Some(id) = id {
+                                        waiting.insert(id, handle);
                                     }
                                 }
                             }
