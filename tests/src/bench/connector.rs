@@ -1,7 +1,10 @@
 //! `--run connector`: a real MCP server through `gateway-sled` (issue 26). npm's
 //! `@modelcontextprotocol/server-everything` (its `echo` tool) reached eight ways (nine arms)
 //! in one run, the arms interleaved in `--connector-rounds` rounds (each arm a block of calls
-//! per round, the order rotated every round) so that the machine's noise falls on them alike:
+//! per round, the order rotated every round) so that the machine's noise falls on them alike,
+//! each block after unmeasured calls of its own (`--connector-block-warmup`) so that it does
+//! not start with the caches of the arm before it; `--connector-stdio-only` leaves out the
+//! HTTP arms:
 //!
 //! 1. **direct, stdio**: this bench is the stdio client of a server-everything child
 //!    (newline-delimited JSON-RPC on its stdin and stdout);
@@ -735,6 +738,9 @@ url = \"http://{http_addr}/mcp\"
         for k in 0..arms.len() {
             let i = (k + r) % arms.len();
             if runs(i) {
+                arms[i]
+                    .block(args.connector_block_warmup, &mut id, false)
+                    .await?;
                 arms[i].block(calls, &mut id, true).await?;
             }
         }

@@ -228,6 +228,10 @@ struct Args {
     /// `--run connector`: rounds; in each, every arm makes its block of calls in turn.
     #[arg(long, default_value_t = 5)]
     connector_rounds: usize,
+    /// `--run connector`: unmeasured calls before each measured block, so that each block
+    /// starts with its processes warm (the arm before it had the CPUs' caches).
+    #[arg(long, default_value_t = 100)]
+    connector_block_warmup: usize,
     /// `--run connector`: only the stdio arms and those they are measured against (direct
     /// stdio, sled-sim direct, gateway + sled-sim); the HTTP arms are set up but make no calls.
     #[arg(long)]
