@@ -313,6 +313,16 @@ pub(crate) async fn run(
     tracing::info!(dir = %state_dir.display(),
         "the demo keeps its sessions in a temporary state directory, removed when it stops");
     opts.store = Some(store.clone());
+    // The real server's uplink is made in memory, as `gateway serve --connector` makes its
+    // projects' (the same `/uplink` checks, no port dialed, one hop less).
+    let real_connect = match &real {
+        Some(Real::Run(_)) => {
+            let (accept, connect) = gateway_server::in_process::pair();
+            opts.in_process = Some(accept);
+            Some(connect)
+        }
+        _ => None,
+    };
     let server = tokio::spawn(gateway_server::serve(listener, opts, async {
         let _ = stop_rx.await;
     }));
@@ -332,12 +342,13 @@ pub(crate) async fn run(
     }
     let on_uplink = plan.with_mode(Mode::Uplink);
     let fleet = sled_sim::Fleet::spawn(&gateway, &on_uplink, sled_opts.clone());
-    let real_server = match &real {
-        Some(Real::Run(command)) => {
+    let real_server = match (&real, real_connect) {
+        (Some(Real::Run(command)), Some(connect)) => {
             tracing::info!(project = demo_real::PROJECT, command = %command.join(" "),
-                "starting the real MCP server through gateway-sled's connector");
+                "starting the real MCP server through gateway-sled's connector, in this process");
             Some(demo_real::Running::start(
                 command.clone(),
+                connect,
                 &gateway,
                 real_token,
                 seed,

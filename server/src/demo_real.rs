@@ -1,8 +1,9 @@
 //! `gateway demo --real`: besides the emulated fleet, one real MCP server as a fourth project,
 //! `everything`: npm's `@modelcontextprotocol/server-everything` run over stdio by
-//! gateway-sled's connector (the `gateway-connector` library), in the demo's own process, with
-//! an uplink token of its own like the demo's sleds. Without Node on PATH the demo starts
-//! without it and says why.
+//! gateway-sled's connector (the `gateway-connector` library), in the demo's own process, its
+//! uplink made in memory as `gateway serve --connector` makes its projects' (through the same
+//! `/uplink` checks), with an uplink token of its own like the demo's sleds. Without Node on
+//! PATH the demo starts without it and says why.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -11,6 +12,7 @@ use std::path::Path;
 
 use gateway_connector::serve::{Served, Uplink};
 use gateway_connector::{ProjectConfig, TokenSource, Upstream};
+use gateway_server::in_process::InProcessConnect;
 
 /// The real server's project.
 pub(crate) const PROJECT: &str = "everything";
@@ -122,11 +124,13 @@ pub(crate) struct Running {
 }
 
 impl Running {
-    /// Starts `command` as project [`PROJECT`]'s server over stdio and dials the gateway at
-    /// `gateway` (`http://host:port`) for it with `token` and a key derived from `seed` (as
-    /// the demo's sleds' are, so a `--pin-file` keeps matching).
+    /// Starts `command` as project [`PROJECT`]'s server over stdio and dials the gateway
+    /// through `connect` for it, naming it `gateway` (`http://host:port`, what its identity
+    /// proof is made for), with `token` and a key derived from `seed` (as the demo's sleds'
+    /// are, so a `--pin-file` keeps matching).
     pub(crate) fn start(
         command: Vec<String>,
+        connect: InProcessConnect,
         gateway: &str,
         token: gateway_core::Secret,
         seed: u64,
@@ -151,7 +155,7 @@ impl Running {
             tls: gateway_client::TlsTrust::default(),
         };
         let mut served = Served::new(DRAIN);
-        served.spawn(&project, state_dir, uplink)?;
+        served.spawn_with(connect, &project, state_dir, uplink)?;
         Ok(Running { served })
     }
 
