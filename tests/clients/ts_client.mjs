@@ -10,25 +10,11 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { ToolListChangedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
+import { attempt, check, run } from "./harness.mjs";
 
 const URL_ = new URL(process.argv[2]);
-const results = [];
-
-function check(name, ok, detail) {
-  results.push(Boolean(ok));
-  const extra = !ok && detail !== undefined ? `: ${typeof detail === "string" ? detail : JSON.stringify(detail)}` : "";
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${extra}`);
-}
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-
-async function attempt(name, f) {
-  try {
-    await f();
-  } catch (e) {
-    check(name, false, String(e?.stack ?? e));
-  }
-}
 
 async function main() {
   const client = new Client({ name: "gateway-ts-check", version: "0" }, { capabilities: {} });
@@ -102,11 +88,4 @@ async function main() {
   await client.close();
 }
 
-try {
-  await main();
-} catch (e) {
-  check("the client ran to the end", false, String(e?.stack ?? e));
-}
-const failed = results.filter((ok) => !ok).length;
-console.log(`${results.length - failed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run(main);

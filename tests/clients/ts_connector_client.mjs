@@ -14,26 +14,12 @@ import {
   ElicitRequestSchema,
   ResourceUpdatedNotificationSchema,
 } from "@modelcontextprotocol/sdk/types.js";
+import { attempt, check, run } from "./harness.mjs";
 
 const URL_ = new URL(process.argv[2]);
 // How the connector reaches server-everything: "stdio" or "http" (where the server sends
 // resources/updated on the session's own GET stream, which the connector reads).
 const UPSTREAM = process.argv[3] ?? "stdio";
-const results = [];
-
-function check(name, ok, detail) {
-  results.push(Boolean(ok));
-  const extra = !ok && detail !== undefined ? `: ${typeof detail === "string" ? detail : JSON.stringify(detail)}` : "";
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${extra}`);
-}
-
-async function attempt(name, f) {
-  try {
-    await f();
-  } catch (e) {
-    check(name, false, String(e?.stack ?? e));
-  }
-}
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -139,11 +125,4 @@ async function main() {
   await client.close();
 }
 
-try {
-  await main();
-} catch (e) {
-  check("the client ran to the end", false, String(e?.stack ?? e));
-}
-const failed = results.filter((ok) => !ok).length;
-console.log(`${results.length - failed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run(main);

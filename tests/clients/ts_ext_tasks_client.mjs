@@ -15,26 +15,12 @@
 
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import { createTaskSessionFromClient, JsonRpcResponseError } from "@modelcontextprotocol/ext-tasks/client";
+import { attempt, check, run } from "./harness.mjs";
 
 const [url, tokenA, tokenB] = process.argv.slice(2);
 const VERSION = "2026-07-28";
 const EXTENSION = "io.modelcontextprotocol/tasks";
 const CLIENT_INFO = { name: "gateway-ts-ext-tasks", version: "0" };
-const results = [];
-
-function check(name, ok, detail) {
-  results.push(Boolean(ok));
-  const extra = !ok && detail !== undefined ? `: ${typeof detail === "string" ? detail : JSON.stringify(detail)}` : "";
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${extra}`);
-}
-
-async function attempt(name, f) {
-  try {
-    await f();
-  } catch (e) {
-    check(name, false, String(e?.stack ?? e));
-  }
-}
 
 // The JSON-RPC response for `id` in a `text/event-stream` body.
 function fromSse(text, id) {
@@ -172,12 +158,6 @@ async function main() {
 
   await a.session.close();
   await a.client.close();
-  const failed = results.filter((ok) => !ok).length;
-  console.log(`${results.length - failed} passed, ${failed} failed`);
-  process.exit(failed === 0 ? 0 : 1);
 }
 
-main().catch((e) => {
-  console.log(`FAIL ${String(e?.stack ?? e)}`);
-  process.exit(1);
-});
+await run(main);

@@ -12,25 +12,11 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { McpError } from "@modelcontextprotocol/sdk/types.js";
+import { attempt, check, run } from "./harness.mjs";
 
 const URL_ = new URL(process.argv[2]);
 const FILE = process.argv[3];
 const CONTENT = process.argv[4];
-const results = [];
-
-function check(name, ok, detail) {
-  results.push(Boolean(ok));
-  const extra = !ok && detail !== undefined ? `: ${typeof detail === "string" ? detail : JSON.stringify(detail)}` : "";
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${extra}`);
-}
-
-async function attempt(name, f) {
-  try {
-    await f();
-  } catch (e) {
-    check(name, false, String(e?.stack ?? e));
-  }
-}
 
 const text = (r) => r?.content?.map((c) => c.text ?? "").join("\n") ?? "";
 
@@ -94,11 +80,4 @@ async function main() {
   await client.close();
 }
 
-try {
-  await main();
-} catch (e) {
-  check("the client ran to the end", false, String(e?.stack ?? e));
-}
-const failed = results.filter((ok) => !ok).length;
-console.log(`${results.length - failed} passed, ${failed} failed`);
-process.exit(failed ? 1 : 0);
+await run(main);

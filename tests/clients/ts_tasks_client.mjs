@@ -10,23 +10,9 @@
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
+import { attempt, check, run } from "./harness.mjs";
 
 const [url, tokenA, tokenB] = process.argv.slice(2);
-const results = [];
-
-function check(name, ok, detail) {
-  results.push(Boolean(ok));
-  const extra = !ok && detail !== undefined ? `: ${typeof detail === "string" ? detail : JSON.stringify(detail)}` : "";
-  console.log(`${ok ? "ok  " : "FAIL"} ${name}${extra}`);
-}
-
-async function attempt(name, f) {
-  try {
-    await f();
-  } catch (e) {
-    check(name, false, String(e?.stack ?? e));
-  }
-}
 
 async function connect(token) {
   const client = new Client({ name: "gateway-ts-tasks", version: "0" }, { capabilities: {} });
@@ -130,12 +116,6 @@ async function main() {
   });
 
   await a.close();
-  const failed = results.filter((ok) => !ok).length;
-  console.log(`${results.length - failed} passed, ${failed} failed`);
-  process.exit(failed === 0 ? 0 : 1);
 }
 
-main().catch((e) => {
-  console.log(`FAIL ${String(e?.stack ?? e)}`);
-  process.exit(1);
-});
+await run(main);

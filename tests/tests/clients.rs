@@ -123,9 +123,7 @@ async fn the_typescript_sdk_lists_calls_switches_hears_list_changed_and_cancels(
     let gateway = Abc::start(Duration::from_millis(300)).await;
 
     // Run from the install directory, so that the script's imports find the SDK there.
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_client.mjs");
-    let script = node.dir.join("ts_client.mjs");
-    std::fs::copy(&source, &script).expect("the script can be copied next to the SDK");
+    let script = node.script("ts_client.mjs");
     let mut cmd = node.command();
     cmd.arg(&script).arg(&gateway.url);
     let (ok, stdout) = run_node(cmd, "the TypeScript client", Duration::from_secs(120)).await;

@@ -785,9 +785,7 @@ async fn sdks_and_inspector(dir: &Path, upstream: &[String], kind: &str) {
     let mcp = format!("{}/mcp", gw.url());
 
     // The TypeScript SDK, run from its install directory so that its imports find it.
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_connector_client.mjs");
-    let script = node.dir.join("ts_connector_client.mjs");
-    std::fs::copy(&source, &script).unwrap();
+    let script = node.script("ts_connector_client.mjs");
     let mut cmd = node.command();
     cmd.arg(&script).arg(&mcp).arg(kind);
     let (ok, stdout) = run_node(cmd, "the TypeScript client").await;

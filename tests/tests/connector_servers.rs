@@ -717,9 +717,7 @@ async fn sdks_and_inspector(
     };
 
     // The TypeScript SDK, run from its install directory so that its imports find it.
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/ts_servers_client.mjs");
-    let script = node.dir.join("ts_servers_client.mjs");
-    std::fs::copy(&source, &script).unwrap();
+    let script = node.script("ts_servers_client.mjs");
     let mut cmd = node.command();
     cmd.arg(&script).args([mcp, file, content]);
     let (ok, stdout, stderr) = run_node(cmd, "the TypeScript client").await;

@@ -318,11 +318,7 @@ async fn run_node_client(script: &str, client: &str) {
     wait_live(&gateway.url(), &["beta"], None).await;
     run_tests_take(&fleet, "beta", 3000);
     // Run from the install directory, so that the script's imports find the packages there.
-    let source = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("clients")
-        .join(script);
-    let installed = node.dir.join(script);
-    std::fs::copy(&source, &installed).expect("the script can be copied next to the packages");
+    let installed = node.script(script);
     let mut cmd = node.command();
     cmd.arg(&installed)
         .args([&gateway.url(), TOKEN_A, TOKEN_B])

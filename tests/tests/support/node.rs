@@ -54,6 +54,22 @@ impl Node {
         c
     }
 
+    /// `tests/clients/<name>` copied into the install directory (with `harness.mjs`, the
+    /// checks the TypeScript clients share), so that its imports find the packages there; the
+    /// copy's path.
+    pub fn script(&self, name: &str) -> PathBuf {
+        let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients");
+        for file in [name, "harness.mjs"] {
+            std::fs::copy(clients.join(file), self.dir.join(file)).unwrap_or_else(|e| {
+                panic!(
+                    "{file} can be copied next to the packages in {}: {e}",
+                    self.dir.display()
+                )
+            });
+        }
+        self.dir.join(name)
+    }
+
     /// The JavaScript entry point of a package's executable, e.g.
     /// `bin("@modelcontextprotocol/conformance", "conformance")`.
     pub fn bin(&self, package: &str, name: &str) -> PathBuf {
