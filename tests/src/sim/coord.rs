@@ -2214,6 +2214,17 @@ fn judge(
                     // A renewal sets the expiry afresh (it may shorten it); it proves the
                     // lease was held until it was processed.
                     certain = later.sent + exp;
+                } else if let (
+                    Op::Renew { ttl, .. } | Op::Claim { ttl, .. },
+                    Answer::TimedOut | Answer::Failed { .. },
+                ) = (&later.op, &later.answer)
+                {
+                    // One whose outcome is unknown may have been processed: then it set the
+                    // expiry afresh too, to `ttl` after some instant from its sending on, which
+                    // may be sooner than the last known expiry (DST_SEED=4251410335 of
+                    // coord_listing_window_sweep: a 5 s renew lost in a partition shortened a
+                    // 9 s lease, and another agent was rightly granted it after).
+                    certain = certain.min(later.sent + *ttl);
                 }
                 if matches!(later.rpc_kind(), Some("not_holder" | "no_lease")) {
                     // With an adversary about: what an agent certainly holds stays its own,
