@@ -23,8 +23,8 @@
 //! - per resource, the sled's applied fences never go back, and no fence is applied for two
 //!   agents;
 //! - at most one holder: a grant answered while another agent certainly held the lease (granted
-//!   before the claim was sent, not released, renewed until after the answer), no gateway
-//!   restart in between;
+//!   before the claim was sent, not released, renewed until after the answer; a renew whose
+//!   answer never came may have shortened it), no gateway restart in between;
 //! - fences grow: a fresh grant's fence is above every fence whose grant was answered before
 //!   the claim was sent (same gateway incarnation), and, after a restart, above every fence the
 //!   sled accepted before it (unwritten fences may be reissued: the gateway only learns the
