@@ -714,9 +714,11 @@ url = \"http://{http_addr}/mcp\"
     ];
     let mut id = 0u64;
     // Ready: a connector's project is live before its server answers; call until it does.
+    // The arms that make measured calls (all of them, or the stdio ones and their baselines).
     let runs = |i: usize| {
         !args.connector_stdio_only || ![DIRECT_HTTP, DIRECT_FRESH, VIA_HTTP, IN_HTTP].contains(&i)
     };
+    let measured: Vec<usize> = (0..arms.len()).filter(|&i| runs(i)).collect();
     for arm in &mut arms {
         arm.until_ok(&mut id, Duration::from_secs(60)).await?;
     }
@@ -730,19 +732,17 @@ url = \"http://{http_addr}/mcp\"
     if arms[IN_STDIO].pids[2].is_none() {
         println!("(the gateway's server child not found: its CPU is not counted)");
     }
-    for (_, arm) in arms.iter_mut().enumerate().filter(|(i, _)| runs(*i)) {
-        arm.block(args.connector_warmup, &mut id, false).await?;
+    for &i in &measured {
+        arms[i].block(args.connector_warmup, &mut id, false).await?;
     }
     for r in 0..rounds {
         let calls = n * (r + 1) / rounds - n * r / rounds;
-        for k in 0..arms.len() {
-            let i = (k + r) % arms.len();
-            if runs(i) {
-                arms[i]
-                    .block(args.connector_block_warmup, &mut id, false)
-                    .await?;
-                arms[i].block(calls, &mut id, true).await?;
-            }
+        for k in 0..measured.len() {
+            let i = measured[(k + r) % measured.len()];
+            arms[i]
+                .block(args.connector_block_warmup, &mut id, false)
+                .await?;
+            arms[i].block(calls, &mut id, true).await?;
         }
         for p in [&mut gw, &mut sleds, &mut sled_stdio, &mut sled_http] {
             p.check_alive()?;
@@ -763,7 +763,7 @@ url = \"http://{http_addr}/mcp\"
             .collect();
         each.join(" / ")
     };
-    for (_, a) in arms.iter().enumerate().filter(|(i, _)| runs(*i)) {
+    for a in measured.iter().map(|&i| &arms[i]) {
         let cell = |i: usize| match a.pids[i] {
             Some(_) => format!("{:.1}", a.per_call(a.cpu[i])),
             None => "-".into(),
@@ -830,15 +830,15 @@ url = \"http://{http_addr}/mcp\"
             ),
         ));
     }
-    let dial = p50(DIRECT_FRESH) - p50(DIRECT_HTTP);
     if runs(DIRECT_FRESH) {
+        let dial = p50(DIRECT_FRESH) - p50(DIRECT_HTTP);
         println!(
-        "a new connection per call costs server-everything {dial:.1} µs at p50 and {:.1} µs of CPU per call; \
-         against the direct calls on a new connection each (as gateway-sled made them before b0c048e), the connector adds {:.1} µs \
-         on top of what the gateway adds with sled-sim",
-        cpu(DIRECT_FRESH) - cpu(DIRECT_HTTP),
-        p50(VIA_HTTP) - p50(DIRECT_FRESH) - gateway_adds
-    );
+            "a new connection per call costs server-everything {dial:.1} µs at p50 and {:.1} µs of CPU per call; \
+             against the direct calls on a new connection each (as gateway-sled made them before b0c048e), the connector adds {:.1} µs \
+             on top of what the gateway adds with sled-sim",
+            cpu(DIRECT_FRESH) - cpu(DIRECT_HTTP),
+            p50(VIA_HTTP) - p50(DIRECT_FRESH) - gateway_adds
+        );
     }
     let errors: u64 = arms.iter().map(|a| a.errors).sum();
     if errors > 0 {

@@ -233,7 +233,8 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     connector_block_warmup: usize,
     /// `--run connector`: only the stdio arms and those they are measured against (direct
-    /// stdio, sled-sim direct, gateway + sled-sim); the HTTP arms are set up but make no calls.
+    /// stdio, sled-sim direct, gateway + sled-sim); the HTTP arms are set up and make only
+    /// their readiness call.
     #[arg(long)]
     connector_stdio_only: bool,
     /// `--run connector`: the directory whose node_modules/ holds
