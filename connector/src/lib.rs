@@ -6,8 +6,8 @@
 //! project's token and its identity key ([`identity`]), heartbeats, reconnects with backoff,
 //! epochs (the sled-uplink library). The gateway then lists the server's tools
 //! with `project` injected and routes each call to it, like any sled's. [`config`] says what
-//! runs; [`serve::spawn_project`] runs one project (the `gateway-sled` binary, and
-//! `gateway demo --real`).
+//! runs; [`serve::Served`] runs projects and stops them (the `gateway-sled` binary, and in the
+//! gateway's process `gateway demo --real` and `gateway serve --connector`).
 
 pub mod config;
 pub mod http;
